@@ -1,0 +1,11 @@
+//! Tephra, thread-per-core: a DCB event store server built on glommio, wire- and
+//! disk-compatible with the reference Tephra server.
+//!
+//! Module map: [`model`] (positions, names, queries, conditions), [`event`] (the event
+//! codec), and the engine, protocol and server modules built on them.
+
+pub mod event;
+pub mod model;
+
+pub use event::{DecodeError, EncodeError, Event, EventRef};
+pub use model::{AppendCondition, EventType, NameError, Position, Query, QueryItem, Tag, Tags, TagsError, MAX_NAME_LEN};
