@@ -2,10 +2,14 @@
 //! disk-compatible with the reference Tephra server.
 //!
 //! Module map: [`model`] (positions, names, queries, conditions), [`event`] (the event
-//! codec), and the engine, protocol and server modules built on them.
+//! codec), [`proto`] (protocol v1), [`config`] (server settings), [`client`] (native
+//! clients), and the engine and server modules built on them.
 
+pub mod client;
+pub mod config;
 pub mod event;
 pub mod model;
+pub mod proto;
 
 pub use event::{DecodeError, EncodeError, Event, EventRef};
 pub use model::{AppendCondition, EventType, NameError, Position, Query, QueryItem, Tag, Tags, TagsError, MAX_NAME_LEN};

@@ -1,0 +1,1 @@
+//! Native clients (in progress).

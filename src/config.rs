@@ -1,0 +1,1 @@
+//! Server settings (in progress).

@@ -1,0 +1,1 @@
+//! Protocol v1 messages, framing and conversions (in progress).
