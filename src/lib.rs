@@ -8,6 +8,8 @@
 pub mod client;
 pub mod config;
 pub mod event;
+pub mod fault;
+pub mod log;
 pub mod model;
 pub mod proto;
 

@@ -1,0 +1,74 @@
+//! Named crash points and I/O faults for the crash-consistency harness.
+//!
+//! Armed by `TEPHRA_CRASH_POINT=<site>:<action>[:<skip>]` in a build with the `crash-points`
+//! feature; `action` is `abort`, `eio`, `enospc` or `shortwrite`, and `skip` lets that many hits
+//! pass first. Without the feature both functions are empty and inline away.
+
+/// Aborts the process at `site` when armed with `abort`.
+#[inline(always)]
+pub fn crash_point(site: &str) {
+    #[cfg(feature = "crash-points")]
+    armed::hit(site, true).ok();
+    #[cfg(not(feature = "crash-points"))]
+    let _ = site;
+}
+
+/// Returns an injected I/O error at `site` when armed with `eio`, `enospc` or `shortwrite`
+/// (aborts when armed with `abort`).
+///
+/// # Errors
+/// The injected error: `EIO` (5), `ENOSPC` (28) or `WriteZero`.
+#[inline(always)]
+pub fn io_point(site: &str) -> std::io::Result<()> {
+    #[cfg(feature = "crash-points")]
+    return armed::hit(site, false);
+    #[cfg(not(feature = "crash-points"))]
+    {
+        let _ = site;
+        Ok(())
+    }
+}
+
+#[cfg(feature = "crash-points")]
+mod armed {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+
+    struct Arm {
+        site: String,
+        action: String,
+        skip: u64,
+    }
+
+    fn arm() -> &'static Option<Arm> {
+        static A: OnceLock<Option<Arm>> = OnceLock::new();
+        A.get_or_init(|| {
+            let v = std::env::var("TEPHRA_CRASH_POINT").ok()?;
+            let mut it = v.split(':');
+            let site = it.next()?.to_owned();
+            let action = it.next().unwrap_or("abort").to_owned();
+            let skip = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+            Some(Arm { site, action, skip })
+        })
+    }
+
+    static HITS: AtomicU64 = AtomicU64::new(0);
+
+    pub fn hit(site: &str, abort_only: bool) -> std::io::Result<()> {
+        let Some(a) = arm() else { return Ok(()) };
+        if a.site != site || HITS.fetch_add(1, Ordering::SeqCst) < a.skip {
+            return Ok(());
+        }
+        match a.action.as_str() {
+            "abort" => {
+                eprintln!("crash point {site}: abort");
+                std::process::abort()
+            }
+            _ if abort_only => Ok(()),
+            "eio" => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+            "enospc" => Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+            "shortwrite" => Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "injected short write")),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Record framing and the commit rule, pure over byte slices.
+//!
+//! A record is `len_field u32 LE | crc u32 LE | payload` (reference engine §3.4): bits 0..=29 of
+//! `len_field` are the payload length, bit 30 marks a control record, bit 31 must be zero. The
+//! CRC-32/IEEE covers the 4 stored length bytes and the payload. A data record's payload is one
+//! encoded event (one position); a batch ends with the 17-byte control record
+//! `BATCH_COMMIT = [0x01][highest_position u64 LE]`.
+//!
+//! The commit rule (reference engine §6.1, seed "Durability"): a batch is committed if and only if
+//! every record since the previous commit point validates and the run ends in a valid commit
+//! marker. [`walk`] applies it; [`classify_tail`] then decides between the three recovery
+//! outcomes, refusing corruption that is followed by committed batches (which the reference
+//! silently rolls back, reference engine §6.3).
+
+/// Bytes before a record's payload: length field and CRC.
+pub const RECORD_HEAD: usize = 8;
+/// Payload length bits of the length field.
+pub const LENGTH_MASK: u32 = 0x3FFF_FFFF;
+/// Control-record flag (bit 30).
+pub const CONTROL_FLAG: u32 = 0x4000_0000;
+/// Control kind of the batch commit marker.
+pub const BATCH_COMMIT: u8 = 0x01;
+/// Payload length of a commit marker: kind byte + highest position.
+pub const MARKER_PAYLOAD: usize = 9;
+/// Full size of a commit marker record (head + payload), the per-batch overhead.
+pub const MARKER_LEN: usize = RECORD_HEAD + MARKER_PAYLOAD;
+
+/// Appends one framed data record holding `payload` (non-empty, at most [`LENGTH_MASK`] bytes).
+pub fn frame_data(payload: &[u8], out: &mut Vec<u8>) {
+    debug_assert!(!payload.is_empty() && payload.len() <= LENGTH_MASK as usize);
+    let len = (payload.len() as u32).to_le_bytes();
+    let mut h = crc32fast::Hasher::new();
+    h.update(&len);
+    h.update(payload);
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&h.finalize().to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Appends the 17-byte commit marker closing a batch whose last position is `highest`.
+pub fn frame_marker(highest: u64, out: &mut Vec<u8>) {
+    let len = (MARKER_PAYLOAD as u32 | CONTROL_FLAG).to_le_bytes();
+    let mut payload = [0u8; MARKER_PAYLOAD];
+    payload[0] = BATCH_COMMIT;
+    payload[1..].copy_from_slice(&highest.to_le_bytes());
+    let mut h = crc32fast::Hasher::new();
+    h.update(&len);
+    h.update(&payload);
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&h.finalize().to_le_bytes());
+    out.extend_from_slice(&payload);
+}
+
+/// One record as read from a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Record<'a> {
+    /// A data record (one event).
+    Data(&'a [u8]),
+    /// A valid batch commit marker and its highest position.
+    Commit(u64),
+    /// Another valid control record; skipped, commits nothing.
+    OtherControl,
+}
+
+/// Why a walk stopped reading records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// An all-zero record head, or the buffer ended exactly at a record boundary.
+    End,
+    /// Fewer than 8 bytes left for a head that is not all zero.
+    ShortHead,
+    /// Bit 31 of the length field is set.
+    BadFlags,
+    /// The record's declared end lies past the buffer.
+    PastEnd,
+    /// The payload CRC does not match.
+    BadCrc,
+    /// A zero-length data record (never written by a valid writer).
+    EmptyRecord,
+}
+
+/// Parses the record at `off`; `Err` says why the committed prefix cannot extend past it.
+pub fn read_record(buf: &[u8], off: usize) -> Result<(Record<'_>, usize), Stop> {
+    if off >= buf.len() {
+        return Err(Stop::End);
+    }
+    if buf.len() - off < RECORD_HEAD {
+        return if buf[off..].iter().all(|&b| b == 0) { Err(Stop::End) } else { Err(Stop::ShortHead) };
+    }
+    let head = &buf[off..off + RECORD_HEAD];
+    if head.iter().all(|&b| b == 0) {
+        return Err(Stop::End);
+    }
+    let len_field = u32::from_le_bytes(head[0..4].try_into().unwrap());
+    if len_field & !(LENGTH_MASK | CONTROL_FLAG) != 0 {
+        return Err(Stop::BadFlags);
+    }
+    let len = (len_field & LENGTH_MASK) as usize;
+    let end = off + RECORD_HEAD + len;
+    if end > buf.len() {
+        return Err(Stop::PastEnd);
+    }
+    let payload = &buf[off + RECORD_HEAD..end];
+    let crc = u32::from_le_bytes(head[4..8].try_into().unwrap());
+    let mut h = crc32fast::Hasher::new();
+    h.update(&head[0..4]);
+    h.update(payload);
+    if h.finalize() != crc {
+        return Err(Stop::BadCrc);
+    }
+    if len_field & CONTROL_FLAG != 0 {
+        if len == MARKER_PAYLOAD && payload[0] == BATCH_COMMIT {
+            let highest = u64::from_le_bytes(payload[1..9].try_into().unwrap());
+            return Ok((Record::Commit(highest), end));
+        }
+        return Ok((Record::OtherControl, end));
+    }
+    if len == 0 {
+        return Err(Stop::EmptyRecord);
+    }
+    Ok((Record::Data(payload), end))
+}
+
+/// The result of walking a segment's records with the commit rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Walk {
+    /// Byte offset just past the last valid commit marker (or the start offset).
+    pub committed_end: usize,
+    /// Byte offsets of the committed data records, in position order.
+    pub offsets: Vec<u32>,
+    /// `highest_position` of the last valid marker, if any was seen.
+    pub last_marker: Option<u64>,
+    /// Where the walk stopped, and why.
+    pub stop_offset: usize,
+    /// Why the walk stopped.
+    pub stop: Stop,
+    /// Valid data records after the last commit point, before the stop (a torn batch).
+    pub pending: usize,
+}
+
+/// Walks records from `start`, keeping only committed batches (reference engine §6.1).
+pub fn walk(buf: &[u8], start: usize) -> Walk {
+    let mut off = start;
+    let mut offsets = Vec::new();
+    let mut pending: Vec<u32> = Vec::new();
+    let mut committed_end = start;
+    let mut last_marker = None;
+    loop {
+        match read_record(buf, off) {
+            Ok((Record::Data(_), end)) => {
+                pending.push(off as u32);
+                off = end;
+            }
+            Ok((Record::Commit(highest), end)) => {
+                offsets.append(&mut pending);
+                committed_end = end;
+                last_marker = Some(highest);
+                off = end;
+            }
+            Ok((Record::OtherControl, end)) => off = end,
+            Err(stop) => {
+                return Walk { committed_end, offsets, last_marker, stop_offset: off, stop, pending: pending.len() };
+            }
+        }
+    }
+}
+
+/// What recovery makes of the bytes after the committed prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TailVerdict {
+    /// Nothing but zeros after the committed prefix.
+    Clean,
+    /// An uncommitted tail: discard bytes `[discard_start, discard_end)`, which held at most
+    /// `lost_records` events that were never acknowledged.
+    Torn { discard_start: usize, discard_end: usize, lost_records: u64 },
+    /// Bytes that cannot be a torn tail: a bad record at `offset` is followed by at least one
+    /// fully committed batch, so rolling back would drop acknowledged events.
+    Corrupt { offset: usize, stop: Stop },
+}
+
+/// End of the non-zero region of `buf` (0 when all zero).
+pub fn dirty_end(buf: &[u8]) -> usize {
+    let mut end = buf.len();
+    while end >= 8 {
+        let w = u64::from_ne_bytes(buf[end - 8..end].try_into().unwrap());
+        if w != 0 {
+            break;
+        }
+        end -= 8;
+    }
+    while end > 0 && buf[end - 1] == 0 {
+        end -= 1;
+    }
+    end
+}
+
+/// Finds the first valid commit marker starting at or after `from`, returning
+/// `(offset, highest, end)`.
+pub fn find_marker(buf: &[u8], from: usize) -> Option<(usize, u64, usize)> {
+    let pat = (MARKER_PAYLOAD as u32 | CONTROL_FLAG).to_le_bytes();
+    let mut i = from;
+    while i + MARKER_LEN <= buf.len() {
+        let rel = memchr::memmem::find(&buf[i..], &pat)?;
+        let at = i + rel;
+        if let Ok((Record::Commit(highest), end)) = read_record(buf, at) {
+            return Some((at, highest, end));
+        }
+        i = at + 1;
+    }
+    None
+}
+
+/// Classifies what follows a walk's committed prefix (the three recovery outcomes).
+///
+/// Only the last batch can be torn: the writer never starts a batch before the previous one's
+/// sync returned. So if any fully committed batch lies beyond the batch in which the walk
+/// stopped, the damage hit acknowledged data and the verdict is [`TailVerdict::Corrupt`].
+pub fn classify_tail(buf: &[u8], w: &Walk) -> TailVerdict {
+    let dirty = dirty_end(buf);
+    if dirty <= w.committed_end {
+        return TailVerdict::Clean;
+    }
+    let mut lost = w.pending as u64;
+    if let Some((_, highest, end)) = find_marker(buf, w.stop_offset) {
+        let after = walk(buf, end);
+        if after.last_marker.is_some() {
+            return TailVerdict::Corrupt { offset: w.stop_offset, stop: w.stop };
+        }
+        if let Some(prev) = w.last_marker {
+            lost = lost.max(highest.saturating_sub(prev));
+        }
+    }
+    TailVerdict::Torn { discard_start: w.committed_end, discard_end: dirty, lost_records: lost }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn golden_records_match_the_reference_worked_example() {
+        // reference engine §3.7: type `A`, no tags, payload `x`, then its marker (highest 1).
+        let mut out = Vec::new();
+        frame_data(&[0x01, 0x00, 0x00, 0x00, b'A', b'x'], &mut out);
+        frame_marker(1, &mut out);
+        let want: &[u8] = &[
+            0x06, 0, 0, 0, 0xde, 0x4c, 0x74, 0x92, 0x01, 0, 0, 0, 0x41, 0x78, //
+            0x09, 0, 0, 0x40, 0x17, 0x5f, 0x8a, 0xcd, 0x01, 0x01, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        assert_eq!(out, want);
+        let mut m = Vec::new();
+        frame_marker(3, &mut m);
+        assert_eq!(&m[..8], &[0x09, 0, 0, 0x40, 0x6a, 0x58, 0xaf, 0x8f]);
+    }
+
+    fn segment(batches: &[&[&[u8]]]) -> (Vec<u8>, Vec<usize>) {
+        let mut buf = Vec::new();
+        let mut ends = Vec::new();
+        let mut pos = 0u64;
+        for b in batches {
+            for r in *b {
+                frame_data(r, &mut buf);
+                pos += 1;
+            }
+            frame_marker(pos, &mut buf);
+            ends.push(buf.len());
+        }
+        (buf, ends)
+    }
+
+    #[test]
+    fn every_truncation_offset_keeps_exactly_the_committed_batches() {
+        let (full, ends) = segment(&[&[b"aaaaa", b"bbbbbb"], &[b"ccccccc"], &[b"dd", b"eee", b"ffff"]]);
+        for cut in 0..=full.len() {
+            let mut buf = full[..cut].to_vec();
+            buf.resize(full.len() + 64, 0);
+            let w = walk(&buf, 0);
+            // A cut that only removes trailing zero bytes of a marker leaves it intact.
+            let committed = ends.iter().filter(|&&e| full[cut.min(e)..e].iter().all(|&b| b == 0)).count();
+            let want_end = if committed == 0 { 0 } else { ends[committed - 1] };
+            assert_eq!(w.committed_end, want_end, "cut {cut}");
+            assert_eq!(w.offsets.len(), [0, 2, 3, 6][committed]);
+            match classify_tail(&buf, &w) {
+                TailVerdict::Clean => assert!(full[want_end..cut.max(want_end)].iter().all(|&b| b == 0), "cut {cut}"),
+                TailVerdict::Torn { discard_start, discard_end, .. } => {
+                    assert_eq!(discard_start, want_end);
+                    assert!(discard_end <= cut && discard_end > want_end);
+                }
+                v => panic!("cut {cut}: {v:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn garbage_overwrite_of_the_last_batch_is_a_torn_tail() {
+        let (mut buf, ends) = segment(&[&[b"aaaaa"], &[b"bbbbbb", b"cc"]]);
+        buf[ends[0] + 3] ^= 0x55;
+        buf.resize(buf.len() + 100, 0);
+        let w = walk(&buf, 0);
+        assert_eq!(w.committed_end, ends[0]);
+        assert!(matches!(classify_tail(&buf, &w), TailVerdict::Torn { lost_records: 2, .. }));
+    }
+
+    #[test]
+    fn a_corrupt_record_with_intact_later_batches_is_refused() {
+        let (mut buf, ends) = segment(&[&[b"aaaaa"], &[b"bbbbbb", b"cc"], &[b"ddd"]]);
+        buf[ends[0] + 10] ^= 0x01; // payload byte of the first record of batch 2
+        let w = walk(&buf, 0);
+        assert_eq!(w.committed_end, ends[0]);
+        assert_eq!(w.stop, Stop::BadCrc);
+        assert_eq!(classify_tail(&buf, &w), TailVerdict::Corrupt { offset: ends[0], stop: Stop::BadCrc });
+        // Zeroing a head in the middle is corruption too, not an end of log.
+        let (mut buf, ends) = segment(&[&[b"aaaaa"], &[b"bbbbbb"], &[b"ddd"]]);
+        buf[ends[0]..ends[0] + 8].fill(0);
+        let w = walk(&buf, 0);
+        assert_eq!(w.stop, Stop::End);
+        assert!(matches!(classify_tail(&buf, &w), TailVerdict::Corrupt { .. }));
+    }
+
+    #[test]
+    fn all_zero_and_all_ff_buffers() {
+        let z = vec![0u8; 4096];
+        let w = walk(&z, 0);
+        assert_eq!((w.committed_end, w.stop), (0, Stop::End));
+        assert_eq!(classify_tail(&z, &w), TailVerdict::Clean);
+        let f = vec![0xffu8; 4096];
+        let w = walk(&f, 0);
+        assert_eq!(w.stop, Stop::BadFlags);
+        assert!(matches!(classify_tail(&f, &w), TailVerdict::Torn { discard_start: 0, discard_end: 4096, .. }));
+    }
+
+    #[test]
+    fn unknown_control_records_are_skipped_and_commit_nothing() {
+        let mut buf = Vec::new();
+        frame_data(b"abcde", &mut buf);
+        let len = (2u32 | CONTROL_FLAG).to_le_bytes();
+        let mut h = crc32fast::Hasher::new();
+        h.update(&len);
+        h.update(&[7, 7]);
+        buf.extend_from_slice(&len);
+        buf.extend_from_slice(&h.finalize().to_le_bytes());
+        buf.extend_from_slice(&[7, 7]);
+        frame_marker(1, &mut buf);
+        let w = walk(&buf, 0);
+        assert_eq!(w.offsets, vec![0]);
+        assert_eq!(w.committed_end, buf.len());
+    }
+}
