@@ -12,6 +12,14 @@ pub mod fault;
 pub mod log;
 pub mod model;
 pub mod proto;
+pub mod read;
+pub mod store;
+pub mod writer;
 
 pub use event::{DecodeError, EncodeError, Event, EventRef};
+pub use log::segment::SegmentConfig;
+pub use read::{ReadError, Reads, Subscription, WaitOutcome};
+pub use store::{OpenError, ReadConfig, Store, StoreConfig, StoreHandle, StoreStats};
+pub use writer::condition::{ConflictClause, ConflictSite};
+pub use writer::{AppendError, PositionRange, WriterConfig};
 pub use model::{AppendCondition, EventType, NameError, Position, Query, QueryItem, Tag, Tags, TagsError, MAX_NAME_LEN};

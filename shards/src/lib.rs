@@ -1,1 +1,58 @@
-pub fn placeholder() {}
+//! The thread-per-core runtime under tephra: one pinned glommio executor per shard, the
+//! placement of shards on CPUs, and the locked-memory set-up glommio needs. It knows nothing
+//! about events.
+//!
+//! glommio is pinned to `=0.9.0` (DESIGN "Boxes"); everything runtime-specific that the
+//! server needs goes through this crate so the runtime stays swappable.
+
+use glommio::{LocalExecutorBuilder, Placement};
+use std::future::Future;
+use std::sync::OnceLock;
+
+/// Locked-memory budget glommio registers per executor for fixed I/O buffers, in bytes.
+pub const IO_MEMORY: usize = 4 << 20;
+
+/// Raises `RLIMIT_MEMLOCK` so every executor can register its I/O buffers (best effort, once
+/// per process). Returns the io_memory each executor should use: [`IO_MEMORY`] when the limit
+/// allows `shards` executors, else a smaller share (glommio then still works, but without
+/// registered buffers below 64 KiB it logs an error, so we never go below that).
+pub fn prepare_memlock(shards: usize) -> usize {
+    static RAISED: OnceLock<u64> = OnceLock::new();
+    let limit = *RAISED.get_or_init(|| {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+        let (soft, hard) = getrlimit(Resource::RLIMIT_MEMLOCK).unwrap_or((0, 0));
+        if soft != RLIM_INFINITY && setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY).is_ok() {
+            return RLIM_INFINITY;
+        }
+        if soft < hard && setrlimit(Resource::RLIMIT_MEMLOCK, hard, hard).is_ok() {
+            return hard;
+        }
+        soft
+    });
+    // Each executor also needs about 512 KiB of locked memory for its rings.
+    let per = (limit / shards.max(1) as u64).saturating_sub(512 << 10);
+    (per as usize).clamp(64 << 10, IO_MEMORY)
+}
+
+/// Spawns one glommio executor thread named `name`, optionally pinned to `cpu`, running the
+/// future built by `make` on it. Returns the thread's join handle.
+///
+/// # Errors
+/// The I/O error glommio reports when the executor cannot start (no io_uring, memlock).
+pub fn spawn_executor<G, F, T>(name: &str, cpu: Option<usize>, shards: usize, make: G) -> std::io::Result<glommio::ExecutorJoinHandle<T>>
+where
+    G: FnOnce() -> F + Send + 'static,
+    F: Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    let io_memory = prepare_memlock(shards);
+    let placement = match cpu {
+        Some(c) => Placement::Fixed(c),
+        None => Placement::Unbound,
+    };
+    LocalExecutorBuilder::new(placement)
+        .name(name)
+        .io_memory(io_memory)
+        .spawn(make)
+        .map_err(|e| std::io::Error::other(e.to_string()))
+}

@@ -1,0 +1,246 @@
+//! The embedded store: open a data directory, get cloneable handles, append, read, subscribe.
+//!
+//! [`Store::open`] recovers the log (one of three outcomes, returned as a value), takes the
+//! `LOCK`, and starts the writer on its own glommio executor thread. [`StoreHandle`]s are
+//! `Clone + Send` and usable from any thread: `append` blocks until the batch is durable (or
+//! the bounded queue has room), reads run on the caller's thread, pinned to the watermark.
+//! Seed: "Configuring the embedded engine", "Durability", "Backpressure".
+
+use crate::event::Event;
+use crate::log::lock::DirLock;
+use crate::log::segment::SegmentConfig;
+use crate::log::{open_log, LogError, OpenOutcome};
+use crate::model::{AppendCondition, Position, Query};
+use crate::read::{Reads, Shared, Subscription};
+use crate::writer::tips::Tips;
+use crate::writer::{AppendError, AppendResult, PreparedAppend, ReplyTo, Request, Writer, WriterConfig, WriterMetrics, WriterMsg};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The read planner's single dial (`read.scan_bias`, default 4): use an index only when the
+/// range is at least this many times the estimated result. It changes speed, never results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadConfig {
+    /// Planner bias; 1 always prefers an index, `u32::MAX` always scans.
+    pub scan_bias: u32,
+}
+
+impl Default for ReadConfig {
+    fn default() -> Self {
+        ReadConfig { scan_bias: 4 }
+    }
+}
+
+/// Everything [`Store::open`] needs.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Segment geometry (no default: choose a size).
+    pub segment: SegmentConfig,
+    /// Writer settings.
+    pub writer: WriterConfig,
+    /// Read settings.
+    pub read: ReadConfig,
+}
+
+impl StoreConfig {
+    /// A configuration with `segment` and default writer and read settings.
+    pub fn new(segment: SegmentConfig) -> StoreConfig {
+        StoreConfig { segment, writer: WriterConfig::default(), read: ReadConfig::default() }
+    }
+}
+
+/// Why a store did not open.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The log refused to open (lock, corruption, configuration, I/O).
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// The writer executor could not start.
+    #[error("cannot start the writer: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// A point-in-time view of the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Durable head position (also the event count).
+    pub event_count: u64,
+    /// Number of segment files.
+    pub segment_count: u64,
+}
+
+/// An open store. Dropping it (or [`Store::shutdown`]) finishes queued appends, stops the
+/// writer and releases the lock.
+pub struct Store {
+    handle: StoreHandle,
+    thread: Option<glommio::ExecutorJoinHandle<()>>,
+    outcome: OpenOutcome,
+    lock: Option<DirLock>,
+}
+
+/// A cloneable, `Send` handle on an open store.
+#[derive(Clone)]
+pub struct StoreHandle {
+    tx: flume::Sender<WriterMsg>,
+    shared: Arc<Shared>,
+    segment: SegmentConfig,
+    metrics: Arc<WriterMetrics>,
+    dir: PathBuf,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`.
+    ///
+    /// # Errors
+    /// [`OpenError::Log`] when recovery refuses (corruption with the file and offset, a held
+    /// lock naming the holder's pid, an invalid configuration), [`OpenError::Runtime`] when the
+    /// writer's executor cannot start.
+    pub fn open(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store, OpenError> {
+        let dir = dir.as_ref().to_path_buf();
+        let mut tips = Tips::new(cfg.writer.tips_window);
+        let rec = open_log(&dir, &cfg.segment, |pos, bytes| {
+            if let Ok(ev) = crate::event::EventRef::from_bytes(bytes) {
+                tips.absorb(pos, &ev);
+                if pos % 65_536 == 0 {
+                    tips.evict(pos);
+                }
+            }
+        })?;
+        let head = rec.next_position - 1;
+        tips.evict(head);
+        let shared = Arc::new(Shared::new(rec.segments.clone(), head));
+        let metrics = Arc::new(WriterMetrics::default());
+        let active = rec.segments.last().expect("open_log returns at least one segment").clone();
+        let (tx, rx) = flume::bounded(cfg.writer.queue_capacity.max(1));
+        let (wdir, wseg, wcfg, wshared, wmetrics) = (dir.clone(), cfg.segment, cfg.writer.clone(), shared.clone(), metrics.clone());
+        let (active_end, next) = (rec.active_end, rec.next_position);
+        let thread = shards::spawn_executor("tephra-writer", None, 1, move || {
+            Writer::new(wdir, wseg, wcfg, wshared, active, active_end, next, tips, wmetrics).run(rx)
+        })
+        .map_err(OpenError::Runtime)?;
+        Ok(Store {
+            handle: StoreHandle { tx, shared, segment: cfg.segment, metrics, dir },
+            thread: Some(thread),
+            outcome: rec.outcome,
+            lock: Some(rec.lock),
+        })
+    }
+
+    /// How recovery went: clean, or a torn tail rolled back (with its byte and position range).
+    pub fn open_outcome(&self) -> &OpenOutcome {
+        &self.outcome
+    }
+
+    /// A new handle.
+    pub fn handle(&self) -> StoreHandle {
+        self.handle.clone()
+    }
+
+    /// Finishes every append queued so far, stops the writer and releases the lock.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let (ack, done) = flume::bounded(1);
+            if self.handle.tx.send(WriterMsg::Shutdown(ack)).is_ok() {
+                let _ = done.recv();
+            }
+            let _ = t.join();
+        }
+        self.lock.take();
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl StoreHandle {
+    /// Appends `events` atomically, guarded by `condition`; blocks until durable.
+    ///
+    /// # Errors
+    /// Any [`AppendError`]: a conflict, `after` beyond the tip, an empty or oversized batch, a
+    /// failed (fail-stopped) log, or shutdown.
+    pub fn append(&self, events: Vec<Event>, condition: Option<AppendCondition>) -> AppendResult {
+        let append = PreparedAppend::new(&events, condition, &self.segment)?;
+        let (tx, rx) = flume::bounded(1);
+        self.tx.send(WriterMsg::Append(Request { append, reply: ReplyTo::Oneshot(tx) })).map_err(|_| AppendError::Shutdown)?;
+        rx.recv().map_err(|_| AppendError::Shutdown)?
+    }
+
+    /// Like [`StoreHandle::append`], awaiting on any executor instead of blocking.
+    ///
+    /// # Errors
+    /// As [`StoreHandle::append`].
+    pub async fn append_async(&self, events: Vec<Event>, condition: Option<AppendCondition>) -> AppendResult {
+        let append = PreparedAppend::new(&events, condition, &self.segment)?;
+        let (tx, rx) = flume::bounded(1);
+        self.tx.send_async(WriterMsg::Append(Request { append, reply: ReplyTo::Oneshot(tx) })).await.map_err(|_| AppendError::Shutdown)?;
+        rx.recv_async().await.map_err(|_| AppendError::Shutdown)?
+    }
+
+    /// Queues an already-framed append whose result goes to `reply` (the server's path);
+    /// waits while the queue is full.
+    ///
+    /// # Errors
+    /// [`AppendError::Shutdown`] when the writer is gone.
+    pub async fn submit(&self, append: PreparedAppend, reply: ReplyTo) -> Result<(), AppendError> {
+        self.tx.send_async(WriterMsg::Append(Request { append, reply })).await.map_err(|_| AppendError::Shutdown)
+    }
+
+    /// The segment geometry (needed to frame appends).
+    pub fn segment_config(&self) -> &SegmentConfig {
+        &self.segment
+    }
+
+    /// Forward read of matches with position > `after`, at most `limit`.
+    pub fn read(&self, query: Query, after: Position, limit: Option<u64>) -> Reads {
+        Reads::forward(&self.shared, query, after, limit)
+    }
+
+    /// Backward read of matches with position < `before` (`Position::MAX` = from the tip).
+    pub fn read_back(&self, query: Query, before: Position, limit: Option<u64>) -> Reads {
+        Reads::backward(&self.shared, query, before, limit)
+    }
+
+    /// A subscription delivering matches after `after`, then live ones.
+    pub fn subscribe(&self, query: Query, after: Position) -> Subscription {
+        Subscription::new(self.shared.clone(), query, after)
+    }
+
+    /// The durable head.
+    pub fn head(&self) -> Position {
+        Position(self.shared.watermark())
+    }
+
+    /// Event and segment counts.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats { event_count: self.shared.watermark(), segment_count: self.shared.segment_count() as u64 }
+    }
+
+    /// Why appends are refused (fail-stop after an I/O error), if they are.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failure()
+    }
+
+    /// Writer metrics (fsync latency, batch sizes, conflicts).
+    pub fn metrics(&self) -> &WriterMetrics {
+        &self.metrics
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// True once the store shut down.
+    pub fn is_closed(&self) -> bool {
+        self.shared.is_closed()
+    }
+}
+
+

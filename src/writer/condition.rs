@@ -1,0 +1,121 @@
+//! The condition verdict (reference engine §2.3, §4.3): pure, no I/O of its own.
+//!
+//! The boundary clause (`fail_if_events_match` above `after`) is checked first, then, only if it
+//! passes, the existence clause (`fail_if_exists` over the whole log). Each clause asks the
+//! durable log first (a durable hit is terminal and carries the lowest matching position), then
+//! the events staged earlier in the same group commit (a hit there is retryable: that event may
+//! never commit). Neither arm may ever give a false negative.
+
+use crate::event::EventRef;
+use crate::model::{AppendCondition, Query};
+use std::collections::HashMap;
+
+/// Which clause of the condition fired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConflictClause {
+    /// `fail_if_events_match` above `after`; wire code `CONFLICT`.
+    Boundary,
+    /// `fail_if_exists`; wire code `ALREADY_EXISTS`.
+    Existence,
+}
+
+/// Where the conflicting event lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConflictSite {
+    /// A durable event at this (lowest matching) position: terminal.
+    Durable(u64),
+    /// An event staged earlier in the same batch: retryable.
+    SameBatch,
+}
+
+/// The outcome of evaluating a condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// No clause fired; the append may be staged.
+    Pass,
+    /// A clause fired.
+    Conflict { clause: ConflictClause, at: ConflictSite },
+}
+
+/// Events staged in the current group commit, indexed by tag and type so each check touches
+/// only candidates (the rarest tag's list) rather than every staged event.
+#[derive(Default)]
+pub struct Staged<'a> {
+    events: Vec<EventRef<'a>>,
+    by_tag: HashMap<&'a str, Vec<u32>>,
+    by_type: HashMap<&'a str, Vec<u32>>,
+}
+
+impl<'a> Staged<'a> {
+    /// An empty staging area.
+    pub fn new() -> Staged<'a> {
+        Staged::default()
+    }
+
+    /// Number of staged events.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// True when nothing is staged.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Stages one event.
+    pub fn push(&mut self, ev: EventRef<'a>) {
+        let i = self.events.len() as u32;
+        self.by_type.entry(ev.event_type()).or_default().push(i);
+        for t in ev.tags() {
+            self.by_tag.entry(t).or_default().push(i);
+        }
+        self.events.push(ev);
+    }
+
+    /// Does any staged event match `q`?
+    pub fn matches(&self, q: &Query) -> bool {
+        if self.events.is_empty() {
+            return false;
+        }
+        match q {
+            Query::All => true,
+            Query::Items(items) => items.iter().any(|item| {
+                if let Some(rarest) = item.tags.iter().map(|t| self.by_tag.get(t.as_str()).map_or(&[][..], |v| &v[..])).min_by_key(|v| v.len()) {
+                    rarest.iter().any(|&i| item.matches(&self.events[i as usize]))
+                } else if item.types.is_empty() {
+                    true
+                } else {
+                    item.types.iter().any(|t| self.by_type.contains_key(t.as_str()))
+                }
+            }),
+        }
+    }
+}
+
+/// Evaluates `cond` against the durable log (through `durable(query, after)`, which returns the
+/// lowest durable matching position above `after`) and the staged events.
+///
+/// The caller has already checked `after <= tip`.
+///
+/// # Errors
+/// Whatever `durable` fails with (a read error of the log).
+pub fn evaluate<E>(
+    cond: &AppendCondition,
+    staged: &Staged<'_>,
+    mut durable: impl FnMut(&Query, u64) -> Result<Option<u64>, E>,
+) -> Result<Verdict, E> {
+    let clauses = [(ConflictClause::Boundary, Some(&cond.fail_if_events_match), cond.after.get()), (ConflictClause::Existence, cond.fail_if_exists.as_ref(), 0)];
+    for (clause, q, after) in clauses {
+        let Some(q) = q else { continue };
+        if q.is_none() {
+            continue;
+        }
+        if let Some(p) = durable(q, after)? {
+            return Ok(Verdict::Conflict { clause, at: ConflictSite::Durable(p) });
+        }
+        if staged.matches(q) {
+            return Ok(Verdict::Conflict { clause, at: ConflictSite::SameBatch });
+        }
+    }
+    Ok(Verdict::Pass)
+}
