@@ -495,9 +495,12 @@ fn an_unknown_key_in_the_environment_is_rejected_by_name() {
 
     let e = from_env(&[("TEPHRA__SERVER__KEEPALIVE__PROBES", "3")]).unwrap_err();
     let text = e.to_string();
-    assert!(text.contains("unknown field `probes`"), "{text}");
-    assert!(text.contains("server.keepalive.probes"), "{text}");
-    assert!(text.contains("TEPHRA__SERVER__KEEPALIVE__PROBES"), "{text}");
+    assert_eq!(
+        text,
+        "unknown field `probes`, expected `idle_secs` or `interval_secs` for key \
+         `server.keepalive` in the environment (TEPHRA__SERVER__KEEPALIVE__PROBES)"
+    );
+    assert!(matches!(e, ConfigError::Schema { ref key, .. } if key == "server.keepalive.probes"));
 
     let e = from_env(&[("TEPHRA__SERVER____IDLE", "3")]).unwrap_err();
     assert!(matches!(e, ConfigError::EnvName { .. }), "{e:?}");
@@ -510,35 +513,66 @@ fn an_unknown_key_in_the_environment_is_rejected_by_name() {
 #[test]
 fn a_wrong_type_is_rejected_naming_the_key() {
     let e = err_text(from_file("[writer]\nqueue_capacity = \"lots\"\n"));
-    assert!(e.contains("invalid type: string \"lots\""), "{e}");
-    assert!(e.contains("writer.queue_capacity"), "{e}");
-    assert!(e.contains("line 2, column 18"), "{e}");
+    assert_eq!(
+        e,
+        "invalid type: string \"lots\", expected usize for key `writer.queue_capacity` in \
+         configuration file \"/etc/tephra.toml\" (line 2, column 18)"
+    );
 
     for doc in [
-        "bind = 9000\n",
-        "[writer]\ncondition_force_scan = \"yes\"\n",
+        "[writer]\ncondition_force_scan = \"maybe\"\n",
         "[writer]\nqueue_capacity = -1\n",
+        "[writer]\nqueue_capacity = 1.5\n",
+        "[writer]\nqueue_capacity = true\n",
         "[read]\nscan_bias = 5000000000\n",
         "[server]\nreads = 3\n",
         "[auth]\ntokens = \"secret\"\n",
-        "[tls]\ncert = 1\n",
+        "[auth]\ntokens = [\"secret\"]\n",
+        "bind = [\"127.0.0.1:9000\"]\n",
+        "[tls]\ncert = { path = \"c.pem\" }\n",
     ] {
-        assert!(
-            matches!(from_file(doc), Err(ConfigError::Schema { .. })),
-            "{doc}"
-        );
+        let e = from_file(doc).unwrap_err();
+        assert!(matches!(e, ConfigError::Schema { .. }), "{doc}: {e:?}");
     }
 
     let e = err_text(from_env(&[(
         "TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS",
         "many",
     )]));
-    assert!(e.contains("invalid type: string \"many\""), "{e}");
-    assert!(e.contains("server.limits.max_connections"), "{e}");
-    assert!(e.contains("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS"), "{e}");
+    assert_eq!(
+        e,
+        "invalid type: string \"many\", expected usize for key `server.limits.max_connections` \
+         in the environment (TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS)"
+    );
     assert!(from_env(&[("TEPHRA__AUTH__ALLOW_INSECURE", "maybe")]).is_err());
     assert!(from_env(&[("TEPHRA__SERVER__KEEPALIVE__IDLE_SECS", "-5")]).is_err());
+    assert!(from_env(&[("TEPHRA__SERVER__KEEPALIVE__IDLE_SECS", "1.0")]).is_err());
     assert!(from_env(&[("TEPHRA__SERVER", "3")]).is_err());
+    assert!(from_env(&[("TEPHRA__AUTH__TOKENS", "secret")]).is_err());
+}
+
+#[test]
+fn scalars_are_coerced_like_the_reference_loader_does() {
+    // The reference's loader converts between scalar types where the text allows it; files that
+    // rely on that keep working here.
+    let s = from_file(
+        "[writer]\nqueue_capacity = \"42\"\ncondition_force_scan = \"yes\"\n\
+         [server]\nmax_frame_len = 1048576.0\n[auth]\nallow_insecure = 1\n\
+         [[auth.tokens]]\ntoken = 12345\n",
+    )
+    .unwrap();
+    assert_eq!(s.writer.queue_capacity, 42);
+    assert!(s.writer.condition_force_scan);
+    assert_eq!(s.server.max_frame_len, 1_048_576);
+    assert!(s.auth.allow_insecure);
+    assert_eq!(s.first_auth_token(), Some("12345"));
+
+    // A number where an address belongs becomes text, which then fails validation.
+    let e = from_file("bind = 9000\n").unwrap_err();
+    assert!(matches!(e, ConfigError::Invalid { .. }), "{e:?}");
+    let s = from_file("data_dir = 2024\n[tls]\ncert = 1\nkey = 2\n").unwrap();
+    assert_eq!(s.data_dir, PathBuf::from("2024"));
+    assert_eq!(s.tls.paths(), Some((Path::new("1"), Path::new("2"))));
 }
 
 #[test]
@@ -556,16 +590,55 @@ fn a_missing_config_file_is_an_error() {
 }
 
 #[test]
-fn an_unreadable_or_malformed_file_is_an_error() {
+fn a_directory_is_not_a_config_file_and_toml_is_appended_as_a_fallback() {
     let dir = tempfile::tempdir().unwrap();
     let args = ServerArgs {
         config: Some(dir.path().to_owned()),
         ..ServerArgs::default()
     };
-    assert!(matches!(
-        resolve(&args, no_env()),
-        Err(ConfigError::FileUnreadable { .. })
-    ));
+    let e = resolve(&args, no_env()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("configuration file \"{}\" not found", dir.path().display())
+    );
+
+    // `--config NAME` falls back to `NAME.toml`, as the reference does.
+    std::fs::write(
+        dir.path().join("tephra.toml"),
+        "bind = \"127.0.0.1:7003\"\n",
+    )
+    .unwrap();
+    let args = ServerArgs {
+        config: Some(dir.path().join("tephra")),
+        ..ServerArgs::default()
+    };
+    assert_eq!(resolve(&args, no_env()).unwrap().bind, "127.0.0.1:7003");
+    std::fs::write(
+        dir.path().join("prod.conf.toml"),
+        "bind = \"127.0.0.1:7004\"\n",
+    )
+    .unwrap();
+    let args = ServerArgs {
+        config: Some(dir.path().join("prod.conf")),
+        ..ServerArgs::default()
+    };
+    assert_eq!(resolve(&args, no_env()).unwrap().bind, "127.0.0.1:7004");
+}
+
+#[test]
+fn an_unreadable_or_malformed_file_is_an_error() {
+    let mut tmp = tempfile::NamedTempFile::new().unwrap();
+    tmp.write_all(b"bind = \"\xff\"\n").unwrap();
+    let args = ServerArgs {
+        config: Some(tmp.path().to_owned()),
+        ..ServerArgs::default()
+    };
+    let e = resolve(&args, no_env()).unwrap_err();
+    assert!(matches!(e, ConfigError::FileUnreadable { .. }), "{e:?}");
+    assert!(
+        e.to_string().starts_with("cannot read configuration file"),
+        "{e}"
+    );
 
     let e = from_file("[writer]\nqueue_capacity = 1\nqueue_capacity = 2\n").unwrap_err();
     assert!(matches!(e, ConfigError::Syntax { line: 3, .. }), "{e:?}");
@@ -804,4 +877,17 @@ fn the_help_text_lists_every_flag() {
     ] {
         assert!(help.contains(flag), "help lacks {flag}:\n{help}");
     }
+}
+
+#[test]
+fn settings_serialize_back_to_an_equivalent_file() {
+    let doc = "log = \"debug\"\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n[metrics]\nbind = \"127.0.0.1:9100\"\n[[auth.tokens]]\ntoken = \"t\"\n[server.timeouts]\nidle_secs = 9\n";
+    let s = from_file(doc).unwrap();
+    let text = toml::to_string(&s).unwrap();
+    assert_eq!(Settings::from_toml_str(&text).unwrap(), s);
+    let defaults = toml::to_string(&Settings::default()).unwrap();
+    assert_eq!(
+        Settings::from_toml_str(&defaults).unwrap(),
+        Settings::default()
+    );
 }

@@ -53,12 +53,17 @@ pub enum ConfigError {
         var: String,
     },
 
-    /// A value does not fit the settings schema: an unknown key (``unknown field `bogus_key`,
-    /// expected ...``), a wrong type, or an out-of-range number.
+    /// A value does not fit the settings schema: an unknown key, a wrong type, or an
+    /// out-of-range number. Displayed in the reference's wording plus the source, e.g.
+    /// ``unknown field `probes`, expected `idle_secs` or `interval_secs` for key
+    /// `server.keepalive` in the environment (TEPHRA__SERVER__KEEPALIVE__PROBES)`` or
+    /// ``invalid type: string "lots", expected usize for key `writer.queue_capacity` in
+    /// configuration file "t.toml" (line 2, column 18)``.
     #[error("{}", schema_message(key, message, origin))]
     Schema {
-        /// Dotted path of the table or key where the problem was found, e.g. `server.keepalive`
-        /// or `writer.queue_capacity`; empty for the top level.
+        /// Dotted path of the offending key, e.g. `writer.queue_capacity`, or for an unknown
+        /// key that key itself (`server.keepalive.probes`, `bogus_key`); array elements are
+        /// written `auth.tokens[0]`.
         key: String,
         /// serde's description, e.g. ``unknown field `bogus_key`, expected one of ...``.
         message: String,
@@ -113,26 +118,31 @@ impl fmt::Display for Origin {
                 position: Some((line, column)),
             } => write!(
                 f,
-                "in configuration file \"{}\" at line {line}, column {column}",
+                "configuration file \"{}\" (line {line}, column {column})",
                 path.display()
             ),
             Origin::File {
                 path,
                 position: None,
-            } => {
-                write!(f, "in configuration file \"{}\"", path.display())
-            }
-            Origin::Env { var } => write!(f, "from environment variable {var}"),
-            Origin::Combined => f.write_str("after applying TEPHRA__* environment variables"),
+            } => write!(f, "configuration file \"{}\"", path.display()),
+            Origin::Env { var } => write!(f, "the environment ({var})"),
+            Origin::Combined => f.write_str("the environment merged over the configuration file"),
         }
     }
 }
 
+/// `<serde message> for key `<key>` in <origin>`, the reference's wording plus the origin. For an
+/// unknown field serde's message already names the field, so the key shown is the table holding
+/// it (none at the top level), as the reference does.
 fn schema_message(key: &str, message: &str, origin: &Origin) -> String {
-    // serde already names an unknown top-level key; only add the path when it says more.
-    if key.is_empty() || message.contains(&format!("`{key}`")) {
-        format!("{message} ({origin})")
-    } else {
-        format!("{message} at `{key}` ({origin})")
+    let names = |field: &str| message.contains(&format!("`{field}`"));
+    let shown = match key.rsplit_once('.') {
+        Some((table, field)) if names(field) => Some(table),
+        None if key.is_empty() || names(key) => None,
+        _ => Some(key),
+    };
+    match shown {
+        Some(key) => format!("{message} for key `{key}` in {origin}"),
+        None => format!("{message} in {origin}"),
     }
 }

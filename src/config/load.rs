@@ -1,10 +1,11 @@
 //! Layered resolution: defaults < `--config` file < `TEPHRA__*` environment < flags.
 //!
-//! The file is parsed into a TOML table, every `TEPHRA__*` variable is merged into that table as
-//! a typed value, and the merged table is deserialized into [`Settings`] once, so unknown keys and
-//! wrong types are reported the same way whichever source they came from. Each source is also
-//! checked on its own first, so an error names the file position or the variable at fault.
-//! Then the flags are applied and the result is validated.
+//! The file is parsed into a TOML table and every `TEPHRA__*` variable is merged into that table
+//! at its key path. Scalars are then brought to the type their key expects (see `coerce`) and
+//! the merged table is deserialized into [`Settings`] once, so unknown keys and wrong types are
+//! reported the same way whichever source they came from. Each source is also checked on its own
+//! first, so an error names the file position or the variable at fault. Then the flags are
+//! applied and the result is validated.
 //! Seed: "Configuring the server"; reference §2.1.
 
 use std::io;
@@ -14,7 +15,7 @@ use toml::{Table, Value};
 
 use super::cli::ServerArgs;
 use super::error::{ConfigError, Origin};
-use super::settings::{MetricsSettings, Settings, TlsSettings};
+use super::settings::{AuthSettings, MetricsSettings, Settings, TlsSettings, TokenSettings};
 
 /// Prefix of the environment variables that set configuration keys, matched without regard to
 /// case. The rest of the name is the key path joined with [`ENV_SEPARATOR`], so
@@ -90,15 +91,31 @@ pub fn resolve(
     resolve_sources(file, env, &Overrides::from(args))
 }
 
-/// Reads the `--config` file. A file that does not exist is [`ConfigError::FileNotFound`]; any
-/// other failure (including text that is not UTF-8) is [`ConfigError::FileUnreadable`].
+/// Reads the `--config` file. Like the reference, when `path` is not a regular file the same
+/// name with `.toml` appended is tried (`--config /etc/tephra` finds `/etc/tephra.toml`). When
+/// neither is a file (absent, or a directory) the error is [`ConfigError::FileNotFound`],
+/// `configuration file "<path as given>" not found`; any failure to read the file found
+/// (permissions, text that is not UTF-8) is [`ConfigError::FileUnreadable`].
 pub fn read_config_file(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| match source.kind() {
+    let found = if path.is_file() {
+        path.to_owned()
+    } else {
+        let mut with_ext = path.as_os_str().to_owned();
+        with_ext.push(".toml");
+        let with_ext = PathBuf::from(with_ext);
+        if !with_ext.is_file() {
+            return Err(ConfigError::FileNotFound {
+                path: path.to_owned(),
+            });
+        }
+        with_ext
+    };
+    std::fs::read_to_string(&found).map_err(|source| match source.kind() {
         io::ErrorKind::NotFound => ConfigError::FileNotFound {
             path: path.to_owned(),
         },
         _ => ConfigError::FileUnreadable {
-            path: path.to_owned(),
+            path: found,
             source,
         },
     })
@@ -112,29 +129,25 @@ pub fn resolve_sources(
     env: impl IntoIterator<Item = (String, String)>,
     overrides: &Overrides,
 ) -> Result<Settings, ConfigError> {
+    let kinds = key_kinds();
     let mut table = match file {
-        Some(file) => parse_file(file)?,
+        Some(file) => parse_file(file, &kinds)?,
         None => Table::new(),
     };
 
-    let vars = env_vars(env)?;
-    if !vars.is_empty() {
-        let kinds = key_kinds();
-        for (var, path, raw) in vars {
-            let value = typed_env_value(&kinds, &path, &raw);
-            // Check the variable on its own so an error names it.
-            let mut alone = Table::new();
-            insert_path(&mut alone, &path, value.clone());
-            deserialize(alone).map_err(|(key, message)| ConfigError::Schema {
-                key,
-                message,
-                origin: Origin::Env { var: var.clone() },
-            })?;
-            insert_path(&mut table, &path, value);
-        }
+    for (var, path, raw) in env_vars(env)? {
+        // Check the variable on its own first, so an error names it.
+        let mut alone = Table::new();
+        insert_path(&mut alone, &path, Value::String(raw.clone()));
+        check(alone, &kinds).map_err(|(key, message)| ConfigError::Schema {
+            key,
+            message,
+            origin: Origin::Env { var: var.clone() },
+        })?;
+        insert_path(&mut table, &path, Value::String(raw));
     }
 
-    let mut settings = deserialize(table).map_err(|(key, message)| ConfigError::Schema {
+    let mut settings = check(table, &kinds).map_err(|(key, message)| ConfigError::Schema {
         key,
         message,
         origin: Origin::Combined,
@@ -166,7 +179,7 @@ pub fn process_env() -> impl Iterator<Item = (String, String)> {
 
 /// Parses the file to a table, then checks it against the schema on its own, so that an unknown
 /// key or a wrong type is reported with its line and column.
-fn parse_file(file: FileSource<'_>) -> Result<Table, ConfigError> {
+fn parse_file(file: FileSource<'_>, kinds: &Table) -> Result<Table, ConfigError> {
     let table: Table = file.text.parse().map_err(|e: toml::de::Error| {
         let (line, column) = e
             .span()
@@ -178,15 +191,13 @@ fn parse_file(file: FileSource<'_>) -> Result<Table, ConfigError> {
             message: one_line(e.message()),
         }
     })?;
-    if let Err(e) =
-        serde_path_to_error::deserialize::<_, Settings>(toml::Deserializer::new(file.text))
-    {
-        let key = key_path(e.path());
-        let inner = e.into_inner();
-        let position = inner.span().map(|span| line_column(file.text, span.start));
+    if let Err((key, message, path)) = check_with_path(table.clone(), kinds) {
+        // Point at the offending value, or at the key when the key itself is unknown.
+        let at_value = !message.starts_with("unknown field");
+        let position = locate(file.text, &path, at_value);
         return Err(ConfigError::Schema {
             key,
-            message: one_line(inner.message()),
+            message,
             origin: Origin::File {
                 path: file.path.to_owned(),
                 position,
@@ -196,12 +207,47 @@ fn parse_file(file: FileSource<'_>) -> Result<Table, ConfigError> {
     Ok(table)
 }
 
-/// Deserializes a merged table, reporting the dotted path and serde's message on failure.
-fn deserialize(table: Table) -> Result<Settings, (String, String)> {
+/// Coerces and deserializes a table, reporting the dotted key and serde's message on failure.
+fn check(table: Table, kinds: &Table) -> Result<Settings, (String, String)> {
+    check_with_path(table, kinds).map_err(|(key, message, _)| (key, message))
+}
+
+fn check_with_path(
+    mut table: Table,
+    kinds: &Table,
+) -> Result<Settings, (String, String, serde_path_to_error::Path)> {
+    coerce(&mut table, kinds);
     serde_path_to_error::deserialize(Value::Table(table)).map_err(|e| {
-        let key = key_path(e.path());
-        (key, one_line(e.into_inner().message()))
+        let path = e.path().clone();
+        (key_path(&path), one_line(e.into_inner().message()), path)
     })
+}
+
+/// 1-based line and column of the key (or, with `at_value`, its value) at `path` in the TOML
+/// `text`, found by walking a span-preserving parse of the document.
+fn locate(text: &str, path: &serde_path_to_error::Path, at_value: bool) -> Option<(usize, usize)> {
+    use serde_path_to_error::Segment;
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let mut item = doc.as_item();
+    let mut span = None;
+    for segment in path.iter() {
+        match segment {
+            Segment::Map { key } => {
+                let (k, next) = item.as_table_like()?.get_key_value(key)?;
+                span = k.span().or(span);
+                item = next;
+            }
+            Segment::Seq { index } => {
+                item = item.get(*index)?;
+                span = item.span().or(span);
+            }
+            Segment::Enum { .. } | Segment::Unknown => break,
+        }
+    }
+    if at_value {
+        span = item.span().or(span);
+    }
+    span.map(|span| line_column(text, span.start))
 }
 
 /// Parser messages may span lines; the error is printed on one.
@@ -259,17 +305,9 @@ fn env_vars(
     Ok(vars)
 }
 
-/// What type of TOML value a key path holds, learned from the schema itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Str,
-    Int,
-    Bool,
-    Unknown,
-}
-
-/// The settings tree with every optional key filled in, serialized: the schema the environment
-/// values are typed against. Deriving it from `Settings` keeps it in step with the structs.
+/// The settings tree with every optional key filled in (and one token), serialized: the schema
+/// that `coerce` types values against. Deriving it from `Settings` keeps it in step with the
+/// structs.
 fn key_kinds() -> Table {
     let full = Settings {
         log: Some(String::new()),
@@ -280,6 +318,10 @@ fn key_kinds() -> Table {
             cert: Some(PathBuf::new()),
             key: Some(PathBuf::new()),
         },
+        auth: AuthSettings {
+            tokens: vec![TokenSettings::default()],
+            ..AuthSettings::default()
+        },
         ..Settings::default()
     };
     match Value::try_from(&full) {
@@ -288,42 +330,62 @@ fn key_kinds() -> Table {
     }
 }
 
-fn kind_at(kinds: &Table, path: &[String]) -> Kind {
-    let mut table = kinds;
-    for (i, segment) in path.iter().enumerate() {
-        match table.get(segment) {
-            Some(Value::Table(inner)) if i + 1 < path.len() => table = inner,
-            Some(Value::String(_)) if i + 1 == path.len() => return Kind::Str,
-            Some(Value::Integer(_)) if i + 1 == path.len() => return Kind::Int,
-            Some(Value::Boolean(_)) if i + 1 == path.len() => return Kind::Bool,
-            _ => return Kind::Unknown,
+/// Brings every scalar in `table` to the type its key expects, as the reference's configuration
+/// loader does, so that a file or variable the reference accepts is accepted here too:
+///
+/// - string keys take any scalar, written out as text (`bind = 9000` is `"9000"`, and so is
+///   `TEPHRA__BIND=9000`);
+/// - integer keys take a string holding an integer (`queue_capacity = "64"`, and every
+///   `TEPHRA__*` variable arrives as a string) and a float with no fractional part;
+/// - boolean keys take `true`/`false`/`yes`/`no`/`on`/`off`/`1`/`0` as a string in any case, and
+///   integers (non-zero is true).
+///
+/// Anything else is left alone for deserialization to reject with its usual message: a string
+/// that is not a number for an integer key, a fractional number, a value where a table belongs,
+/// and every unknown key.
+fn coerce(table: &mut Table, kinds: &Table) {
+    for (key, value) in table.iter_mut() {
+        if let Some(kind) = kinds.get(key) {
+            coerce_value(value, kind);
         }
     }
-    Kind::Unknown
 }
 
-/// Types an environment value by the key it sets: strings stay as they are, integers and
-/// booleans are parsed (booleans also accept `yes`/`no`, `on`/`off`, `1`/`0`, any case). A value
-/// that does not parse is passed on as a string, so deserialization reports a type error naming
-/// the expected type. A path outside the schema gets a best guess; it is rejected anyway.
-fn typed_env_value(kinds: &Table, path: &[String], raw: &str) -> Value {
-    let as_bool = |lenient: bool| match raw.to_ascii_lowercase().as_str() {
-        "true" => Some(true),
-        "false" => Some(false),
-        "yes" | "on" | "1" if lenient => Some(true),
-        "no" | "off" | "0" if lenient => Some(false),
+fn coerce_value(value: &mut Value, kind: &Value) {
+    let replacement = match (kind, &*value) {
+        (Value::Table(kinds), Value::Table(_)) => {
+            if let Value::Table(table) = value {
+                coerce(table, kinds);
+            }
+            None
+        }
+        (Value::Array(kinds), Value::Array(_)) => {
+            if let (Some(element_kind), Value::Array(items)) = (kinds.first(), &mut *value) {
+                for item in items {
+                    coerce_value(item, element_kind);
+                }
+            }
+            None
+        }
+        (Value::String(_), Value::Integer(i)) => Some(Value::String(i.to_string())),
+        (Value::String(_), Value::Float(f)) => Some(Value::String(f.to_string())),
+        (Value::String(_), Value::Boolean(b)) => Some(Value::String(b.to_string())),
+        (Value::Integer(_), Value::String(s)) => s.parse::<i64>().ok().map(Value::Integer),
+        (Value::Integer(_), Value::Float(f))
+            if f.fract() == 0.0 && *f >= i64::MIN as f64 && *f < i64::MAX as f64 =>
+        {
+            Some(Value::Integer(*f as i64))
+        }
+        (Value::Boolean(_), Value::String(s)) => match s.to_ascii_lowercase().as_str() {
+            "true" | "yes" | "on" | "1" => Some(Value::Boolean(true)),
+            "false" | "no" | "off" | "0" => Some(Value::Boolean(false)),
+            _ => None,
+        },
+        (Value::Boolean(_), Value::Integer(i)) => Some(Value::Boolean(*i != 0)),
         _ => None,
     };
-    let as_int = || raw.parse::<i64>().ok();
-    let string = || Value::String(raw.to_owned());
-    match kind_at(kinds, path) {
-        Kind::Str => string(),
-        Kind::Int => as_int().map_or_else(string, Value::Integer),
-        Kind::Bool => as_bool(true).map_or_else(string, Value::Boolean),
-        Kind::Unknown => as_bool(false)
-            .map(Value::Boolean)
-            .or_else(|| as_int().map(Value::Integer))
-            .unwrap_or_else(string),
+    if let Some(replacement) = replacement {
+        *value = replacement;
     }
 }
 
@@ -351,20 +413,54 @@ fn insert_path(table: &mut Table, path: &[String], value: Value) {
 mod tests {
     use super::*;
 
+    fn coerced(key: &str, value: Value) -> Value {
+        let path: Vec<String> = key.split('.').map(str::to_owned).collect();
+        let mut table = Table::new();
+        insert_path(&mut table, &path, value);
+        coerce(&mut table, &key_kinds());
+        let mut v = &Value::Table(table);
+        for p in &path {
+            v = &v[p.as_str()];
+        }
+        v.clone()
+    }
+
     #[test]
-    fn kinds_follow_the_schema() {
-        let kinds = key_kinds();
-        let p = |s: &str| s.split('.').map(str::to_owned).collect::<Vec<_>>();
-        assert_eq!(kind_at(&kinds, &p("bind")), Kind::Str);
-        assert_eq!(kind_at(&kinds, &p("log")), Kind::Str);
-        assert_eq!(kind_at(&kinds, &p("tls.cert")), Kind::Str);
-        assert_eq!(kind_at(&kinds, &p("metrics.bind")), Kind::Str);
-        assert_eq!(kind_at(&kinds, &p("segment.size")), Kind::Int);
-        assert_eq!(kind_at(&kinds, &p("server.keepalive.idle_secs")), Kind::Int);
-        assert_eq!(kind_at(&kinds, &p("auth.allow_insecure")), Kind::Bool);
-        assert_eq!(kind_at(&kinds, &p("server")), Kind::Unknown);
-        assert_eq!(kind_at(&kinds, &p("server.bogus")), Kind::Unknown);
-        assert_eq!(kind_at(&kinds, &p("bind.x")), Kind::Unknown);
+    fn scalars_are_coerced_to_the_schema() {
+        let s = |x: &str| Value::String(x.to_owned());
+        assert_eq!(coerced("bind", Value::Integer(9000)), s("9000"));
+        assert_eq!(coerced("tls.cert", Value::Boolean(true)), s("true"));
+        assert_eq!(coerced("segment.size", s("4096")), Value::Integer(4096));
+        assert_eq!(
+            coerced("segment.size", Value::Float(4096.0)),
+            Value::Integer(4096)
+        );
+        assert_eq!(
+            coerced("segment.size", Value::Float(4096.5)),
+            Value::Float(4096.5)
+        );
+        assert_eq!(coerced("segment.size", s("lots")), s("lots"));
+        assert_eq!(
+            coerced("auth.allow_insecure", s("On")),
+            Value::Boolean(true)
+        );
+        assert_eq!(
+            coerced("auth.allow_insecure", Value::Integer(0)),
+            Value::Boolean(false)
+        );
+        assert_eq!(coerced("auth.allow_insecure", s("maybe")), s("maybe"));
+        assert_eq!(coerced("server", s("3")), s("3"));
+        assert_eq!(coerced("server.bogus", s("3")), s("3"));
+        let token = |v: Value| {
+            Value::Array(vec![Value::Table(Table::from_iter([(
+                "token".to_owned(),
+                v,
+            )]))])
+        };
+        assert_eq!(
+            coerced("auth.tokens", token(Value::Integer(12345))),
+            token(s("12345"))
+        );
     }
 
     #[test]

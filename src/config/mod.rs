@@ -20,6 +20,8 @@
 //! Seed: "Operations → Configuring the server", "Transport security and authentication";
 //! reference `tephra-protocol-server.md` §2.1, §2.2, §2.10.
 
+#![warn(missing_docs)]
+
 mod cli;
 mod error;
 mod load;
