@@ -891,3 +891,11 @@ fn settings_serialize_back_to_an_equivalent_file() {
         Settings::default()
     );
 }
+
+#[test]
+fn process_env_lists_the_unicode_variables() {
+    let expected = std::env::vars_os()
+        .filter(|(k, v)| k.to_str().is_some() && v.to_str().is_some())
+        .count();
+    assert_eq!(process_env().count(), expected);
+}
