@@ -1,1 +1,0 @@
-//! Server settings (in progress).

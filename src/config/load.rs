@@ -1,0 +1,472 @@
+//! Layered resolution: defaults < `--config` file < `TEPHRA__*` environment < flags.
+//!
+//! The file is parsed into a TOML table and every `TEPHRA__*` variable is merged into that table
+//! at its key path. Scalars are then brought to the type their key expects (see `coerce`) and
+//! the merged table is deserialized into [`Settings`] once, so unknown keys and wrong types are
+//! reported the same way whichever source they came from. Each source is also checked on its own
+//! first, so an error names the file position or the variable at fault. Then the flags are
+//! applied and the result is validated.
+//! Seed: "Configuring the server"; reference §2.1.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use toml::{Table, Value};
+
+use super::cli::ServerArgs;
+use super::error::{ConfigError, Origin};
+use super::settings::{AuthSettings, MetricsSettings, Settings, TlsSettings, TokenSettings};
+
+/// Prefix of the environment variables that set configuration keys, matched without regard to
+/// case. The rest of the name is the key path joined with [`ENV_SEPARATOR`], so
+/// `TEPHRA__SERVER__KEEPALIVE__IDLE_SECS` sets `server.keepalive.idle_secs`.
+pub const ENV_PREFIX: &str = "TEPHRA__";
+/// Separator between the path segments of a `TEPHRA__*` variable name.
+pub const ENV_SEPARATOR: &str = "__";
+
+/// The configuration file's path and contents, for [`resolve_sources`].
+#[derive(Clone, Copy, Debug)]
+pub struct FileSource<'a> {
+    /// Where the text came from; used in error messages only.
+    pub path: &'a Path,
+    /// The TOML text.
+    pub text: &'a str,
+}
+
+/// The command-line layer: the only settings the flags carry. `None` leaves the lower layers'
+/// value in place.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--bind`: replaces `bind`.
+    pub bind: Option<String>,
+    /// `--data-dir`: replaces `data_dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--log`: replaces `log`.
+    pub log: Option<String>,
+}
+
+impl Overrides {
+    /// Writes every set override into `settings`.
+    pub fn apply(&self, settings: &mut Settings) {
+        if let Some(bind) = &self.bind {
+            settings.bind = bind.clone();
+        }
+        if let Some(dir) = &self.data_dir {
+            settings.data_dir = dir.clone();
+        }
+        if let Some(log) = &self.log {
+            settings.log = Some(log.clone());
+        }
+    }
+}
+
+impl From<&ServerArgs> for Overrides {
+    fn from(args: &ServerArgs) -> Self {
+        Overrides {
+            bind: args.bind.clone(),
+            data_dir: args.data_dir.clone(),
+            log: args.log.clone(),
+        }
+    }
+}
+
+/// Resolves the server's settings exactly as `tephra-server` (and `--healthcheck`) does: reads
+/// the `--config` file if given, layers `env` (pass [`process_env`] in the binary; any iterator in
+/// tests) and the flags over it, and validates the result.
+///
+/// Errors: [`ConfigError::FileNotFound`] (`configuration file "/x.toml" not found`),
+/// [`ConfigError::FileUnreadable`], [`ConfigError::Syntax`], [`ConfigError::EnvName`],
+/// [`ConfigError::Schema`] (unknown key, wrong type), [`ConfigError::Invalid`] (a validation
+/// rule). Seed: "Configuring the server"; reference §2.1, §2.10.
+pub fn resolve(
+    args: &ServerArgs,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Settings, ConfigError> {
+    let text = args.config.as_deref().map(read_config_file).transpose()?;
+    let file = args
+        .config
+        .as_deref()
+        .zip(text.as_deref())
+        .map(|(path, text)| FileSource { path, text });
+    resolve_sources(file, env, &Overrides::from(args))
+}
+
+/// Reads the `--config` file. Like the reference, when `path` is not a regular file the same
+/// name with `.toml` appended is tried (`--config /etc/tephra` finds `/etc/tephra.toml`). When
+/// neither is a file (absent, or a directory) the error is [`ConfigError::FileNotFound`],
+/// `configuration file "<path as given>" not found`; any failure to read the file found
+/// (permissions, text that is not UTF-8) is [`ConfigError::FileUnreadable`].
+pub fn read_config_file(path: &Path) -> Result<String, ConfigError> {
+    let found = if path.is_file() {
+        path.to_owned()
+    } else {
+        let mut with_ext = path.as_os_str().to_owned();
+        with_ext.push(".toml");
+        let with_ext = PathBuf::from(with_ext);
+        if !with_ext.is_file() {
+            return Err(ConfigError::FileNotFound {
+                path: path.to_owned(),
+            });
+        }
+        with_ext
+    };
+    std::fs::read_to_string(&found).map_err(|source| match source.kind() {
+        io::ErrorKind::NotFound => ConfigError::FileNotFound {
+            path: path.to_owned(),
+        },
+        _ => ConfigError::FileUnreadable {
+            path: found,
+            source,
+        },
+    })
+}
+
+/// The pure core of [`resolve`]: the same layering and validation over an already-read file (or
+/// none), an environment and the flag overrides. Touches neither the filesystem nor the process
+/// environment.
+pub fn resolve_sources(
+    file: Option<FileSource<'_>>,
+    env: impl IntoIterator<Item = (String, String)>,
+    overrides: &Overrides,
+) -> Result<Settings, ConfigError> {
+    let kinds = key_kinds();
+    let mut table = match file {
+        Some(file) => parse_file(file, &kinds)?,
+        None => Table::new(),
+    };
+
+    for (var, path, raw) in env_vars(env)? {
+        // Check the variable on its own first, so an error names it.
+        let mut alone = Table::new();
+        insert_path(&mut alone, &path, Value::String(raw.clone()));
+        check(alone, &kinds).map_err(|(key, message)| ConfigError::Schema {
+            key,
+            message,
+            origin: Origin::Env { var: var.clone() },
+        })?;
+        insert_path(&mut table, &path, Value::String(raw));
+    }
+
+    let mut settings = check(table, &kinds).map_err(|(key, message)| ConfigError::Schema {
+        key,
+        message,
+        origin: Origin::Combined,
+    })?;
+    overrides.apply(&mut settings);
+    settings.validate()?;
+    Ok(settings)
+}
+
+impl Settings {
+    /// Parses one TOML document as a complete configuration (defaults for what it leaves out)
+    /// and validates it; no environment, no flags. An empty string gives `Settings::default()`.
+    /// Errors as for [`resolve_sources`]; positions refer to `<string>`.
+    pub fn from_toml_str(text: &str) -> Result<Settings, ConfigError> {
+        let file = FileSource {
+            path: Path::new("<string>"),
+            text,
+        };
+        resolve_sources(Some(file), std::iter::empty(), &Overrides::default())
+    }
+}
+
+/// The process environment as `(name, value)` pairs for [`resolve`] and
+/// [`Settings::log_filter`]. Unlike `std::env::vars` it does not panic on a variable that is not
+/// Unicode: such a variable is skipped (it could not name a valid key or value anyway).
+pub fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+}
+
+/// Parses the file to a table, then checks it against the schema on its own, so that an unknown
+/// key or a wrong type is reported with its line and column.
+fn parse_file(file: FileSource<'_>, kinds: &Table) -> Result<Table, ConfigError> {
+    let table: Table = file.text.parse().map_err(|e: toml::de::Error| {
+        let (line, column) = e
+            .span()
+            .map_or((1, 1), |span| line_column(file.text, span.start));
+        ConfigError::Syntax {
+            path: file.path.to_owned(),
+            line,
+            column,
+            message: one_line(e.message()),
+        }
+    })?;
+    if let Err((key, message, path)) = check_with_path(table.clone(), kinds) {
+        // Point at the offending value, or at the key when the key itself is unknown.
+        let at_value = !message.starts_with("unknown field");
+        let position = locate(file.text, &path, at_value);
+        return Err(ConfigError::Schema {
+            key,
+            message,
+            origin: Origin::File {
+                path: file.path.to_owned(),
+                position,
+            },
+        });
+    }
+    Ok(table)
+}
+
+/// Coerces and deserializes a table, reporting the dotted key and serde's message on failure.
+fn check(table: Table, kinds: &Table) -> Result<Settings, (String, String)> {
+    check_with_path(table, kinds).map_err(|(key, message, _)| (key, message))
+}
+
+fn check_with_path(
+    mut table: Table,
+    kinds: &Table,
+) -> Result<Settings, (String, String, serde_path_to_error::Path)> {
+    coerce(&mut table, kinds);
+    serde_path_to_error::deserialize(Value::Table(table)).map_err(|e| {
+        let path = e.path().clone();
+        (key_path(&path), one_line(e.into_inner().message()), path)
+    })
+}
+
+/// 1-based line and column of the key (or, with `at_value`, its value) at `path` in the TOML
+/// `text`, found by walking a span-preserving parse of the document.
+fn locate(text: &str, path: &serde_path_to_error::Path, at_value: bool) -> Option<(usize, usize)> {
+    use serde_path_to_error::Segment;
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let mut item = doc.as_item();
+    let mut span = None;
+    for segment in path.iter() {
+        match segment {
+            Segment::Map { key } => {
+                let (k, next) = item.as_table_like()?.get_key_value(key)?;
+                span = k.span().or(span);
+                item = next;
+            }
+            Segment::Seq { index } => {
+                item = item.get(*index)?;
+                span = item.span().or(span);
+            }
+            Segment::Enum { .. } | Segment::Unknown => break,
+        }
+    }
+    if at_value {
+        span = item.span().or(span);
+    }
+    span.map(|span| line_column(text, span.start))
+}
+
+/// Parser messages may span lines; the error is printed on one.
+fn one_line(message: &str) -> String {
+    message
+        .trim()
+        .lines()
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `serde_path_to_error` renders the root as `.`; we want an empty string there.
+fn key_path(path: &serde_path_to_error::Path) -> String {
+    let rendered = path.to_string();
+    if rendered == "." {
+        String::new()
+    } else {
+        rendered
+    }
+}
+
+/// 1-based line and character column of byte `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+/// The `TEPHRA__*` variables of `env` as `(name, lower-cased path, value)`, sorted by name so the
+/// outcome does not depend on the environment's order.
+fn env_vars(
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Vec<(String, Vec<String>, String)>, ConfigError> {
+    let mut vars = Vec::new();
+    for (name, value) in env {
+        let Some(rest) = name
+            .get(..ENV_PREFIX.len())
+            .filter(|prefix| prefix.eq_ignore_ascii_case(ENV_PREFIX))
+            .map(|_| &name[ENV_PREFIX.len()..])
+        else {
+            continue;
+        };
+        let path: Vec<String> = rest
+            .split(ENV_SEPARATOR)
+            .map(str::to_ascii_lowercase)
+            .collect();
+        if path.iter().any(String::is_empty) {
+            return Err(ConfigError::EnvName { var: name });
+        }
+        vars.push((name, path, value));
+    }
+    vars.sort();
+    Ok(vars)
+}
+
+/// The settings tree with every optional key filled in (and one token), serialized: the schema
+/// that `coerce` types values against. Deriving it from `Settings` keeps it in step with the
+/// structs.
+fn key_kinds() -> Table {
+    let full = Settings {
+        log: Some(String::new()),
+        metrics: MetricsSettings {
+            bind: Some(String::new()),
+        },
+        tls: TlsSettings {
+            cert: Some(PathBuf::new()),
+            key: Some(PathBuf::new()),
+        },
+        auth: AuthSettings {
+            tokens: vec![TokenSettings::default()],
+            ..AuthSettings::default()
+        },
+        ..Settings::default()
+    };
+    match Value::try_from(&full) {
+        Ok(Value::Table(table)) => table,
+        _ => Table::new(),
+    }
+}
+
+/// Brings every scalar in `table` to the type its key expects, as the reference's configuration
+/// loader does, so that a file or variable the reference accepts is accepted here too:
+///
+/// - string keys take any scalar, written out as text (`bind = 9000` is `"9000"`, and so is
+///   `TEPHRA__BIND=9000`);
+/// - integer keys take a string holding an integer (`queue_capacity = "64"`, and every
+///   `TEPHRA__*` variable arrives as a string) and a float with no fractional part;
+/// - boolean keys take `true`/`false`/`yes`/`no`/`on`/`off`/`1`/`0` as a string in any case, and
+///   integers (non-zero is true).
+///
+/// Anything else is left alone for deserialization to reject with its usual message: a string
+/// that is not a number for an integer key, a fractional number, a value where a table belongs,
+/// and every unknown key.
+fn coerce(table: &mut Table, kinds: &Table) {
+    for (key, value) in table.iter_mut() {
+        if let Some(kind) = kinds.get(key) {
+            coerce_value(value, kind);
+        }
+    }
+}
+
+fn coerce_value(value: &mut Value, kind: &Value) {
+    let replacement = match (kind, &*value) {
+        (Value::Table(kinds), Value::Table(_)) => {
+            if let Value::Table(table) = value {
+                coerce(table, kinds);
+            }
+            None
+        }
+        (Value::Array(kinds), Value::Array(_)) => {
+            if let (Some(element_kind), Value::Array(items)) = (kinds.first(), &mut *value) {
+                for item in items {
+                    coerce_value(item, element_kind);
+                }
+            }
+            None
+        }
+        (Value::String(_), Value::Integer(i)) => Some(Value::String(i.to_string())),
+        (Value::String(_), Value::Float(f)) => Some(Value::String(f.to_string())),
+        (Value::String(_), Value::Boolean(b)) => Some(Value::String(b.to_string())),
+        (Value::Integer(_), Value::String(s)) => s.parse::<i64>().ok().map(Value::Integer),
+        (Value::Integer(_), Value::Float(f))
+            if f.fract() == 0.0 && *f >= i64::MIN as f64 && *f < i64::MAX as f64 =>
+        {
+            Some(Value::Integer(*f as i64))
+        }
+        (Value::Boolean(_), Value::String(s)) => match s.to_ascii_lowercase().as_str() {
+            "true" | "yes" | "on" | "1" => Some(Value::Boolean(true)),
+            "false" | "no" | "off" | "0" => Some(Value::Boolean(false)),
+            _ => None,
+        },
+        (Value::Boolean(_), Value::Integer(i)) => Some(Value::Boolean(*i != 0)),
+        _ => None,
+    };
+    if let Some(replacement) = replacement {
+        *value = replacement;
+    }
+}
+
+/// Sets `path` in `table` to `value`, creating tables on the way and replacing any non-table
+/// value in the way (a later source wins).
+fn insert_path(table: &mut Table, path: &[String], value: Value) {
+    let (last, parents) = path.split_last().expect("env paths are never empty");
+    let mut current = table;
+    for segment in parents {
+        let entry = current
+            .entry(segment.clone())
+            .or_insert_with(|| Value::Table(Table::new()));
+        if !entry.is_table() {
+            *entry = Value::Table(Table::new());
+        }
+        current = match entry {
+            Value::Table(inner) => inner,
+            _ => unreachable!("just made a table"),
+        };
+    }
+    current.insert(last.clone(), value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn coerced(key: &str, value: Value) -> Value {
+        let path: Vec<String> = key.split('.').map(str::to_owned).collect();
+        let mut table = Table::new();
+        insert_path(&mut table, &path, value);
+        coerce(&mut table, &key_kinds());
+        let mut v = &Value::Table(table);
+        for p in &path {
+            v = &v[p.as_str()];
+        }
+        v.clone()
+    }
+
+    #[test]
+    fn scalars_are_coerced_to_the_schema() {
+        let s = |x: &str| Value::String(x.to_owned());
+        assert_eq!(coerced("bind", Value::Integer(9000)), s("9000"));
+        assert_eq!(coerced("tls.cert", Value::Boolean(true)), s("true"));
+        assert_eq!(coerced("segment.size", s("4096")), Value::Integer(4096));
+        assert_eq!(
+            coerced("segment.size", Value::Float(4096.0)),
+            Value::Integer(4096)
+        );
+        assert_eq!(
+            coerced("segment.size", Value::Float(4096.5)),
+            Value::Float(4096.5)
+        );
+        assert_eq!(coerced("segment.size", s("lots")), s("lots"));
+        assert_eq!(
+            coerced("auth.allow_insecure", s("On")),
+            Value::Boolean(true)
+        );
+        assert_eq!(
+            coerced("auth.allow_insecure", Value::Integer(0)),
+            Value::Boolean(false)
+        );
+        assert_eq!(coerced("auth.allow_insecure", s("maybe")), s("maybe"));
+        assert_eq!(coerced("server", s("3")), s("3"));
+        assert_eq!(coerced("server.bogus", s("3")), s("3"));
+        let token = |v: Value| {
+            Value::Array(vec![Value::Table(Table::from_iter([(
+                "token".to_owned(),
+                v,
+            )]))])
+        };
+        assert_eq!(
+            coerced("auth.tokens", token(Value::Integer(12345))),
+            token(s("12345"))
+        );
+    }
+
+    #[test]
+    fn line_columns_are_one_based() {
+        assert_eq!(line_column("a = 1\nbé = 2\n", 0), (1, 1));
+        assert_eq!(line_column("a = 1\nbé = 2\n", 6), (2, 1));
+        assert_eq!(line_column("a = 1\nbé = 2\n", 10), (2, 4));
+    }
+}

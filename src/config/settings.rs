@@ -1,0 +1,635 @@
+//! The settings tree: one struct per TOML table, every key with its built-in default.
+//!
+//! Field names are the TOML keys. Every struct carries `#[serde(default, deny_unknown_fields)]`,
+//! so a key that is left out keeps its default and a key that does not exist is an error.
+//! Seed: "Operations → Configuring the server" and "Transport security and authentication";
+//! reference: `tephra-protocol-server.md` §2.2.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ConfigError;
+
+/// Default for `bind`: the data listener address.
+pub const DEFAULT_BIND: &str = "127.0.0.1:9000";
+/// Default for `data_dir`: the store directory, relative to the working directory.
+pub const DEFAULT_DATA_DIR: &str = "tephra-data";
+/// Log filter used when neither `log` (`--log`, the file, `TEPHRA__LOG`) nor `TEPHRA_LOG` is set.
+pub const DEFAULT_LOG_FILTER: &str = "info";
+/// Name of the single-underscore environment variable that is the fallback log filter.
+pub const LOG_ENV_VAR: &str = "TEPHRA_LOG";
+
+/// Bytes reserved at the start of every segment file for its header.
+pub const SEGMENT_HEADER_LEN: u64 = 64;
+/// Bytes of the commit marker that ends every batch in a segment.
+pub const COMMIT_MARKER_LEN: u64 = 17;
+/// Default `segment.size`: 256 MiB, header included.
+pub const DEFAULT_SEGMENT_SIZE: u64 = 256 * 1024 * 1024;
+/// Largest accepted `segment.size` (positions inside a segment are `u32` offsets).
+pub const MAX_SEGMENT_SIZE: u64 = u32::MAX as u64;
+/// Smallest accepted `segment.size`: the smallest size whose largest record (a quarter of the
+/// size) plus one commit marker still fits after the header. Computed from the engine's rule
+/// `size / 4 + 17 <= size - 64`.
+pub const MIN_SEGMENT_SIZE: u64 = min_segment_size();
+
+const fn min_segment_size() -> u64 {
+    let mut size = SEGMENT_HEADER_LEN + 1;
+    while !segment_size_fits(size) {
+        size += 1;
+    }
+    size
+}
+
+/// Whether a segment of `size` bytes can hold its header, one record of the maximum length
+/// (`size / 4`) and a commit marker, and stays addressable with `u32` offsets.
+pub const fn segment_size_fits(size: u64) -> bool {
+    size > SEGMENT_HEADER_LEN
+        && size <= MAX_SEGMENT_SIZE
+        && size / 4 + COMMIT_MARKER_LEN <= size - SEGMENT_HEADER_LEN
+}
+
+/// The fully resolved server settings.
+///
+/// Every field is a key of the configuration file (`tephra.example.toml` shows them all with
+/// their defaults) and can also be set from the environment as `TEPHRA__<PATH>`, the dotted path
+/// upper-cased and joined with `__` (`server.keepalive.idle_secs` is
+/// `TEPHRA__SERVER__KEEPALIVE__IDLE_SECS`). `Settings::default()` is the built-in configuration,
+/// identical to an empty file. Use [`resolve`](super::resolve) to build one from the real sources
+/// and [`Settings::validate`] before using a hand-built one.
+///
+/// Seed: "Configuring the server"; reference §2.1–§2.2.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Address of the data listener, `HOST:PORT`. Default `"127.0.0.1:9000"`. Overridden by
+    /// `--bind`. A literal socket address or a `hostname:port`; anything else fails validation.
+    pub bind: String,
+    /// Directory holding the store's segment and index files. Default `"tephra-data"`.
+    /// Overridden by `--data-dir`.
+    pub data_dir: PathBuf,
+    /// Tracing filter (`target=level` directives, e.g. `info` or `tephra=debug`). Unset by
+    /// default; see [`Settings::log_filter`] for the fallback chain. Overridden by `--log`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+    /// `[segment]`: log segment sizing.
+    pub segment: SegmentSettings,
+    /// `[writer]`: group commit and the write queue.
+    pub writer: WriterSettings,
+    /// `[read]`: the read planner.
+    pub read: ReadSettings,
+    /// `[server]` and its sub-tables: the network server.
+    pub server: ServerSettings,
+    /// `[metrics]`: the optional Prometheus endpoint.
+    pub metrics: MetricsSettings,
+    /// `[tls]`: optional TLS 1.3 on the data listener.
+    pub tls: TlsSettings,
+    /// `[auth]`: optional bearer-token authentication.
+    pub auth: AuthSettings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            bind: DEFAULT_BIND.to_owned(),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            log: None,
+            segment: SegmentSettings::default(),
+            writer: WriterSettings::default(),
+            read: ReadSettings::default(),
+            server: ServerSettings::default(),
+            metrics: MetricsSettings::default(),
+            tls: TlsSettings::default(),
+            auth: AuthSettings::default(),
+        }
+    }
+}
+
+/// `[segment]`: how big each log segment file is. Seed: "Configuring the server".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SegmentSettings {
+    /// `segment.size`: bytes per segment file, including the 64-byte header. Default
+    /// 268,435,456 (256 MiB). The largest record is a quarter of this. Must lie in
+    /// [`MIN_SEGMENT_SIZE`]`..=`[`MAX_SEGMENT_SIZE`] (validation error otherwise).
+    pub size: u64,
+}
+
+impl Default for SegmentSettings {
+    fn default() -> Self {
+        SegmentSettings {
+            size: DEFAULT_SEGMENT_SIZE,
+        }
+    }
+}
+
+impl SegmentSettings {
+    /// Largest framed record a segment of this size accepts: `size / 4` bytes.
+    pub fn max_record_len(&self) -> u64 {
+        self.size / 4
+    }
+
+    /// Bytes available to records and commit markers: `size - 64` (saturating at 0 for an
+    /// invalid size). One append request must fit in this.
+    pub fn capacity(&self) -> u64 {
+        self.size.saturating_sub(SEGMENT_HEADER_LEN)
+    }
+}
+
+/// `[writer]`: the single writer's queue and group commit. Seed: "Configuring the server",
+/// "Backpressure".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WriterSettings {
+    /// `writer.queue_capacity`: append requests that may wait for the writer, server-wide.
+    /// Default 16,384. A full queue backpressures the caller. Must be at least 1.
+    pub queue_capacity: usize,
+    /// `writer.max_batch_records`: most append requests (not events) folded into one group
+    /// commit. Default 2,048. Must be at least 1.
+    pub max_batch_records: usize,
+    /// `writer.max_batch_bytes`: byte budget of one batch. Default 8,388,608 (8 MiB). Not
+    /// rejected when larger than a segment; clamp it with [`Settings::effective_max_batch_bytes`].
+    pub max_batch_bytes: usize,
+    /// `writer.tips_window`: width, in positions, of the recent-position window kept for the
+    /// durable tips. Default 1,000,000. Only bounds memory.
+    pub tips_window: u64,
+    /// `writer.condition_force_scan`: decide append conditions by scanning the log rather than
+    /// asking the index. Default `false`. Slower, never different.
+    pub condition_force_scan: bool,
+}
+
+impl Default for WriterSettings {
+    fn default() -> Self {
+        WriterSettings {
+            queue_capacity: 16_384,
+            max_batch_records: 2_048,
+            max_batch_bytes: 8 * 1024 * 1024,
+            tips_window: 1_000_000,
+            condition_force_scan: false,
+        }
+    }
+}
+
+/// `[read]`: the planner. Seed: "Configuring the embedded engine".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReadSettings {
+    /// `read.scan_bias`: the planner uses the index only when the candidate range is at least
+    /// this many times the estimated result count. Default 4. Must be at least 1. Changes speed,
+    /// never results.
+    pub scan_bias: u32,
+}
+
+impl Default for ReadSettings {
+    fn default() -> Self {
+        ReadSettings { scan_bias: 4 }
+    }
+}
+
+/// `[server]`: the network server and its sub-tables. Seed: "Configuring the server",
+/// "Backpressure", "Connection limits and reaping".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// `server.max_frame_len`: largest frame, in bytes, accepted from or sent to a client.
+    /// Default 16,777,216 (16 MiB). Must be at least 1.
+    pub max_frame_len: u32,
+    /// `[server.reads]`: streamed reads and the read pool.
+    pub reads: ReadsSettings,
+    /// `[server.subscriptions]`: live subscriptions.
+    pub subscriptions: SubscriptionSettings,
+    /// `[server.backpressure]`: per-connection budgets.
+    pub backpressure: BackpressureSettings,
+    /// `[server.limits]`: server-wide limits.
+    pub limits: LimitSettings,
+    /// `[server.keepalive]`: TCP keepalive on accepted sockets.
+    pub keepalive: KeepaliveSettings,
+    /// `[server.timeouts]`: connection reaping.
+    pub timeouts: TimeoutSettings,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        ServerSettings {
+            max_frame_len: 16 * 1024 * 1024,
+            reads: ReadsSettings::default(),
+            subscriptions: SubscriptionSettings::default(),
+            backpressure: BackpressureSettings::default(),
+            limits: LimitSettings::default(),
+            keepalive: KeepaliveSettings::default(),
+            timeouts: TimeoutSettings::default(),
+        }
+    }
+}
+
+/// `[server.reads]`: how streamed reads are cut into frames and how many threads serve them.
+/// Seed: "Backpressure"; reference §1.7, §2.3.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReadsSettings {
+    /// `server.reads.batch_events`: a streamed read or subscription sends a frame once it holds
+    /// this many events. Default 1,024. Must be at least 1.
+    pub batch_events: usize,
+    /// `server.reads.batch_bytes`: ... or once its buffered events reach this many bytes.
+    /// Default 524,288 (512 KiB). Must be at least 1.
+    pub batch_bytes: usize,
+    /// `server.reads.worker_threads`: size of the shared read pool. Default 0, meaning one
+    /// worker per logical CPU; see [`ReadsSettings::worker_count`].
+    pub worker_threads: usize,
+}
+
+impl Default for ReadsSettings {
+    fn default() -> Self {
+        ReadsSettings {
+            batch_events: 1_024,
+            batch_bytes: 512 * 1024,
+            worker_threads: 0,
+        }
+    }
+}
+
+impl ReadsSettings {
+    /// The read pool size to start: `worker_threads`, or when it is 0,
+    /// `std::thread::available_parallelism()` (1 if that cannot be determined).
+    pub fn worker_count(&self) -> NonZeroUsize {
+        NonZeroUsize::new(self.worker_threads)
+            .unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
+    }
+}
+
+/// `[server.subscriptions]`: live subscriptions. Seed: "Backpressure"; reference §2.5.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SubscriptionSettings {
+    /// `server.subscriptions.wait_tick_ms`: how often an idle subscription wakes to re-check for
+    /// shutdown or cancel, in milliseconds. Default 250. Must be at least 1.
+    pub wait_tick_ms: u64,
+    /// `server.subscriptions.max_concurrent`: live subscriptions one connection may hold; one
+    /// more is rejected with an error. Default 64. Must be at least 1.
+    pub max_concurrent: usize,
+}
+
+impl Default for SubscriptionSettings {
+    fn default() -> Self {
+        SubscriptionSettings {
+            wait_tick_ms: 250,
+            max_concurrent: 64,
+        }
+    }
+}
+
+impl SubscriptionSettings {
+    /// `wait_tick_ms` as a [`Duration`].
+    pub fn wait_tick(&self) -> Duration {
+        Duration::from_millis(self.wait_tick_ms)
+    }
+}
+
+/// `[server.backpressure]`: per-connection budgets. Seed: "Backpressure"; reference §2.4.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackpressureSettings {
+    /// `server.backpressure.max_inflight_per_conn`: applied twice, separately: appends awaiting
+    /// their durable reply before the connection reader stops reading, and reads running at once
+    /// (with as many more allowed to queue; past both a read is rejected). Default 256. Must be
+    /// at least 1.
+    pub max_inflight_per_conn: usize,
+    /// `server.backpressure.frame_queue_depth`: bulk (read and subscription) frames buffered
+    /// toward one client before their producers wait. Control frames have their own lane.
+    /// Default 256. Must be at least 1.
+    pub frame_queue_depth: usize,
+}
+
+impl Default for BackpressureSettings {
+    fn default() -> Self {
+        BackpressureSettings {
+            max_inflight_per_conn: 256,
+            frame_queue_depth: 256,
+        }
+    }
+}
+
+/// `[server.limits]`: server-wide limits. Seed: "Connection limits and reaping"; reference §2.6.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitSettings {
+    /// `server.limits.max_connections`: connections served at once across all clients; one more
+    /// is closed on accept. Default 1,024. 0 means unlimited; see
+    /// [`LimitSettings::connection_cap`].
+    pub max_connections: usize,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        LimitSettings {
+            max_connections: 1_024,
+        }
+    }
+}
+
+impl LimitSettings {
+    /// The connection cap, or `None` when `max_connections` is 0 (unlimited).
+    pub fn connection_cap(&self) -> Option<NonZeroUsize> {
+        NonZeroUsize::new(self.max_connections)
+    }
+}
+
+/// `[server.keepalive]`: TCP keepalive, always on. Seed: "Connection limits and reaping";
+/// reference §2.7.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KeepaliveSettings {
+    /// `server.keepalive.idle_secs`: seconds of silence before the first probe. Default 60.
+    /// Must be at least 1.
+    pub idle_secs: u64,
+    /// `server.keepalive.interval_secs`: seconds between probes. Default 15. Must be at least 1.
+    pub interval_secs: u64,
+}
+
+impl Default for KeepaliveSettings {
+    fn default() -> Self {
+        KeepaliveSettings {
+            idle_secs: 60,
+            interval_secs: 15,
+        }
+    }
+}
+
+impl KeepaliveSettings {
+    /// `idle_secs` as a [`Duration`] (`TCP_KEEPIDLE`).
+    pub fn idle(&self) -> Duration {
+        Duration::from_secs(self.idle_secs)
+    }
+
+    /// `interval_secs` as a [`Duration`] (`TCP_KEEPINTVL`).
+    pub fn interval(&self) -> Duration {
+        Duration::from_secs(self.interval_secs)
+    }
+}
+
+/// `[server.timeouts]`: reaping connections that stop making progress. Every value is in
+/// seconds and 0 disables it. Seed: "Connection limits and reaping"; reference §2.7.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TimeoutSettings {
+    /// `server.timeouts.incomplete_frame_secs`: once a frame's first byte has arrived, the whole
+    /// frame must arrive within this time (slow-loris defence). Default 30.
+    pub incomplete_frame_secs: u64,
+    /// `server.timeouts.handshake_secs`: deadline, from accept, for a successful Hello.
+    /// Default 0 (off), because pooling clients open connections they use later.
+    pub handshake_secs: u64,
+    /// `server.timeouts.idle_secs`: reap a connection with nothing in flight, no live
+    /// subscription and no traffic for this long. Default 0 (off).
+    pub idle_secs: u64,
+}
+
+impl Default for TimeoutSettings {
+    fn default() -> Self {
+        TimeoutSettings {
+            incomplete_frame_secs: 30,
+            handshake_secs: 0,
+            idle_secs: 0,
+        }
+    }
+}
+
+fn secs_or_off(secs: u64) -> Option<Duration> {
+    (secs != 0).then(|| Duration::from_secs(secs))
+}
+
+impl TimeoutSettings {
+    /// The incomplete-frame deadline, `None` when disabled (0).
+    pub fn incomplete_frame(&self) -> Option<Duration> {
+        secs_or_off(self.incomplete_frame_secs)
+    }
+
+    /// The handshake deadline, `None` when disabled (0, the default).
+    pub fn handshake(&self) -> Option<Duration> {
+        secs_or_off(self.handshake_secs)
+    }
+
+    /// The idle-connection deadline, `None` when disabled (0, the default).
+    pub fn idle(&self) -> Option<Duration> {
+        secs_or_off(self.idle_secs)
+    }
+
+    /// Whether any of the three reapers is on (the connection reader then needs to poll).
+    pub fn any_enabled(&self) -> bool {
+        self.incomplete_frame_secs != 0 || self.handshake_secs != 0 || self.idle_secs != 0
+    }
+
+    /// Deadline for finishing a TLS handshake, measured from accept: the first enabled value of
+    /// handshake, incomplete-frame, idle (30 s with the defaults), or `None` if all are off.
+    /// Reference §2.7.
+    pub fn tls_handshake(&self) -> Option<Duration> {
+        self.handshake()
+            .or_else(|| self.incomplete_frame())
+            .or_else(|| self.idle())
+    }
+}
+
+/// `[metrics]`: the Prometheus `/metrics` endpoint on its own port. Seed: "Monitoring";
+/// reference §2.11.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// `metrics.bind`: address of the endpoint, e.g. `"127.0.0.1:9100"`. Unset (the default)
+    /// disables it. Must be a `HOST:PORT` when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bind: Option<String>,
+}
+
+/// `[tls]`: TLS 1.3 on the data listener, off by default. Setting exactly one of the two paths is
+/// a validation error. Seed: "Transport security and authentication"; reference §2.8.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// `tls.cert`: path to the PEM certificate chain. Unset by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert: Option<PathBuf>,
+    /// `tls.key`: path to the PEM private key. Unset by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<PathBuf>,
+}
+
+impl TlsSettings {
+    /// `(cert, key)` when TLS is configured, `None` for plaintext (or a half-set pair, which
+    /// validation rejects).
+    pub fn paths(&self) -> Option<(&Path, &Path)> {
+        Some((self.cert.as_deref()?, self.key.as_deref()?))
+    }
+
+    /// Whether both paths are set, i.e. the listener serves TLS.
+    pub fn enabled(&self) -> bool {
+        self.paths().is_some()
+    }
+}
+
+/// `[auth]`: bearer tokens, off by default (an empty list leaves the server open). Seed:
+/// "Transport security and authentication"; reference §2.9.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSettings {
+    /// `[[auth.tokens]]`: the accepted tokens; any one of them authenticates a connection, which
+    /// is how rotation works. Default empty. Empty token strings are rejected, and so are tokens
+    /// without TLS unless `allow_insecure` is set. Only settable from the file.
+    pub tokens: Vec<TokenSettings>,
+    /// `auth.allow_insecure`: allow tokens on a plaintext listener (TLS terminated by a proxy in
+    /// front). Default `false`.
+    pub allow_insecure: bool,
+}
+
+/// One `[[auth.tokens]]` entry. A table rather than a bare string so that scopes can be added
+/// later without breaking existing files. `Debug` never prints the secret.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TokenSettings {
+    /// `token`: the bearer secret a client sends in its Hello. Must not be empty.
+    pub token: String,
+}
+
+impl TokenSettings {
+    /// A token entry holding `token`.
+    pub fn new(token: impl Into<String>) -> Self {
+        TokenSettings {
+            token: token.into(),
+        }
+    }
+}
+
+impl fmt::Debug for TokenSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenSettings")
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+impl AuthSettings {
+    /// The configured token strings, in file order. Empty means authentication is off.
+    pub fn token_strs(&self) -> impl Iterator<Item = &str> {
+        self.tokens.iter().map(|t| t.token.as_str())
+    }
+
+    /// Whether any token is configured (connections must then authenticate).
+    pub fn enabled(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+}
+
+/// Parses a listen address without touching DNS: a literal socket address, or `host:port` where
+/// `host` is a syntactically valid host name and `port` a `u16`. `None` when malformed.
+pub(crate) fn check_listen_addr(addr: &str) -> Option<()> {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return Some(());
+    }
+    let (host, port) = addr.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    host_ok.then_some(())
+}
+
+/// Resolves a validated listen address to one socket address (literal addresses without DNS).
+fn resolve_listen_addr(key: &str, addr: &str) -> Result<SocketAddr, ConfigError> {
+    if let Ok(sa) = addr.parse::<SocketAddr>() {
+        return Ok(sa);
+    }
+    let unresolvable = |detail: String| ConfigError::Invalid {
+        message: format!("{key} {addr:?} cannot be resolved: {detail}"),
+    };
+    addr.to_socket_addrs()
+        .map_err(|e| unresolvable(e.to_string()))?
+        .next()
+        .ok_or_else(|| unresolvable("no addresses".to_owned()))
+}
+
+impl Settings {
+    /// The data listener address, resolved (a host name is looked up, first address wins).
+    /// Errors with `bind "<addr>" cannot be resolved: ...` if the lookup fails.
+    pub fn bind_addr(&self) -> Result<SocketAddr, ConfigError> {
+        resolve_listen_addr("bind", &self.bind)
+    }
+
+    /// The `/metrics` address, resolved, or `None` when `metrics.bind` is unset (disabled).
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        self.metrics
+            .bind
+            .as_deref()
+            .map(|a| resolve_listen_addr("metrics.bind", a))
+            .transpose()
+    }
+
+    /// The address `--healthcheck` dials: [`Settings::bind_addr`] with an unspecified IP
+    /// (`0.0.0.0`, `[::]`) replaced by the matching loopback address. Reference §2.10.
+    pub fn healthcheck_addr(&self) -> Result<SocketAddr, ConfigError> {
+        let mut addr = self.bind_addr()?;
+        match addr.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            IpAddr::V6(ip) if ip.is_unspecified() => addr.set_ip(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+            _ => {}
+        }
+        Ok(addr)
+    }
+
+    /// The token the healthcheck presents: the first configured one, if any. Reference §2.10.
+    pub fn first_auth_token(&self) -> Option<&str> {
+        self.auth.token_strs().next()
+    }
+
+    /// `writer.max_batch_bytes` clamped to the segment capacity (`segment.size - 64`), which is
+    /// what the writer must be started with. The server logs a warning when this differs from
+    /// the configured value. Reference §2.1 (startup order).
+    pub fn effective_max_batch_bytes(&self) -> usize {
+        let capacity = usize::try_from(self.segment.capacity()).unwrap_or(usize::MAX);
+        self.writer.max_batch_bytes.min(capacity)
+    }
+
+    /// The tracing filter directive string. In order: `log` (set by `--log`, the file's `log`
+    /// key or `TEPHRA__LOG`), else the `TEPHRA_LOG` variable found in `env` (single underscore;
+    /// pass `std::env::vars()` or [`process_env`](super::process_env)), else `"info"`.
+    /// Seed: "Configuring the server" (the tracing filter exception).
+    pub fn log_filter(&self, env: impl IntoIterator<Item = (String, String)>) -> String {
+        if let Some(log) = &self.log {
+            return log.clone();
+        }
+        env.into_iter()
+            .find(|(k, _)| k == LOG_ENV_VAR)
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| DEFAULT_LOG_FILTER.to_owned())
+    }
+
+    /// [`Settings::log_filter`] parsed as `tracing_subscriber` `Targets` (`target=level`
+    /// directives, no regex). A filter that does not parse falls back to INFO for everything,
+    /// like the reference; the second element is then a warning (naming the filter and the parse
+    /// error) for the caller to log once logging is up.
+    pub fn log_targets(
+        &self,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> (tracing_subscriber::filter::Targets, Option<String>) {
+        use tracing_subscriber::filter::{LevelFilter, Targets};
+        let filter = self.log_filter(env);
+        match filter.parse::<Targets>() {
+            Ok(targets) => (targets, None),
+            Err(e) => (
+                Targets::new().with_default(LevelFilter::INFO),
+                Some(format!(
+                    "invalid log filter {filter:?} ({e}); logging at info"
+                )),
+            ),
+        }
+    }
+}

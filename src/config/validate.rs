@@ -1,0 +1,106 @@
+//! The startup rules a well-typed configuration must still satisfy.
+//!
+//! The messages of the rules the reference has are kept word for word (reference §2.2); the
+//! extra rules (segment size, planner bias, frame and batch sizes, addresses) follow the same
+//! style. Seed: "Configuring the server", "Transport security and authentication".
+
+use super::error::ConfigError;
+use super::settings::{
+    check_listen_addr, segment_size_fits, Settings, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE,
+};
+
+fn at_least_one(key: &str, value: u64) -> Result<(), ConfigError> {
+    if value == 0 {
+        Err(ConfigError::invalid(format!("{key} must be at least 1")))
+    } else {
+        Ok(())
+    }
+}
+
+fn listen_addr(key: &str, addr: &str) -> Result<(), ConfigError> {
+    check_listen_addr(addr).ok_or_else(|| {
+        ConfigError::invalid(format!(
+            "{key} must be an address like 127.0.0.1:9000 or localhost:9000, got {addr:?}"
+        ))
+    })
+}
+
+impl Settings {
+    /// Checks every rule and returns the first one broken, as [`ConfigError::Invalid`] whose
+    /// message names the key:
+    ///
+    /// - `writer.queue_capacity`, `writer.max_batch_records`, `read.scan_bias`,
+    ///   `server.max_frame_len`, `server.reads.batch_events`, `server.reads.batch_bytes`,
+    ///   `server.subscriptions.wait_tick_ms`, `server.subscriptions.max_concurrent`,
+    ///   `server.backpressure.max_inflight_per_conn`, `server.backpressure.frame_queue_depth`,
+    ///   `server.keepalive.idle_secs`, `server.keepalive.interval_secs`:
+    ///   `<key> must be at least 1`;
+    /// - `segment.size` must hold the 64-byte header plus a largest record (`size / 4`) and a
+    ///   17-byte commit marker, and be at most `u32::MAX`;
+    /// - `bind` and `metrics.bind` must be `HOST:PORT` (a literal address or a host name);
+    /// - `tls.cert and tls.key must be set together`; neither may be an empty path
+    ///   (`tls.cert must not be empty`);
+    /// - `auth.tokens entries must have a non-empty token`;
+    /// - `auth.tokens require tls; set tls.cert and tls.key, or auth.allow_insecure = true`.
+    ///
+    /// [`resolve`](super::resolve) calls this; call it yourself on a hand-built `Settings`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let w = &self.writer;
+        let s = &self.server;
+        at_least_one("writer.queue_capacity", w.queue_capacity as u64)?;
+        at_least_one("writer.max_batch_records", w.max_batch_records as u64)?;
+        if !segment_size_fits(self.segment.size) {
+            return Err(ConfigError::invalid(format!(
+                "segment.size must be between {MIN_SEGMENT_SIZE} and {MAX_SEGMENT_SIZE} bytes, got {}",
+                self.segment.size
+            )));
+        }
+        at_least_one("read.scan_bias", u64::from(self.read.scan_bias))?;
+        at_least_one("server.max_frame_len", u64::from(s.max_frame_len))?;
+        at_least_one("server.reads.batch_events", s.reads.batch_events as u64)?;
+        at_least_one("server.reads.batch_bytes", s.reads.batch_bytes as u64)?;
+        at_least_one(
+            "server.subscriptions.wait_tick_ms",
+            s.subscriptions.wait_tick_ms,
+        )?;
+        at_least_one(
+            "server.backpressure.max_inflight_per_conn",
+            s.backpressure.max_inflight_per_conn as u64,
+        )?;
+        at_least_one(
+            "server.subscriptions.max_concurrent",
+            s.subscriptions.max_concurrent as u64,
+        )?;
+        at_least_one(
+            "server.backpressure.frame_queue_depth",
+            s.backpressure.frame_queue_depth as u64,
+        )?;
+        at_least_one("server.keepalive.idle_secs", s.keepalive.idle_secs)?;
+        at_least_one("server.keepalive.interval_secs", s.keepalive.interval_secs)?;
+        listen_addr("bind", &self.bind)?;
+        if let Some(addr) = &self.metrics.bind {
+            listen_addr("metrics.bind", addr)?;
+        }
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
+            return Err(ConfigError::invalid(
+                "tls.cert and tls.key must be set together",
+            ));
+        }
+        for (key, path) in [("tls.cert", &self.tls.cert), ("tls.key", &self.tls.key)] {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(ConfigError::invalid(format!("{key} must not be empty")));
+            }
+        }
+        if self.auth.tokens.iter().any(|t| t.token.is_empty()) {
+            return Err(ConfigError::invalid(
+                "auth.tokens entries must have a non-empty token",
+            ));
+        }
+        if self.auth.enabled() && !self.tls.enabled() && !self.auth.allow_insecure {
+            return Err(ConfigError::invalid(
+                "auth.tokens require tls; set tls.cert and tls.key, or auth.allow_insecure = true",
+            ));
+        }
+        Ok(())
+    }
+}
