@@ -9,6 +9,7 @@ pub mod client;
 pub mod config;
 pub mod event;
 pub mod fault;
+pub mod index;
 pub mod log;
 pub mod model;
 pub mod proto;

@@ -12,7 +12,7 @@ use crate::log::segment::SegmentConfig;
 use crate::log::{open_log, LogError, OpenOutcome};
 use crate::model::{AppendCondition, Position, Query};
 use crate::read::{Reads, Shared, Subscription};
-use crate::writer::tips::Tips;
+use crate::index::MemIndex;
 use crate::writer::{AppendError, AppendResult, PreparedAppend, ReplyTo, Request, Writer, WriterConfig, WriterMetrics, WriterMsg};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -97,17 +97,22 @@ impl Store {
     /// writer's executor cannot start.
     pub fn open(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store, OpenError> {
         let dir = dir.as_ref().to_path_buf();
-        let mut tips = Tips::new(cfg.writer.tips_window);
-        let rec = open_log(&dir, &cfg.segment, |pos, bytes| {
-            if let Ok(ev) = crate::event::EventRef::from_bytes(bytes) {
-                tips.absorb(pos, &ev);
-                if pos % 65_536 == 0 {
-                    tips.evict(pos);
-                }
+        let mut index = MemIndex::new();
+        let mut undecodable = None;
+        let rec = open_log(&dir, &cfg.segment, |pos, bytes| match crate::event::EventRef::from_bytes(bytes) {
+            Ok(ev) => index.absorb(pos, &ev),
+            Err(e) => {
+                undecodable.get_or_insert((pos, e));
             }
         })?;
+        if let Some((pos, e)) = undecodable {
+            return Err(OpenError::Log(LogError::Corrupt {
+                path: dir.clone(),
+                offset: 0,
+                detail: format!("committed record at position {pos} is not a valid event: {e}"),
+            }));
+        }
         let head = rec.next_position - 1;
-        tips.evict(head);
         let shared = Arc::new(Shared::new(rec.segments.clone(), head));
         let metrics = Arc::new(WriterMetrics::default());
         let active = rec.segments.last().expect("open_log returns at least one segment").clone();
@@ -115,7 +120,7 @@ impl Store {
         let (wdir, wseg, wcfg, wshared, wmetrics) = (dir.clone(), cfg.segment, cfg.writer.clone(), shared.clone(), metrics.clone());
         let (active_end, next) = (rec.active_end, rec.next_position);
         let thread = shards::spawn_executor("tephra-writer", None, 1, move || {
-            Writer::new(wdir, wseg, wcfg, wshared, active, active_end, next, tips, wmetrics).run(rx)
+            Writer::new(wdir, wseg, wcfg, wshared, active, active_end, next, index, wmetrics).run(rx)
         })
         .map_err(OpenError::Runtime)?;
         Ok(Store {

@@ -10,7 +10,6 @@
 //! fail-stop: that batch and every later append get an error; reads go on.
 
 pub mod condition;
-pub mod tips;
 
 use crate::event::{Event, EventRef};
 use crate::log::record::{frame_data, frame_marker, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
@@ -21,7 +20,7 @@ use condition::{evaluate, ConflictClause, ConflictSite, Staged, Verdict};
 use glommio::io::{DmaFile, OpenOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
-use tips::Tips;
+use crate::index::MemIndex;
 
 /// Writer settings (the `[writer]` section of the seed's configuration).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,7 +31,8 @@ pub struct WriterConfig {
     pub max_batch_records: usize,
     /// Byte budget of one group commit (8 MiB); clamped to the segment capacity.
     pub max_batch_bytes: usize,
-    /// Position window kept by the durable tips once they outgrow their memory bound (1,000,000).
+    /// Accepted for configuration compatibility (1,000,000); the writer's index is exact, so
+    /// there is no tips window to bound.
     pub tips_window: u64,
     /// Judge every condition by a log scan instead of the tips (false).
     pub condition_force_scan: bool,
@@ -205,7 +205,7 @@ pub struct Writer {
     active_seg: Arc<Segment>,
     active_end: u64,
     next: u64,
-    tips: Tips,
+    index: MemIndex,
     failed: Option<String>,
     metrics: Arc<WriterMetrics>,
 }
@@ -265,7 +265,7 @@ impl Writer {
         active_seg: Arc<Segment>,
         active_end: u64,
         next: u64,
-        tips: Tips,
+        index: MemIndex,
         metrics: Arc<WriterMetrics>,
     ) -> Writer {
         let cap = (seg_cfg.capacity() as usize).saturating_sub(MARKER_LEN);
@@ -275,7 +275,7 @@ impl Writer {
         }
         cfg.queue_capacity = cfg.queue_capacity.max(1);
         cfg.max_batch_records = cfg.max_batch_records.max(1);
-        Writer { dir, seg_cfg, cfg, shared, active: None, active_seg, active_end, next, tips, failed: None, metrics }
+        Writer { dir, seg_cfg, cfg, shared, active: None, active_seg, active_end, next, index, failed: None, metrics }
     }
 
     async fn open_active(seg: Arc<Segment>, end: u64) -> std::io::Result<Active> {
@@ -354,16 +354,13 @@ impl Writer {
         self.failed = Some(reason);
     }
 
-    /// The lowest durable position above `after` matching `q`, via the tips then a scan.
+    /// The lowest durable position above `after` matching `q`, from the index (or a scan).
     fn durable_match(&self, cursor: &mut Cursor, q: &crate::model::Query, after: u64) -> Result<Option<u64>, ReadError> {
         let head = self.next - 1;
         if self.cfg.condition_force_scan {
             return cursor.first_match(q, after, head);
         }
-        let fast = match self.tips.query_bound(q, after, head) {
-            None => None,
-            Some(hi) => cursor.first_match(q, after, hi)?,
-        };
+        let fast = self.index.first_match(q, after);
         if self.cfg.verify_tips {
             let slow = cursor.first_match(q, after, head)?;
             if slow != fast {
@@ -538,14 +535,13 @@ impl Writer {
             if let Decision::Staged { .. } = d {
                 for (_, payload) in records(&req.append.records) {
                     if let Ok(ev) = EventRef::from_bytes(payload) {
-                        self.tips.absorb(pos, &ev);
+                        self.index.absorb(pos, &ev);
                     }
                     pos += 1;
                 }
             }
         }
         self.next = highest + 1;
-        self.tips.evict(highest);
         self.shared.publish(highest);
         let mut m = self.metrics.inner.lock().unwrap_or_else(|e| e.into_inner());
         let _ = m.fsync_us.record((sync_time.as_micros() as u64).max(1));
