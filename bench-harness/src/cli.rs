@@ -11,6 +11,8 @@ use std::path::PathBuf;
 pub const EXIT_USAGE: i32 = 2;
 /// Exit code when the probe ran but at least one row failed with an I/O error.
 pub const EXIT_ROW_FAILED: i32 = 1;
+/// Exit code after SIGINT/SIGTERM stopped the probe (files removed, partial result printed).
+pub const EXIT_INTERRUPTED: i32 = 130;
 
 /// Benchmark harness for the Tephra event store.
 #[derive(Debug, Parser)]

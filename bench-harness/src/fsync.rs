@@ -27,6 +27,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Event size used for the "implied events/s" columns.
@@ -234,6 +235,35 @@ pub enum StopReason {
     Bytes,
     /// An I/O error ended the row.
     Error,
+    /// SIGINT/SIGTERM arrived; the probe stops after cleaning up.
+    Interrupted,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Installs SIGINT/SIGTERM handlers that make the probe stop after the current commit
+/// and remove its files. The handlers reset themselves, so a second signal kills the
+/// process the ordinary way.
+pub fn install_interrupt_handler() {
+    // SAFETY: the handler only stores to an atomic (async-signal-safe); the sigaction
+    // struct is zero-initialized and its mask emptied before use.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_stop_signal as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = libc::SA_RESTART | libc::SA_RESETHAND;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+    }
+}
+
+/// True once SIGINT/SIGTERM arrived (after [`install_interrupt_handler`]).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
 }
 
 /// The measurement of one row.
@@ -351,7 +381,11 @@ pub fn preflight(dir: &Path) -> Result<(), PreflightError> {
         f.sync_data()?;
         Ok(())
     })();
-    res.map_err(|e| PreflightError(format!("directory {shown} is not writable: {e}")))
+    res.map_err(|e| {
+        PreflightError(format!(
+            "directory {shown} is not writable (creating, writing and fdatasyncing a test file failed: {e})"
+        ))
+    })
 }
 
 /// Removes a file when dropped (best effort).
@@ -394,6 +428,9 @@ impl Recorder {
 
     /// Returns why to stop before the next commit, whose write would end at `next_end`.
     fn should_stop(&self, budget: Budget, next_end: u64, cap: u64) -> Option<StopReason> {
+        if interrupted() {
+            return Some(StopReason::Interrupted);
+        }
         match budget {
             Budget::Commits(n) if self.commits >= n => return Some(StopReason::Commits),
             Budget::Seconds(s) if self.start.elapsed().as_secs_f64() >= s => {
@@ -697,6 +734,9 @@ pub fn run_probe(config: ProbeConfig, facts: MachineFacts, progress: Progress<'_
     let in_memory = facts.fs.in_memory;
     let mut rows = Vec::with_capacity(specs.len());
     for (idx, spec) in specs.iter().copied().enumerate() {
+        if interrupted() {
+            break;
+        }
         let path = test_file(&config.dir, idx);
         let row = match spec.mode {
             IoMode::Buffered => run_buffered_row(&path, spec, config.budget, config.max_row_bytes),
@@ -750,6 +790,12 @@ pub fn assess(
 ) -> (Vec<String>, Vec<String>) {
     let mut warnings = Vec::new();
     let mut notes = Vec::new();
+    if interrupted() || rows.iter().any(|r| r.stopped_by == StopReason::Interrupted) {
+        warnings.push(format!(
+            "interrupted by a signal: only {} row(s) ran, the last one cut short",
+            rows.len()
+        ));
+    }
     if facts.fs.in_memory {
         warnings.push(in_memory_warning(facts));
     }

@@ -3,7 +3,7 @@
 use clap::Parser;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use tephra_bench::cli::{Cli, Command, FsyncArgs, EXIT_ROW_FAILED, EXIT_USAGE};
+use tephra_bench::cli::{Cli, Command, FsyncArgs, EXIT_INTERRUPTED, EXIT_ROW_FAILED, EXIT_USAGE};
 use tephra_bench::fsync::{self, Budget, ProbeConfig};
 use tephra_bench::{logcapture, machine, report};
 
@@ -77,6 +77,7 @@ fn run_fsync(args: FsyncArgs) -> i32 {
             let _ = std::io::stderr().flush();
         }
     };
+    fsync::install_interrupt_handler();
     let rep = fsync::run_probe(config, facts, &mut progress);
     let failed = rep.rows.iter().any(|r| r.error.is_some());
     if args.json {
@@ -93,7 +94,9 @@ fn run_fsync(args: FsyncArgs) -> i32 {
     } else {
         print!("{}", report::render_table(&rep));
     }
-    if failed {
+    if fsync::interrupted() {
+        EXIT_INTERRUPTED
+    } else if failed {
         EXIT_ROW_FAILED
     } else {
         0

@@ -197,3 +197,50 @@ fn usage_errors_exit_2() {
     }
     assert_dir_empty(&d);
 }
+
+#[test]
+fn sigint_stops_early_and_removes_files() {
+    let d = scratch("sigint");
+    let child = Command::new(BIN)
+        .args(["fsync", "--dir", d.to_str().unwrap(), "--seconds", "10", "--block-sizes", "4k", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the first row's file exists, so the signal lands mid-measurement.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_dir(&d).unwrap().next().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "stderr: {}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("partial result is JSON");
+    let rows = v["rows"].as_array().unwrap();
+    assert!(!rows.is_empty() && rows.len() < 5, "{} rows", rows.len());
+    assert_eq!(rows.last().unwrap()["stopped_by"], "interrupted");
+    assert!(v["warnings"].to_string().contains("interrupted"));
+    assert_dir_empty(&d);
+}
+
+#[test]
+fn tmpfs_gets_a_prominent_warning() {
+    let shm = Path::new("/dev/shm");
+    let on_tmpfs = nix::sys::statfs::statfs(shm)
+        .map(|s| s.filesystem_type().0 as u64 == 0x0102_1994)
+        .unwrap_or(false);
+    if !on_tmpfs {
+        eprintln!("skipped: /dev/shm is not a tmpfs here");
+        return;
+    }
+    let d = shm.join(format!("tephra-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let out = run(&["fsync", "--dir", d.to_str().unwrap(), "--commits", "3", "--block-sizes", "4k"]);
+    let _ = std::fs::remove_dir_all(&d);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.contains("WARNING") && s.contains("tmpfs") && s.contains("MEANINGLESS"), "{s}");
+    assert!(text(&out.stderr).contains("WARNING"));
+}
