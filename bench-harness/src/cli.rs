@@ -97,10 +97,17 @@ pub fn parse_block_size(s: &str) -> Result<usize, String> {
     } else {
         (t, 1)
     };
-    let n: usize = num.trim().parse().map_err(|_| format!("invalid block size {s:?}"))?;
-    let v = n.checked_mul(mult).ok_or_else(|| format!("block size {s:?} too large"))?;
+    let n: usize = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid block size {s:?}"))?;
+    let v = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("block size {s:?} too large"))?;
     if v == 0 || v % 4096 != 0 || v > 64 << 20 {
-        return Err(format!("block size {s:?} must be a multiple of 4 KiB, at most 64 MiB"));
+        return Err(format!(
+            "block size {s:?} must be a multiple of 4 KiB, at most 64 MiB"
+        ));
     }
     Ok(v)
 }
@@ -127,9 +134,19 @@ mod tests {
 
     #[test]
     fn seconds_and_commits_conflict() {
-        let r = Cli::try_parse_from(["tephra-bench", "fsync", "--dir", "/x", "--seconds", "1", "--commits", "3"]);
+        let r = Cli::try_parse_from([
+            "tephra-bench",
+            "fsync",
+            "--dir",
+            "/x",
+            "--seconds",
+            "1",
+            "--commits",
+            "3",
+        ]);
         assert!(r.is_err());
-        let ok = Cli::try_parse_from(["tephra-bench", "fsync", "--dir", "/x", "--commits", "3"]).unwrap();
+        let ok = Cli::try_parse_from(["tephra-bench", "fsync", "--dir", "/x", "--commits", "3"])
+            .unwrap();
         match ok.command {
             Command::Fsync(a) => {
                 assert_eq!(a.commits, Some(3));

@@ -111,7 +111,9 @@ impl RowSpec {
             FileLayout::Growing => "growing",
         };
         match self.pattern {
-            Pattern::FullBlocks => format!("{mode} {layout} {}", human_bytes(self.block_bytes as u64)),
+            Pattern::FullBlocks => {
+                format!("{mode} {layout} {}", human_bytes(self.block_bytes as u64))
+            }
             Pattern::TailRewrite => format!(
                 "{mode} {layout} {} tail +{} B/commit",
                 human_bytes(self.block_bytes as u64),
@@ -375,7 +377,10 @@ pub fn preflight(dir: &Path) -> Result<(), PreflightError> {
     }
     let probe = dir.join(format!(".tephra-bench-preflight.{}", std::process::id()));
     let res = (|| -> io::Result<()> {
-        let f = OpenOptions::new().write(true).create_new(true).open(&probe)?;
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)?;
         let _guard = RemoveOnDrop(probe.clone());
         f.write_all_at(&[0u8; 4096], 0)?;
         f.sync_data()?;
@@ -450,13 +455,23 @@ impl Recorder {
         self.end = t_synced;
     }
 
-    fn finish(self, spec: RowSpec, o_direct: bool, stop: StopReason, error: Option<String>) -> RowResult {
+    fn finish(
+        self,
+        spec: RowSpec,
+        o_direct: bool,
+        stop: StopReason,
+        error: Option<String>,
+    ) -> RowResult {
         let commit_latency = LatencySummary::from_histogram(&self.commit);
         let fdatasync_latency = LatencySummary::from_histogram(&self.sync);
         let elapsed_s = (self.end - self.start).as_secs_f64();
         let per_commit_events = spec.payload_bytes as f64 / EVENT_BYTES as f64;
         let commits_per_s_p50 = commit_latency.map(|l| 1e6 / l.p50_us as f64).unwrap_or(0.0);
-        let commits_per_s_measured = if elapsed_s > 0.0 { self.commits as f64 / elapsed_s } else { 0.0 };
+        let commits_per_s_measured = if elapsed_s > 0.0 {
+            self.commits as f64 / elapsed_s
+        } else {
+            0.0
+        };
         RowResult {
             label: spec.label(),
             spec,
@@ -496,14 +511,21 @@ fn fill_pattern(buf: &mut [u8], seed: u64) {
 }
 
 fn test_file(dir: &Path, idx: usize) -> PathBuf {
-    dir.join(format!(".tephra-bench-fsync.{}.{idx}.dat", std::process::id()))
+    dir.join(format!(
+        ".tephra-bench-fsync.{}.{idx}.dat",
+        std::process::id()
+    ))
 }
 
 fn run_buffered_row(path: &Path, spec: RowSpec, budget: Budget, max_row_bytes: u64) -> RowResult {
     let mut rec = Recorder::new();
     let range = row_range(&spec, budget, max_row_bytes);
     let res = (|| -> io::Result<StopReason> {
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)?;
         let _guard = RemoveOnDrop(path.to_path_buf());
         if spec.layout == FileLayout::Preallocated {
             nix::fcntl::fallocate(
@@ -589,7 +611,9 @@ async fn direct_loop(
             .await
             .map_err(|e| format!("fallocate: {e}"))?;
     }
-    file.fdatasync().await.map_err(|e| format!("initial fdatasync: {e}"))?;
+    file.fdatasync()
+        .await
+        .map_err(|e| format!("initial fdatasync: {e}"))?;
 
     let block = spec.block_bytes;
     match spec.pattern {
@@ -603,12 +627,17 @@ async fn direct_loop(
                 let mut buf: DmaBuffer = file.alloc_dma_buffer(block);
                 fill_pattern(buf.as_bytes_mut(), rec.commits);
                 let t0 = Instant::now();
-                let n = file.write_at(buf, off).await.map_err(|e| format!("write_at: {e}"))?;
+                let n = file
+                    .write_at(buf, off)
+                    .await
+                    .map_err(|e| format!("write_at: {e}"))?;
                 if n != block {
                     return Err(format!("short O_DIRECT write: {n} of {block} bytes"));
                 }
                 let t1 = Instant::now();
-                file.fdatasync().await.map_err(|e| format!("fdatasync: {e}"))?;
+                file.fdatasync()
+                    .await
+                    .map_err(|e| format!("fdatasync: {e}"))?;
                 let t2 = Instant::now();
                 rec.record(t0, t1, t2, block);
                 off += block as u64;
@@ -637,7 +666,9 @@ async fn direct_loop(
                     return Err(format!("short O_DIRECT write: {n} of {block} bytes"));
                 }
                 let t1 = Instant::now();
-                file.fdatasync().await.map_err(|e| format!("fdatasync: {e}"))?;
+                file.fdatasync()
+                    .await
+                    .map_err(|e| format!("fdatasync: {e}"))?;
                 let t2 = Instant::now();
                 rec.record(t0, t1, t2, block);
                 log_len += payload as u64;
@@ -652,9 +683,7 @@ async fn direct_loop(
 /// Current RLIMIT_MEMLOCK (soft, hard).
 fn memlock() -> (u64, u64) {
     use nix::sys::resource::{getrlimit, Resource};
-    getrlimit(Resource::RLIMIT_MEMLOCK)
-        .map(|(s, h)| (s as u64, h as u64))
-        .unwrap_or((0, 0))
+    getrlimit(Resource::RLIMIT_MEMLOCK).unwrap_or((0, 0))
 }
 
 /// Makes RLIMIT_MEMLOCK large enough for `wanted` bytes of glommio `io_memory` (raising
@@ -669,7 +698,8 @@ pub fn prepare_memlock(wanted: usize) -> GlommioSetup {
     if soft0 < need {
         // Privileged (CAP_SYS_RESOURCE, e.g. root): raise both. Otherwise up to the hard limit.
         if setrlimit(Resource::RLIMIT_MEMLOCK, need as _, hard0.max(need) as _).is_ok()
-            || (hard0 > soft0 && setrlimit(Resource::RLIMIT_MEMLOCK, hard0.min(need) as _, hard0 as _).is_ok())
+            || (hard0 > soft0
+                && setrlimit(Resource::RLIMIT_MEMLOCK, hard0.min(need) as _, hard0 as _).is_ok())
         {
             raised = true;
         }
@@ -749,7 +779,13 @@ pub fn run_probe(config: ProbeConfig, facts: MachineFacts, progress: Progress<'_
                 ),
                 Some(ex) => {
                     let mut align = setup.dma_alignment;
-                    let r = ex.run(run_direct_row(&path, spec, config.budget, config.max_row_bytes, &mut align));
+                    let r = ex.run(run_direct_row(
+                        &path,
+                        spec,
+                        config.budget,
+                        config.max_row_bytes,
+                        &mut align,
+                    ));
                     setup.dma_alignment = align;
                     // glommio turns O_DIRECT off on tmpfs without telling.
                     let o_direct = !in_memory;
@@ -812,7 +848,10 @@ pub fn assess(
                 "{} is a virtual disk ({}): the host may acknowledge flushes from its own \
                  cache, so read these as the shape of the curve, not as a device number.",
                 d.name,
-                d.driver.as_deref().or(d.model.as_deref()).unwrap_or("virtual")
+                d.driver
+                    .as_deref()
+                    .or(d.model.as_deref())
+                    .unwrap_or("virtual")
             ));
         }
         if d.write_cache.as_deref() == Some("write through") {
@@ -830,7 +869,9 @@ pub fn assess(
             ));
         }
     } else if !facts.fs.in_memory {
-        notes.push("no backing block device found in sysfs (network, FUSE or virtual filesystem?)".into());
+        notes.push(
+            "no backing block device found in sysfs (network, FUSE or virtual filesystem?)".into(),
+        );
     }
     let fast: Vec<String> = rows
         .iter()
@@ -872,7 +913,13 @@ pub fn assess(
             capped.join(", ")
         ));
     }
-    if let Some(big) = config.block_sizes.iter().copied().filter(|&b| b > setup.io_memory).max() {
+    if let Some(big) = config
+        .block_sizes
+        .iter()
+        .copied()
+        .filter(|&b| b > setup.io_memory)
+        .max()
+    {
         notes.push(format!(
             "O_DIRECT blocks larger than glommio's io_memory ({}) come from the ordinary \
              allocator, not from the registered fixed buffers (largest: {}).",
@@ -923,11 +970,20 @@ mod tests {
         let mut r = Recorder::new();
         r.start();
         assert_eq!(r.should_stop(Budget::Commits(1), 4096, 8192), None);
-        assert_eq!(r.should_stop(Budget::Commits(1), 12288, 8192), Some(StopReason::Bytes));
+        assert_eq!(
+            r.should_stop(Budget::Commits(1), 12288, 8192),
+            Some(StopReason::Bytes)
+        );
         let t = Instant::now();
         r.record(t, t, t + Duration::from_micros(5), 4096);
-        assert_eq!(r.should_stop(Budget::Commits(1), 4096, 8192), Some(StopReason::Commits));
-        assert_eq!(r.should_stop(Budget::Seconds(0.0), 4096, 8192), Some(StopReason::Time));
+        assert_eq!(
+            r.should_stop(Budget::Commits(1), 4096, 8192),
+            Some(StopReason::Commits)
+        );
+        assert_eq!(
+            r.should_stop(Budget::Seconds(0.0), 4096, 8192),
+            Some(StopReason::Time)
+        );
     }
 
     #[test]

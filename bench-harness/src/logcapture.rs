@@ -15,7 +15,12 @@ impl log::Log for Capture {
 
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) {
-            let line = format!("{} [{}]: {}", record.level(), record.target(), record.args());
+            let line = format!(
+                "{} [{}]: {}",
+                record.level(),
+                record.target(),
+                record.args()
+            );
             if let Ok(mut v) = self.lines.lock() {
                 v.push(line);
             }

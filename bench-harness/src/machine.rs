@@ -160,7 +160,9 @@ fn unescape_octal(s: &str) -> String {
         if b[i] == b'\\' && i + 4 <= b.len() {
             let oct = &b[i + 1..i + 4];
             if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
-                let v = oct.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+                let v = oct
+                    .iter()
+                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
                 if let Ok(v) = u8::try_from(v) {
                     out.push(v);
                     i += 4;
@@ -188,7 +190,11 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
                 mount_point: unescape_octal(l[4]),
                 fstype: r[0].to_string(),
                 source: unescape_octal(r[1]),
-                options: format!("{}{}", l[5], r.get(2).map(|s| format!(",{s}")).unwrap_or_default()),
+                options: format!(
+                    "{}{}",
+                    l[5],
+                    r.get(2).map(|s| format!(",{s}")).unwrap_or_default()
+                ),
             })
         })
         .collect()
@@ -233,9 +239,16 @@ pub fn device_info(major: u64, minor: u64) -> Option<DeviceInfo> {
             .iter()
             .any(|k| d.contains(k))
     }) || model.as_deref().is_some_and(|m| {
-        ["QEMU", "VBOX", "Virtual", "VMware", "Elastic Block", "PersistentDisk"]
-            .iter()
-            .any(|k| m.contains(k))
+        [
+            "QEMU",
+            "VBOX",
+            "Virtual",
+            "VMware",
+            "Elastic Block",
+            "PersistentDisk",
+        ]
+        .iter()
+        .any(|k| m.contains(k))
     });
     Some(DeviceInfo {
         dev: format!("{major}:{minor}"),
@@ -245,7 +258,8 @@ pub fn device_info(major: u64, minor: u64) -> Option<DeviceInfo> {
         model,
         driver,
         virtual_disk,
-        ram_backed: name.starts_with("zram") || (name.starts_with("ram") && name[3..].chars().all(|c| c.is_ascii_digit())),
+        ram_backed: name.starts_with("zram")
+            || (name.starts_with("ram") && name[3..].chars().all(|c| c.is_ascii_digit())),
         loop_device: name.starts_with("loop"),
         name,
     })
@@ -269,19 +283,29 @@ pub fn gather(dir: &Path) -> std::io::Result<MachineFacts> {
     let (mut major, mut minor) = (libc::major(dev) as u64, libc::minor(dev) as u64);
     if major == 0 {
         // Anonymous device (btrfs subvolumes, overlayfs, tmpfs): fall back to the mount source.
-        if let Some(src) = mount.as_ref().map(|m| m.source.clone()).filter(|s| s.starts_with("/dev/")) {
+        if let Some(src) = mount
+            .as_ref()
+            .map(|m| m.source.clone())
+            .filter(|s| s.starts_with("/dev/"))
+        {
             if let Ok(m) = fs::metadata(&src) {
                 major = libc::major(m.rdev()) as u64;
                 minor = libc::minor(m.rdev()) as u64;
             }
         }
     }
-    let device = if major != 0 { device_info(major, minor) } else { None };
+    let device = if major != 0 {
+        device_info(major, minor)
+    } else {
+        None
+    };
 
     Ok(MachineFacts {
         kernel: kernel_string(),
         cpus_online: cpus_online(),
-        cpus_available: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        cpus_available: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         dir: canon.display().to_string(),
         fs: FsInfo {
             magic: format!("{magic:#x}"),
@@ -318,9 +342,18 @@ mod tests {
         let m = parse_mountinfo(text);
         assert_eq!(m.len(), 3);
         assert_eq!(m[1].mount_point, "/tmp dir");
-        assert_eq!(find_mount(&m, Path::new("/tmp dir/x")).unwrap().fstype, "tmpfs");
-        assert_eq!(find_mount(&m, Path::new("/work/sub/a")).unwrap().fstype, "xfs");
-        assert_eq!(find_mount(&m, Path::new("/work/subway")).unwrap().fstype, "ext4");
+        assert_eq!(
+            find_mount(&m, Path::new("/tmp dir/x")).unwrap().fstype,
+            "tmpfs"
+        );
+        assert_eq!(
+            find_mount(&m, Path::new("/work/sub/a")).unwrap().fstype,
+            "xfs"
+        );
+        assert_eq!(
+            find_mount(&m, Path::new("/work/subway")).unwrap().fstype,
+            "ext4"
+        );
         assert_eq!(m[0].options, "rw,relatime,rw,discard");
     }
 }

@@ -33,7 +33,10 @@ fn run_fsync(args: FsyncArgs) -> i32 {
     let facts = match machine::gather(&args.dir) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("tephra-bench fsync: error: cannot inspect {}: {e}", args.dir.display());
+            eprintln!(
+                "tephra-bench fsync: error: cannot inspect {}: {e}",
+                args.dir.display()
+            );
             return EXIT_USAGE;
         }
     };

@@ -1,4 +1,4 @@
-//! Human-readable rendering of a [`ProbeReport`](crate::fsync::ProbeReport).
+//! Human-readable rendering of a [`crate::fsync::ProbeReport`].
 
 use crate::fsync::{human_bytes, Budget, ProbeReport, RowResult, EVENT_BYTES};
 use std::fmt::Write as _;
@@ -54,7 +54,10 @@ pub fn render_table(r: &ProbeReport) -> String {
         banner(&mut out, w);
     }
     let m = &r.machine;
-    let _ = writeln!(out, "tephra-bench fsync: write + fdatasync per commit, one commit in flight");
+    let _ = writeln!(
+        out,
+        "tephra-bench fsync: write + fdatasync per commit, one commit in flight"
+    );
     let _ = writeln!(out, "  dir         {}", m.dir);
     let fs = match (&m.fs.mount_fstype, &m.fs.mount_source, &m.fs.mount_point) {
         (Some(t), Some(src), Some(mp)) => format!(
@@ -120,10 +123,29 @@ pub fn render_table(r: &ProbeReport) -> String {
     let _ = writeln!(out);
 
     let header = [
-        "row", "commits", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "sync p50", "commits/s", "commits/s",
+        "row",
+        "commits",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "max µs",
+        "sync p50",
+        "commits/s",
+        "commits/s",
         "events/s",
     ];
-    let header2 = ["", "", "", "", "", "", "µs", "1/p50", "measured", "(256 B, meas.)"];
+    let header2 = [
+        "",
+        "",
+        "",
+        "",
+        "",
+        "",
+        "µs",
+        "1/p50",
+        "measured",
+        "(256 B, meas.)",
+    ];
     let mut table: Vec<Vec<String>> = vec![
         header.iter().map(|s| s.to_string()).collect(),
         header2.iter().map(|s| s.to_string()).collect(),
@@ -133,7 +155,13 @@ pub fn render_table(r: &ProbeReport) -> String {
     }
     let ncols = header.len();
     let widths: Vec<usize> = (0..ncols)
-        .map(|c| table.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .map(|c| {
+            table
+                .iter()
+                .map(|r| r[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     for (i, cells) in table.iter().enumerate() {
         let mut line = String::new();
@@ -177,7 +205,7 @@ pub fn render_table(r: &ProbeReport) -> String {
 }
 
 fn limit(v: u64) -> String {
-    if v == u64::MAX || v == libc::RLIM_INFINITY as u64 {
+    if v == u64::MAX || v == libc::RLIM_INFINITY {
         "unlimited".into()
     } else {
         human_bytes(v)
