@@ -17,7 +17,7 @@
 //! Latencies go into HdrHistograms in microseconds. Files are created as dot-files in the
 //! target directory and removed after each row.
 
-use crate::machine::MachineFacts;
+use crate::machine::{Contention, MachineFacts};
 use glommio::io::{DmaBuffer, DmaFile};
 use glommio::{LocalExecutor, LocalExecutorBuilder, Placement};
 use hdrhistogram::Histogram;
@@ -341,6 +341,10 @@ pub struct ProbeReport {
     pub machine: MachineFacts,
     /// glommio executor setup.
     pub glommio: GlommioSetup,
+    /// Other load on the machine just before the first row.
+    pub contention_before: Contention,
+    /// Other load on the machine just after the last row.
+    pub contention_after: Contention,
     /// Things that make the numbers untrustworthy (tmpfs, lying caches, ...).
     pub warnings: Vec<String>,
     /// Context for reading the numbers (virtual disk, write-through cache, byte cap hit...).
@@ -758,6 +762,7 @@ pub type Progress<'a> = &'a mut dyn FnMut(usize, usize, &RowResult);
 
 /// Runs the probe. `facts` must describe `config.dir`. Call [`preflight`] first.
 pub fn run_probe(config: ProbeConfig, facts: MachineFacts, progress: Progress<'_>) -> ProbeReport {
+    let contention_before = crate::machine::contention();
     let mut setup = prepare_memlock(WANTED_IO_MEMORY);
     let executor = make_executor(&mut setup);
     let specs = plan_rows(&config.block_sizes);
@@ -801,7 +806,11 @@ pub fn run_probe(config: ProbeConfig, facts: MachineFacts, progress: Progress<'_
         rows.push(row);
     }
     drop(executor);
-    let (warnings, notes) = assess(&facts, &setup, &config, &rows, crate::logcapture::take());
+    let contention_after = crate::machine::contention();
+    let (mut warnings, notes) = assess(&facts, &setup, &config, &rows, crate::logcapture::take());
+    if let Some(w) = contention_warning(&facts, &contention_before, &contention_after) {
+        warnings.push(w);
+    }
     ProbeReport {
         tool: "tephra-bench",
         version: env!("CARGO_PKG_VERSION"),
@@ -810,6 +819,8 @@ pub fn run_probe(config: ProbeConfig, facts: MachineFacts, progress: Progress<'_
         config,
         machine: facts,
         glommio: setup,
+        contention_before,
+        contention_after,
         warnings,
         notes,
         rows,
@@ -931,6 +942,35 @@ pub fn assess(
         notes.push(format!("log: {l}"));
     }
     (warnings, notes)
+}
+
+/// I/O pressure (PSI "some avg10", %) above which we say the disk was shared.
+pub const BUSY_IO_PRESSURE: f64 = 5.0;
+
+/// A warning when other work loaded the disk or CPUs around the run, else `None`.
+pub fn contention_warning(
+    facts: &MachineFacts,
+    before: &Contention,
+    after: &Contention,
+) -> Option<String> {
+    let psi = [before.io_pressure_some_avg10, after.io_pressure_some_avg10]
+        .into_iter()
+        .flatten()
+        .fold(f64::NAN, f64::max);
+    let load = [before.loadavg_1m, after.loadavg_1m]
+        .into_iter()
+        .flatten()
+        .fold(f64::NAN, f64::max);
+    let busy_io = psi >= BUSY_IO_PRESSURE;
+    let busy_cpu = load > facts.cpus_online as f64;
+    (busy_io || busy_cpu).then(|| {
+        format!(
+            "the machine was busy with other work during the probe (I/O pressure some avg10 \
+             up to {psi:.1}%, 1-min load up to {load:.2} on {} CPUs): latencies include queueing \
+             behind it; rerun on a quiet machine for device numbers.",
+            facts.cpus_online
+        )
+    })
 }
 
 /// The prominent warning printed when the directory is on tmpfs/ramfs.

@@ -265,6 +265,38 @@ pub fn device_info(major: u64, minor: u64) -> Option<DeviceInfo> {
     })
 }
 
+/// Other load on the machine at one moment: the probe shares the disk and CPUs with
+/// whatever else runs, and says so.
+#[derive(Debug, Clone, Serialize)]
+pub struct Contention {
+    /// `/proc/loadavg` 1-minute load average.
+    pub loadavg_1m: Option<f64>,
+    /// `/proc/pressure/io` "some avg10": % of the last 10 s in which some task waited on I/O.
+    pub io_pressure_some_avg10: Option<f64>,
+}
+
+/// Samples [`Contention`] now.
+pub fn contention() -> Contention {
+    let loadavg_1m = fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()));
+    let io_pressure_some_avg10 = fs::read_to_string("/proc/pressure/io")
+        .ok()
+        .and_then(|s| parse_psi_some_avg10(&s));
+    Contention {
+        loadavg_1m,
+        io_pressure_some_avg10,
+    }
+}
+
+/// Extracts `avg10` from the `some` line of a `/proc/pressure/*` file.
+pub fn parse_psi_some_avg10(text: &str) -> Option<f64> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix("avg10="))
+        .and_then(|v| v.parse().ok())
+}
+
 /// Gathers the facts for `dir` (which must exist).
 pub fn gather(dir: &Path) -> std::io::Result<MachineFacts> {
     let canon = fs::canonicalize(dir)?;
@@ -324,6 +356,13 @@ pub fn gather(dir: &Path) -> std::io::Result<MachineFacts> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn psi_parsing() {
+        let t = "some avg10=13.45 avg60=6.27 avg300=2.18 total=1\nfull avg10=0.12 avg60=0 avg300=0 total=2\n";
+        assert_eq!(parse_psi_some_avg10(t), Some(13.45));
+        assert_eq!(parse_psi_some_avg10("garbage"), None);
+    }
 
     #[test]
     fn magic_names() {

@@ -120,6 +120,18 @@ pub fn render_table(r: &ProbeReport) -> String {
         "  per row     {budget}, at most {} written",
         human_bytes(r.config.max_row_bytes)
     );
+    let c = |x: Option<f64>, unit: &str| {
+        x.map(|v| format!("{v:.2}{unit}"))
+            .unwrap_or_else(|| "?".into())
+    };
+    let _ = writeln!(
+        out,
+        "  other load  1-min load {} -> {}, I/O pressure (some avg10) {} -> {}",
+        c(r.contention_before.loadavg_1m, ""),
+        c(r.contention_after.loadavg_1m, ""),
+        c(r.contention_before.io_pressure_some_avg10, "%"),
+        c(r.contention_after.io_pressure_some_avg10, "%"),
+    );
     let _ = writeln!(out);
 
     let header = [
