@@ -343,7 +343,7 @@ pub struct ProbeReport {
     pub glommio: GlommioSetup,
     /// Other load on the machine just before the first row.
     pub contention_before: Contention,
-    /// Other load on the machine just after the last row.
+    /// Other load on the machine just after the last row (includes the probe's own I/O).
     pub contention_after: Contention,
     /// Things that make the numbers untrustworthy (tmpfs, lying caches, ...).
     pub warnings: Vec<String>,
@@ -947,27 +947,24 @@ pub fn assess(
 /// I/O pressure (PSI "some avg10", %) above which we say the disk was shared.
 pub const BUSY_IO_PRESSURE: f64 = 5.0;
 
-/// A warning when other work loaded the disk or CPUs around the run, else `None`.
+/// A warning when other work loaded the disk or CPUs just before the run, else `None`.
+///
+/// Only the sample taken *before* the first row is judged: during and after the run the
+/// probe's own fdatasync waits count as I/O pressure and add about 1 to the load average.
 pub fn contention_warning(
     facts: &MachineFacts,
     before: &Contention,
-    after: &Contention,
+    _after: &Contention,
 ) -> Option<String> {
-    let psi = [before.io_pressure_some_avg10, after.io_pressure_some_avg10]
-        .into_iter()
-        .flatten()
-        .fold(f64::NAN, f64::max);
-    let load = [before.loadavg_1m, after.loadavg_1m]
-        .into_iter()
-        .flatten()
-        .fold(f64::NAN, f64::max);
+    let psi = before.io_pressure_some_avg10.unwrap_or(0.0);
+    let load = before.loadavg_1m.unwrap_or(0.0);
     let busy_io = psi >= BUSY_IO_PRESSURE;
     let busy_cpu = load > facts.cpus_online as f64;
     (busy_io || busy_cpu).then(|| {
         format!(
-            "the machine was busy with other work during the probe (I/O pressure some avg10 \
-             up to {psi:.1}%, 1-min load up to {load:.2} on {} CPUs): latencies include queueing \
-             behind it; rerun on a quiet machine for device numbers.",
+            "the machine was already busy before the probe started (I/O pressure some avg10 \
+             {psi:.1}%, 1-min load {load:.2} on {} CPUs): latencies include queueing behind \
+             other work; rerun on a quiet machine for device numbers.",
             facts.cpus_online
         )
     })

@@ -126,10 +126,10 @@ pub fn render_table(r: &ProbeReport) -> String {
     };
     let _ = writeln!(
         out,
-        "  other load  1-min load {} -> {}, I/O pressure (some avg10) {} -> {}",
+        "  other load  before: 1-min load {}, I/O pressure (some avg10) {}; after (incl. the probe): {}, {}",
         c(r.contention_before.loadavg_1m, ""),
-        c(r.contention_after.loadavg_1m, ""),
         c(r.contention_before.io_pressure_some_avg10, "%"),
+        c(r.contention_after.loadavg_1m, ""),
         c(r.contention_after.io_pressure_some_avg10, "%"),
     );
     let _ = writeln!(out);
