@@ -317,11 +317,21 @@ fn sigint_stops_early_and_removes_files() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait until the first row's file exists, so the signal lands mid-measurement.
+    // Wait until the first row's file exists (the handler is installed by then), so the
+    // signal lands mid-measurement.
+    let has_row_file = || {
+        std::fs::read_dir(&d).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".tephra-bench-fsync.")
+        })
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::fs::read_dir(&d).unwrap().next().is_none() && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(5));
+    while !has_row_file() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
+    assert!(has_row_file(), "no row file appeared");
     std::thread::sleep(std::time::Duration::from_millis(100));
     // SAFETY: plain kill(2) on our own child.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
