@@ -148,7 +148,7 @@ pub struct MountEntry {
     pub fstype: String,
     /// Mount source.
     pub source: String,
-    /// Per-mount options followed by superblock options.
+    /// Per-mount options, then `; super: ` and the superblock options.
     pub options: String,
 }
 
@@ -193,7 +193,9 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
                 options: format!(
                     "{}{}",
                     l[5],
-                    r.get(2).map(|s| format!(",{s}")).unwrap_or_default()
+                    r.get(2)
+                        .map(|s| format!("; super: {s}"))
+                        .unwrap_or_default()
                 ),
             })
         })
@@ -393,6 +395,6 @@ mod tests {
             find_mount(&m, Path::new("/work/subway")).unwrap().fstype,
             "ext4"
         );
-        assert_eq!(m[0].options, "rw,relatime,rw,discard");
+        assert_eq!(m[0].options, "rw,relatime; super: rw,discard");
     }
 }
