@@ -29,8 +29,9 @@ pub fn prepare_memlock(shards: usize) -> usize {
         }
         soft
     });
-    // Each executor also needs about 512 KiB of locked memory for its rings.
-    let per = (limit / shards.max(1) as u64).saturating_sub(512 << 10);
+    // glommio registers io_memory in each of its three rings, and each executor also needs
+    // some locked memory for the rings themselves.
+    let per = (limit / shards.max(1) as u64 / 3).saturating_sub(256 << 10);
     (per as usize).clamp(64 << 10, IO_MEMORY)
 }
 
