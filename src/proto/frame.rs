@@ -334,6 +334,15 @@ impl FrameDecoder {
         (PREFIX_LEN + len).saturating_sub(avail)
     }
 
+    /// True when [`next_frame`](Self::next_frame) would return without more input: a whole
+    /// frame is buffered, or the front prefix is over the cap (an error is due).
+    pub fn ready(&self) -> bool {
+        if self.failed.is_some() {
+            return true;
+        }
+        self.end - self.start >= PREFIX_LEN && (self.front_len() > self.max || self.needed() == 0)
+    }
+
     fn front_len(&self) -> u32 {
         let p = &self.buf[self.start..self.start + PREFIX_LEN];
         u32::from_be_bytes([p[0], p[1], p[2], p[3]])
