@@ -40,7 +40,9 @@ fn positions(events: &[tephra::client::SequencedEvent]) -> Vec<u64> {
 
 fn server_error(err: ClientError) -> (ErrorCode, String, bool, Option<Position>) {
     match err {
-        ClientError::Server { code, message, retryable, conflict_position } => (code, message, retryable, conflict_position),
+        ClientError::Server { code, message, retryable, conflict_position } => {
+            (code, message, retryable, conflict_position)
+        }
         other => panic!("expected a server error, got {other:?}"),
     }
 }
@@ -54,7 +56,13 @@ fn append_read_and_stats_round_trip() {
     let r = c.append(vec![ev("Registered", &["student:s1"], b"{\"n\":1}")], None).unwrap();
     assert_eq!((r.first, r.last), (Position(1), Position(1)));
     let r = c
-        .append(vec![ev("Enrolled", &["student:s1", "course:c1"], b"{}"), ev("Enrolled", &["student:s2", "course:c1"], b"")], None)
+        .append(
+            vec![
+                ev("Enrolled", &["student:s1", "course:c1"], b"{}"),
+                ev("Enrolled", &["student:s2", "course:c1"], b""),
+            ],
+            None,
+        )
         .unwrap();
     assert_eq!((r.first, r.last), (Position(2), Position(3)));
 
@@ -69,7 +77,8 @@ fn append_read_and_stats_round_trip() {
     // Tag query, type query, after cursor.
     let (s1, _) = c.read_all(tag_query(&["student:s1"]), Position::ZERO).unwrap();
     assert_eq!(positions(&s1), [1, 2]);
-    let (enrolled, _) = c.read_all(Query::item(QueryItem::of_types(vec![EventType::new("Enrolled").unwrap()])), Position(2)).unwrap();
+    let (enrolled, _) =
+        c.read_all(Query::item(QueryItem::of_types(vec![EventType::new("Enrolled").unwrap()])), Position(2)).unwrap();
     assert_eq!(positions(&enrolled), [3]);
     let (none, wm) = c.read_all(Query::none(), Position::ZERO).unwrap();
     assert!(none.is_empty());
@@ -117,29 +126,42 @@ fn conditions_and_append_errors() {
     let alice = tag_query(&["username:alice"]);
 
     // A uniqueness guard succeeds once ...
-    let r = c.append(vec![ev("Registered", &["username:alice"], b"")], Some(AppendCondition::new(alice.clone()))).unwrap();
+    let r =
+        c.append(vec![ev("Registered", &["username:alice"], b"")], Some(AppendCondition::new(alice.clone()))).unwrap();
     assert_eq!(r.first, Position(1));
     // ... then fires as a durable, non-retryable CONFLICT at position 1.
-    let err = c.append(vec![ev("Registered", &["username:alice"], b"")], Some(AppendCondition::new(alice.clone()))).unwrap_err();
+    let err = c
+        .append(vec![ev("Registered", &["username:alice"], b"")], Some(AppendCondition::new(alice.clone())))
+        .unwrap_err();
     let (code, message, retryable, pos) = server_error(err);
     assert_eq!((code, retryable, pos), (ErrorCode::Conflict, false, Some(Position(1))));
     assert_eq!(message, convert::text::conflict(convert::ConflictClause::Boundary, Some(Position(1))));
     assert_eq!(message, "append condition conflict (Boundary, Durable(Position(1)))");
     // With the boundary moved past the match it passes.
-    let r = c.append(vec![ev("Renamed", &["username:alice"], b"")], Some(AppendCondition::new(alice.clone()).after(Position(1)))).unwrap();
+    let r = c
+        .append(
+            vec![ev("Renamed", &["username:alice"], b"")],
+            Some(AppendCondition::new(alice.clone()).after(Position(1))),
+        )
+        .unwrap();
     assert_eq!(r.first, Position(2));
 
     // Idempotency key: exists_only twice.
     let key = tag_query(&["cmd:order-42"]);
-    let r = c.append(vec![ev("OrderPlaced", &["cmd:order-42"], b"x")], Some(AppendCondition::exists_only(key.clone()))).unwrap();
+    let r = c
+        .append(vec![ev("OrderPlaced", &["cmd:order-42"], b"x")], Some(AppendCondition::exists_only(key.clone())))
+        .unwrap();
     assert_eq!(r.first, Position(3));
-    let err = c.append(vec![ev("OrderPlaced", &["cmd:order-42"], b"x")], Some(AppendCondition::exists_only(key))).unwrap_err();
+    let err = c
+        .append(vec![ev("OrderPlaced", &["cmd:order-42"], b"x")], Some(AppendCondition::exists_only(key)))
+        .unwrap_err();
     let (code, message, retryable, pos) = server_error(err);
     assert_eq!((code, retryable, pos), (ErrorCode::AlreadyExists, false, Some(Position(3))));
     assert_eq!(message, convert::text::conflict(convert::ConflictClause::Existence, Some(Position(3))));
 
     // `after` beyond the durable tip.
-    let err = c.append(vec![ev("X", &[], b"")], Some(AppendCondition::new(Query::all()).after(Position(1000)))).unwrap_err();
+    let err =
+        c.append(vec![ev("X", &[], b"")], Some(AppendCondition::new(Query::all()).after(Position(1000)))).unwrap_err();
     let (code, message, _, pos) = server_error(err);
     assert_eq!((code, pos), (ErrorCode::AfterBeyondTip, None));
     assert_eq!(message, convert::text::after_beyond_tip(Position(1000), Position(3)));
@@ -241,7 +263,8 @@ fn subscribe_catches_up_streams_live_and_cancels() {
 fn subscribe_with_a_filter_skips_the_prefix_and_survives_a_drop() {
     let Some(srv) = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]) else { return };
     let mut c = Client::connect(srv.addr).unwrap();
-    c.append((0..8).map(|i| ev("E", &[if i % 2 == 0 { "even" } else { "odd" }], b"")).collect::<Vec<_>>(), None).unwrap();
+    c.append((0..8).map(|i| ev("E", &[if i % 2 == 0 { "even" } else { "odd" }], b"")).collect::<Vec<_>>(), None)
+        .unwrap();
     let mut writer = Client::connect(srv.addr).unwrap();
     {
         let (mut sub, _cancel) = c.subscribe(tag_query(&["odd"]), Position(3)).unwrap();
@@ -295,7 +318,10 @@ fn server_frame_cap_gives_too_large_then_close() {
         match c.append(vec![ev("Big", &[], &[0u8; 100])], None) {
             Err(ClientError::Server { code, message, .. }) => {
                 assert_eq!(code, ErrorCode::TooLarge);
-                assert!(message.starts_with("frame length ") && message.ends_with(" exceeds the maximum of 64"), "{message}");
+                assert!(
+                    message.starts_with("frame length ") && message.ends_with(" exceeds the maximum of 64"),
+                    "{message}"
+                );
                 assert!(c.stats().is_err(), "the server closes after a frame-level error");
                 answered = true;
                 break;
@@ -314,7 +340,7 @@ fn server_frame_cap_gives_too_large_then_close() {
     let mut exact = body.clone();
     exact.push(0x7a);
     exact.push((pad - 2) as u8);
-    exact.extend(std::iter::repeat(b'x').take(pad - 2));
+    exact.extend(std::iter::repeat_n(b'x', pad - 2));
     assert_eq!(exact.len(), 64);
     let mut frame = (exact.len() as u32).to_be_bytes().to_vec();
     frame.extend(&exact);
@@ -398,7 +424,11 @@ fn validation_texts_match_our_conversions() {
     let cases: Vec<proto::Event> = vec![
         proto::Event { r#type: String::new(), tags: vec!["a".into()], payload: vec![] },
         proto::Event { r#type: "E".into(), tags: vec!["k:1".into(), "a".into(), "k:1".into()], payload: vec![] },
-        proto::Event { r#type: "E".into(), tags: vec!["z".into(), "z".into(), "b".into(), "b".into()], payload: vec![] },
+        proto::Event {
+            r#type: "E".into(),
+            tags: vec!["z".into(), "z".into(), "b".into(), "b".into()],
+            payload: vec![],
+        },
         proto::Event { r#type: "E".into(), tags: vec!["d".into(), "d".into(), String::new()], payload: vec![] },
         proto::Event { r#type: "x".repeat(65_536), tags: vec![], payload: vec![] },
         proto::Event { r#type: "E".into(), tags: vec!["t".repeat(65_536)], payload: vec![] },
@@ -407,7 +437,10 @@ fn validation_texts_match_our_conversions() {
     for (i, event) in cases.into_iter().enumerate() {
         let id = 10 + i as u64;
         let ours = convert::event_from_proto(event.clone()).unwrap_err().to_string();
-        raw.send(&Request::new(id, request::Kind::Append(proto::AppendRequest { events: vec![event], condition: None })));
+        raw.send(&Request::new(
+            id,
+            request::Kind::Append(proto::AppendRequest { events: vec![event], condition: None }),
+        ));
         let r = raw.recv().unwrap();
         assert_eq!(r.request_id, id);
         let Some(response::Kind::Error(e)) = r.kind else { panic!("case {i}: {r:?}") };
@@ -415,15 +448,25 @@ fn validation_texts_match_our_conversions() {
         assert_eq!(e.message, ours, "case {i}");
     }
     // An invalid condition, after valid events; and an invalid read query.
-    let bad_query = proto::Query { all: false, items: vec![proto::QueryItem { types: vec![String::new()], tags: vec![] }] };
+    let bad_query =
+        proto::Query { all: false, items: vec![proto::QueryItem { types: vec![String::new()], tags: vec![] }] };
     let ours = convert::query_from_proto(bad_query.clone()).unwrap_err().to_string();
     assert_eq!(ours, "invalid name: event type must not be empty");
     let cond = proto::AppendCondition { fail_if_events_match: Some(bad_query.clone()), after: 0, fail_if_exists: None };
     let good = proto::Event { r#type: "E".into(), tags: vec![], payload: vec![] };
-    raw.send(&Request::new(30, request::Kind::Append(proto::AppendRequest { events: vec![good], condition: Some(cond) })));
+    raw.send(&Request::new(
+        30,
+        request::Kind::Append(proto::AppendRequest { events: vec![good], condition: Some(cond) }),
+    ));
     let r = raw.recv().unwrap();
-    assert!(matches!(r.kind, Some(response::Kind::Error(ref e)) if e.message == ours && e.code() == ErrorCode::BadRequest), "{r:?}");
-    raw.send(&Request::new(31, request::Kind::Read(proto::ReadRequest { query: Some(bad_query), ..Default::default() })));
+    assert!(
+        matches!(r.kind, Some(response::Kind::Error(ref e)) if e.message == ours && e.code() == ErrorCode::BadRequest),
+        "{r:?}"
+    );
+    raw.send(&Request::new(
+        31,
+        request::Kind::Read(proto::ReadRequest { query: Some(bad_query), ..Default::default() }),
+    ));
     let r = raw.recv().unwrap();
     assert_eq!(r.request_id, 31);
     assert!(matches!(r.kind, Some(response::Kind::Error(ref e)) if e.message == ours), "{r:?}");
@@ -472,22 +515,35 @@ fn raw_stream_uses_the_documented_layout() {
         raw.recv().unwrap();
     }
     raw.send_bytes(&[
-        0x00, 0x00, 0x00, 0x11, 0x08, 0x05, 0x12, 0x0d, 0x0a, 0x0b, 0x0a, 0x01, 0x45, 0x12, 0x03, 0x6b, 0x3a, 0x31, 0x1a, 0x01,
-        0x70,
+        0x00, 0x00, 0x00, 0x11, 0x08, 0x05, 0x12, 0x0d, 0x0a, 0x0b, 0x0a, 0x01, 0x45, 0x12, 0x03, 0x6b, 0x3a, 0x31,
+        0x1a, 0x01, 0x70,
     ]);
     let body = raw.dec.read_next(&mut raw.stream).unwrap().unwrap().to_vec();
     assert_eq!(body, [0x08, 0x05, 0x12, 0x04, 0x08, 0x07, 0x10, 0x07]);
     // ReadEnd (id 12, watermark 7) for a read of nothing.
-    raw.send(&Request::new(12, request::Kind::Read(proto::ReadRequest { query: Some(proto::Query::default()), ..Default::default() })));
+    raw.send(&Request::new(
+        12,
+        request::Kind::Read(proto::ReadRequest { query: Some(proto::Query::default()), ..Default::default() }),
+    ));
     let body = raw.dec.read_next(&mut raw.stream).unwrap().unwrap().to_vec();
     assert_eq!(body, [0x08, 0x0c, 0x22, 0x02, 0x08, 0x07]);
     // SubscribeCaughtUp (id 17, watermark 7) for a subscription at the tip.
-    raw.send(&Request::new(17, request::Kind::Subscribe(proto::SubscribeRequest { query: Some(proto::Query::default()), after: 0 })));
+    raw.send(&Request::new(
+        17,
+        request::Kind::Subscribe(proto::SubscribeRequest { query: Some(proto::Query::default()), after: 0 }),
+    ));
     let body = raw.dec.read_next(&mut raw.stream).unwrap().unwrap().to_vec();
     assert_eq!(body, [0x08, 0x11, 0x32, 0x02, 0x08, 0x07]);
     raw.send(&Request::new(18, request::Kind::Cancel(proto::CancelRequest { target: 17 })));
     // Our ReadEvents encoder produces exactly what the server sends for the same event.
-    raw.send(&Request::new(19, request::Kind::Read(proto::ReadRequest { query: Some(proto::Query { all: true, items: vec![] }), after: 6, ..Default::default() })));
+    raw.send(&Request::new(
+        19,
+        request::Kind::Read(proto::ReadRequest {
+            query: Some(proto::Query { all: true, items: vec![] }),
+            after: 6,
+            ..Default::default()
+        }),
+    ));
     let body = raw.dec.read_next(&mut raw.stream).unwrap().unwrap().to_vec();
     let e = ev("E", &["k:1"], b"p");
     let mut enc = proto::ReadEventsEncoder::new();
@@ -559,7 +615,10 @@ fn tls_round_trip_subscribe_and_tokens() {
     let err = Client::connect_tls_with(srv.addr, "localhost", config.clone(), Some("bad")).unwrap_err();
     assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
     assert!(Client::connect_with(srv.addr, Some("s3cret")).is_err(), "plaintext against a TLS port fails");
-    assert!(Client::connect_tls_with(srv.addr, "not-localhost", config.clone(), Some("s3cret")).is_err(), "name mismatch fails");
+    assert!(
+        Client::connect_tls_with(srv.addr, "not-localhost", config.clone(), Some("s3cret")).is_err(),
+        "name mismatch fails"
+    );
 
     let mut c = Client::connect_tls_with(srv.addr, "localhost", config.clone(), Some("s3cret")).unwrap();
     assert_eq!(c.server_version(), "0.4.4");
@@ -589,7 +648,10 @@ fn tls_config_helpers_report_bad_inputs() {
     let empty = dir.path().join("empty.pem");
     std::fs::write(&empty, "not a certificate\n").unwrap();
     assert_eq!(tls::config_with_custom_ca(&empty).unwrap_err().kind(), io::ErrorKind::InvalidData);
-    assert_eq!(tls::config_with_custom_ca(&dir.path().join("missing.pem")).unwrap_err().kind(), io::ErrorKind::NotFound);
+    assert_eq!(
+        tls::config_with_custom_ca(&dir.path().join("missing.pem")).unwrap_err().kind(),
+        io::ErrorKind::NotFound
+    );
     let (cert, _) = self_signed(dir.path());
     assert!(tls::config_with_custom_ca(&cert).is_ok());
     // The platform store may legitimately be empty in a container; either outcome is typed.

@@ -276,7 +276,11 @@ impl Client {
     ///
     /// # Errors
     /// As [`connect_tls_with`](Self::connect_tls_with).
-    pub fn connect_tls(addr: impl ToSocketAddrs, server_name: &str, tls_config: Arc<rustls::ClientConfig>) -> io::Result<Client> {
+    pub fn connect_tls(
+        addr: impl ToSocketAddrs,
+        server_name: &str,
+        tls_config: Arc<rustls::ClientConfig>,
+    ) -> io::Result<Client> {
         Client::connect_tls_with(addr, server_name, tls_config, None)
     }
 
@@ -295,14 +299,18 @@ impl Client {
         let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut tcp = dial(addr)?;
-        let mut conn = rustls::ClientConnection::new(tls_config, name).map_err(|e| io::Error::new(io::ErrorKind::Other, e))?;
+        let mut conn = rustls::ClientConnection::new(tls_config, name).map_err(io::Error::other)?;
         let deadline = Instant::now() + TLS_HANDSHAKE_LIMIT;
         tcp.set_read_timeout(Some(TLS_HANDSHAKE_POLL))?;
         tcp.set_write_timeout(Some(TLS_HANDSHAKE_POLL))?;
         while conn.is_handshaking() {
             match conn.complete_io(&mut tcp) {
                 Ok(_) => {}
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                    ) => {}
                 Err(e) => return Err(e),
             }
             if conn.is_handshaking() && Instant::now() >= deadline {
@@ -323,7 +331,8 @@ impl Client {
             max_frame_len: proto::DEFAULT_MAX_FRAME_LEN,
             server_version: String::new(),
         };
-        let hello = proto::Hello { protocol_version: proto::PROTOCOL_VERSION, auth_token: auth_token.map(str::to_owned) };
+        let hello =
+            proto::Hello { protocol_version: proto::PROTOCOL_VERSION, auth_token: auth_token.map(str::to_owned) };
         let ack = client.call(request::Kind::Hello(hello)).map_err(ClientError::into_connect_error)?;
         match ack {
             response::Kind::HelloAck(ack) if ack.protocol_version == proto::PROTOCOL_VERSION => {
@@ -435,7 +444,11 @@ impl Client {
     /// `AFTER_BEYOND_TIP`, `EMPTY` (no events), `TOO_LARGE`, `BAD_REQUEST`, `INTERNAL`,
     /// `SHUTDOWN`; [`ClientError::Frame`] when the request exceeds the frame cap; transport
     /// and protocol errors.
-    pub fn append(&mut self, events: impl IntoIterator<Item = Event>, condition: Option<AppendCondition>) -> Result<AppendResult, ClientError> {
+    pub fn append(
+        &mut self,
+        events: impl IntoIterator<Item = Event>,
+        condition: Option<AppendCondition>,
+    ) -> Result<AppendResult, ClientError> {
         let append = proto::AppendRequest {
             events: events.into_iter().map(|e| convert::event_to_proto(&e)).collect(),
             condition: condition.as_ref().map(convert::condition_to_proto),
@@ -457,8 +470,15 @@ impl Client {
         }
     }
 
-    fn start_read(&mut self, query: &Query, cursor: Position, limit: Option<u64>, reverse: bool) -> Result<ReadStream<'_>, ClientError> {
-        let read = proto::ReadRequest { query: Some(convert::query_to_proto(query)), after: cursor.get(), limit, reverse };
+    fn start_read(
+        &mut self,
+        query: &Query,
+        cursor: Position,
+        limit: Option<u64>,
+        reverse: bool,
+    ) -> Result<ReadStream<'_>, ClientError> {
+        let read =
+            proto::ReadRequest { query: Some(convert::query_to_proto(query)), after: cursor.get(), limit, reverse };
         let id = self.send(request::Kind::Read(read))?;
         Ok(ReadStream::new(self, id))
     }
@@ -480,7 +500,12 @@ impl Client {
     ///
     /// # Errors
     /// As [`read`](Self::read).
-    pub fn read_back(&mut self, query: Query, before: Position, limit: Option<u64>) -> Result<ReadStream<'_>, ClientError> {
+    pub fn read_back(
+        &mut self,
+        query: Query,
+        before: Position,
+        limit: Option<u64>,
+    ) -> Result<ReadStream<'_>, ClientError> {
         self.start_read(&query, before, limit, true)
     }
 
@@ -497,7 +522,11 @@ impl Client {
     ///
     /// # Errors
     /// The first error of the stream.
-    pub fn read_all_back(&mut self, query: Query, before: Position) -> Result<(Vec<SequencedEvent>, Position), ClientError> {
+    pub fn read_all_back(
+        &mut self,
+        query: Query,
+        before: Position,
+    ) -> Result<(Vec<SequencedEvent>, Position), ClientError> {
         self.read_back(query, before, None)?.collect_all()
     }
 
@@ -509,7 +538,11 @@ impl Client {
     /// # Errors
     /// Sending fails; later errors (e.g. `BAD_REQUEST` over the subscription cap) come out
     /// of the stream.
-    pub fn subscribe(&mut self, query: Query, after: Position) -> Result<(SubscribeStream<'_>, SubscribeCancel), ClientError> {
+    pub fn subscribe(
+        &mut self,
+        query: Query,
+        after: Position,
+    ) -> Result<(SubscribeStream<'_>, SubscribeCancel), ClientError> {
         let (wake_rx, wake_tx) = UnixStream::pair()?;
         wake_tx.set_nonblocking(true)?;
         let shared = Arc::new(CancelShared { cancelled: AtomicBool::new(false), wake_tx, wake_rx });

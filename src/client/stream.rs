@@ -199,7 +199,9 @@ impl Iterator for SubscribeStream<'_> {
             match self.pull() {
                 Ok(Some(ev)) => return Some(Ok(ev)),
                 Ok(None) => {}
-                Err(ClientError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Err(ClientError::Io(e))
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                {
                     // A client timeout: report it; the stream stays usable.
                     return Some(Err(ClientError::Io(e)));
                 }

@@ -12,7 +12,7 @@ use rustls::{ClientConfig, RootCertStore};
 fn build(roots: RootCertStore) -> io::Result<Arc<ClientConfig>> {
     let config = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
-        .map_err(|e| io::Error::new(io::ErrorKind::Other, e))?
+        .map_err(io::Error::other)?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(Arc::new(config))
@@ -44,10 +44,7 @@ pub fn config_with_custom_ca(ca_pem: &Path) -> io::Result<Arc<ClientConfig>> {
     let mut reader = BufReader::new(File::open(ca_pem)?);
     let certs = rustls_pemfile::certs(&mut reader).collect::<Result<Vec<_>, _>>()?;
     if certs.is_empty() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("no PEM certificate in {}", ca_pem.display()),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("no PEM certificate in {}", ca_pem.display())));
     }
     let mut roots = RootCertStore::empty();
     for cert in certs {

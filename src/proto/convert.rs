@@ -444,7 +444,13 @@ mod tests {
         assert_eq!(e, ConvertError::DuplicateTag("t7".into()));
         // In a query, an item that can never match is dropped instead.
         names.pop();
-        let q = pb::Query { all: false, items: vec![pb::QueryItem { types: vec![], tags: names }, pb::QueryItem { types: vec!["A".into()], tags: vec![] }] };
+        let q = pb::Query {
+            all: false,
+            items: vec![
+                pb::QueryItem { types: vec![], tags: names },
+                pb::QueryItem { types: vec!["A".into()], tags: vec![] },
+            ],
+        };
         let q = query_from_proto(q).unwrap();
         assert_eq!(q, Query::item(QueryItem::of_types(vec![EventType::new("A").unwrap()])));
     }
@@ -466,10 +472,18 @@ mod tests {
 
     #[test]
     fn queries_and_conditions_map_both_ways() {
-        assert_eq!(query_from_proto(pb::Query { all: true, items: vec![pb::QueryItem { types: vec!["".into()], tags: vec![] }] }).unwrap(), Query::All);
+        assert_eq!(
+            query_from_proto(pb::Query {
+                all: true,
+                items: vec![pb::QueryItem { types: vec!["".into()], tags: vec![] }]
+            })
+            .unwrap(),
+            Query::All
+        );
         assert_eq!(query_from_proto(pb::Query::default()).unwrap(), Query::none());
         assert_eq!(query_from_proto_opt(None).unwrap(), Query::none());
-        let bad = pb::Query { all: false, items: vec![pb::QueryItem { types: vec![], tags: vec!["a".into(), "a".into()] }] };
+        let bad =
+            pb::Query { all: false, items: vec![pb::QueryItem { types: vec![], tags: vec!["a".into(), "a".into()] }] };
         assert_eq!(query_from_proto(bad).unwrap_err().to_string(), "invalid tags: duplicate tag 'a'");
 
         let q = Query::items(vec![
@@ -486,33 +500,52 @@ mod tests {
         assert_eq!(wire.fail_if_events_match, Some(pb::Query::default()));
         assert_eq!(condition_from_proto(wire).unwrap(), only);
         let absent = condition_from_proto(pb::AppendCondition::default()).unwrap();
-        assert_eq!(absent, AppendCondition { fail_if_events_match: Query::none(), after: Position::ZERO, fail_if_exists: None });
+        assert_eq!(
+            absent,
+            AppendCondition { fail_if_events_match: Query::none(), after: Position::ZERO, fail_if_exists: None }
+        );
     }
 
     #[test]
     fn append_checks_events_before_the_condition() {
         let bad_cond = pb::AppendCondition {
-            fail_if_events_match: Some(pb::Query { all: false, items: vec![pb::QueryItem { types: vec!["".into()], tags: vec![] }] }),
+            fail_if_events_match: Some(pb::Query {
+                all: false,
+                items: vec![pb::QueryItem { types: vec!["".into()], tags: vec![] }],
+            }),
             ..Default::default()
         };
         let req = pb::AppendRequest { events: vec![pev("E", &["x", "x"], b"")], condition: Some(bad_cond.clone()) };
         assert_eq!(append_from_proto(req).unwrap_err(), ConvertError::DuplicateTag("x".into()));
         let req = pb::AppendRequest { events: vec![], condition: Some(bad_cond) };
         assert_eq!(append_from_proto(req).unwrap_err().to_string(), "invalid name: event type must not be empty");
-        let (evs, cond) = append_from_proto(pb::AppendRequest { events: vec![pev("E", &[], b"p")], condition: None }).unwrap();
+        let (evs, cond) =
+            append_from_proto(pb::AppendRequest { events: vec![pev("E", &[], b"p")], condition: None }).unwrap();
         assert_eq!((evs.len(), cond), (1, None));
     }
 
     #[test]
     fn append_result_errors_carry_the_reference_texts() {
         let e = conflict_error(ConflictClause::Boundary, Some(Position(7)));
-        assert_eq!((e.code(), e.message.as_str(), e.conflict_position, e.retryable), (ErrorCode::Conflict, "append condition conflict (Boundary, Durable(Position(7)))", Some(7), false));
+        assert_eq!(
+            (e.code(), e.message.as_str(), e.conflict_position, e.retryable),
+            (ErrorCode::Conflict, "append condition conflict (Boundary, Durable(Position(7)))", Some(7), false)
+        );
         let e = conflict_error(ConflictClause::Existence, Some(Position(7)));
-        assert_eq!((e.code(), e.message.as_str()), (ErrorCode::AlreadyExists, "append condition conflict (Existence, Durable(Position(7)))"));
+        assert_eq!(
+            (e.code(), e.message.as_str()),
+            (ErrorCode::AlreadyExists, "append condition conflict (Existence, Durable(Position(7)))")
+        );
         let e = conflict_error(ConflictClause::Boundary, None);
-        assert_eq!((e.message.as_str(), e.conflict_position, e.retryable), ("append condition conflict (Boundary, SameBatch)", None, true));
+        assert_eq!(
+            (e.message.as_str(), e.conflict_position, e.retryable),
+            ("append condition conflict (Boundary, SameBatch)", None, true)
+        );
         let e = after_beyond_tip_error(Position(1000), Position(7));
-        assert_eq!((e.code(), e.message.as_str()), (ErrorCode::AfterBeyondTip, "after 1000 is beyond the durable tip 7"));
+        assert_eq!(
+            (e.code(), e.message.as_str()),
+            (ErrorCode::AfterBeyondTip, "after 1000 is beyond the durable tip 7")
+        );
         assert_eq!(empty_append_error().message, "append with no events");
         assert_eq!(empty_append_error().code(), ErrorCode::Empty);
         assert_eq!(batch_too_large_error(1033).message, "event batch of 1033 bytes exceeds the segment capacity");
