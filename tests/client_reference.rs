@@ -660,3 +660,24 @@ fn tls_config_helpers_report_bad_inputs() {
         Err(e) => assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}"),
     }
 }
+
+#[test]
+fn a_client_timeout_is_reported_and_the_subscription_resumes() {
+    let Some(srv) = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]) else { return };
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.set_timeout(Some(Duration::from_millis(300))).unwrap();
+    let mut writer = Client::connect(srv.addr).unwrap();
+    let (mut sub, _cancel) = c.subscribe(Query::all(), Position::ZERO).unwrap();
+    assert!(matches!(sub.next().unwrap().unwrap(), SubEvent::CaughtUp(Position::ZERO)));
+    let started = Instant::now();
+    match sub.next() {
+        Some(Err(ClientError::Io(e))) => {
+            assert!(matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock), "{e}")
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    writer.append(vec![ev("Late", &[], b"")], None).unwrap();
+    assert!(matches!(sub.next().unwrap().unwrap(), SubEvent::Event(e) if e.position == Position(1)));
+    assert!(matches!(sub.next().unwrap().unwrap(), SubEvent::CaughtUp(Position(1))));
+}

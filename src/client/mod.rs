@@ -15,6 +15,37 @@
 //!
 //! There are no automatic retries and no reconnects. After an I/O or framing error the
 //! connection should be discarded.
+//!
+//! ```no_run
+//! use tephra::client::{Client, SubEvent};
+//! use tephra::{AppendCondition, Event, EventType, Position, Query, QueryItem, Tags};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut client = Client::connect("127.0.0.1:9000")?;
+//! let tags = Tags::new(["username:alice"])?;
+//! let event = Event::new(&EventType::new("Registered")?, &tags, b"{}")?;
+//! // A uniqueness guard: fails with CONFLICT if any event already carries the tag.
+//! let guard = AppendCondition::new(Query::item(QueryItem::with_tags(tags)));
+//! let written = client.append(vec![event], Some(guard))?;
+//! println!("stored at {}..={}", written.first, written.last);
+//!
+//! let (events, watermark) = client.read_all(Query::all(), Position::ZERO)?;
+//! println!("{} events up to {watermark}", events.len());
+//!
+//! let (stream, cancel) = client.subscribe(Query::all(), watermark)?;
+//! std::thread::spawn(move || {
+//!     std::thread::sleep(std::time::Duration::from_secs(5));
+//!     cancel.cancel();
+//! });
+//! for item in stream {
+//!     match item? {
+//!         SubEvent::Event(e) => println!("{}: {}", e.position, e.event.event_type()),
+//!         SubEvent::CaughtUp(at) => println!("live at {at}"),
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 mod stream;
 pub mod tls;
@@ -591,5 +622,53 @@ impl SubscribeCancel {
     /// True once [`cancel`](Self::cancel) has been called.
     pub fn is_cancelled(&self) -> bool {
         self.shared.cancelled.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_can_cross_threads() {
+        fn send<T: Send>() {}
+        fn sync<T: Sync>() {}
+        send::<Client>();
+        send::<SubscribeCancel>();
+        sync::<SubscribeCancel>();
+        send::<ClientError>();
+        sync::<ClientError>();
+    }
+
+    #[test]
+    fn connect_errors_map_as_documented() {
+        let denied = ClientError::Server {
+            code: ErrorCode::Unauthenticated,
+            message: "invalid or missing auth token".into(),
+            retryable: false,
+            conflict_position: None,
+        };
+        assert_eq!(denied.into_connect_error().kind(), io::ErrorKind::PermissionDenied);
+        let version = ClientError::Server {
+            code: ErrorCode::BadRequest,
+            message: "unsupported protocol version 1: this server speaks 2".into(),
+            retryable: false,
+            conflict_position: None,
+        };
+        assert_eq!(version.into_connect_error().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(ClientError::UnexpectedEof.into_connect_error().kind(), io::ErrorKind::UnexpectedEof);
+        let io = ClientError::Io(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert_eq!(io.into_connect_error().kind(), io::ErrorKind::ConnectionRefused);
+        assert_eq!(ClientError::Protocol("x".into()).into_connect_error().kind(), io::ErrorKind::InvalidData);
+        assert!(matches!(ClientError::from(FrameError::Io(io::ErrorKind::BrokenPipe.into())), ClientError::Io(_)));
+        assert!(matches!(ClientError::from(FrameError::Torn { buffered: 3 }), ClientError::Frame(_)));
+    }
+
+    #[test]
+    fn a_refused_dial_is_the_plain_io_error() {
+        // Bind then drop a listener to get a port that refuses connections.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let err = Client::connect(("127.0.0.1", port)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionRefused);
     }
 }
