@@ -481,16 +481,25 @@ fn validation_texts_match_our_conversions() {
 }
 
 #[test]
-fn invalid_utf8_is_a_frame_level_bad_request() {
+fn undecodable_frames_are_a_frame_level_bad_request() {
     let Some(srv) = start(&[]) else { return };
-    // Request{id 2, append{events[{type: 0xff}]}}
-    let body = [0x08, 0x02, 0x12, 0x05, 0x0a, 0x03, 0x0a, 0x01, 0xff];
-    assert!(<Request as prost::Message>::decode(&body[..]).is_err(), "our decoder refuses it too");
-    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
-    frame.extend_from_slice(&body);
-    let e = support::frame_level_error(srv.addr, |raw| raw.send_bytes(&frame));
-    assert_eq!(e.code(), ErrorCode::BadRequest);
-    assert!(e.message.starts_with("frame decode error: "), "{}", e.message);
+    let bodies: [&[u8]; 3] = [
+        // Request{id 2, append{events[{type: 0xff}]}}: invalid UTF-8 in a string field.
+        &[0x08, 0x02, 0x12, 0x05, 0x0a, 0x03, 0x0a, 0x01, 0xff],
+        // A length-delimited field running past the end.
+        &[0x08, 0x02, 0x12, 0x05, 0x0a],
+        // A truncated varint key.
+        &[0xff],
+    ];
+    for body in bodies {
+        let err = <Request as prost::Message>::decode(body).unwrap_err();
+        let ours = convert::frame_error_response(&FrameError::Decode(err)).unwrap();
+        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(body);
+        let e = support::frame_level_error(srv.addr, |raw| raw.send_bytes(&frame));
+        assert_eq!(e.message, convert::text::FRAME_DECODE);
+        assert_eq!(e, ours, "body {body:02x?}");
+    }
 }
 
 #[test]

@@ -85,8 +85,10 @@ fn append_response_read_end_caught_up() {
 
 #[test]
 fn id_zero_response_omits_field_1() {
-    let message = "x".repeat(0x41);
-    let resp = Response::error(0, ErrorCode::BadRequest, message.clone());
+    // The spec's example is the frame-level decode error.
+    let message = tephra::proto::convert::text::FRAME_DECODE;
+    assert_eq!(message.len(), 0x41);
+    let resp = Response::error(0, ErrorCode::BadRequest, message);
     let bytes = resp.encode_to_vec();
     assert_eq!(&bytes[..6], &[0x2a, 0x45, 0x08, 0x05, 0x12, 0x41]);
     assert_eq!(&bytes[6..], message.as_bytes());
@@ -218,7 +220,8 @@ fn invalid_utf8_in_a_string_field_fails_the_decode() {
     let err = dec.next_message::<Request>().unwrap_err();
     let resp = tephra::proto::convert::frame_error_response(&err).unwrap();
     assert_eq!(resp.code(), ErrorCode::BadRequest);
-    assert!(resp.message.starts_with("frame decode error: "), "{}", resp.message);
+    assert_eq!(resp.message, tephra::proto::convert::text::FRAME_DECODE);
+    assert!(err.to_string().starts_with("frame decode error: "), "{err}");
     // Invalid UTF-8 in a bytes field is fine.
     let ok = Event::decode(&[0x0a, 0x01, b'A', 0x1a, 0x01, 0xff][..]).unwrap();
     assert_eq!(ok.payload, vec![0xff]);

@@ -326,11 +326,11 @@ pub mod text {
         format!("frame length {len} exceeds the maximum of {max}")
     }
 
-    /// A frame body that does not parse (`BAD_REQUEST`, id 0, then close). Equal to the text
-    /// of [`FrameError::Decode`](crate::proto::FrameError::Decode).
-    pub fn frame_decode(detail: impl std::fmt::Display) -> String {
-        format!("frame decode error: {detail}")
-    }
+    /// A frame body that does not parse, including invalid UTF-8 in a string field
+    /// (`BAD_REQUEST`, id 0, then close). The reference sends this fixed text whatever the
+    /// parse failure was (65 bytes: the `2a 45 08 05 12 41 ...` example of spec §1.3); the
+    /// detailed cause is in [`FrameError::Decode`](crate::proto::FrameError::Decode)'s text.
+    pub const FRAME_DECODE: &str = "frame decode error: Couldn't deserialize given bytes into a proto";
 }
 
 /// A condition conflict: `CONFLICT` (boundary) or `ALREADY_EXISTS` (existence). A durable
@@ -395,13 +395,13 @@ pub fn internal_error(message: impl fmt::Display) -> pb::ErrorResponse {
 }
 
 /// The frame-level error a server sends (with request id 0, then closing) for an inbound
-/// framing failure: `TOO_LARGE` for an over-long prefix, `BAD_REQUEST` for an undecodable
-/// body. `None` for transport failures and torn frames, which get no reply.
+/// framing failure: `TOO_LARGE` with [`text::frame_too_long`] for an over-long prefix,
+/// `BAD_REQUEST` with [`text::FRAME_DECODE`] for an undecodable body. `None` for transport failures and torn frames, which get no reply.
 pub fn frame_error_response(err: &crate::proto::FrameError) -> Option<pb::ErrorResponse> {
     use crate::proto::FrameError;
     match err {
         FrameError::TooLong { .. } => Some(pb::ErrorResponse::new(ErrorCode::TooLarge, err.to_string())),
-        FrameError::Decode(_) => Some(pb::ErrorResponse::new(ErrorCode::BadRequest, err.to_string())),
+        FrameError::Decode(_) => Some(pb::ErrorResponse::new(ErrorCode::BadRequest, text::FRAME_DECODE)),
         FrameError::Io(_) | FrameError::Torn { .. } => None,
     }
 }
