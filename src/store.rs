@@ -76,6 +76,36 @@ pub struct Store {
     thread: Option<glommio::ExecutorJoinHandle<()>>,
     outcome: OpenOutcome,
     lock: Option<DirLock>,
+    done: Option<flume::Receiver<()>>,
+}
+
+/// The writer of a store opened with [`Store::open_parts`], to be run on a glommio executor.
+pub struct WriterTask {
+    init: WriterInit,
+    rx: flume::Receiver<WriterMsg>,
+    done: flume::Sender<()>,
+}
+
+/// What the writer is built from, on the executor that runs it.
+struct WriterInit {
+    dir: PathBuf,
+    segment: SegmentConfig,
+    writer: WriterConfig,
+    shared: Arc<Shared>,
+    active: Arc<crate::log::segment::Segment>,
+    active_end: u64,
+    next: u64,
+    index: MemIndex,
+    metrics: Arc<WriterMetrics>,
+}
+
+impl WriterTask {
+    /// Runs the group-commit loop until the store shuts down.
+    pub async fn run(self) {
+        let i = self.init;
+        Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.metrics).run(self.rx).await;
+        let _ = self.done.send(());
+    }
 }
 
 /// A cloneable, `Send` handle on an open store.
@@ -96,6 +126,19 @@ impl Store {
     /// lock naming the holder's pid, an invalid configuration), [`OpenError::Runtime`] when the
     /// writer's executor cannot start.
     pub fn open(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store, OpenError> {
+        let (mut store, task) = Store::open_parts(dir, cfg)?;
+        let thread = shards::spawn_executor("tephra-writer", None, 1, move || task.run()).map_err(OpenError::Runtime)?;
+        store.thread = Some(thread);
+        Ok(store)
+    }
+
+    /// Recovers the store like [`Store::open`] but hands back the writer as a task for the
+    /// caller to run on an executor of its choice (the server's writer shard). Appends wait in
+    /// the queue until the task runs; [`Store::shutdown`] waits for the task to finish.
+    ///
+    /// # Errors
+    /// As [`Store::open`].
+    pub fn open_parts(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<(Store, WriterTask), OpenError> {
         let dir = dir.as_ref().to_path_buf();
         let mut index = MemIndex::new();
         let mut undecodable = None;
@@ -117,18 +160,30 @@ impl Store {
         let metrics = Arc::new(WriterMetrics::default());
         let active = rec.segments.last().expect("open_log returns at least one segment").clone();
         let (tx, rx) = flume::bounded(cfg.writer.queue_capacity.max(1));
-        let (wdir, wseg, wcfg, wshared, wmetrics) = (dir.clone(), cfg.segment, cfg.writer.clone(), shared.clone(), metrics.clone());
-        let (active_end, next) = (rec.active_end, rec.next_position);
-        let thread = shards::spawn_executor("tephra-writer", None, 1, move || {
-            Writer::new(wdir, wseg, wcfg, wshared, active, active_end, next, index, wmetrics).run(rx)
-        })
-        .map_err(OpenError::Runtime)?;
-        Ok(Store {
+        let (done_tx, done_rx) = flume::bounded(1);
+        let task = WriterTask {
+            init: WriterInit {
+                dir: dir.clone(),
+                segment: cfg.segment,
+                writer: cfg.writer.clone(),
+                shared: shared.clone(),
+                active,
+                active_end: rec.active_end,
+                next: rec.next_position,
+                index,
+                metrics: metrics.clone(),
+            },
+            rx,
+            done: done_tx,
+        };
+        let store = Store {
             handle: StoreHandle { tx, shared, segment: cfg.segment, metrics, dir },
-            thread: Some(thread),
+            thread: None,
             outcome: rec.outcome,
             lock: Some(rec.lock),
-        })
+            done: Some(done_rx),
+        };
+        Ok((store, task))
     }
 
     /// How recovery went: clean, or a torn tail rolled back (with its byte and position range).
@@ -147,11 +202,14 @@ impl Store {
     }
 
     fn stop(&mut self) {
-        if let Some(t) = self.thread.take() {
-            let (ack, done) = flume::bounded(1);
+        if let Some(done) = self.done.take() {
+            let (ack, acked) = flume::bounded(1);
             if self.handle.tx.send(WriterMsg::Shutdown(ack)).is_ok() {
-                let _ = done.recv();
+                let _ = acked.recv();
             }
+            let _ = done.recv();
+        }
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
         self.lock.take();
