@@ -255,6 +255,15 @@ impl StoreHandle {
         self.tx.send_async(WriterMsg::Append(Request { append, reply })).await.map_err(|_| AppendError::Shutdown)
     }
 
+    /// Asks the writer to finish what is queued and stop, awaiting its acknowledgement (for
+    /// callers running on an executor, such as the server's writer shard).
+    pub async fn close_async(&self) {
+        let (ack, acked) = flume::bounded(1);
+        if self.tx.send_async(WriterMsg::Shutdown(ack)).await.is_ok() {
+            let _ = acked.recv_async().await;
+        }
+    }
+
     /// The segment geometry (needed to frame appends).
     pub fn segment_config(&self) -> &SegmentConfig {
         &self.segment
