@@ -1,17 +1,16 @@
 //! Command-line interface of `tephra-bench` (clap derive).
-//!
-//! `fsync` is implemented. `append`, `read` and `compare` are **placeholders** that exit
-//! with code 2 and "not implemented yet"; the team fills them in later.
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
-/// Exit code for usage errors, bad environments (e.g. an unusable `--dir`) and
-/// subcommands that are not implemented yet.
+/// Exit code for usage errors and bad environments (e.g. an unusable `--dir`, a server
+/// binary that does not exist).
 pub const EXIT_USAGE: i32 = 2;
-/// Exit code when the probe ran but at least one row failed with an I/O error.
+/// Exit code when the probe ran but at least one row failed with an I/O error; for the
+/// load generators: the server could not be reached or a run failed.
 pub const EXIT_ROW_FAILED: i32 = 1;
-/// Exit code after SIGINT/SIGTERM stopped the probe (files removed, partial result printed).
+/// Exit code after SIGINT/SIGTERM stopped the run (files removed, servers stopped,
+/// partial result printed).
 pub const EXIT_INTERRUPTED: i32 = 130;
 
 /// Benchmark harness for the Tephra event store.
@@ -29,12 +28,157 @@ pub enum Command {
     /// Measure what the disk under DIR can commit: write + fdatasync latency per block
     /// size, buffered vs O_DIRECT (glommio DmaFile), preallocated vs growing file.
     Fsync(FsyncArgs),
-    /// PLACEHOLDER, not implemented yet: append throughput/latency against a server.
-    Append(PlaceholderArgs),
-    /// PLACEHOLDER, not implemented yet: read/query throughput against a server.
-    Read(PlaceholderArgs),
-    /// PLACEHOLDER, not implemented yet: side-by-side run against the reference tephra-server.
-    Compare(PlaceholderArgs),
+    /// Append throughput and latency against a running server: N connections, batch
+    /// size, event size, conditional or not, warm-up, measured window.
+    Append(AppendArgs),
+    /// Read-side benchmarks against a running server: full-log scan, selective reads,
+    /// subscription fan-out lag.
+    Read(ReadArgs),
+    /// Run the same append matrix against our server and the reference server (each
+    /// started fresh, alternating A B A B) and write a table, JSON and an SVG chart.
+    Compare(CompareArgs),
+}
+
+/// Options of `tephra-bench append`.
+#[derive(Debug, Args)]
+pub struct AppendArgs {
+    /// Server address, HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: String,
+    /// Connections (writers).
+    #[arg(long, short = 'c', value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub connections: u64,
+    /// Events per append request.
+    #[arg(long, short = 'b', value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub batch: u64,
+    /// Payload bytes per event.
+    #[arg(long, value_name = "BYTES", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(0..=4 << 20))]
+    pub event_size: u64,
+    /// Send plain appends instead of ones guarded by the never-firing {tag, type} condition.
+    #[arg(long)]
+    pub unconditional: bool,
+    /// Append requests in flight per connection (the blocking client supports 1).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub inflight: u64,
+    /// Measured seconds.
+    #[arg(long, value_name = "S", default_value = "15", value_parser = parse_seconds)]
+    pub duration: f64,
+    /// Unmeasured seconds before the window.
+    #[arg(long, value_name = "S", default_value = "3", value_parser = parse_nonneg_seconds)]
+    pub warmup: f64,
+    /// Pause of a writer after a failed request, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub error_backoff_ms: u64,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `tephra-bench read`.
+#[derive(Debug, Args)]
+pub struct ReadArgs {
+    /// Server address, HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: String,
+    /// Events to append first (the log to read); 0 reads what is there.
+    #[arg(long, value_name = "N", default_value_t = 200_000)]
+    pub populate: u64,
+    /// Payload bytes per populated event.
+    #[arg(long, value_name = "BYTES", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(0..=4 << 20))]
+    pub event_size: u64,
+    /// Every N-th populated event carries this run's needle tag (the selective read's
+    /// target); 0 = none.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub needle_every: u64,
+    /// Full scans of the whole log.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub scan_repeats: u64,
+    /// Needle reads.
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub selective_reads: u64,
+    /// Subscribers in the fan-out phase (0 skips it).
+    #[arg(long, value_name = "M", default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub subscribers: u64,
+    /// Appends the fan-out writer sends, one at a time.
+    #[arg(long, value_name = "N", default_value_t = 300)]
+    pub sub_appends: u64,
+    /// Events per fan-out append.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub sub_batch: u64,
+    /// Seconds subscribers may take to go live, and to receive everything.
+    #[arg(long, value_name = "S", default_value = "30", value_parser = parse_seconds)]
+    pub sub_timeout: f64,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `tephra-bench compare`.
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Our `tephra-server` [default: `tephra-server` next to this binary, or $TEPHRA_SERVER].
+    #[arg(long, value_name = "PATH")]
+    pub ours: Option<PathBuf>,
+    /// The reference `tephra-server` [default: $TEPHRA_REFERENCE_SERVER, else
+    /// ~/.tephra-reference/bin/tephra-server].
+    #[arg(long, value_name = "PATH")]
+    pub reference: Option<PathBuf>,
+    /// Scratch directory for the servers' data directories (same disk for both; one
+    /// fresh directory per run, removed after it) [default: target/bench-compare/data].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Where compare.json, compare.md, compare.svg and server logs go
+    /// [default: target/bench-compare].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Short settings that finish in under 3 minutes: 2 rounds × 5 s after 2 s warm-up.
+    #[arg(long)]
+    pub quick: bool,
+    /// Rounds; each runs every cell on both servers, A then B [default: 3, quick: 2].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub rounds: Option<u64>,
+    /// Measured seconds per run [default: 15, quick: 5].
+    #[arg(long, value_name = "S", value_parser = parse_seconds)]
+    pub duration: Option<f64>,
+    /// Warm-up seconds per run [default: 3, quick: 2].
+    #[arg(long, value_name = "S", value_parser = parse_nonneg_seconds)]
+    pub warmup: Option<f64>,
+    /// The matrix, CONNECTIONSxBATCH comma separated.
+    #[arg(long, value_name = "LIST", default_value = "16x1,16x64,16x512,64x512")]
+    pub matrix: String,
+    /// Payload bytes per event.
+    #[arg(long, value_name = "BYTES", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(0..=4 << 20))]
+    pub event_size: u64,
+    /// Plain appends instead of ones guarded by the never-firing {tag, type} condition.
+    #[arg(long)]
+    pub unconditional: bool,
+    /// Append requests in flight per connection (the blocking client supports 1).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub inflight: u64,
+    /// `TEPHRA__SEGMENT__SIZE` for both servers, bytes (the published table: 256 MiB).
+    #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
+    pub segment_size: u64,
+    /// More environment for both servers, KEY=VALUE (repeatable).
+    #[arg(long = "server-env", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub server_env: Vec<(String, String)>,
+    /// Pause between runs, ms (after the data directory is removed and synced).
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub settle_ms: u64,
+    /// Keep every run's data directory.
+    #[arg(long)]
+    pub keep_data: bool,
+    /// Print the JSON report on stdout instead of the markdown table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `tephra-bench fsync`.
@@ -67,12 +211,22 @@ pub struct FsyncArgs {
     pub max_row_mib: u64,
 }
 
-/// Arguments of a placeholder subcommand: anything is accepted and ignored.
-#[derive(Debug, Args)]
-pub struct PlaceholderArgs {
-    /// Ignored until the subcommand is implemented.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    pub rest: Vec<String>,
+/// Parses a `KEY=VALUE` pair.
+pub fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+/// Parses a finite number of seconds in [0, 86400].
+pub fn parse_nonneg_seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && (0.0..=86_400.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("must be a number of seconds in [0, 86400]".into())
+    }
 }
 
 /// Parses a positive, finite number of seconds.
@@ -130,6 +284,30 @@ mod tests {
         assert!(parse_block_size("1000").is_err());
         assert!(parse_block_size("0").is_err());
         assert!(parse_block_size("x").is_err());
+    }
+
+    #[test]
+    fn append_and_compare_parse() {
+        let c = Cli::try_parse_from(["tephra-bench", "append", "--addr", "127.0.0.1:1", "-c", "4", "-b", "64", "--duration", "0.5"]).unwrap();
+        match c.command {
+            Command::Append(a) => {
+                assert_eq!((a.connections, a.batch, a.event_size, a.inflight), (4, 64, 256, 1));
+                assert!(!a.unconditional);
+                assert_eq!(a.duration, 0.5);
+            }
+            _ => panic!("wrong subcommand"),
+        }
+        assert!(Cli::try_parse_from(["tephra-bench", "append", "--addr", "x", "--batch", "0"]).is_err());
+        assert!(Cli::try_parse_from(["tephra-bench", "append", "--addr", "x", "--duration", "-1"]).is_err());
+        let c = Cli::try_parse_from(["tephra-bench", "compare", "--quick", "--server-env", "A=b=c"]).unwrap();
+        match c.command {
+            Command::Compare(a) => {
+                assert!(a.quick);
+                assert_eq!(a.server_env, vec![("A".to_owned(), "b=c".to_owned())]);
+            }
+            _ => panic!("wrong subcommand"),
+        }
+        assert!(Cli::try_parse_from(["tephra-bench", "compare", "--server-env", "=x"]).is_err());
     }
 
     #[test]

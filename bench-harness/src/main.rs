@@ -3,25 +3,232 @@
 use clap::Parser;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use tephra_bench::cli::{Cli, Command, FsyncArgs, EXIT_INTERRUPTED, EXIT_ROW_FAILED, EXIT_USAGE};
+use std::net::ToSocketAddrs;
+use std::path::PathBuf;
+use std::time::Duration;
+use tephra_bench::cli::{
+    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, ReadArgs, EXIT_INTERRUPTED, EXIT_ROW_FAILED, EXIT_USAGE,
+};
 use tephra_bench::fsync::{self, Budget, ProbeConfig};
-use tephra_bench::{logcapture, machine, report};
+use tephra_bench::{append, compare, logcapture, machine, read, report, server, signals, workload};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Fsync(args) => run_fsync(args),
-        Command::Append(_) => not_implemented("append"),
-        Command::Read(_) => not_implemented("read"),
-        Command::Compare(_) => not_implemented("compare"),
+        Command::Append(args) => run_append(args),
+        Command::Read(args) => run_read(args),
+        Command::Compare(args) => run_compare(args),
     };
     ExitCode::from(code as u8)
 }
 
-/// Placeholder subcommands: clearly marked, exit 2.
-fn not_implemented(name: &str) -> i32 {
-    eprintln!("tephra-bench {name}: not implemented yet (placeholder; only `fsync` works today)");
-    EXIT_USAGE
+/// Checks that `addr` names a socket address; a usage error otherwise.
+fn check_addr(cmd: &str, addr: &str) -> Result<(), i32> {
+    match addr.to_socket_addrs() {
+        Ok(it) if it.len() > 0 => Ok(()),
+        Ok(_) => {
+            eprintln!("tephra-bench {cmd}: error: --addr {addr:?} resolves to no address");
+            Err(EXIT_USAGE)
+        }
+        Err(e) => {
+            eprintln!("tephra-bench {cmd}: error: --addr {addr:?} is not HOST:PORT ({e})");
+            Err(EXIT_USAGE)
+        }
+    }
+}
+
+/// The load generator that drives `inflight` requests per connection; a usage error if
+/// none can.
+fn backend_for(cmd: &str, inflight: u64) -> Result<&'static dyn append::LoadBackend, i32> {
+    if inflight == 1 {
+        Ok(&append::BlockingBackend)
+    } else {
+        eprintln!(
+            "tephra-bench {cmd}: error: --inflight {inflight}: the blocking client keeps one request in flight per \
+             connection; use more --connections"
+        );
+        Err(EXIT_USAGE)
+    }
+}
+
+fn print_json<T: serde::Serialize>(cmd: &str, v: &T) -> i32 {
+    match serde_json::to_string_pretty(v) {
+        Ok(s) => {
+            println!("{s}");
+            0
+        }
+        Err(e) => {
+            eprintln!("tephra-bench {cmd}: error: cannot serialize result: {e}");
+            EXIT_ROW_FAILED
+        }
+    }
+}
+
+fn run_append(args: AppendArgs) -> i32 {
+    if let Err(code) = check_addr("append", &args.addr) {
+        return code;
+    }
+    let backend = match backend_for("append", args.inflight) {
+        Ok(b) => b,
+        Err(code) => return code,
+    };
+    let cfg = append::AppendConfig {
+        addr: args.addr.clone(),
+        connections: args.connections as usize,
+        inflight: args.inflight as usize,
+        workload: workload::WorkloadSpec {
+            batch: args.batch as usize,
+            event_size: args.event_size as usize,
+            conditional: !args.unconditional,
+        },
+        warmup: Duration::from_secs_f64(args.warmup),
+        duration: Duration::from_secs_f64(args.duration),
+        error_backoff: Duration::from_millis(args.error_backoff_ms),
+    };
+    signals::install();
+    let rep = match append::run(&cfg, backend, &signals::STOP) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tephra-bench append: error: {e}");
+            return EXIT_ROW_FAILED;
+        }
+    };
+    let code = if args.json { print_json("append", &rep) } else {
+        print!("{}", append::render(&rep));
+        0
+    };
+    if rep.interrupted {
+        EXIT_INTERRUPTED
+    } else {
+        code
+    }
+}
+
+fn run_read(args: ReadArgs) -> i32 {
+    if let Err(code) = check_addr("read", &args.addr) {
+        return code;
+    }
+    let cfg = read::ReadConfig {
+        addr: args.addr.clone(),
+        populate: args.populate,
+        event_size: args.event_size as usize,
+        needle_every: args.needle_every,
+        scan_repeats: args.scan_repeats as usize,
+        selective_reads: args.selective_reads as usize,
+        subscribers: args.subscribers as usize,
+        sub_appends: args.sub_appends as usize,
+        sub_batch: args.sub_batch as usize,
+        sub_timeout: Duration::from_secs_f64(args.sub_timeout),
+    };
+    signals::install();
+    let rep = match read::run(&cfg, &signals::STOP) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tephra-bench read: error: {e}");
+            return if signals::stopped() { EXIT_INTERRUPTED } else { EXIT_ROW_FAILED };
+        }
+    };
+    let code = if args.json { print_json("read", &rep) } else {
+        print!("{}", read::render(&rep));
+        0
+    };
+    if rep.interrupted {
+        EXIT_INTERRUPTED
+    } else {
+        code
+    }
+}
+
+/// `target/` of the build this binary belongs to (`target/release/tephra-bench`).
+fn target_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent()?.parent().map(PathBuf::from))
+        .filter(|p| p.file_name().is_some_and(|n| n == "target"))
+        .unwrap_or_else(|| PathBuf::from("target"))
+}
+
+fn run_compare(args: CompareArgs) -> i32 {
+    let usage = |msg: String| {
+        eprintln!("tephra-bench compare: error: {msg}");
+        EXIT_USAGE
+    };
+    let cells = match compare::parse_matrix(&args.matrix) {
+        Ok(c) => c,
+        Err(e) => return usage(format!("--matrix: {e}")),
+    };
+    if let Err(code) = backend_for("compare", args.inflight) {
+        return code;
+    }
+    let ours = match args.ours.clone().or_else(server::default_ours) {
+        Some(p) if p.is_file() => p,
+        Some(p) => return usage(format!("our server {} does not exist (cargo build --release --bin tephra-server)", p.display())),
+        None => return usage("our server not found next to tephra-bench; build it (cargo build --release --bin tephra-server) or pass --ours".into()),
+    };
+    let reference = match args.reference.clone().or_else(server::default_reference) {
+        Some(p) if p.is_file() => p,
+        Some(p) => return usage(format!("reference server {} does not exist (scripts/install-reference.sh)", p.display())),
+        None => return usage("reference server not found; run scripts/install-reference.sh or pass --reference / set TEPHRA_REFERENCE_SERVER".into()),
+    };
+    let target = target_dir();
+    let dir = args.dir.clone().unwrap_or_else(|| target.join("bench-compare").join("data"));
+    let out = args.out.clone().unwrap_or_else(|| target.join("bench-compare"));
+    for (what, d) in [("--dir", &dir), ("--out", &out)] {
+        if let Err(e) = std::fs::create_dir_all(d) {
+            return usage(format!("{what} {}: {e}", d.display()));
+        }
+    }
+    if let Err(e) = std::fs::create_dir_all(out.join("logs")) {
+        return usage(format!("--out {}: {e}", out.display()));
+    }
+    let (rounds, duration, warmup) = if args.quick { (2, 5.0, 2.0) } else { (3, 15.0, 3.0) };
+    let cfg = compare::CompareConfig {
+        contenders: vec![
+            compare::Contender { name: "ours".into(), binary: ours },
+            compare::Contender { name: "reference".into(), binary: reference },
+        ],
+        dir,
+        out: out.clone(),
+        cells,
+        rounds: args.rounds.map_or(rounds, |r| r as usize),
+        warmup: Duration::from_secs_f64(args.warmup.unwrap_or(warmup)),
+        duration: Duration::from_secs_f64(args.duration.unwrap_or(duration)),
+        event_size: args.event_size as usize,
+        conditional: !args.unconditional,
+        inflight: args.inflight as usize,
+        segment_size: args.segment_size,
+        server_env: args.server_env.clone(),
+        settle: Duration::from_millis(args.settle_ms),
+        keep_data: args.keep_data,
+    };
+    signals::install();
+    let mut progress = |i: usize, n: usize, what: &str| {
+        eprintln!("[{i}/{n}] {what}");
+    };
+    let rep = compare::run(&cfg, &signals::STOP, &mut progress);
+    let files = match compare::write_outputs(&rep, &out) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("tephra-bench compare: error: {e}");
+            return EXIT_ROW_FAILED;
+        }
+    };
+    let code = if args.json { print_json("compare", &rep) } else {
+        print!("{}", compare::render_markdown(&rep));
+        0
+    };
+    for f in files {
+        eprintln!("wrote {}", f.display());
+    }
+    let failed = rep.runs.iter().any(|r| r.report.latency.is_none());
+    if rep.interrupted {
+        EXIT_INTERRUPTED
+    } else if failed || code != 0 {
+        EXIT_ROW_FAILED
+    } else {
+        0
+    }
 }
 
 fn run_fsync(args: FsyncArgs) -> i32 {

@@ -1,0 +1,393 @@
+//! `tephra-bench append`: closed-loop append load against a running server.
+//!
+//! `connections` sockets each carry up to `inflight` append requests at a time; every
+//! request is built by [`crate::workload::Generator`]. A request is timed from just before
+//! it is sent to the moment its acknowledgement is in. The first `warmup` is not measured;
+//! then, for `duration`, every acknowledgement that arrives inside the window counts:
+//! `events/s` = events acknowledged in the window / window length, and its latency goes
+//! into the histogram. After the window no new request starts; those still in flight
+//! finish and count towards the totals only (`events_acked_total`), which is what the
+//! server holds afterwards.
+//!
+//! How the requests travel is behind [`LoadBackend`]: today [`BlockingBackend`], one OS
+//! thread per connection over the blocking [`tephra::client::Client`] (one request in
+//! flight each, like the reference's published numbers).
+
+use crate::metrics::{self, ErrorCounts, Latency};
+use crate::workload::{Generator, WorkloadSpec};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use tephra::client::{ClientError, Client};
+
+/// Everything an append run needs.
+#[derive(Debug, Clone)]
+pub struct AppendConfig {
+    /// Server address (`host:port`).
+    pub addr: String,
+    /// Sockets to open.
+    pub connections: usize,
+    /// Append requests in flight per socket.
+    pub inflight: usize,
+    /// What each request holds.
+    pub workload: WorkloadSpec,
+    /// Unmeasured time before the window.
+    pub warmup: Duration,
+    /// The measured window.
+    pub duration: Duration,
+    /// Pause of a writer after an error (the reference's harness sleeps 1 s).
+    pub error_backoff: Duration,
+}
+
+/// The result of one append run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AppendReport {
+    /// Which [`LoadBackend`] drove the load.
+    pub client: String,
+    /// Sockets used.
+    pub connections: usize,
+    /// Requests in flight per socket.
+    pub inflight: usize,
+    /// Events per request.
+    pub batch: usize,
+    /// Payload bytes per event.
+    pub event_size: usize,
+    /// Whether every append carried the never-firing condition.
+    pub conditional: bool,
+    /// Warm-up, seconds.
+    pub warmup_seconds: f64,
+    /// Length of the measured window actually used, seconds (shorter if interrupted).
+    pub window_seconds: f64,
+    /// Events acknowledged inside the window.
+    pub events: u64,
+    /// Requests acknowledged inside the window.
+    pub requests: u64,
+    /// `events / window_seconds`.
+    pub events_per_sec: f64,
+    /// `requests / window_seconds`.
+    pub requests_per_sec: f64,
+    /// Payload throughput inside the window, MB/s (10^6 bytes).
+    pub payload_mb_per_sec: f64,
+    /// Latency of the requests acknowledged inside the window.
+    pub latency: Option<Latency>,
+    /// Every event acknowledged during the run (warm-up, window and drain).
+    pub events_acked_total: u64,
+    /// Every request acknowledged during the run.
+    pub requests_acked_total: u64,
+    /// Failed requests (whole run) by error name (see [`metrics::error_name`]).
+    pub errors: ErrorCounts,
+    /// CPU seconds the load generator used over the run (whole process).
+    pub client_cpu_seconds: f64,
+    /// `client_cpu_seconds` / run wall time: how many cores the generator kept busy.
+    pub client_cpu_cores: f64,
+    /// True when SIGINT/SIGTERM cut the run short.
+    pub interrupted: bool,
+}
+
+/// The moments that delimit a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    /// The start of the warm-up.
+    pub start: Instant,
+    /// The start of the measured window.
+    pub window_start: Instant,
+    /// The end of the measured window: no request starts after it.
+    pub window_end: Instant,
+}
+
+impl Clock {
+    /// A clock starting now.
+    pub fn starting_now(warmup: Duration, duration: Duration) -> Clock {
+        let start = Instant::now();
+        Clock { start, window_start: start + warmup, window_end: start + warmup + duration }
+    }
+
+    /// True while `t` lies inside the measured window.
+    pub fn in_window(&self, t: Instant) -> bool {
+        t >= self.window_start && t <= self.window_end
+    }
+}
+
+/// What one worker (a thread or a task) measured.
+#[derive(Debug, Clone)]
+pub struct Tally {
+    /// Latency of the requests acknowledged inside the window, µs.
+    pub hist: Histogram<u64>,
+    /// Events acknowledged inside the window.
+    pub events_window: u64,
+    /// Requests acknowledged inside the window.
+    pub requests_window: u64,
+    /// Events acknowledged at any time.
+    pub events_total: u64,
+    /// Requests acknowledged at any time.
+    pub requests_total: u64,
+    /// Failed requests by name.
+    pub errors: ErrorCounts,
+}
+
+impl Default for Tally {
+    fn default() -> Tally {
+        Tally {
+            hist: metrics::latency_histogram(),
+            events_window: 0,
+            requests_window: 0,
+            events_total: 0,
+            requests_total: 0,
+            errors: ErrorCounts::new(),
+        }
+    }
+}
+
+impl Tally {
+    /// Records an acknowledged request of `events` events sent at `sent`, acked at `acked`.
+    pub fn ok(&mut self, clock: &Clock, sent: Instant, acked: Instant, events: u64) {
+        self.events_total += events;
+        self.requests_total += 1;
+        if clock.in_window(acked) {
+            self.events_window += events;
+            self.requests_window += 1;
+            metrics::record_us(&mut self.hist, acked.duration_since(sent).as_micros() as u64);
+        }
+    }
+
+    /// Records a failed request.
+    pub fn err(&mut self, name: String) {
+        *self.errors.entry(name).or_default() += 1;
+    }
+
+    /// Adds `other` into `self`.
+    pub fn merge(&mut self, other: &Tally) {
+        self.hist.add(&other.hist).expect("same histogram bounds");
+        self.events_window += other.events_window;
+        self.requests_window += other.requests_window;
+        self.events_total += other.events_total;
+        self.requests_total += other.requests_total;
+        metrics::merge_errors(&mut self.errors, &other.errors);
+    }
+}
+
+/// How append requests travel to the server. A backend opens `connections` sockets,
+/// keeps `inflight` requests on each, records every outcome into [`Tally`]s against the
+/// shared [`Clock`], and returns once the window has ended (or `stop` is set) and every
+/// request it started has finished.
+pub trait LoadBackend {
+    /// A short name for reports (`"blocking"`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Runs the load. The clock starts only once every socket is connected.
+    ///
+    /// # Errors
+    /// A connection cannot be opened at the start, or `inflight` is unsupported.
+    fn run(&self, cfg: &AppendConfig, stop: &AtomicBool) -> Result<(Clock, Vec<Tally>), String>;
+}
+
+/// One OS thread per connection over the blocking [`Client`], one request in flight each.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BlockingBackend;
+
+/// Sleeps up to `d`, in short steps, returning early at `until` or once `stop` is set.
+fn nap(d: Duration, until: Instant, stop: &AtomicBool) {
+    let end = (Instant::now() + d).min(until);
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(50)));
+    }
+}
+
+impl LoadBackend for BlockingBackend {
+    fn name(&self) -> &'static str {
+        "blocking"
+    }
+
+    fn run(&self, cfg: &AppendConfig, stop: &AtomicBool) -> Result<(Clock, Vec<Tally>), String> {
+        if cfg.inflight != 1 {
+            return Err(format!(
+                "--inflight {} needs a pipelined client; the blocking client keeps one request in flight per connection",
+                cfg.inflight
+            ));
+        }
+        let mut clients = Vec::with_capacity(cfg.connections);
+        for i in 0..cfg.connections {
+            let c = Client::connect(cfg.addr.as_str())
+                .map_err(|e| format!("connection {} of {} to {}: {e}", i + 1, cfg.connections, cfg.addr))?;
+            clients.push(c);
+        }
+        let barrier = Arc::new(Barrier::new(cfg.connections + 1));
+        let clock_cell: Arc<std::sync::OnceLock<Clock>> = Arc::new(std::sync::OnceLock::new());
+        let tallies = std::thread::scope(|s| {
+            let mut handles = Vec::with_capacity(cfg.connections);
+            for (i, client) in clients.into_iter().enumerate() {
+                let barrier = Arc::clone(&barrier);
+                let clock_cell = Arc::clone(&clock_cell);
+                let h = std::thread::Builder::new()
+                    .name(format!("writer-{i}"))
+                    .stack_size(256 << 10)
+                    .spawn_scoped(s, move || {
+                        barrier.wait();
+                        let clock = *clock_cell.get().expect("clock set before the barrier opens");
+                        blocking_writer(client, cfg, &clock, stop)
+                    })
+                    .expect("spawn writer thread");
+                handles.push(h);
+            }
+            clock_cell.set(Clock::starting_now(cfg.warmup, cfg.duration)).expect("set once");
+            barrier.wait();
+            handles.into_iter().map(|h| h.join().expect("writer thread panicked")).collect::<Vec<_>>()
+        });
+        Ok((*clock_cell.get().expect("set"), tallies))
+    }
+}
+
+/// The loop of one blocking writer.
+fn blocking_writer(mut client: Client, cfg: &AppendConfig, clock: &Clock, stop: &AtomicBool) -> Tally {
+    let mut tally = Tally::default();
+    let mut generator = Generator::new(cfg.workload);
+    let mut connected = true;
+    loop {
+        if stop.load(Ordering::Relaxed) || Instant::now() >= clock.window_end {
+            break;
+        }
+        if !connected {
+            match Client::connect(cfg.addr.as_str()) {
+                Ok(c) => {
+                    client = c;
+                    connected = true;
+                }
+                Err(_) => {
+                    tally.err("connect".into());
+                    nap(cfg.error_backoff, clock.window_end, stop);
+                    continue;
+                }
+            }
+        }
+        let req = match generator.next_request() {
+            Ok(r) => r,
+            Err(_) => {
+                tally.err("encode".into());
+                break;
+            }
+        };
+        let n = req.events.len() as u64;
+        let sent = Instant::now();
+        match client.append(req.events, req.condition) {
+            Ok(_) => tally.ok(clock, sent, Instant::now(), n),
+            Err(e) => {
+                tally.err(metrics::error_name(&e));
+                if !matches!(e, ClientError::Server { .. }) {
+                    connected = false;
+                }
+                nap(cfg.error_backoff, clock.window_end, stop);
+            }
+        }
+    }
+    tally
+}
+
+/// Runs an append benchmark with `backend` and summarises it.
+///
+/// # Errors
+/// The backend's start-up error.
+pub fn run(cfg: &AppendConfig, backend: &dyn LoadBackend, stop: &AtomicBool) -> Result<AppendReport, String> {
+    let cpu0 = metrics::self_cpu_seconds();
+    let (clock, tallies) = backend.run(cfg, stop)?;
+    let finished = Instant::now();
+    let cpu = metrics::self_cpu_seconds() - cpu0;
+    let mut all = Tally::default();
+    for t in &tallies {
+        all.merge(t);
+    }
+    let interrupted = stop.load(Ordering::Relaxed);
+    // An interrupted run measures up to the interruption.
+    let window_end = clock.window_end.min(finished);
+    let window = window_end.saturating_duration_since(clock.window_start).as_secs_f64();
+    let per_sec = |x: u64| if window > 0.0 { x as f64 / window } else { 0.0 };
+    let wall = finished.duration_since(clock.start).as_secs_f64();
+    Ok(AppendReport {
+        client: backend.name().to_owned(),
+        connections: cfg.connections,
+        inflight: cfg.inflight,
+        batch: cfg.workload.batch,
+        event_size: cfg.workload.event_size,
+        conditional: cfg.workload.conditional,
+        warmup_seconds: cfg.warmup.as_secs_f64(),
+        window_seconds: window,
+        events: all.events_window,
+        requests: all.requests_window,
+        events_per_sec: per_sec(all.events_window),
+        requests_per_sec: per_sec(all.requests_window),
+        payload_mb_per_sec: per_sec(all.events_window) * cfg.workload.event_size as f64 / 1e6,
+        latency: Latency::from_histogram(&all.hist),
+        events_acked_total: all.events_total,
+        requests_acked_total: all.requests_total,
+        errors: all.errors,
+        client_cpu_seconds: cpu,
+        client_cpu_cores: if wall > 0.0 { cpu / wall } else { 0.0 },
+        interrupted,
+    })
+}
+
+/// Renders a report as a short human-readable block.
+pub fn render(r: &AppendReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "append: {} connections x {} in flight ({} client), batch {}, {} B events, {}",
+        r.connections,
+        r.inflight,
+        r.client,
+        r.batch,
+        r.event_size,
+        if r.conditional { "conditional" } else { "unconditional" }
+    );
+    let _ = writeln!(s, "window: {:.1} s after {:.1} s warm-up{}", r.window_seconds, r.warmup_seconds,
+        if r.interrupted { " (INTERRUPTED)" } else { "" });
+    let _ = writeln!(
+        s,
+        "throughput: {} events/s, {} requests/s, {:.1} MB/s payload",
+        crate::report::thousands(r.events_per_sec),
+        crate::report::thousands(r.requests_per_sec),
+        r.payload_mb_per_sec
+    );
+    match &r.latency {
+        Some(l) => {
+            let _ = writeln!(
+                s,
+                "latency: p50 {} p99 {} p99.9 {} max {} (n = {})",
+                fmt_us(l.p50_us),
+                fmt_us(l.p99_us),
+                fmt_us(l.p999_us),
+                fmt_us(l.max_us),
+                l.count
+            );
+        }
+        None => {
+            let _ = writeln!(s, "latency: no request completed inside the window");
+        }
+    }
+    let _ = writeln!(s, "acknowledged in total: {} events in {} requests", r.events_acked_total, r.requests_acked_total);
+    if r.errors.is_empty() {
+        let _ = writeln!(s, "errors: none");
+    } else {
+        let list: Vec<String> = r.errors.iter().map(|(k, v)| format!("{k} x{v}")).collect();
+        let _ = writeln!(s, "errors: {}", list.join(", "));
+    }
+    let _ = writeln!(s, "load generator CPU: {:.2} cores", r.client_cpu_cores);
+    s
+}
+
+/// Formats µs as `123 µs`, `4.56 ms` or `1.23 s`.
+pub fn fmt_us(us: u64) -> String {
+    if us < 1_000 {
+        format!("{us} µs")
+    } else if us < 1_000_000 {
+        format!("{:.2} ms", us as f64 / 1e3)
+    } else {
+        format!("{:.2} s", us as f64 / 1e6)
+    }
+}
