@@ -277,7 +277,7 @@ pub fn start(settings: Settings) -> Result<Running, StartError> {
         let tx = addr_tx.clone();
         let task = writer_task.take();
         let cpu = (n <= cpus).then_some(shard);
-        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n, move || shard_main(ctx2, shard, addr, task, tx))
+        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n, move || shards::latency_sensitive(shard_main(ctx2, shard, addr, task, tx)))
             .map_err(|e| StartError::Io(format!("cannot start shard {shard}: {e}")))?;
         shards.push(h);
         // Shard 0 binds first so `--bind host:0` resolves to one port every shard shares.
@@ -308,10 +308,7 @@ async fn shard_main(
     writer: Option<crate::store::WriterTask>,
     bound: flume::Sender<Result<SocketAddr, String>>,
 ) {
-    let writer = writer.map(|w| {
-        let tq = glommio::executor().create_task_queue(glommio::Shares::Static(1000), glommio::Latency::Matters(std::time::Duration::from_millis(1)), "writer");
-        glommio::spawn_local_into(w.run(), tq).expect("writer task queue")
-    });
+    let writer = writer.map(|w| glommio::spawn_local(w.run()));
     let listener = match glommio::net::TcpListener::bind(addr) {
         Ok(l) => l,
         Err(e) => {
