@@ -133,6 +133,8 @@ pub struct Run {
     pub stored_events: Option<u64>,
     /// The server's exit code after SIGTERM (`None` = killed or unknown).
     pub exit_code: Option<i32>,
+    /// The server's pid (it is stopped by the end of the run).
+    pub server_pid: Option<u32>,
     /// Anything odd (stored ≠ acknowledged, errors, a failed start).
     pub notes: Vec<String>,
 }
@@ -267,9 +269,17 @@ fn summarize_cells(cfg_contenders: &[Contender], cells: &[Cell], runs: &[Run]) -
         .collect()
 }
 
-/// One fresh-server run. Returns `None` when the server could not start (then `notes`
-/// of a placeholder run say why).
-fn one_run(cfg: &CompareConfig, who: &Contender, round: usize, cell: Cell, seq: usize, stop: &AtomicBool) -> Run {
+/// One fresh-server run. When the server cannot start, the run has no latency and its
+/// `notes` say why.
+fn one_run(
+    cfg: &CompareConfig,
+    who: &Contender,
+    round: usize,
+    cell: Cell,
+    seq: usize,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(&str),
+) -> Run {
     let data = cfg.dir.join(format!("run-{seq:03}-{}-{}x{}", who.name, cell.connections, cell.batch));
     let _ = std::fs::remove_dir_all(&data);
     let mut env = vec![("TEPHRA__SEGMENT__SIZE".to_owned(), cfg.segment_size.to_string())];
@@ -300,6 +310,7 @@ fn one_run(cfg: &CompareConfig, who: &Contender, round: usize, cell: Cell, seq: 
         server_cpu_cores: None,
         stored_events: None,
         exit_code: None,
+        server_pid: None,
         notes,
     };
     let mut server = match ServerProcess::start(&spec) {
@@ -310,6 +321,7 @@ fn one_run(cfg: &CompareConfig, who: &Contender, round: usize, cell: Cell, seq: 
         }
     };
     let addr = server.addr.to_string();
+    progress(&format!("{} pid {} listening on {addr}", who.name, server.pid));
     let version = tephra::client::Client::connect(addr.as_str()).map(|c| c.server_version().to_owned()).unwrap_or_default();
     let acfg = AppendConfig { addr: addr.clone(), ..acfg };
     let cpu0 = metrics::process_cpu_seconds(server.pid);
@@ -327,6 +339,7 @@ fn one_run(cfg: &CompareConfig, who: &Contender, round: usize, cell: Cell, seq: 
             notes.push(format!("load generator failed: {e}"));
             let mut r = empty(notes);
             r.server_version = version;
+            r.server_pid = Some(server.pid);
             return r;
         }
     };
@@ -351,6 +364,7 @@ fn one_run(cfg: &CompareConfig, who: &Contender, round: usize, cell: Cell, seq: 
         server_cpu_cores: server_cpu.map(|c| if wall > 0.0 { c / wall } else { 0.0 }),
         stored_events: stored,
         exit_code,
+        server_pid: Some(server.pid),
         notes,
     }
 }
@@ -390,8 +404,9 @@ fn cleanup_data(cfg: &CompareConfig, data: &Path) {
     std::thread::sleep(cfg.settle);
 }
 
-/// Runs the comparison. `progress` is called before each run with (index, total, text).
-pub fn run(cfg: &CompareConfig, stop: &AtomicBool, progress: &mut dyn FnMut(usize, usize, &str)) -> CompareReport {
+/// Runs the comparison. `progress` gets one line of text before each run and once its
+/// server is up (with the server's pid).
+pub fn run(cfg: &CompareConfig, stop: &AtomicBool, progress: &mut dyn FnMut(&str)) -> CompareReport {
     let started = Instant::now();
     let machine = crate::machine::gather(&cfg.dir).ok();
     let contention_before = Some(crate::machine::contention());
@@ -405,8 +420,18 @@ pub fn run(cfg: &CompareConfig, stop: &AtomicBool, progress: &mut dyn FnMut(usiz
                     break 'outer;
                 }
                 seq += 1;
-                progress(seq, total, &format!("round {} · {} · {}", round + 1, cell.label(), who.name));
-                let r = one_run(cfg, who, round, *cell, seq, stop);
+                progress(&format!("[{seq}/{total}] round {} · {} · {}", round + 1, cell.label(), who.name));
+                let r = one_run(cfg, who, round, *cell, seq, stop, progress);
+                if let Some(l) = r.report.latency {
+                    progress(&format!(
+                        "    {} events/s, p50 {} p99 {}",
+                        crate::report::thousands(r.report.events_per_sec),
+                        crate::append::fmt_us(l.p50_us),
+                        crate::append::fmt_us(l.p99_us)
+                    ));
+                } else {
+                    progress(&format!("    no result: {}", r.notes.join("; ")));
+                }
                 runs.push(r);
             }
         }

@@ -203,8 +203,9 @@ fn run_compare(args: CompareArgs) -> i32 {
         keep_data: args.keep_data,
     };
     signals::install();
-    let mut progress = |i: usize, n: usize, what: &str| {
-        eprintln!("[{i}/{n}] {what}");
+    // Progress must never panic the run (a closed stderr would make eprintln! panic).
+    let mut progress = |what: &str| {
+        let _ = writeln!(std::io::stderr(), "{what}");
     };
     let rep = compare::run(&cfg, &signals::STOP, &mut progress);
     let files = match compare::write_outputs(&rep, &out) {

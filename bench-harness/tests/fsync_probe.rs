@@ -269,12 +269,12 @@ fn proc_dir_exits_2() {
 }
 
 #[test]
-fn placeholders_exit_2() {
+fn unknown_options_of_the_other_subcommands_exit_2() {
     for sub in ["append", "read", "compare"] {
         let out = run(&[sub, "--anything", "x"]);
         assert_eq!(out.status.code(), Some(2), "{sub}");
         assert!(
-            text(&out.stderr).contains("not implemented yet"),
+            text(&out.stderr).contains("unexpected argument"),
             "{sub}: {}",
             text(&out.stderr)
         );
