@@ -9,18 +9,28 @@
 //! finish and count towards the totals only (`events_acked_total`), which is what the
 //! server holds afterwards.
 //!
-//! How the requests travel is behind [`LoadBackend`]: today [`BlockingBackend`], one OS
-//! thread per connection over the blocking [`tephra::client::Client`] (one request in
-//! flight each, like the reference's published numbers).
+//! How the requests travel is behind [`LoadBackend`]:
+//! - [`BlockingBackend`] (`--client blocking`, the default): one OS thread per connection
+//!   over the blocking [`tephra::client::Client`], one request in flight each, like the
+//!   reference's published numbers;
+//! - [`RawBackend`] (`--client raw`): one OS thread per connection writing pre-encoded
+//!   frames ([`Generator::next_frame`]: the event is encoded once per request and its bytes
+//!   repeated) and matching acknowledgements by request id, so it keeps `inflight`
+//!   requests in flight per socket and costs the least CPU.
 
 use crate::metrics::{self, ErrorCounts, Latency};
 use crate::workload::{Generator, WorkloadSpec};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
+use prost::Message;
+use std::collections::VecDeque;
+use std::io::Write;
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tephra::client::{ClientError, Client};
+use tephra::proto::{self, response, FrameDecoder};
 
 /// Everything an append run needs.
 #[derive(Debug, Clone)]
@@ -84,6 +94,11 @@ pub struct AppendReport {
     pub client_cpu_cores: f64,
     /// True when SIGINT/SIGTERM cut the run short.
     pub interrupted: bool,
+    /// Events acknowledged in each 100 ms from the start of the warm-up (stalls show as
+    /// zeros).
+    pub timeline_events: Vec<u64>,
+    /// The longest run of 100 ms buckets inside the window with no acknowledgement, ms.
+    pub longest_stall_ms: u64,
 }
 
 /// The moments that delimit a run.
@@ -125,7 +140,12 @@ pub struct Tally {
     pub requests_total: u64,
     /// Failed requests by name.
     pub errors: ErrorCounts,
+    /// Events acknowledged per [`TIMELINE_BUCKET`] since the start of the run.
+    pub timeline: Vec<u64>,
 }
+
+/// The resolution of [`AppendReport::timeline_events`].
+pub const TIMELINE_BUCKET: Duration = Duration::from_millis(100);
 
 impl Default for Tally {
     fn default() -> Tally {
@@ -136,6 +156,7 @@ impl Default for Tally {
             events_total: 0,
             requests_total: 0,
             errors: ErrorCounts::new(),
+            timeline: Vec::new(),
         }
     }
 }
@@ -145,6 +166,11 @@ impl Tally {
     pub fn ok(&mut self, clock: &Clock, sent: Instant, acked: Instant, events: u64) {
         self.events_total += events;
         self.requests_total += 1;
+        let bucket = (acked.duration_since(clock.start).as_millis() / TIMELINE_BUCKET.as_millis()) as usize;
+        if bucket >= self.timeline.len() {
+            self.timeline.resize(bucket + 1, 0);
+        }
+        self.timeline[bucket] += events;
         if clock.in_window(acked) {
             self.events_window += events;
             self.requests_window += 1;
@@ -165,6 +191,12 @@ impl Tally {
         self.events_total += other.events_total;
         self.requests_total += other.requests_total;
         metrics::merge_errors(&mut self.errors, &other.errors);
+        if other.timeline.len() > self.timeline.len() {
+            self.timeline.resize(other.timeline.len(), 0);
+        }
+        for (a, b) in self.timeline.iter_mut().zip(&other.timeline) {
+            *a += b;
+        }
     }
 }
 
@@ -183,6 +215,35 @@ pub trait LoadBackend {
     fn run(&self, cfg: &AppendConfig, stop: &AtomicBool) -> Result<(Clock, Vec<Tally>), String>;
 }
 
+/// Which [`LoadBackend`] drives the load (`--client`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientKind {
+    /// [`BlockingBackend`]: the blocking client, one request in flight per connection.
+    Blocking,
+    /// [`RawBackend`]: pre-encoded frames, `--inflight` requests per connection.
+    Raw,
+}
+
+impl ClientKind {
+    /// The backend.
+    pub fn backend(self) -> &'static dyn LoadBackend {
+        match self {
+            ClientKind::Blocking => &BlockingBackend,
+            ClientKind::Raw => &RawBackend,
+        }
+    }
+
+    /// The most requests in flight per connection it supports.
+    pub fn max_inflight(self) -> usize {
+        match self {
+            ClientKind::Blocking => 1,
+            // The server's default per-connection append budget.
+            ClientKind::Raw => 256,
+        }
+    }
+}
+
 /// One OS thread per connection over the blocking [`Client`], one request in flight each.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct BlockingBackend;
@@ -199,6 +260,46 @@ fn nap(d: Duration, until: Instant, stop: &AtomicBool) {
     }
 }
 
+/// Connects `cfg.connections` sockets with `connect`, then runs `writer` on one OS thread
+/// per socket; the clock starts once every thread is ready.
+fn thread_per_connection<C: Send>(
+    cfg: &AppendConfig,
+    stop: &AtomicBool,
+    connect: impl Fn(&str) -> std::io::Result<C>,
+    writer: impl Fn(C, &AppendConfig, &Clock, &AtomicBool) -> Tally + Sync,
+) -> Result<(Clock, Vec<Tally>), String> {
+    let mut conns = Vec::with_capacity(cfg.connections);
+    for i in 0..cfg.connections {
+        let c = connect(cfg.addr.as_str())
+            .map_err(|e| format!("connection {} of {} to {}: {e}", i + 1, cfg.connections, cfg.addr))?;
+        conns.push(c);
+    }
+    let barrier = Arc::new(Barrier::new(cfg.connections + 1));
+    let clock_cell: Arc<std::sync::OnceLock<Clock>> = Arc::new(std::sync::OnceLock::new());
+    let writer = &writer;
+    let tallies = std::thread::scope(|s| {
+        let mut handles = Vec::with_capacity(cfg.connections);
+        for (i, conn) in conns.into_iter().enumerate() {
+            let barrier = Arc::clone(&barrier);
+            let clock_cell = Arc::clone(&clock_cell);
+            let h = std::thread::Builder::new()
+                .name(format!("writer-{i}"))
+                .stack_size(256 << 10)
+                .spawn_scoped(s, move || {
+                    barrier.wait();
+                    let clock = *clock_cell.get().expect("clock set before the barrier opens");
+                    writer(conn, cfg, &clock, stop)
+                })
+                .expect("spawn writer thread");
+            handles.push(h);
+        }
+        clock_cell.set(Clock::starting_now(cfg.warmup, cfg.duration)).expect("set once");
+        barrier.wait();
+        handles.into_iter().map(|h| h.join().expect("writer thread panicked")).collect::<Vec<_>>()
+    });
+    Ok((*clock_cell.get().expect("set"), tallies))
+}
+
 impl LoadBackend for BlockingBackend {
     fn name(&self) -> &'static str {
         "blocking"
@@ -207,40 +308,167 @@ impl LoadBackend for BlockingBackend {
     fn run(&self, cfg: &AppendConfig, stop: &AtomicBool) -> Result<(Clock, Vec<Tally>), String> {
         if cfg.inflight != 1 {
             return Err(format!(
-                "--inflight {} needs a pipelined client; the blocking client keeps one request in flight per connection",
+                "--inflight {} needs a pipelined client (--client raw); the blocking client keeps one request in flight per connection",
                 cfg.inflight
             ));
         }
-        let mut clients = Vec::with_capacity(cfg.connections);
-        for i in 0..cfg.connections {
-            let c = Client::connect(cfg.addr.as_str())
-                .map_err(|e| format!("connection {} of {} to {}: {e}", i + 1, cfg.connections, cfg.addr))?;
-            clients.push(c);
-        }
-        let barrier = Arc::new(Barrier::new(cfg.connections + 1));
-        let clock_cell: Arc<std::sync::OnceLock<Clock>> = Arc::new(std::sync::OnceLock::new());
-        let tallies = std::thread::scope(|s| {
-            let mut handles = Vec::with_capacity(cfg.connections);
-            for (i, client) in clients.into_iter().enumerate() {
-                let barrier = Arc::clone(&barrier);
-                let clock_cell = Arc::clone(&clock_cell);
-                let h = std::thread::Builder::new()
-                    .name(format!("writer-{i}"))
-                    .stack_size(256 << 10)
-                    .spawn_scoped(s, move || {
-                        barrier.wait();
-                        let clock = *clock_cell.get().expect("clock set before the barrier opens");
-                        blocking_writer(client, cfg, &clock, stop)
-                    })
-                    .expect("spawn writer thread");
-                handles.push(h);
-            }
-            clock_cell.set(Clock::starting_now(cfg.warmup, cfg.duration)).expect("set once");
-            barrier.wait();
-            handles.into_iter().map(|h| h.join().expect("writer thread panicked")).collect::<Vec<_>>()
-        });
-        Ok((*clock_cell.get().expect("set"), tallies))
+        thread_per_connection(cfg, stop, |a| Client::connect(a), blocking_writer)
     }
+}
+
+/// One OS thread per connection writing pre-encoded frames, `inflight` requests in flight
+/// per socket, acknowledgements matched by request id.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RawBackend;
+
+/// How long, after the window, a raw writer waits for its last acknowledgements.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A raw protocol connection: a socket after a successful Hello, and its frame decoder.
+#[derive(Debug)]
+pub struct RawConn {
+    stream: TcpStream,
+    decoder: FrameDecoder,
+}
+
+impl RawConn {
+    /// Dials `addr` (`TCP_NODELAY`) and performs the Hello (id 1, no token).
+    ///
+    /// # Errors
+    /// The dial's error, or `InvalidData` when the server refuses the Hello.
+    pub fn connect(addr: &str) -> std::io::Result<RawConn> {
+        use std::io::{Error, ErrorKind};
+        let mut stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        let mut out = Vec::new();
+        proto::encode_frame(&proto::Request::hello(1, None), proto::DEFAULT_MAX_FRAME_LEN, &mut out)
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
+        stream.write_all(&out)?;
+        let mut conn = RawConn { stream, decoder: FrameDecoder::new(proto::DEFAULT_MAX_FRAME_LEN) };
+        match conn.next_response()? {
+            Some(proto::Response { kind: Some(response::Kind::HelloAck(ack)), .. })
+                if ack.protocol_version == proto::PROTOCOL_VERSION =>
+            {
+                conn.stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+                Ok(conn)
+            }
+            Some(other) => Err(Error::new(ErrorKind::InvalidData, format!("Hello refused: {other:?}"))),
+            None => Err(Error::new(ErrorKind::UnexpectedEof, "closed during the Hello")),
+        }
+    }
+
+    /// The next response, `None` at a clean close. A read timeout surfaces as an I/O
+    /// error of kind `WouldBlock`/`TimedOut` and loses nothing.
+    fn next_response(&mut self) -> std::io::Result<Option<proto::Response>> {
+        use std::io::{Error, ErrorKind};
+        match self.decoder.read_next(&mut self.stream) {
+            Ok(Some(body)) => proto::Response::decode(body).map(Some).map_err(|e| Error::new(ErrorKind::InvalidData, e)),
+            Ok(None) => Ok(None),
+            Err(proto::FrameError::Io(e)) => Err(e),
+            Err(e) => Err(Error::new(ErrorKind::InvalidData, e.to_string())),
+        }
+    }
+}
+
+impl LoadBackend for RawBackend {
+    fn name(&self) -> &'static str {
+        "raw"
+    }
+
+    fn run(&self, cfg: &AppendConfig, stop: &AtomicBool) -> Result<(Clock, Vec<Tally>), String> {
+        thread_per_connection(cfg, stop, RawConn::connect, raw_writer)
+    }
+}
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+}
+
+/// The loop of one raw writer.
+fn raw_writer(conn: RawConn, cfg: &AppendConfig, clock: &Clock, stop: &AtomicBool) -> Tally {
+    let mut tally = Tally::default();
+    let mut generator = Generator::new(cfg.workload);
+    let mut conn = Some(conn);
+    let mut pending: VecDeque<(u64, Instant, u64)> = VecDeque::with_capacity(cfg.inflight);
+    let mut out = Vec::new();
+    let mut next_id = 2u64;
+    let drain_deadline = clock.window_end + DRAIN_TIMEOUT;
+    loop {
+        let stopping = stop.load(Ordering::Relaxed) || Instant::now() >= clock.window_end;
+        if stopping && pending.is_empty() {
+            break;
+        }
+        let Some(c) = conn.as_mut() else {
+            match RawConn::connect(cfg.addr.as_str()) {
+                Ok(c) => conn = Some(c),
+                Err(_) => {
+                    tally.err("connect".into());
+                    nap(cfg.error_backoff, clock.window_end, stop);
+                }
+            }
+            continue;
+        };
+        if !stopping && pending.len() < cfg.inflight {
+            out.clear();
+            let sent = Instant::now();
+            while pending.len() < cfg.inflight {
+                let id = next_id;
+                next_id += 1;
+                let n = generator.next_frame(id, &mut out);
+                pending.push_back((id, sent, n as u64));
+            }
+            if c.stream.write_all(&out).is_err() {
+                for _ in pending.drain(..) {
+                    tally.err("io".into());
+                }
+                conn = None;
+                nap(cfg.error_backoff, clock.window_end, stop);
+                continue;
+            }
+        }
+        let lost = |tally: &mut Tally, pending: &mut VecDeque<(u64, Instant, u64)>, name: &str| {
+            for _ in pending.drain(..) {
+                tally.err(name.into());
+            }
+        };
+        match c.next_response() {
+            Ok(Some(resp)) => {
+                let acked = Instant::now();
+                let Some(k) = pending.iter().position(|p| p.0 == resp.request_id) else {
+                    // An unattributed error (id 0) or a stray id: the connection is unusable.
+                    tally.err("protocol".into());
+                    lost(&mut tally, &mut pending, "protocol");
+                    conn = None;
+                    continue;
+                };
+                let (_, sent, n) = pending.remove(k).expect("index from position");
+                match resp.kind {
+                    Some(response::Kind::Append(_)) => tally.ok(clock, sent, acked, n),
+                    Some(response::Kind::Error(e)) => {
+                        let code = proto::ErrorCode::from_wire(e.code);
+                        tally.err(code.as_str_name().trim_start_matches("ERROR_CODE_").to_owned());
+                        nap(cfg.error_backoff, clock.window_end, stop);
+                    }
+                    _ => tally.err("protocol".into()),
+                }
+            }
+            Ok(None) => {
+                lost(&mut tally, &mut pending, "eof");
+                conn = None;
+            }
+            Err(e) if is_timeout(&e) => {
+                if Instant::now() > drain_deadline {
+                    lost(&mut tally, &mut pending, "timeout");
+                    break;
+                }
+            }
+            Err(_) => {
+                lost(&mut tally, &mut pending, "io");
+                conn = None;
+            }
+        }
+    }
+    tally
 }
 
 /// The loop of one blocking writer.
@@ -328,7 +556,26 @@ pub fn run(cfg: &AppendConfig, backend: &dyn LoadBackend, stop: &AtomicBool) -> 
         client_cpu_seconds: cpu,
         client_cpu_cores: if wall > 0.0 { cpu / wall } else { 0.0 },
         interrupted,
+        longest_stall_ms: longest_zero_run(&all.timeline, &clock) * TIMELINE_BUCKET.as_millis() as u64,
+        timeline_events: all.timeline,
     })
+}
+
+/// The longest run of empty timeline buckets that lies inside the measured window.
+fn longest_zero_run(timeline: &[u64], clock: &Clock) -> u64 {
+    let b = TIMELINE_BUCKET.as_millis();
+    let first = clock.window_start.duration_since(clock.start).as_millis().div_ceil(b) as usize;
+    let last = (clock.window_end.duration_since(clock.start).as_millis() / b) as usize;
+    let (mut best, mut cur) = (0u64, 0u64);
+    for i in first..last {
+        if timeline.get(i).copied().unwrap_or(0) == 0 {
+            cur += 1;
+            best = best.max(cur);
+        } else {
+            cur = 0;
+        }
+    }
+    best
 }
 
 /// Renders a report as a short human-readable block.
@@ -371,6 +618,9 @@ pub fn render(r: &AppendReport) -> String {
         }
     }
     let _ = writeln!(s, "acknowledged in total: {} events in {} requests", r.events_acked_total, r.requests_acked_total);
+    if r.longest_stall_ms > 0 {
+        let _ = writeln!(s, "longest stall inside the window (no acknowledgement at all): {} ms", r.longest_stall_ms);
+    }
     if r.errors.is_empty() {
         let _ = writeln!(s, "errors: none");
     } else {

@@ -60,10 +60,15 @@ pub struct AppendArgs {
     /// Send plain appends instead of ones guarded by the never-firing {tag, type} condition.
     #[arg(long)]
     pub unconditional: bool,
-    /// Append requests in flight per connection (the blocking client supports 1).
+    /// Append requests in flight per connection (the blocking client supports 1, raw up to
+    /// 256, the server's default per-connection budget).
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub inflight: u64,
+    /// The load generator: `blocking` (our blocking client, one thread per connection, as
+    /// the reference's published numbers) or `raw` (pre-encoded frames, cheapest, pipelined).
+    #[arg(long, value_enum, default_value = "blocking")]
+    pub client: crate::append::ClientKind,
     /// Measured seconds.
     #[arg(long, value_name = "S", default_value = "15", value_parser = parse_seconds)]
     pub duration: f64,
@@ -160,10 +165,15 @@ pub struct CompareArgs {
     /// Plain appends instead of ones guarded by the never-firing {tag, type} condition.
     #[arg(long)]
     pub unconditional: bool,
-    /// Append requests in flight per connection (the blocking client supports 1).
+    /// Append requests in flight per connection (the blocking client supports 1, raw up to
+    /// 256, the server's default per-connection budget).
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub inflight: u64,
+    /// The load generator: `blocking` (our blocking client, one thread per connection, as
+    /// the reference's published numbers) or `raw` (pre-encoded frames, cheapest, pipelined).
+    #[arg(long, value_enum, default_value = "blocking")]
+    pub client: crate::append::ClientKind,
     /// `TEPHRA__SEGMENT__SIZE` for both servers, bytes (the published table: 256 MiB).
     #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
     pub segment_size: u64,

@@ -8,7 +8,7 @@
 //! noisy machine hits both alike; the summary quotes the **median** over rounds of each
 //! figure, and the ratio ours / reference of those medians.
 
-use crate::append::{self, AppendConfig, AppendReport, BlockingBackend, LoadBackend};
+use crate::append::{self, AppendConfig, AppendReport, ClientKind};
 use crate::chart::{self, ChartData, Series};
 use crate::machine::MachineFacts;
 use crate::metrics;
@@ -102,6 +102,8 @@ pub struct CompareConfig {
     pub conditional: bool,
     /// Requests in flight per connection.
     pub inflight: usize,
+    /// The load generator.
+    pub client: ClientKind,
     /// `TEPHRA__SEGMENT__SIZE` for both servers.
     pub segment_size: u64,
     /// More `KEY=VALUE` environment for both servers.
@@ -305,7 +307,7 @@ fn one_run(
         server_version: String::new(),
         round,
         cell,
-        report: empty_report(&acfg),
+        report: empty_report(&acfg, cfg.client),
         server_cpu_seconds: None,
         server_cpu_cores: None,
         stored_events: None,
@@ -326,7 +328,7 @@ fn one_run(
     let acfg = AppendConfig { addr: addr.clone(), ..acfg };
     let cpu0 = metrics::process_cpu_seconds(server.pid);
     let t0 = Instant::now();
-    let result = append::run(&acfg, &BlockingBackend, stop);
+    let result = append::run(&acfg, cfg.client.backend(), stop);
     let wall = t0.elapsed().as_secs_f64();
     let cpu1 = metrics::process_cpu_seconds(server.pid);
     let server_cpu = cpu0.zip(cpu1).map(|(a, b)| b - a);
@@ -369,9 +371,9 @@ fn one_run(
     }
 }
 
-fn empty_report(acfg: &AppendConfig) -> AppendReport {
+fn empty_report(acfg: &AppendConfig, client: ClientKind) -> AppendReport {
     AppendReport {
-        client: BlockingBackend.name().into(),
+        client: client.backend().name().into(),
         connections: acfg.connections,
         inflight: acfg.inflight,
         batch: acfg.workload.batch,
@@ -391,6 +393,8 @@ fn empty_report(acfg: &AppendConfig) -> AppendReport {
         client_cpu_seconds: 0.0,
         client_cpu_cores: 0.0,
         interrupted: false,
+        timeline_events: Vec::new(),
+        longest_stall_ms: 0,
     }
 }
 
@@ -451,7 +455,7 @@ pub fn run(cfg: &CompareConfig, stop: &AtomicBool, progress: &mut dyn FnMut(&str
         event_size: cfg.event_size,
         conditional: cfg.conditional,
         inflight: cfg.inflight,
-        client: BlockingBackend.name().into(),
+        client: cfg.client.backend().name().into(),
         segment_size: cfg.segment_size,
         machine,
         contention_before,
@@ -516,8 +520,8 @@ pub fn render_markdown(r: &CompareReport) -> String {
         );
     }
     let _ = writeln!(s, "\nEvery run, in the order it ran:\n");
-    let _ = writeln!(s, "| # | round | cell | server | events/s | p50 | p99 | p99.9 | server CPU | client CPU | stored = acked | errors / notes |");
-    let _ = writeln!(s, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|");
+    let _ = writeln!(s, "| # | round | cell | server | events/s | p50 | p99 | p99.9 | max | longest stall | server CPU | client CPU | stored = acked | errors / notes |");
+    let _ = writeln!(s, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
     for (i, run) in r.runs.iter().enumerate() {
         let l = run.report.latency;
         let f = |v: Option<u64>| v.map_or("–".into(), |us| ms(us as f64 / 1e3));
@@ -528,7 +532,7 @@ pub fn render_markdown(r: &CompareReport) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {} {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
             i + 1,
             run.round + 1,
             run.cell.label(),
@@ -538,6 +542,8 @@ pub fn render_markdown(r: &CompareReport) -> String {
             f(l.map(|l| l.p50_us)),
             f(l.map(|l| l.p99_us)),
             f(l.map(|l| l.p999_us)),
+            f(l.map(|l| l.max_us)),
+            if run.report.longest_stall_ms > 0 { format!("{} ms", run.report.longest_stall_ms) } else { "–".into() },
             run.server_cpu_cores.map_or("–".into(), |c| format!("{c:.2}")),
             run.report.client_cpu_cores,
             ok,

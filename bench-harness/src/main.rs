@@ -38,15 +38,21 @@ fn check_addr(cmd: &str, addr: &str) -> Result<(), i32> {
     }
 }
 
-/// The load generator that drives `inflight` requests per connection; a usage error if
-/// none can.
-fn backend_for(cmd: &str, inflight: u64) -> Result<&'static dyn append::LoadBackend, i32> {
-    if inflight == 1 {
-        Ok(&append::BlockingBackend)
-    } else {
+/// The load generator of `client` if it can keep `inflight` requests per connection; a
+/// usage error otherwise.
+fn backend_for(cmd: &str, client: append::ClientKind, inflight: u64) -> Result<&'static dyn append::LoadBackend, i32> {
+    if inflight as usize <= client.max_inflight() {
+        Ok(client.backend())
+    } else if client == append::ClientKind::Blocking {
         eprintln!(
             "tephra-bench {cmd}: error: --inflight {inflight}: the blocking client keeps one request in flight per \
-             connection; use more --connections"
+             connection; use --client raw, or more --connections"
+        );
+        Err(EXIT_USAGE)
+    } else {
+        eprintln!(
+            "tephra-bench {cmd}: error: --inflight {inflight}: at most {} (the server's per-connection append budget)",
+            client.max_inflight()
         );
         Err(EXIT_USAGE)
     }
@@ -69,7 +75,7 @@ fn run_append(args: AppendArgs) -> i32 {
     if let Err(code) = check_addr("append", &args.addr) {
         return code;
     }
-    let backend = match backend_for("append", args.inflight) {
+    let backend = match backend_for("append", args.client, args.inflight) {
         Ok(b) => b,
         Err(code) => return code,
     };
@@ -158,7 +164,7 @@ fn run_compare(args: CompareArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return usage(format!("--matrix: {e}")),
     };
-    if let Err(code) = backend_for("compare", args.inflight) {
+    if let Err(code) = backend_for("compare", args.client, args.inflight) {
         return code;
     }
     let ours = match args.ours.clone().or_else(server::default_ours) {
@@ -197,6 +203,7 @@ fn run_compare(args: CompareArgs) -> i32 {
         event_size: args.event_size as usize,
         conditional: !args.unconditional,
         inflight: args.inflight as usize,
+        client: args.client,
         segment_size: args.segment_size,
         server_env: args.server_env.clone(),
         settle: Duration::from_millis(args.settle_ms),

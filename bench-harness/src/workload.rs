@@ -6,6 +6,8 @@
 //! `{tag, type}` with `after = 0`. That pair has never been written before, so the guard
 //! never fires: the run measures the guarded path without conflicts.
 
+use prost::Message;
+use tephra::proto::{self, convert};
 use tephra::{AppendCondition, Event, EventType, Query, QueryItem, Tags};
 
 /// How many appends share one `stream-<uuid>-` tag before it is renewed.
@@ -62,29 +64,92 @@ impl Generator {
         self.spec
     }
 
-    /// The next request. Fails only if the configured event size cannot be encoded.
-    ///
-    /// # Errors
-    /// The event encoder's refusal (e.g. an event larger than the codec allows).
-    pub fn next_request(&mut self) -> Result<AppendRequest, tephra::EncodeError> {
+    /// Moves to the next append: its type index and tags.
+    fn advance(&mut self) -> (usize, Tags) {
         if self.n % APPENDS_PER_STREAM == 0 || self.tags.is_none() {
             let tag = format!("stream-{}-", uuid::Uuid::new_v4());
             self.tags = Some(Tags::new([tag]).expect("valid tag"));
         }
-        let tags = self.tags.as_ref().expect("set above");
-        let ty = &self.types[(self.n % TYPE_COUNT as u64) as usize];
+        let ty = (self.n % TYPE_COUNT as u64) as usize;
         self.n += 1;
-        let first = Event::new(ty, tags, &self.payload)?;
+        (ty, self.tags.clone().expect("set above"))
+    }
+
+    fn condition(&self, ty: usize, tags: &Tags) -> Option<AppendCondition> {
+        self.spec
+            .conditional
+            .then(|| AppendCondition::new(Query::item(QueryItem::new(vec![self.types[ty].clone()], tags.clone()))))
+    }
+
+    /// The next request as model values (for [`tephra::client::Client::append`]).
+    ///
+    /// # Errors
+    /// The event encoder's refusal (e.g. an event larger than the codec allows).
+    pub fn next_request(&mut self) -> Result<AppendRequest, tephra::EncodeError> {
+        let (ty, tags) = self.advance();
+        self.build(ty, &tags)
+    }
+
+    fn build(&self, ty: usize, tags: &Tags) -> Result<AppendRequest, tephra::EncodeError> {
+        let first = Event::new(&self.types[ty], tags, &self.payload)?;
         let mut events = Vec::with_capacity(self.spec.batch);
         for _ in 1..self.spec.batch {
             events.push(first.clone());
         }
         events.push(first);
-        let condition = self
-            .spec
-            .conditional
-            .then(|| AppendCondition::new(Query::item(QueryItem::new(vec![ty.clone()], tags.clone()))));
-        Ok(AppendRequest { events, condition })
+        Ok(AppendRequest { events, condition: self.condition(ty, tags) })
+    }
+
+    /// Appends the next request to `out` as one complete wire frame (length prefix and
+    /// `Request { request_id: id, append }`), without building any per-event value: the
+    /// event is encoded once and its bytes repeated `batch` times. Returns the number of
+    /// events in it. Byte-for-byte what prost would encode for the same request.
+    pub fn next_frame(&mut self, id: u64, out: &mut Vec<u8>) -> usize {
+        let (ty, tags) = self.advance();
+        self.frame(ty, &tags, id, out);
+        self.spec.batch
+    }
+
+    fn frame(&self, ty: usize, tags: &Tags, id: u64, out: &mut Vec<u8>) {
+        use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+        let event = proto::Event {
+            r#type: self.types[ty].as_str().to_owned(),
+            tags: tags.iter().map(|t| t.as_str().to_owned()).collect(),
+            payload: self.payload.clone(),
+        };
+        let event_len = event.encoded_len();
+        // AppendRequest field 1 (events), repeated; field 2 (condition).
+        let entry_len = key_len(1) + encoded_len_varint(event_len as u64) + event_len;
+        let condition = self.condition(ty, tags).map(|c| convert::condition_to_proto(&c));
+        let cond_len = condition.as_ref().map_or(0, |c| {
+            let l = c.encoded_len();
+            key_len(2) + encoded_len_varint(l as u64) + l
+        });
+        let body_len = entry_len * self.spec.batch + cond_len;
+        // Request: field 1 request_id (varint), field 2 append (message).
+        let id_len = if id == 0 { 0 } else { key_len(1) + encoded_len_varint(id) };
+        let request_len = id_len + key_len(2) + encoded_len_varint(body_len as u64) + body_len;
+        out.reserve(4 + request_len);
+        out.extend_from_slice(&(request_len as u32).to_be_bytes());
+        if id != 0 {
+            encode_key(1, WireType::Varint, out);
+            encode_varint(id, out);
+        }
+        encode_key(2, WireType::LengthDelimited, out);
+        encode_varint(body_len as u64, out);
+        let first = out.len();
+        encode_key(1, WireType::LengthDelimited, out);
+        encode_varint(event_len as u64, out);
+        event.encode_raw(out);
+        debug_assert_eq!(out.len() - first, entry_len);
+        for _ in 1..self.spec.batch {
+            out.extend_from_within(first..first + entry_len);
+        }
+        if let Some(c) = condition {
+            encode_key(2, WireType::LengthDelimited, out);
+            encode_varint(c.encoded_len() as u64, out);
+            c.encode_raw(out);
+        }
     }
 }
 
@@ -113,6 +178,28 @@ mod tests {
         assert_ne!(tags[10], tags[9]);
         assert!(tags[10..20].iter().all(|t| *t == tags[10]));
         assert_ne!(tags[20], tags[10]);
+    }
+
+    #[test]
+    fn raw_frames_equal_what_prost_encodes() {
+        for (batch, conditional) in [(1, true), (3, false), (64, true)] {
+            let g = Generator::new(WorkloadSpec { batch, event_size: 256, conditional });
+            let tags = Tags::new(["stream-x-"]).unwrap();
+            let model = g.build(4, &tags).unwrap();
+            let expected = proto::Request::new(
+                77,
+                proto::request::Kind::Append(proto::AppendRequest {
+                    events: model.events.iter().map(convert::event_to_proto).collect(),
+                    condition: model.condition.as_ref().map(convert::condition_to_proto),
+                }),
+            );
+            let mut want = Vec::new();
+            proto::encode_frame(&expected, proto::DEFAULT_MAX_FRAME_LEN, &mut want).unwrap();
+            let mut got = Vec::new();
+            g.frame(4, &tags, 77, &mut got);
+            assert_eq!(got, want, "batch {batch} conditional {conditional}");
+            assert_eq!(proto::Request::decode(&got[4..]).unwrap(), expected);
+        }
     }
 
     #[test]

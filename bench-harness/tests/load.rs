@@ -127,7 +127,20 @@ fn append_counts_match(binary: &Path, name: &str) {
     let j2 = json_of(&out);
     assert_eq!(j2["conditional"], Value::Bool(false));
     check_latency(&j2["latency"], "append unconditional");
-    assert_eq!(stored_events(&addr), total + j2["events_acked_total"].as_u64().unwrap());
+    let total = total + j2["events_acked_total"].as_u64().unwrap();
+    assert_eq!(stored_events(&addr), total);
+
+    // The raw pipelined generator, 4 requests in flight per connection.
+    let out = run(&["append", "--addr", &addr, "-c", "2", "-b", "16", "--inflight", "4", "--client", "raw", "--duration", "1", "--warmup", "0.2", "--json"]);
+    let j3 = json_of(&out);
+    assert_eq!(j3["client"], "raw");
+    assert_eq!(j3["inflight"], 4);
+    assert!(j3["errors"].as_object().unwrap().is_empty(), "{j3}");
+    assert_eq!(j3["events"].as_u64().unwrap(), 16 * j3["requests"].as_u64().unwrap());
+    check_latency(&j3["latency"], "append raw");
+    let timeline: u64 = j3["timeline_events"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(timeline, j3["events_acked_total"].as_u64().unwrap());
+    assert_eq!(stored_events(&addr), total + j3["events_acked_total"].as_u64().unwrap());
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -297,6 +310,8 @@ fn bad_arguments_are_usage_errors() {
     assert_usage(&["append", "--addr", "127.0.0.1:1", "--batch", "0"], "--batch");
     assert_usage(&["append", "--addr", "127.0.0.1:1", "--duration", "0"], "--duration");
     assert_usage(&["append", "--addr", "127.0.0.1:1", "--inflight", "4"], "--inflight 4");
+    assert_usage(&["append", "--addr", "127.0.0.1:1", "--inflight", "300", "--client", "raw"], "at most 256");
+    assert_usage(&["append", "--addr", "127.0.0.1:1", "--client", "tokio"], "--client");
     assert_usage(&["read"], "--addr");
     assert_usage(&["read", "--addr", "127.0.0.1:1", "--sub-batch", "0"], "--sub-batch");
     assert_usage(&["compare", "--matrix", "16"], "CONNECTIONSxBATCH");
