@@ -21,15 +21,15 @@
 use crate::metrics::{self, ErrorCounts, Latency};
 use crate::workload::{Generator, WorkloadSpec};
 use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
 use prost::Message;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use tephra::client::{ClientError, Client};
+use tephra::client::{Client, ClientError};
 use tephra::proto::{self, response, FrameDecoder};
 
 /// Everything an append run needs.
@@ -116,7 +116,11 @@ impl Clock {
     /// A clock starting now.
     pub fn starting_now(warmup: Duration, duration: Duration) -> Clock {
         let start = Instant::now();
-        Clock { start, window_start: start + warmup, window_end: start + warmup + duration }
+        Clock {
+            start,
+            window_start: start + warmup,
+            window_end: start + warmup + duration,
+        }
     }
 
     /// True while `t` lies inside the measured window.
@@ -166,7 +170,8 @@ impl Tally {
     pub fn ok(&mut self, clock: &Clock, sent: Instant, acked: Instant, events: u64) {
         self.events_total += events;
         self.requests_total += 1;
-        let bucket = (acked.duration_since(clock.start).as_millis() / TIMELINE_BUCKET.as_millis()) as usize;
+        let bucket =
+            (acked.duration_since(clock.start).as_millis() / TIMELINE_BUCKET.as_millis()) as usize;
         if bucket >= self.timeline.len() {
             self.timeline.resize(bucket + 1, 0);
         }
@@ -174,7 +179,10 @@ impl Tally {
         if clock.in_window(acked) {
             self.events_window += events;
             self.requests_window += 1;
-            metrics::record_us(&mut self.hist, acked.duration_since(sent).as_micros() as u64);
+            metrics::record_us(
+                &mut self.hist,
+                acked.duration_since(sent).as_micros() as u64,
+            );
         }
     }
 
@@ -270,8 +278,14 @@ fn thread_per_connection<C: Send>(
 ) -> Result<(Clock, Vec<Tally>), String> {
     let mut conns = Vec::with_capacity(cfg.connections);
     for i in 0..cfg.connections {
-        let c = connect(cfg.addr.as_str())
-            .map_err(|e| format!("connection {} of {} to {}: {e}", i + 1, cfg.connections, cfg.addr))?;
+        let c = connect(cfg.addr.as_str()).map_err(|e| {
+            format!(
+                "connection {} of {} to {}: {e}",
+                i + 1,
+                cfg.connections,
+                cfg.addr
+            )
+        })?;
         conns.push(c);
     }
     let barrier = Arc::new(Barrier::new(cfg.connections + 1));
@@ -287,15 +301,22 @@ fn thread_per_connection<C: Send>(
                 .stack_size(256 << 10)
                 .spawn_scoped(s, move || {
                     barrier.wait();
-                    let clock = *clock_cell.get().expect("clock set before the barrier opens");
+                    let clock = *clock_cell
+                        .get()
+                        .expect("clock set before the barrier opens");
                     writer(conn, cfg, &clock, stop)
                 })
                 .expect("spawn writer thread");
             handles.push(h);
         }
-        clock_cell.set(Clock::starting_now(cfg.warmup, cfg.duration)).expect("set once");
+        clock_cell
+            .set(Clock::starting_now(cfg.warmup, cfg.duration))
+            .expect("set once");
         barrier.wait();
-        handles.into_iter().map(|h| h.join().expect("writer thread panicked")).collect::<Vec<_>>()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("writer thread panicked"))
+            .collect::<Vec<_>>()
     });
     Ok((*clock_cell.get().expect("set"), tallies))
 }
@@ -341,19 +362,34 @@ impl RawConn {
         let mut stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
         let mut out = Vec::new();
-        proto::encode_frame(&proto::Request::hello(1, None), proto::DEFAULT_MAX_FRAME_LEN, &mut out)
-            .map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
+        proto::encode_frame(
+            &proto::Request::hello(1, None),
+            proto::DEFAULT_MAX_FRAME_LEN,
+            &mut out,
+        )
+        .map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
         stream.write_all(&out)?;
-        let mut conn = RawConn { stream, decoder: FrameDecoder::new(proto::DEFAULT_MAX_FRAME_LEN) };
+        let mut conn = RawConn {
+            stream,
+            decoder: FrameDecoder::new(proto::DEFAULT_MAX_FRAME_LEN),
+        };
         match conn.next_response()? {
-            Some(proto::Response { kind: Some(response::Kind::HelloAck(ack)), .. })
-                if ack.protocol_version == proto::PROTOCOL_VERSION =>
-            {
-                conn.stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+            Some(proto::Response {
+                kind: Some(response::Kind::HelloAck(ack)),
+                ..
+            }) if ack.protocol_version == proto::PROTOCOL_VERSION => {
+                conn.stream
+                    .set_read_timeout(Some(Duration::from_millis(200)))?;
                 Ok(conn)
             }
-            Some(other) => Err(Error::new(ErrorKind::InvalidData, format!("Hello refused: {other:?}"))),
-            None => Err(Error::new(ErrorKind::UnexpectedEof, "closed during the Hello")),
+            Some(other) => Err(Error::new(
+                ErrorKind::InvalidData,
+                format!("Hello refused: {other:?}"),
+            )),
+            None => Err(Error::new(
+                ErrorKind::UnexpectedEof,
+                "closed during the Hello",
+            )),
         }
     }
 
@@ -362,7 +398,9 @@ impl RawConn {
     fn next_response(&mut self) -> std::io::Result<Option<proto::Response>> {
         use std::io::{Error, ErrorKind};
         match self.decoder.read_next(&mut self.stream) {
-            Ok(Some(body)) => proto::Response::decode(body).map(Some).map_err(|e| Error::new(ErrorKind::InvalidData, e)),
+            Ok(Some(body)) => proto::Response::decode(body)
+                .map(Some)
+                .map_err(|e| Error::new(ErrorKind::InvalidData, e)),
             Ok(None) => Ok(None),
             Err(proto::FrameError::Io(e)) => Err(e),
             Err(e) => Err(Error::new(ErrorKind::InvalidData, e.to_string())),
@@ -381,7 +419,10 @@ impl LoadBackend for RawBackend {
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 /// The loop of one raw writer.
@@ -446,7 +487,11 @@ fn raw_writer(conn: RawConn, cfg: &AppendConfig, clock: &Clock, stop: &AtomicBoo
                     Some(response::Kind::Append(_)) => tally.ok(clock, sent, acked, n),
                     Some(response::Kind::Error(e)) => {
                         let code = proto::ErrorCode::from_wire(e.code);
-                        tally.err(code.as_str_name().trim_start_matches("ERROR_CODE_").to_owned());
+                        tally.err(
+                            code.as_str_name()
+                                .trim_start_matches("ERROR_CODE_")
+                                .to_owned(),
+                        );
                         nap(cfg.error_backoff, clock.window_end, stop);
                     }
                     _ => tally.err("protocol".into()),
@@ -472,7 +517,12 @@ fn raw_writer(conn: RawConn, cfg: &AppendConfig, clock: &Clock, stop: &AtomicBoo
 }
 
 /// The loop of one blocking writer.
-fn blocking_writer(mut client: Client, cfg: &AppendConfig, clock: &Clock, stop: &AtomicBool) -> Tally {
+fn blocking_writer(
+    mut client: Client,
+    cfg: &AppendConfig,
+    clock: &Clock,
+    stop: &AtomicBool,
+) -> Tally {
     let mut tally = Tally::default();
     let mut generator = Generator::new(cfg.workload);
     let mut connected = true;
@@ -520,7 +570,11 @@ fn blocking_writer(mut client: Client, cfg: &AppendConfig, clock: &Clock, stop: 
 ///
 /// # Errors
 /// The backend's start-up error.
-pub fn run(cfg: &AppendConfig, backend: &dyn LoadBackend, stop: &AtomicBool) -> Result<AppendReport, String> {
+pub fn run(
+    cfg: &AppendConfig,
+    backend: &dyn LoadBackend,
+    stop: &AtomicBool,
+) -> Result<AppendReport, String> {
     let cpu0 = metrics::self_cpu_seconds();
     let (clock, tallies) = backend.run(cfg, stop)?;
     let finished = Instant::now();
@@ -532,7 +586,9 @@ pub fn run(cfg: &AppendConfig, backend: &dyn LoadBackend, stop: &AtomicBool) -> 
     let interrupted = stop.load(Ordering::Relaxed);
     // An interrupted run measures up to the interruption.
     let window_end = clock.window_end.min(finished);
-    let window = window_end.saturating_duration_since(clock.window_start).as_secs_f64();
+    let window = window_end
+        .saturating_duration_since(clock.window_start)
+        .as_secs_f64();
     let per_sec = |x: u64| if window > 0.0 { x as f64 / window } else { 0.0 };
     let wall = finished.duration_since(clock.start).as_secs_f64();
     Ok(AppendReport {
@@ -556,7 +612,8 @@ pub fn run(cfg: &AppendConfig, backend: &dyn LoadBackend, stop: &AtomicBool) -> 
         client_cpu_seconds: cpu,
         client_cpu_cores: if wall > 0.0 { cpu / wall } else { 0.0 },
         interrupted,
-        longest_stall_ms: longest_zero_run(&all.timeline, &clock) * TIMELINE_BUCKET.as_millis() as u64,
+        longest_stall_ms: longest_zero_run(&all.timeline, &clock)
+            * TIMELINE_BUCKET.as_millis() as u64,
         timeline_events: all.timeline,
     })
 }
@@ -564,7 +621,11 @@ pub fn run(cfg: &AppendConfig, backend: &dyn LoadBackend, stop: &AtomicBool) -> 
 /// The longest run of empty timeline buckets that lies inside the measured window.
 fn longest_zero_run(timeline: &[u64], clock: &Clock) -> u64 {
     let b = TIMELINE_BUCKET.as_millis();
-    let first = clock.window_start.duration_since(clock.start).as_millis().div_ceil(b) as usize;
+    let first = clock
+        .window_start
+        .duration_since(clock.start)
+        .as_millis()
+        .div_ceil(b) as usize;
     let last = (clock.window_end.duration_since(clock.start).as_millis() / b) as usize;
     let (mut best, mut cur) = (0u64, 0u64);
     for i in first..last {
@@ -590,10 +651,19 @@ pub fn render(r: &AppendReport) -> String {
         r.client,
         r.batch,
         r.event_size,
-        if r.conditional { "conditional" } else { "unconditional" }
+        if r.conditional {
+            "conditional"
+        } else {
+            "unconditional"
+        }
     );
-    let _ = writeln!(s, "window: {:.1} s after {:.1} s warm-up{}", r.window_seconds, r.warmup_seconds,
-        if r.interrupted { " (INTERRUPTED)" } else { "" });
+    let _ = writeln!(
+        s,
+        "window: {:.1} s after {:.1} s warm-up{}",
+        r.window_seconds,
+        r.warmup_seconds,
+        if r.interrupted { " (INTERRUPTED)" } else { "" }
+    );
     let _ = writeln!(
         s,
         "throughput: {} events/s, {} requests/s, {:.1} MB/s payload",
@@ -617,9 +687,17 @@ pub fn render(r: &AppendReport) -> String {
             let _ = writeln!(s, "latency: no request completed inside the window");
         }
     }
-    let _ = writeln!(s, "acknowledged in total: {} events in {} requests", r.events_acked_total, r.requests_acked_total);
+    let _ = writeln!(
+        s,
+        "acknowledged in total: {} events in {} requests",
+        r.events_acked_total, r.requests_acked_total
+    );
     if r.longest_stall_ms > 0 {
-        let _ = writeln!(s, "longest stall inside the window (no acknowledgement at all): {} ms", r.longest_stall_ms);
+        let _ = writeln!(
+            s,
+            "longest stall inside the window (no acknowledgement at all): {} ms",
+            r.longest_stall_ms
+        );
     }
     if r.errors.is_empty() {
         let _ = writeln!(s, "errors: none");

@@ -298,18 +298,45 @@ mod tests {
 
     #[test]
     fn append_and_compare_parse() {
-        let c = Cli::try_parse_from(["tephra-bench", "append", "--addr", "127.0.0.1:1", "-c", "4", "-b", "64", "--duration", "0.5"]).unwrap();
+        let c = Cli::try_parse_from([
+            "tephra-bench",
+            "append",
+            "--addr",
+            "127.0.0.1:1",
+            "-c",
+            "4",
+            "-b",
+            "64",
+            "--duration",
+            "0.5",
+        ])
+        .unwrap();
         match c.command {
             Command::Append(a) => {
-                assert_eq!((a.connections, a.batch, a.event_size, a.inflight), (4, 64, 256, 1));
+                assert_eq!(
+                    (a.connections, a.batch, a.event_size, a.inflight),
+                    (4, 64, 256, 1)
+                );
                 assert!(!a.unconditional);
                 assert_eq!(a.duration, 0.5);
             }
             _ => panic!("wrong subcommand"),
         }
-        assert!(Cli::try_parse_from(["tephra-bench", "append", "--addr", "x", "--batch", "0"]).is_err());
-        assert!(Cli::try_parse_from(["tephra-bench", "append", "--addr", "x", "--duration", "-1"]).is_err());
-        let c = Cli::try_parse_from(["tephra-bench", "compare", "--quick", "--server-env", "A=b=c"]).unwrap();
+        assert!(
+            Cli::try_parse_from(["tephra-bench", "append", "--addr", "x", "--batch", "0"]).is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["tephra-bench", "append", "--addr", "x", "--duration", "-1"])
+                .is_err()
+        );
+        let c = Cli::try_parse_from([
+            "tephra-bench",
+            "compare",
+            "--quick",
+            "--server-env",
+            "A=b=c",
+        ])
+        .unwrap();
         match c.command {
             Command::Compare(a) => {
                 assert!(a.quick);

@@ -39,10 +39,22 @@ impl Cell {
 /// The seed's matrix: 16 writers × batch 1, 64, 512, and 64 writers × batch 512.
 pub fn default_matrix() -> Vec<Cell> {
     vec![
-        Cell { connections: 16, batch: 1 },
-        Cell { connections: 16, batch: 64 },
-        Cell { connections: 16, batch: 512 },
-        Cell { connections: 64, batch: 512 },
+        Cell {
+            connections: 16,
+            batch: 1,
+        },
+        Cell {
+            connections: 16,
+            batch: 64,
+        },
+        Cell {
+            connections: 16,
+            batch: 512,
+        },
+        Cell {
+            connections: 64,
+            batch: 512,
+        },
     ]
 }
 
@@ -57,10 +69,18 @@ pub fn parse_matrix(s: &str) -> Result<Vec<Cell>, String> {
         let (c, b) = norm
             .split_once('x')
             .ok_or_else(|| format!("matrix entry {part:?} is not CONNECTIONSxBATCH"))?;
-        let connections: usize = c.trim().parse().map_err(|_| format!("bad connection count in {part:?}"))?;
-        let batch: usize = b.trim().parse().map_err(|_| format!("bad batch size in {part:?}"))?;
+        let connections: usize = c
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad connection count in {part:?}"))?;
+        let batch: usize = b
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad batch size in {part:?}"))?;
         if connections == 0 || batch == 0 || connections > 4096 || batch > 100_000 {
-            return Err(format!("matrix entry {part:?} out of range (1..=4096 connections, 1..=100000 batch)"));
+            return Err(format!(
+                "matrix entry {part:?} out of range (1..=4096 connections, 1..=100000 batch)"
+            ));
         }
         v.push(Cell { connections, batch });
     }
@@ -223,7 +243,11 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// Summarises the runs of one contender on one cell.
@@ -242,7 +266,10 @@ pub fn summarize(runs: &[&Run]) -> Summary {
         p999_ms: col(&|r| r.report.latency.map_or(0.0, |l| l.p999_us as f64 / 1e3)),
         server_cpu_cores: col(&|r| r.server_cpu_cores.unwrap_or(0.0)),
         client_cpu_cores: col(&|r| r.report.client_cpu_cores),
-        errors: runs.iter().map(|r| r.report.errors.values().sum::<u64>()).sum(),
+        errors: runs
+            .iter()
+            .map(|r| r.report.errors.values().sum::<u64>())
+            .sum(),
     }
 }
 
@@ -253,7 +280,10 @@ fn summarize_cells(cfg_contenders: &[Contender], cells: &[Cell], runs: &[Run]) -
             let summaries: Vec<(String, Summary)> = cfg_contenders
                 .iter()
                 .map(|c| {
-                    let rs: Vec<&Run> = runs.iter().filter(|r| r.cell == *cell && r.server == c.name).collect();
+                    let rs: Vec<&Run> = runs
+                        .iter()
+                        .filter(|r| r.cell == *cell && r.server == c.name)
+                        .collect();
                     (c.name.clone(), summarize(&rs))
                 })
                 .collect();
@@ -282,22 +312,35 @@ fn one_run(
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&str),
 ) -> Run {
-    let data = cfg.dir.join(format!("run-{seq:03}-{}-{}x{}", who.name, cell.connections, cell.batch));
+    let data = cfg.dir.join(format!(
+        "run-{seq:03}-{}-{}x{}",
+        who.name, cell.connections, cell.batch
+    ));
     let _ = std::fs::remove_dir_all(&data);
-    let mut env = vec![("TEPHRA__SEGMENT__SIZE".to_owned(), cfg.segment_size.to_string())];
+    let mut env = vec![(
+        "TEPHRA__SEGMENT__SIZE".to_owned(),
+        cfg.segment_size.to_string(),
+    )];
     env.extend(cfg.server_env.iter().cloned());
     let spec = ServerSpec {
         binary: who.binary.clone(),
         data_dir: data.clone(),
         env,
-        log_file: cfg.out.join("logs").join(format!("run-{seq:03}-{}-{}x{}.log", who.name, cell.connections, cell.batch)),
+        log_file: cfg.out.join("logs").join(format!(
+            "run-{seq:03}-{}-{}x{}.log",
+            who.name, cell.connections, cell.batch
+        )),
     };
     let mut notes = Vec::new();
     let acfg = AppendConfig {
         addr: String::new(),
         connections: cell.connections,
         inflight: cfg.inflight,
-        workload: WorkloadSpec { batch: cell.batch, event_size: cfg.event_size, conditional: cfg.conditional },
+        workload: WorkloadSpec {
+            batch: cell.batch,
+            event_size: cfg.event_size,
+            conditional: cfg.conditional,
+        },
         warmup: cfg.warmup,
         duration: cfg.duration,
         error_backoff: Duration::from_secs(1),
@@ -323,16 +366,27 @@ fn one_run(
         }
     };
     let addr = server.addr.to_string();
-    progress(&format!("{} pid {} listening on {addr}", who.name, server.pid));
-    let version = tephra::client::Client::connect(addr.as_str()).map(|c| c.server_version().to_owned()).unwrap_or_default();
-    let acfg = AppendConfig { addr: addr.clone(), ..acfg };
+    progress(&format!(
+        "{} pid {} listening on {addr}",
+        who.name, server.pid
+    ));
+    let version = tephra::client::Client::connect(addr.as_str())
+        .map(|c| c.server_version().to_owned())
+        .unwrap_or_default();
+    let acfg = AppendConfig {
+        addr: addr.clone(),
+        ..acfg
+    };
     let cpu0 = metrics::process_cpu_seconds(server.pid);
     let t0 = Instant::now();
     let result = append::run(&acfg, cfg.client.backend(), stop);
     let wall = t0.elapsed().as_secs_f64();
     let cpu1 = metrics::process_cpu_seconds(server.pid);
     let server_cpu = cpu0.zip(cpu1).map(|(a, b)| b - a);
-    let stored = tephra::client::Client::connect(addr.as_str()).ok().and_then(|mut c| c.stats().ok()).map(|s| s.event_count);
+    let stored = tephra::client::Client::connect(addr.as_str())
+        .ok()
+        .and_then(|mut c| c.stats().ok())
+        .map(|s| s.event_count);
     let exit_code = server.stop();
     cleanup_data(cfg, &data);
     let report = match result {
@@ -347,7 +401,10 @@ fn one_run(
     };
     if let Some(s) = stored {
         if s != report.events_acked_total {
-            notes.push(format!("server holds {s} events but {} were acknowledged", report.events_acked_total));
+            notes.push(format!(
+                "server holds {s} events but {} were acknowledged",
+                report.events_acked_total
+            ));
         }
     }
     if !report.errors.is_empty() {
@@ -410,7 +467,11 @@ fn cleanup_data(cfg: &CompareConfig, data: &Path) {
 
 /// Runs the comparison. `progress` gets one line of text before each run and once its
 /// server is up (with the server's pid).
-pub fn run(cfg: &CompareConfig, stop: &AtomicBool, progress: &mut dyn FnMut(&str)) -> CompareReport {
+pub fn run(
+    cfg: &CompareConfig,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(&str),
+) -> CompareReport {
     let started = Instant::now();
     let machine = crate::machine::gather(&cfg.dir).ok();
     let contention_before = Some(crate::machine::contention());
@@ -424,7 +485,12 @@ pub fn run(cfg: &CompareConfig, stop: &AtomicBool, progress: &mut dyn FnMut(&str
                     break 'outer;
                 }
                 seq += 1;
-                progress(&format!("[{seq}/{total}] round {} · {} · {}", round + 1, cell.label(), who.name));
+                progress(&format!(
+                    "[{seq}/{total}] round {} · {} · {}",
+                    round + 1,
+                    cell.label(),
+                    who.name
+                ));
                 let r = one_run(cfg, who, round, *cell, seq, stop, progress);
                 if let Some(l) = r.report.latency {
                     progress(&format!(
@@ -468,7 +534,13 @@ pub fn run(cfg: &CompareConfig, stop: &AtomicBool, progress: &mut dyn FnMut(&str
 }
 
 fn ms(x: f64) -> String {
-    if x >= 100.0 { format!("{x:.0} ms") } else if x >= 10.0 { format!("{x:.1} ms") } else { format!("{x:.2} ms") }
+    if x >= 100.0 {
+        format!("{x:.0} ms")
+    } else if x >= 10.0 {
+        format!("{x:.1} ms")
+    } else {
+        format!("{x:.2} ms")
+    }
 }
 
 fn ratio(x: Option<f64>) -> String {
@@ -478,7 +550,10 @@ fn ratio(x: Option<f64>) -> String {
 /// The markdown: the medians table, then every run.
 pub fn render_markdown(r: &CompareReport) -> String {
     let names: Vec<&str> = r.contenders.iter().map(|c| c.name.as_str()).collect();
-    let (a, b) = (names.first().copied().unwrap_or("A"), names.get(1).copied().unwrap_or("B"));
+    let (a, b) = (
+        names.first().copied().unwrap_or("A"),
+        names.get(1).copied().unwrap_or("B"),
+    );
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -497,11 +572,20 @@ pub fn render_markdown(r: &CompareReport) -> String {
         s,
         "| connections × batch | {a} events/s | {b} events/s | {a}/{b} | {a} p50 | {b} p50 | {a} p99 | {b} p99 | {a} p99.9 | {b} p99.9 | {a} server CPU | {b} server CPU |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for c in &r.cells {
         let x = c.summaries.first().map(|p| p.1).unwrap_or_default();
         let y = c.summaries.get(1).map(|p| p.1).unwrap_or_default();
-        let cell = |s: &Summary, f: &dyn Fn(&Summary) -> String| if s.runs == 0 { "–".to_owned() } else { f(s) };
+        let cell = |s: &Summary, f: &dyn Fn(&Summary) -> String| {
+            if s.runs == 0 {
+                "–".to_owned()
+            } else {
+                f(s)
+            }
+        };
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -521,7 +605,10 @@ pub fn render_markdown(r: &CompareReport) -> String {
     }
     let _ = writeln!(s, "\nEvery run, in the order it ran:\n");
     let _ = writeln!(s, "| # | round | cell | server | events/s | p50 | p99 | p99.9 | max | longest stall | server CPU | client CPU | stored = acked | errors / notes |");
-    let _ = writeln!(s, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
+    let _ = writeln!(
+        s,
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+    );
     for (i, run) in r.runs.iter().enumerate() {
         let l = run.report.latency;
         let f = |v: Option<u64>| v.map_or("–".into(), |us| ms(us as f64 / 1e3));
@@ -543,8 +630,13 @@ pub fn render_markdown(r: &CompareReport) -> String {
             f(l.map(|l| l.p99_us)),
             f(l.map(|l| l.p999_us)),
             f(l.map(|l| l.max_us)),
-            if run.report.longest_stall_ms > 0 { format!("{} ms", run.report.longest_stall_ms) } else { "–".into() },
-            run.server_cpu_cores.map_or("–".into(), |c| format!("{c:.2}")),
+            if run.report.longest_stall_ms > 0 {
+                format!("{} ms", run.report.longest_stall_ms)
+            } else {
+                "–".into()
+            },
+            run.server_cpu_cores
+                .map_or("–".into(), |c| format!("{c:.2}")),
             run.report.client_cpu_cores,
             ok,
             run.notes.join("; ")
@@ -590,11 +682,23 @@ pub fn chart_data(r: &CompareReport) -> ChartData {
             .iter()
             .enumerate()
             .map(|(k, c)| Series {
-                name: format!("{} {}", c.name, r.runs.iter().find(|x| x.server == c.name).map(|x| x.server_version.as_str()).unwrap_or("")),
+                name: format!(
+                    "{} {}",
+                    c.name,
+                    r.runs
+                        .iter()
+                        .find(|x| x.server == c.name)
+                        .map(|x| x.server_version.as_str())
+                        .unwrap_or("")
+                ),
                 values: r
                     .cells
                     .iter()
-                    .map(|cell| cell.summaries.get(k).and_then(|(_, s)| (s.runs > 0).then(|| f(s))))
+                    .map(|cell| {
+                        cell.summaries
+                            .get(k)
+                            .and_then(|(_, s)| (s.runs > 0).then(|| f(s)))
+                    })
                     .collect(),
             })
             .collect()
@@ -603,7 +707,11 @@ pub fn chart_data(r: &CompareReport) -> ChartData {
         title: format!(
             "{} B {} appends, medians of {} round(s) × {:.0} s",
             r.event_size,
-            if r.conditional { "conditional" } else { "unconditional" },
+            if r.conditional {
+                "conditional"
+            } else {
+                "unconditional"
+            },
             r.rounds,
             r.duration_seconds
         ),
@@ -620,8 +728,11 @@ pub fn chart_data(r: &CompareReport) -> ChartData {
 pub fn write_outputs(r: &CompareReport, out: &Path) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("create {}: {e}", out.display()))?;
     let json = out.join("compare.json");
-    std::fs::write(&json, serde_json::to_string_pretty(r).map_err(|e| e.to_string())?)
-        .map_err(|e| format!("write {}: {e}", json.display()))?;
+    std::fs::write(
+        &json,
+        serde_json::to_string_pretty(r).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("write {}: {e}", json.display()))?;
     let md = out.join("compare.md");
     std::fs::write(&md, render_markdown(r)).map_err(|e| format!("write {}: {e}", md.display()))?;
     let svg = out.join("compare.svg");
@@ -635,11 +746,23 @@ mod tests {
 
     #[test]
     fn matrix_parses() {
-        assert_eq!(parse_matrix("16x1, 64X512,2×3").unwrap(), vec![
-            Cell { connections: 16, batch: 1 },
-            Cell { connections: 64, batch: 512 },
-            Cell { connections: 2, batch: 3 },
-        ]);
+        assert_eq!(
+            parse_matrix("16x1, 64X512,2×3").unwrap(),
+            vec![
+                Cell {
+                    connections: 16,
+                    batch: 1
+                },
+                Cell {
+                    connections: 64,
+                    batch: 512
+                },
+                Cell {
+                    connections: 2,
+                    batch: 3
+                },
+            ]
+        );
         assert!(parse_matrix("16").is_err());
         assert!(parse_matrix("0x1").is_err());
         assert!(parse_matrix("").is_err());

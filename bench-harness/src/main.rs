@@ -2,12 +2,13 @@
 
 use clap::Parser;
 use std::io::{IsTerminal, Write};
-use std::process::ExitCode;
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 use tephra_bench::cli::{
-    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, ReadArgs, EXIT_INTERRUPTED, EXIT_ROW_FAILED, EXIT_USAGE,
+    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, ReadArgs, EXIT_INTERRUPTED, EXIT_ROW_FAILED,
+    EXIT_USAGE,
 };
 use tephra_bench::fsync::{self, Budget, ProbeConfig};
 use tephra_bench::{append, compare, logcapture, machine, read, report, server, signals, workload};
@@ -40,7 +41,11 @@ fn check_addr(cmd: &str, addr: &str) -> Result<(), i32> {
 
 /// The load generator of `client` if it can keep `inflight` requests per connection; a
 /// usage error otherwise.
-fn backend_for(cmd: &str, client: append::ClientKind, inflight: u64) -> Result<&'static dyn append::LoadBackend, i32> {
+fn backend_for(
+    cmd: &str,
+    client: append::ClientKind,
+    inflight: u64,
+) -> Result<&'static dyn append::LoadBackend, i32> {
     if inflight as usize <= client.max_inflight() {
         Ok(client.backend())
     } else if client == append::ClientKind::Blocking {
@@ -100,7 +105,9 @@ fn run_append(args: AppendArgs) -> i32 {
             return EXIT_ROW_FAILED;
         }
     };
-    let code = if args.json { print_json("append", &rep) } else {
+    let code = if args.json {
+        print_json("append", &rep)
+    } else {
         print!("{}", append::render(&rep));
         0
     };
@@ -132,10 +139,16 @@ fn run_read(args: ReadArgs) -> i32 {
         Ok(r) => r,
         Err(e) => {
             eprintln!("tephra-bench read: error: {e}");
-            return if signals::stopped() { EXIT_INTERRUPTED } else { EXIT_ROW_FAILED };
+            return if signals::stopped() {
+                EXIT_INTERRUPTED
+            } else {
+                EXIT_ROW_FAILED
+            };
         }
     };
-    let code = if args.json { print_json("read", &rep) } else {
+    let code = if args.json {
+        print_json("read", &rep)
+    } else {
         print!("{}", read::render(&rep));
         0
     };
@@ -178,8 +191,14 @@ fn run_compare(args: CompareArgs) -> i32 {
         None => return usage("reference server not found; run scripts/install-reference.sh or pass --reference / set TEPHRA_REFERENCE_SERVER".into()),
     };
     let target = target_dir();
-    let dir = args.dir.clone().unwrap_or_else(|| target.join("bench-compare").join("data"));
-    let out = args.out.clone().unwrap_or_else(|| target.join("bench-compare"));
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| target.join("bench-compare").join("data"));
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| target.join("bench-compare"));
     for (what, d) in [("--dir", &dir), ("--out", &out)] {
         if let Err(e) = std::fs::create_dir_all(d) {
             return usage(format!("{what} {}: {e}", d.display()));
@@ -188,11 +207,21 @@ fn run_compare(args: CompareArgs) -> i32 {
     if let Err(e) = std::fs::create_dir_all(out.join("logs")) {
         return usage(format!("--out {}: {e}", out.display()));
     }
-    let (rounds, duration, warmup) = if args.quick { (2, 5.0, 2.0) } else { (3, 15.0, 3.0) };
+    let (rounds, duration, warmup) = if args.quick {
+        (2, 5.0, 2.0)
+    } else {
+        (3, 15.0, 3.0)
+    };
     let cfg = compare::CompareConfig {
         contenders: vec![
-            compare::Contender { name: "ours".into(), binary: ours },
-            compare::Contender { name: "reference".into(), binary: reference },
+            compare::Contender {
+                name: "ours".into(),
+                binary: ours,
+            },
+            compare::Contender {
+                name: "reference".into(),
+                binary: reference,
+            },
         ],
         dir,
         out: out.clone(),
@@ -222,7 +251,9 @@ fn run_compare(args: CompareArgs) -> i32 {
             return EXIT_ROW_FAILED;
         }
     };
-    let code = if args.json { print_json("compare", &rep) } else {
+    let code = if args.json {
+        print_json("compare", &rep)
+    } else {
         print!("{}", compare::render_markdown(&rep));
         0
     };

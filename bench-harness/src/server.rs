@@ -68,12 +68,17 @@ impl ServerProcess {
             .map_err(|e| format!("open {}: {e}", spec.log_file.display()))?;
         let stderr_log = log.try_clone().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(&spec.binary);
-        cmd.arg("--bind").arg("127.0.0.1:0").arg("--data-dir").arg(&spec.data_dir);
+        cmd.arg("--bind")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(&spec.data_dir);
         cmd.env("NO_COLOR", "1");
         for (k, v) in &spec.env {
             cmd.env(k, v);
         }
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(stderr_log));
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr_log));
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -88,7 +93,9 @@ impl ServerProcess {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|e| format!("spawn {}: {e}", spec.binary.display()))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", spec.binary.display()))?;
         let pid = child.id();
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = mpsc::channel();
@@ -108,7 +115,12 @@ impl ServerProcess {
                 }
             })
             .map_err(|e| e.to_string())?;
-        let mut server = ServerProcess { addr: "0.0.0.0:0".parse().expect("addr"), pid, child: Some(child), log_file: spec.log_file.clone() };
+        let mut server = ServerProcess {
+            addr: "0.0.0.0:0".parse().expect("addr"),
+            pid,
+            child: Some(child),
+            log_file: spec.log_file.clone(),
+        };
         match rx.recv_timeout(START_TIMEOUT) {
             Ok(addr) => {
                 server.addr = addr;
@@ -154,7 +166,9 @@ impl ServerProcess {
         loop {
             match child.try_wait() {
                 Ok(Some(st)) => return st.code(),
-                Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
                 _ => {
                     let _ = child.kill();
                     let _ = child.wait();
@@ -216,9 +230,15 @@ mod tests {
 
     #[test]
     fn parses_readiness_lines() {
-        let a = parse_listening("2026-01-01T00:00:00Z  INFO tephra server listening addr=127.0.0.1:4567").unwrap();
+        let a = parse_listening(
+            "2026-01-01T00:00:00Z  INFO tephra server listening addr=127.0.0.1:4567",
+        )
+        .unwrap();
         assert_eq!(a.port(), 4567);
-        let b = parse_listening("INFO tephra_server: tephra server listening addr=127.0.0.1:9 tls=false").unwrap();
+        let b = parse_listening(
+            "INFO tephra_server: tephra server listening addr=127.0.0.1:9 tls=false",
+        )
+        .unwrap();
         assert_eq!(b.port(), 9);
         assert!(parse_listening("INFO starting").is_none());
     }

@@ -56,7 +56,13 @@ impl Generator {
         let types = (0..TYPE_COUNT)
             .map(|i| EventType::new(format!("test-{i}")).expect("valid type name"))
             .collect();
-        Generator { spec, types, payload: vec![0u8; spec.event_size], tags: None, n: 0 }
+        Generator {
+            spec,
+            types,
+            payload: vec![0u8; spec.event_size],
+            tags: None,
+            n: 0,
+        }
     }
 
     /// The spec this generator follows.
@@ -76,9 +82,12 @@ impl Generator {
     }
 
     fn condition(&self, ty: usize, tags: &Tags) -> Option<AppendCondition> {
-        self.spec
-            .conditional
-            .then(|| AppendCondition::new(Query::item(QueryItem::new(vec![self.types[ty].clone()], tags.clone()))))
+        self.spec.conditional.then(|| {
+            AppendCondition::new(Query::item(QueryItem::new(
+                vec![self.types[ty].clone()],
+                tags.clone(),
+            )))
+        })
     }
 
     /// The next request as model values (for [`tephra::client::Client::append`]).
@@ -97,7 +106,10 @@ impl Generator {
             events.push(first.clone());
         }
         events.push(first);
-        Ok(AppendRequest { events, condition: self.condition(ty, tags) })
+        Ok(AppendRequest {
+            events,
+            condition: self.condition(ty, tags),
+        })
     }
 
     /// Appends the next request to `out` as one complete wire frame (length prefix and
@@ -120,14 +132,20 @@ impl Generator {
         let event_len = event.encoded_len();
         // AppendRequest field 1 (events), repeated; field 2 (condition).
         let entry_len = key_len(1) + encoded_len_varint(event_len as u64) + event_len;
-        let condition = self.condition(ty, tags).map(|c| convert::condition_to_proto(&c));
+        let condition = self
+            .condition(ty, tags)
+            .map(|c| convert::condition_to_proto(&c));
         let cond_len = condition.as_ref().map_or(0, |c| {
             let l = c.encoded_len();
             key_len(2) + encoded_len_varint(l as u64) + l
         });
         let body_len = entry_len * self.spec.batch + cond_len;
         // Request: field 1 request_id (varint), field 2 append (message).
-        let id_len = if id == 0 { 0 } else { key_len(1) + encoded_len_varint(id) };
+        let id_len = if id == 0 {
+            0
+        } else {
+            key_len(1) + encoded_len_varint(id)
+        };
         let request_len = id_len + key_len(2) + encoded_len_varint(body_len as u64) + body_len;
         out.reserve(4 + request_len);
         out.extend_from_slice(&(request_len as u32).to_be_bytes());
@@ -159,7 +177,11 @@ mod tests {
 
     #[test]
     fn tags_renew_every_ten_appends_and_types_rotate() {
-        let mut g = Generator::new(WorkloadSpec { batch: 3, event_size: 256, conditional: true });
+        let mut g = Generator::new(WorkloadSpec {
+            batch: 3,
+            event_size: 256,
+            conditional: true,
+        });
         let mut tags = Vec::new();
         for i in 0..25 {
             let r = g.next_request().unwrap();
@@ -183,7 +205,11 @@ mod tests {
     #[test]
     fn raw_frames_equal_what_prost_encodes() {
         for (batch, conditional) in [(1, true), (3, false), (64, true)] {
-            let g = Generator::new(WorkloadSpec { batch, event_size: 256, conditional });
+            let g = Generator::new(WorkloadSpec {
+                batch,
+                event_size: 256,
+                conditional,
+            });
             let tags = Tags::new(["stream-x-"]).unwrap();
             let model = g.build(4, &tags).unwrap();
             let expected = proto::Request::new(
@@ -204,7 +230,11 @@ mod tests {
 
     #[test]
     fn unconditional_has_no_condition() {
-        let mut g = Generator::new(WorkloadSpec { batch: 1, event_size: 0, conditional: false });
+        let mut g = Generator::new(WorkloadSpec {
+            batch: 1,
+            event_size: 0,
+            conditional: false,
+        });
         assert!(g.next_request().unwrap().condition.is_none());
     }
 }

@@ -45,9 +45,19 @@ fn ours() -> Option<PathBuf> {
         }
         let p = target_dir().join("release").join("tephra-server");
         if !p.is_file() && std::env::var("TEPHRA_BENCH_BUILD_SERVER").as_deref() != Ok("0") {
-            eprintln!("building {} (cargo build --release --bin tephra-server)", p.display());
+            eprintln!(
+                "building {} (cargo build --release --bin tephra-server)",
+                p.display()
+            );
             let st = Command::new(env!("CARGO"))
-                .args(["build", "--release", "--bin", "tephra-server", "-p", "tephra"])
+                .args([
+                    "build",
+                    "--release",
+                    "--bin",
+                    "tephra-server",
+                    "-p",
+                    "tephra",
+                ])
                 .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
                 .status();
             if !matches!(st, Ok(s) if s.success()) {
@@ -82,7 +92,10 @@ fn start(binary: &Path, dir: &Path) -> ServerProcess {
 }
 
 fn run(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("spawn tephra-bench")
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("spawn tephra-bench")
 }
 
 fn text(b: &[u8]) -> String {
@@ -90,19 +103,36 @@ fn text(b: &[u8]) -> String {
 }
 
 fn json_of(out: &Output) -> Value {
-    assert!(out.status.success(), "exit {:?}\nstdout: {}\nstderr: {}", out.status, text(&out.stdout), text(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", text(&out.stdout)))
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", text(&out.stdout)))
 }
 
 fn stored_events(addr: &str) -> u64 {
-    tephra::client::Client::connect(addr).unwrap().stats().unwrap().event_count
+    tephra::client::Client::connect(addr)
+        .unwrap()
+        .stats()
+        .unwrap()
+        .event_count
 }
 
 fn check_latency(l: &Value, what: &str) {
-    let g = |k: &str| l[k].as_u64().unwrap_or_else(|| panic!("{what}.{k} missing: {l}"));
+    let g = |k: &str| {
+        l[k].as_u64()
+            .unwrap_or_else(|| panic!("{what}.{k} missing: {l}"))
+    };
     let (p50, p99, p999, max) = (g("p50_us"), g("p99_us"), g("p999_us"), g("max_us"));
     assert!(p50 > 0, "{what}: p50 {p50}");
-    assert!(p50 <= p99 && p99 <= p999 && p999 <= max, "{what}: not ordered: {p50} {p99} {p999} {max}");
+    assert!(
+        p50 <= p99 && p99 <= p999 && p999 <= max,
+        "{what}: not ordered: {p50} {p99} {p999} {max}"
+    );
     assert!(l["count"].as_u64().unwrap() > 0);
 }
 
@@ -110,20 +140,54 @@ fn append_counts_match(binary: &Path, name: &str) {
     let dir = scratch(name);
     let server = start(binary, &dir);
     let addr = server.addr.to_string();
-    let out = run(&["append", "--addr", &addr, "-c", "4", "-b", "8", "--duration", "1", "--warmup", "0.3", "--json"]);
+    let out = run(&[
+        "append",
+        "--addr",
+        &addr,
+        "-c",
+        "4",
+        "-b",
+        "8",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.3",
+        "--json",
+    ]);
     let j = json_of(&out);
     let total = j["events_acked_total"].as_u64().unwrap();
     assert!(j["events"].as_u64().unwrap() > 0, "{j}");
     assert!(j["events"].as_u64().unwrap() <= total);
-    assert_eq!(j["events"].as_u64().unwrap(), 8 * j["requests"].as_u64().unwrap());
+    assert_eq!(
+        j["events"].as_u64().unwrap(),
+        8 * j["requests"].as_u64().unwrap()
+    );
     assert!(j["events_per_sec"].as_f64().unwrap() > 0.0);
     assert!(j["errors"].as_object().unwrap().is_empty(), "{j}");
     assert_eq!(j["conditional"], Value::Bool(true));
     check_latency(&j["latency"], "append");
-    assert_eq!(stored_events(&addr), total, "the store holds exactly the acknowledged events");
+    assert_eq!(
+        stored_events(&addr),
+        total,
+        "the store holds exactly the acknowledged events"
+    );
 
     // Unconditional, batch 1: more of the same events.
-    let out = run(&["append", "--addr", &addr, "-c", "2", "-b", "1", "--duration", "0.5", "--warmup", "0", "--unconditional", "--json"]);
+    let out = run(&[
+        "append",
+        "--addr",
+        &addr,
+        "-c",
+        "2",
+        "-b",
+        "1",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0",
+        "--unconditional",
+        "--json",
+    ]);
     let j2 = json_of(&out);
     assert_eq!(j2["conditional"], Value::Bool(false));
     check_latency(&j2["latency"], "append unconditional");
@@ -131,16 +195,44 @@ fn append_counts_match(binary: &Path, name: &str) {
     assert_eq!(stored_events(&addr), total);
 
     // The raw pipelined generator, 4 requests in flight per connection.
-    let out = run(&["append", "--addr", &addr, "-c", "2", "-b", "16", "--inflight", "4", "--client", "raw", "--duration", "1", "--warmup", "0.2", "--json"]);
+    let out = run(&[
+        "append",
+        "--addr",
+        &addr,
+        "-c",
+        "2",
+        "-b",
+        "16",
+        "--inflight",
+        "4",
+        "--client",
+        "raw",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.2",
+        "--json",
+    ]);
     let j3 = json_of(&out);
     assert_eq!(j3["client"], "raw");
     assert_eq!(j3["inflight"], 4);
     assert!(j3["errors"].as_object().unwrap().is_empty(), "{j3}");
-    assert_eq!(j3["events"].as_u64().unwrap(), 16 * j3["requests"].as_u64().unwrap());
+    assert_eq!(
+        j3["events"].as_u64().unwrap(),
+        16 * j3["requests"].as_u64().unwrap()
+    );
     check_latency(&j3["latency"], "append raw");
-    let timeline: u64 = j3["timeline_events"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    let timeline: u64 = j3["timeline_events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
     assert_eq!(timeline, j3["events_acked_total"].as_u64().unwrap());
-    assert_eq!(stored_events(&addr), total + j3["events_acked_total"].as_u64().unwrap());
+    assert_eq!(
+        stored_events(&addr),
+        total + j3["events_acked_total"].as_u64().unwrap()
+    );
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -162,8 +254,22 @@ fn read_reports_sane_numbers(binary: &Path, name: &str) {
     let server = start(binary, &dir);
     let addr = server.addr.to_string();
     let out = run(&[
-        "read", "--addr", &addr, "--populate", "5000", "--needle-every", "500", "--scan-repeats", "2",
-        "--selective-reads", "5", "--subscribers", "3", "--sub-appends", "20", "--json",
+        "read",
+        "--addr",
+        &addr,
+        "--populate",
+        "5000",
+        "--needle-every",
+        "500",
+        "--scan-repeats",
+        "2",
+        "--selective-reads",
+        "5",
+        "--subscribers",
+        "3",
+        "--sub-appends",
+        "20",
+        "--json",
     ]);
     let j = json_of(&out);
     assert_eq!(j["events_appended"].as_u64().unwrap(), 5020, "{j}");
@@ -182,7 +288,11 @@ fn read_reports_sane_numbers(binary: &Path, name: &str) {
     assert_eq!(f["deliveries"].as_u64().unwrap(), 60, "{f}");
     assert_eq!(f["incomplete"], Value::Bool(false));
     let lag = &f["lag"];
-    let (p50, p99, p999) = (lag["p50_us"].as_u64().unwrap(), lag["p99_us"].as_u64().unwrap(), lag["p999_us"].as_u64().unwrap());
+    let (p50, p99, p999) = (
+        lag["p50_us"].as_u64().unwrap(),
+        lag["p99_us"].as_u64().unwrap(),
+        lag["p999_us"].as_u64().unwrap(),
+    );
     assert!(p50 <= p99 && p99 <= p999, "lag not ordered: {lag}");
     check_latency(&f["append_latency"], "fan-out appends");
     assert_eq!(stored_events(&addr), 5020);
@@ -218,32 +328,72 @@ fn compare_runs_both_servers_and_writes_table_json_and_chart() {
     let dir = scratch("compare");
     let out_dir = dir.join("out");
     let out = run(&[
-        "compare", "--ours", ours_bin.to_str().unwrap(), "--reference", ref_bin.to_str().unwrap(),
-        "--dir", dir.join("data").to_str().unwrap(), "--out", out_dir.to_str().unwrap(),
-        "--matrix", "2x1,2x16", "--rounds", "2", "--duration", "0.5", "--warmup", "0.2",
-        "--settle-ms", "0", "--segment-size", "16777216",
+        "compare",
+        "--ours",
+        ours_bin.to_str().unwrap(),
+        "--reference",
+        ref_bin.to_str().unwrap(),
+        "--dir",
+        dir.join("data").to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--matrix",
+        "2x1,2x16",
+        "--rounds",
+        "2",
+        "--duration",
+        "0.5",
+        "--warmup",
+        "0.2",
+        "--settle-ms",
+        "0",
+        "--segment-size",
+        "16777216",
     ]);
     let stdout = text(&out.stdout);
-    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, text(&out.stderr));
-    assert!(stdout.contains("| 2 × 1 |") && stdout.contains("| 2 × 16 |"), "{stdout}");
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains("| 2 × 1 |") && stdout.contains("| 2 × 16 |"),
+        "{stdout}"
+    );
     assert!(stdout.contains("ours/reference"), "{stdout}");
-    let j: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("compare.json")).unwrap()).unwrap();
+    let j: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("compare.json")).unwrap())
+            .unwrap();
     let runs = j["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2 * 2 * 2);
     // Alternating A B A B.
     let order: Vec<&str> = runs.iter().map(|r| r["server"].as_str().unwrap()).collect();
     assert_eq!(order, ["ours", "reference"].repeat(4));
     for r in runs {
-        assert_eq!(r["stored_events"].as_u64(), r["report"]["events_acked_total"].as_u64(), "{r}");
+        assert_eq!(
+            r["stored_events"].as_u64(),
+            r["report"]["events_acked_total"].as_u64(),
+            "{r}"
+        );
         check_latency(&r["report"]["latency"], "compare run");
-        assert!(!pid_alive(r["server_pid"].as_u64().unwrap() as u32), "server left running: {r}");
+        assert!(
+            !pid_alive(r["server_pid"].as_u64().unwrap() as u32),
+            "server left running: {r}"
+        );
     }
     for c in j["cells"].as_array().unwrap() {
         assert!(c["throughput_ratio"].as_f64().unwrap() > 0.0, "{c}");
     }
     let svg = std::fs::read_to_string(out_dir.join("compare.svg")).unwrap();
-    assert!(svg.starts_with("<svg") && svg.contains("2 × 16"), "{}", &svg[..200.min(svg.len())]);
-    assert!(std::fs::read_to_string(out_dir.join("compare.md")).unwrap().contains("| 2 × 1 |"));
+    assert!(
+        svg.starts_with("<svg") && svg.contains("2 × 16"),
+        "{}",
+        &svg[..200.min(svg.len())]
+    );
+    assert!(std::fs::read_to_string(out_dir.join("compare.md"))
+        .unwrap()
+        .contains("| 2 × 1 |"));
     // Every data directory was removed.
     assert_eq!(std::fs::read_dir(dir.join("data")).unwrap().count(), 0);
     let _ = std::fs::remove_dir_all(&dir);
@@ -255,9 +405,25 @@ fn compare_stops_its_server_on_sigint() {
     let dir = scratch("compare-sigint");
     let mut child = Command::new(BIN)
         .args([
-            "compare", "--ours", ours_bin.to_str().unwrap(), "--reference", ours_bin.to_str().unwrap(),
-            "--dir", dir.join("data").to_str().unwrap(), "--out", dir.join("out").to_str().unwrap(),
-            "--matrix", "2x1", "--rounds", "1", "--duration", "30", "--warmup", "0", "--segment-size", "16777216",
+            "compare",
+            "--ours",
+            ours_bin.to_str().unwrap(),
+            "--reference",
+            ours_bin.to_str().unwrap(),
+            "--dir",
+            dir.join("data").to_str().unwrap(),
+            "--out",
+            dir.join("out").to_str().unwrap(),
+            "--matrix",
+            "2x1",
+            "--rounds",
+            "1",
+            "--duration",
+            "30",
+            "--warmup",
+            "0",
+            "--segment-size",
+            "16777216",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -270,13 +436,19 @@ fn compare_stops_its_server_on_sigint() {
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
             if let Some(rest) = line.split(" pid ").nth(1) {
-                if let Some(pid) = rest.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
+                if let Some(pid) = rest
+                    .split_whitespace()
+                    .next()
+                    .and_then(|p| p.parse::<u32>().ok())
+                {
                     let _ = tx.send(pid);
                 }
             }
         }
     });
-    let pid = rx.recv_timeout(Duration::from_secs(60)).expect("compare reports the server's pid");
+    let pid = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("compare reports the server's pid");
     assert!(pid_alive(pid));
     std::thread::sleep(Duration::from_millis(500));
     // SAFETY: kill(2) on our own child.
@@ -286,12 +458,21 @@ fn compare_stops_its_server_on_sigint() {
         if let Some(st) = child.try_wait().unwrap() {
             break st;
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "compare did not stop after SIGINT");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "compare did not stop after SIGINT"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(status.code(), Some(130));
-    assert!(!pid_alive(pid), "server {pid} still running after compare was interrupted");
-    let j: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("out").join("compare.json")).unwrap()).unwrap();
+    assert!(
+        !pid_alive(pid),
+        "server {pid} still running after compare was interrupted"
+    );
+    let j: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("out").join("compare.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(j["interrupted"], Value::Bool(true));
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -300,33 +481,81 @@ fn assert_usage(args: &[&str], needle: &str) {
     let out = run(args);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert!(err.contains(needle), "{args:?}: stderr lacks {needle:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: stderr lacks {needle:?}: {err}"
+    );
 }
 
 #[test]
 fn bad_arguments_are_usage_errors() {
     assert_usage(&["append"], "--addr");
     assert_usage(&["append", "--addr", "nonsense"], "not HOST:PORT");
-    assert_usage(&["append", "--addr", "127.0.0.1:1", "--batch", "0"], "--batch");
-    assert_usage(&["append", "--addr", "127.0.0.1:1", "--duration", "0"], "--duration");
-    assert_usage(&["append", "--addr", "127.0.0.1:1", "--inflight", "4"], "--inflight 4");
-    assert_usage(&["append", "--addr", "127.0.0.1:1", "--inflight", "300", "--client", "raw"], "at most 256");
-    assert_usage(&["append", "--addr", "127.0.0.1:1", "--client", "tokio"], "--client");
+    assert_usage(
+        &["append", "--addr", "127.0.0.1:1", "--batch", "0"],
+        "--batch",
+    );
+    assert_usage(
+        &["append", "--addr", "127.0.0.1:1", "--duration", "0"],
+        "--duration",
+    );
+    assert_usage(
+        &["append", "--addr", "127.0.0.1:1", "--inflight", "4"],
+        "--inflight 4",
+    );
+    assert_usage(
+        &[
+            "append",
+            "--addr",
+            "127.0.0.1:1",
+            "--inflight",
+            "300",
+            "--client",
+            "raw",
+        ],
+        "at most 256",
+    );
+    assert_usage(
+        &["append", "--addr", "127.0.0.1:1", "--client", "tokio"],
+        "--client",
+    );
     assert_usage(&["read"], "--addr");
-    assert_usage(&["read", "--addr", "127.0.0.1:1", "--sub-batch", "0"], "--sub-batch");
+    assert_usage(
+        &["read", "--addr", "127.0.0.1:1", "--sub-batch", "0"],
+        "--sub-batch",
+    );
     assert_usage(&["compare", "--matrix", "16"], "CONNECTIONSxBATCH");
-    assert_usage(&["compare", "--ours", "/nonexistent/tephra-server"], "does not exist");
+    assert_usage(
+        &["compare", "--ours", "/nonexistent/tephra-server"],
+        "does not exist",
+    );
     assert_usage(&["compare", "--server-env", "novalue"], "KEY=VALUE");
 }
 
 #[test]
 fn an_unreachable_server_fails_with_exit_1() {
     // Bind then drop a listener to get a port that refuses connections.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr = format!("127.0.0.1:{port}");
-    let out = run(&["append", "--addr", &addr, "--duration", "0.2", "--warmup", "0"]);
+    let out = run(&[
+        "append",
+        "--addr",
+        &addr,
+        "--duration",
+        "0.2",
+        "--warmup",
+        "0",
+    ]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("connection 1 of 16"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("connection 1 of 16"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = run(&["read", "--addr", &addr]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
 }
