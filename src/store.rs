@@ -127,7 +127,7 @@ impl Store {
     /// writer's executor cannot start.
     pub fn open(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store, OpenError> {
         let (mut store, task) = Store::open_parts(dir, cfg)?;
-        let thread = shards::spawn_executor("tephra-writer", None, 1, move || shards::latency_sensitive(task.run())).map_err(OpenError::Runtime)?;
+        let thread = shards::spawn_executor("tephra-writer", None, 1, move || task.run()).map_err(OpenError::Runtime)?;
         store.thread = Some(thread);
         Ok(store)
     }

@@ -277,7 +277,7 @@ pub fn start(settings: Settings) -> Result<Running, StartError> {
         let tx = addr_tx.clone();
         let task = writer_task.take();
         let cpu = (n <= cpus).then_some(shard);
-        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n, move || shards::latency_sensitive(shard_main(ctx2, shard, addr, task, tx)))
+        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n, move || shard_main(ctx2, shard, addr, task, tx))
             .map_err(|e| StartError::Io(format!("cannot start shard {shard}: {e}")))?;
         shards.push(h);
         // Shard 0 binds first so `--bind host:0` resolves to one port every shard shares.
