@@ -686,5 +686,6 @@ fn append_error_response(e: AppendError) -> pb::ErrorResponse {
         AppendError::Failed(reason) => convert::log_write_failed_error(reason),
         AppendError::Read(reason) => convert::internal_error(reason),
         AppendError::Shutdown => convert::shutdown_error(),
+        AppendError::ReadOnly => convert::bad_request(AppendError::ReadOnly),
     }
 }

@@ -93,6 +93,9 @@ pub enum AppendError {
     /// The store is shut down.
     #[error("the store is shut down")]
     Shutdown,
+    /// This handle belongs to a read-only follower; appends go to the writer.
+    #[error("this is a read-only follower; send appends to the writer")]
+    ReadOnly,
 }
 
 /// The result delivered for one append.
