@@ -3,7 +3,7 @@
 
 use super::header::{HeaderError, SegmentHeader, HEADER_LEN};
 use super::lock::DirLock;
-use super::record::{classify_tail, walk, TailVerdict};
+use super::record::{classify_tail, dirty_end, walk, TailVerdict};
 use super::segment::{create_segment, list_segments, sync_dir, Segment, SegmentConfig};
 use super::LogError;
 use std::os::unix::fs::FileExt;
@@ -118,6 +118,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
     let mut segments = Vec::with_capacity(listed.len());
     let mut expected = 1u64;
     let last = listed.len() - 1;
+    let next_bases: Vec<Option<u64>> = (0..listed.len()).map(|i| listed.get(i + 1).map(|(b, _)| *b)).collect();
     let mut outcome = OpenOutcome::Clean;
     let mut active_end = HEADER_LEN as u64;
     for (i, (base, path)) in listed.into_iter().enumerate() {
@@ -133,7 +134,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
             }
         }
         if i == last {
-            match classify_tail(&buf, &w) {
+            match classify_tail(&buf, &w, base) {
                 TailVerdict::Clean => {}
                 TailVerdict::Corrupt { offset, stop } => {
                     return Err(LogError::Corrupt {
@@ -159,10 +160,20 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
                 }
             }
             active_end = w.committed_end as u64;
-        } else if w.offsets.is_empty() && w.stop_offset == HEADER_LEN && !buf[HEADER_LEN..].iter().all(|&b| b == 0) {
-            // A sealed segment whose first record is damaged: the contiguity check below would
-            // report it, but naming the byte offset is more useful.
-            return Err(LogError::Corrupt { path, offset: HEADER_LEN as u64, detail: format!("{:?} in a sealed segment", w.stop) });
+        } else if next_bases[i] != Some(base + count) && dirty_end(&buf) > w.committed_end {
+            // A sealed segment whose walk stopped on a damaged record before reaching the next
+            // segment's base: the contiguity check would blame the next file, so name this one
+            // and the damaged record's offset.
+            return Err(LogError::Corrupt {
+                path,
+                offset: w.stop_offset as u64,
+                detail: format!(
+                    "{:?} in a sealed segment: its committed records end at position {}, the next segment starts at {}",
+                    w.stop,
+                    base + count - 1,
+                    next_bases[i].unwrap_or(0)
+                ),
+            });
         }
         let seg = Segment::open(base, path, cfg)?;
         for (k, &off) in w.offsets.iter().enumerate() {
