@@ -265,3 +265,62 @@ fn verdicts_across_segment_boundaries_and_reopen() {
     assert_eq!(h.head(), Position(42));
     check(&h);
 }
+
+/// Many threads race uniqueness guards on the same keys, so guards meet in one group commit
+/// (the same-batch arm) as well as across commits (the durable arm): exactly one append per key
+/// wins, and every loser names the winner's position or `SameBatch`.
+#[test]
+fn concurrent_uniqueness_guards_admit_exactly_one_winner_per_key() {
+    let d = dir();
+    let s = Store::open(d.path(), cfg(4096)).unwrap();
+    const THREADS: usize = 8;
+    const KEYS: usize = 30;
+    let barrier = std::sync::Barrier::new(THREADS);
+    let results: Vec<Vec<(usize, Result<u64, AppendError>)>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let h = s.handle();
+                let barrier = &barrier;
+                sc.spawn(move || {
+                    let mut out = Vec::new();
+                    for key in 0..KEYS {
+                        let tag = format!("key:{key}");
+                        let q = Query::item(QueryItem::with_tags(Tags::new([tag.clone()]).unwrap()));
+                        // Odd keys use the boundary clause, even keys the existence clause.
+                        let cond = if key % 2 == 1 { AppendCondition::new(q) } else { AppendCondition::exists_only(q) };
+                        barrier.wait();
+                        let r = h.append(vec![ev("Claim", &[&tag, &format!("thread:{t}")], b"")], Some(cond));
+                        out.push((key, r.map(|r| r.first.get())));
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let h = s.handle();
+    let mut same_batch = 0;
+    for key in 0..KEYS {
+        let outcomes: Vec<&Result<u64, AppendError>> = results.iter().flatten().filter(|(k, _)| *k == key).map(|(_, r)| r).collect();
+        let winners: Vec<u64> = outcomes.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+        assert_eq!(winners.len(), 1, "key {key}: {outcomes:?}");
+        let clause = if key % 2 == 1 { ConflictClause::Boundary } else { ConflictClause::Existence };
+        for r in outcomes.iter().filter(|r| r.is_err()) {
+            match r {
+                Err(AppendError::Conflict { clause: c, at: ConflictSite::Durable(p) }) => {
+                    assert_eq!((*c, *p), (clause, winners[0]), "key {key}");
+                }
+                Err(AppendError::Conflict { clause: c, at: ConflictSite::SameBatch }) => {
+                    assert_eq!(*c, clause);
+                    same_batch += 1;
+                }
+                other => panic!("key {key}: {other:?}"),
+            }
+        }
+        let q = Query::item(QueryItem::with_tags(Tags::new([format!("key:{key}")]).unwrap()));
+        let stored: Vec<u64> = h.read(q, Position::ZERO, None).collect_owned().unwrap().into_iter().map(|(p, _)| p.get()).collect();
+        assert_eq!(stored, winners, "key {key}: the log holds other claims");
+    }
+    assert_eq!(h.head(), Position(KEYS as u64));
+    eprintln!("same-batch conflicts: {same_batch} of {}", KEYS * (THREADS - 1));
+}
