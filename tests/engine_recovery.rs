@@ -462,3 +462,27 @@ fn rollover_keeps_batches_whole_and_reads_back_completely() {
     }
     assert_eq!(h.stats().segment_count, segs.len() as u64);
 }
+
+/// A refused open leaves the directory exactly as it found it, even when it also holds a
+/// never-written trailing segment that a successful open would remove: the operator inspects
+/// the state the failure left.
+#[test]
+fn a_refused_open_does_not_remove_never_written_trailing_segments() {
+    let d = dir();
+    let all = fill(d.path(), SIZE, &[2, 1, 3, 2]);
+    let seg = last_segment(d.path());
+    let b = batches(&seg);
+    let trailing = d.path().join(format!("{:020}.log", all.len() + 1));
+    std::fs::write(&trailing, b"").unwrap();
+    flip(&seg, b[1].records[0].0 + 9, 0x02);
+    let names = |d: &Path| snapshot(d).into_keys().collect::<Vec<_>>();
+    let before = names(d.path());
+    assert_refused(d.path(), SIZE, &seg, Some(b[1].records[0].0), "damage with a trailing never-written segment");
+    assert_eq!(names(d.path()), before);
+    assert!(trailing.exists(), "the refused open removed the trailing segment file");
+    // Repaired, the store opens and then removes it.
+    flip(&seg, b[1].records[0].0 + 9, 0x02);
+    let s = Store::open(d.path(), cfg(SIZE)).unwrap();
+    assert!(!trailing.exists());
+    assert_contents(&s.handle(), &all);
+}

@@ -94,23 +94,16 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
         classes.push(c);
     }
     // Never-written files are tolerated only as a trailing run (a crash or ENOSPC during
-    // rollover); anywhere else the chain is broken.
-    let mut removed = Vec::new();
-    for (i, c) in classes.iter().enumerate() {
-        if matches!(c, Class::Unwritten) {
-            if i < ready {
-                return Err(LogError::UnwrittenNonLast { path: listed[i].1.clone() });
-            }
-            std::fs::remove_file(&listed[i].1).map_err(|source| LogError::Io { path: listed[i].1.clone(), source })?;
-            tracing::warn!(path = %listed[i].1.display(), "removed a segment whose creation never finished");
-            removed.push(listed[i].1.clone());
-        }
+    // rollover); anywhere else the chain is broken. The trailing run is removed only once the
+    // rest of the log has been accepted, so a refused open changes nothing on disk (except
+    // when no segment was ever written: then the run makes way for the first segment).
+    if let Some(i) = classes.iter().take(ready).position(|c| matches!(c, Class::Unwritten)) {
+        return Err(LogError::UnwrittenNonLast { path: listed[i].1.clone() });
     }
-    if !removed.is_empty() {
-        sync_dir(dir)?;
-    }
-    listed.truncate(ready);
-    if listed.is_empty() {
+    let trailing: Vec<PathBuf> = listed.split_off(ready).into_iter().map(|(_, p)| p).collect();
+    let fresh = listed.is_empty();
+    if fresh {
+        remove_unwritten(dir, &trailing)?;
         let path = create_segment(dir, 1, cfg)?;
         listed.push((1, path));
     }
@@ -185,8 +178,23 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
         expected = base + count;
         segments.push(Arc::new(seg));
     }
+    if !fresh {
+        remove_unwritten(dir, &trailing)?;
+    }
     tracing::info!(dir = %dir.display(), head = expected - 1, segments = segments.len(), ?outcome, "log opened");
-    Ok(Recovered { lock, segments, next_position: expected, active_end, outcome, removed })
+    Ok(Recovered { lock, segments, next_position: expected, active_end, outcome, removed: trailing })
+}
+
+/// Removes never-written trailing segment files and syncs the directory.
+fn remove_unwritten(dir: &Path, files: &[PathBuf]) -> Result<(), LogError> {
+    for path in files {
+        std::fs::remove_file(path).map_err(|source| LogError::Io { path: path.clone(), source })?;
+        tracing::warn!(path = %path.display(), "removed a segment whose creation never finished");
+    }
+    if !files.is_empty() {
+        sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Overwrites `[start, end)` with zeros and syncs, so a rolled-back tail can never be read as
