@@ -486,3 +486,25 @@ fn a_refused_open_does_not_remove_never_written_trailing_segments() {
     assert!(!trailing.exists());
     assert_contents(&s.handle(), &all);
 }
+
+/// A committed record whose checksum is valid but whose payload is not a valid event (a
+/// foreign or buggy writer, not bit rot) is refused, naming the file and the record's offset.
+#[test]
+fn a_committed_record_that_is_not_an_event_is_refused_with_file_and_offset() {
+    let d = dir();
+    fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let b = batches(&seg);
+    let (off, end) = b[1].records[0];
+    let mut rec = std::fs::read(&seg).unwrap()[off..end].to_vec();
+    // type_len = 0 (an empty type), re-sealed with a valid CRC.
+    rec[8] = 0;
+    rec[9] = 0;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&rec[0..4]);
+    h.update(&rec[8..]);
+    rec[4..8].copy_from_slice(&h.finalize().to_le_bytes());
+    patch(&seg, off, &rec);
+    let err = assert_refused(d.path(), SIZE, &seg, Some(off), "undecodable committed record");
+    assert!(err.contains("position 3"), "{err}");
+}
