@@ -508,3 +508,17 @@ fn a_committed_record_that_is_not_an_event_is_refused_with_file_and_offset() {
     let err = assert_refused(d.path(), SIZE, &seg, Some(off), "undecodable committed record");
     assert!(err.contains("position 3"), "{err}");
 }
+
+/// A checksum-valid last marker whose highest position disagrees with the records is refused.
+#[test]
+fn a_marker_disagreeing_with_the_record_count_is_refused() {
+    let d = dir();
+    fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let last = batches(&seg).pop().unwrap();
+    let mut m = Vec::new();
+    tephra::log::record::frame_marker(last.highest + 1, &mut m);
+    patch(&seg, last.marker, &m);
+    let err = assert_refused(d.path(), SIZE, &seg, None, "marker count mismatch");
+    assert!(err.contains("commit marker says position 7"), "{err}");
+}
