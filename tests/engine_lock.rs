@@ -41,7 +41,7 @@ fn from_child(dir: &Path) -> ChildView {
     let lockfile = line("LOCKFILE ").unwrap_or_else(|| panic!("child printed no LOCKFILE line: {text} {}", String::from_utf8_lossy(&out.stderr)));
     let opened = text.contains("OPENED");
     let refusal = line("REFUSED ").unwrap_or_default();
-    assert!(opened != !refusal.is_empty(), "child output: {text}");
+    assert!(opened == refusal.is_empty(), "child output: {text}");
     ChildView { lockfile, opened, refusal }
 }
 
