@@ -150,9 +150,11 @@ impl Store {
             }
         })?;
         if let Some((pos, e)) = undecodable {
+            // Name the segment file and the record's byte offset, like every other refusal.
+            let seg = rec.segments.iter().rev().find(|s| s.base <= pos).expect("the position's segment");
             return Err(OpenError::Log(LogError::Corrupt {
-                path: dir.clone(),
-                offset: 0,
+                path: seg.path.clone(),
+                offset: seg.offsets.get((pos - seg.base) as usize) as u64,
                 detail: format!("committed record at position {pos} is not a valid event: {e}"),
             }));
         }
