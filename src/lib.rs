@@ -9,6 +9,7 @@ pub mod client;
 pub mod config;
 pub mod event;
 pub mod fault;
+pub mod follow;
 pub mod index;
 pub mod log;
 pub mod model;
@@ -19,6 +20,7 @@ pub mod store;
 pub mod writer;
 
 pub use event::{DecodeError, EncodeError, Event, EventRef};
+pub use follow::{Follower, FollowerConfig};
 pub use log::segment::SegmentConfig;
 pub use read::{ReadError, Reads, Subscription, WaitOutcome};
 pub use store::{OpenError, ReadConfig, Store, StoreConfig, StoreHandle, StoreStats};

@@ -111,7 +111,8 @@ impl WriterTask {
 /// A cloneable, `Send` handle on an open store.
 #[derive(Clone)]
 pub struct StoreHandle {
-    tx: flume::Sender<WriterMsg>,
+    /// `None` for a read-only handle (a follower).
+    tx: Option<flume::Sender<WriterMsg>>,
     shared: Arc<Shared>,
     segment: SegmentConfig,
     metrics: Arc<WriterMetrics>,
@@ -127,7 +128,7 @@ impl Store {
     /// writer's executor cannot start.
     pub fn open(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store, OpenError> {
         let (mut store, task) = Store::open_parts(dir, cfg)?;
-        let thread = shards::spawn_executor("tephra-writer", None, 1, move || shards::latency_sensitive(task.run())).map_err(OpenError::Runtime)?;
+        let thread = shards::spawn_executor("tephra-writer", None, 1, move || task.run()).map_err(OpenError::Runtime)?;
         store.thread = Some(thread);
         Ok(store)
     }
@@ -149,9 +150,11 @@ impl Store {
             }
         })?;
         if let Some((pos, e)) = undecodable {
+            // Name the segment file and the record's byte offset, like every other refusal.
+            let seg = rec.segments.iter().rev().find(|s| s.base <= pos).expect("the position's segment");
             return Err(OpenError::Log(LogError::Corrupt {
-                path: dir.clone(),
-                offset: 0,
+                path: seg.path.clone(),
+                offset: seg.offsets.get((pos - seg.base) as usize) as u64,
                 detail: format!("committed record at position {pos} is not a valid event: {e}"),
             }));
         }
@@ -177,7 +180,7 @@ impl Store {
             done: done_tx,
         };
         let store = Store {
-            handle: StoreHandle { tx, shared, segment: cfg.segment, metrics, dir },
+            handle: StoreHandle { tx: Some(tx), shared, segment: cfg.segment, metrics, dir },
             thread: None,
             outcome: rec.outcome,
             lock: Some(rec.lock),
@@ -204,7 +207,7 @@ impl Store {
     fn stop(&mut self) {
         if let Some(done) = self.done.take() {
             let (ack, acked) = flume::bounded(1);
-            if self.handle.tx.send(WriterMsg::Shutdown(ack)).is_ok() {
+            if self.handle.tx.as_ref().is_some_and(|tx| tx.send(WriterMsg::Shutdown(ack)).is_ok()) {
                 let _ = acked.recv();
             }
             let _ = done.recv();
@@ -223,6 +226,19 @@ impl Drop for Store {
 }
 
 impl StoreHandle {
+    pub(crate) fn read_only(shared: Arc<Shared>, segment: SegmentConfig, dir: PathBuf) -> StoreHandle {
+        StoreHandle { tx: None, shared, segment, metrics: Arc::new(WriterMetrics::default()), dir }
+    }
+
+    fn writer(&self) -> Result<&flume::Sender<WriterMsg>, AppendError> {
+        self.tx.as_ref().ok_or(AppendError::ReadOnly)
+    }
+
+    /// True for a follower's read-only handle.
+    pub fn is_read_only(&self) -> bool {
+        self.tx.is_none()
+    }
+
     /// Appends `events` atomically, guarded by `condition`; blocks until durable.
     ///
     /// # Errors
@@ -231,7 +247,7 @@ impl StoreHandle {
     pub fn append(&self, events: Vec<Event>, condition: Option<AppendCondition>) -> AppendResult {
         let append = PreparedAppend::new(&events, condition, &self.segment)?;
         let (tx, rx) = flume::bounded(1);
-        self.tx.send(WriterMsg::Append(Request { append, reply: ReplyTo::Oneshot(tx) })).map_err(|_| AppendError::Shutdown)?;
+        self.writer()?.send(WriterMsg::Append(Request { append, reply: ReplyTo::Oneshot(tx) })).map_err(|_| AppendError::Shutdown)?;
         rx.recv().map_err(|_| AppendError::Shutdown)?
     }
 
@@ -242,7 +258,7 @@ impl StoreHandle {
     pub async fn append_async(&self, events: Vec<Event>, condition: Option<AppendCondition>) -> AppendResult {
         let append = PreparedAppend::new(&events, condition, &self.segment)?;
         let (tx, rx) = flume::bounded(1);
-        self.tx.send_async(WriterMsg::Append(Request { append, reply: ReplyTo::Oneshot(tx) })).await.map_err(|_| AppendError::Shutdown)?;
+        self.writer()?.send_async(WriterMsg::Append(Request { append, reply: ReplyTo::Oneshot(tx) })).await.map_err(|_| AppendError::Shutdown)?;
         rx.recv_async().await.map_err(|_| AppendError::Shutdown)?
     }
 
@@ -252,14 +268,15 @@ impl StoreHandle {
     /// # Errors
     /// [`AppendError::Shutdown`] when the writer is gone.
     pub async fn submit(&self, append: PreparedAppend, reply: ReplyTo) -> Result<(), AppendError> {
-        self.tx.send_async(WriterMsg::Append(Request { append, reply })).await.map_err(|_| AppendError::Shutdown)
+        self.writer()?.send_async(WriterMsg::Append(Request { append, reply })).await.map_err(|_| AppendError::Shutdown)
     }
 
     /// Asks the writer to finish what is queued and stop, awaiting its acknowledgement (for
     /// callers running on an executor, such as the server's writer shard).
     pub async fn close_async(&self) {
         let (ack, acked) = flume::bounded(1);
-        if self.tx.send_async(WriterMsg::Shutdown(ack)).await.is_ok() {
+        let Some(tx) = &self.tx else { return };
+        if tx.send_async(WriterMsg::Shutdown(ack)).await.is_ok() {
             let _ = acked.recv_async().await;
         }
     }

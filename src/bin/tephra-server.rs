@@ -54,7 +54,12 @@ fn main() -> ExitCode {
         eprintln!("cannot block signals: {e}");
         return ExitCode::from(1);
     }
-    let running = match tephra::server::start(settings) {
+    let started = if args.follow {
+        tephra::server::start_follower(settings, Duration::from_millis(args.follow_poll_ms.max(1)))
+    } else {
+        tephra::server::start(settings)
+    };
+    let running = match started {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(error = %e, "tephra server failed to start");

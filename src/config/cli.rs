@@ -46,4 +46,13 @@ pub struct ServerArgs {
     /// healthy, 1 if not; opens no store
     #[arg(long = "healthcheck")]
     pub healthcheck: bool,
+
+    /// Serve reads and subscriptions from another (live) writer's data directory, read-only:
+    /// takes no lock, writes nothing, refuses appends
+    #[arg(long = "follow")]
+    pub follow: bool,
+
+    /// With --follow: how often to look for new commits, in milliseconds
+    #[arg(long = "follow-poll-ms", value_name = "MS", default_value_t = 100, requires = "follow")]
+    pub follow_poll_ms: u64,
 }

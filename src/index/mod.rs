@@ -90,3 +90,52 @@ impl MemIndex {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `MemIndex::first_match` against a linear scan with the one predicate, `Query::matches`.
+    use super::*;
+    use crate::event::Event;
+    use crate::model::{EventType, Tags};
+    use proptest::prelude::*;
+
+    const TYPES: &[&str] = &["A", "B", "C", "Z"];
+    const TAGS: &[&str] = &["t0", "t1", "t2", "t3", "zz"];
+
+    fn event() -> impl Strategy<Value = Event> {
+        (0..3usize, proptest::sample::subsequence((0..4usize).collect::<Vec<_>>(), 0..=3)).prop_map(|(ty, tags)| {
+            Event::new(&EventType::new(TYPES[ty]).unwrap(), &Tags::new(tags.iter().map(|&t| TAGS[t])).unwrap(), b"").unwrap()
+        })
+    }
+
+    fn query() -> impl Strategy<Value = Query> {
+        let item = (
+            proptest::sample::subsequence((0..TYPES.len()).collect::<Vec<_>>(), 0..=2),
+            proptest::sample::subsequence((0..TAGS.len()).collect::<Vec<_>>(), 0..=3),
+        )
+            .prop_map(|(ty, tg)| {
+                QueryItem::new(ty.iter().map(|&t| EventType::new(TYPES[t]).unwrap()).collect(), Tags::new(tg.iter().map(|&t| TAGS[t])).unwrap())
+            });
+        prop_oneof![1 => Just(Query::All), 1 => Just(Query::none()), 6 => proptest::collection::vec(item, 1..=3).prop_map(Query::items)]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn first_match_equals_a_linear_scan(
+            events in proptest::collection::vec(event(), 0..60),
+            queries in proptest::collection::vec((query(), 0..64u64), 1..8),
+        ) {
+            let mut ix = MemIndex::new();
+            for (i, e) in events.iter().enumerate() {
+                ix.absorb(i as u64 + 1, &e.as_ref());
+            }
+            prop_assert_eq!(ix.head(), events.len() as u64);
+            for (q, after) in &queries {
+                let want = (after + 1..=events.len() as u64).find(|&p| q.matches(&events[(p - 1) as usize].as_ref()));
+                prop_assert_eq!(ix.first_match(q, *after), want, "{:?} after {}", q, after);
+            }
+        }
+    }
+}

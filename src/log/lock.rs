@@ -106,6 +106,10 @@ impl DirLock {
 
 impl Drop for DirLock {
     fn drop(&mut self) {
+        // Close the descriptor (releasing the record lock) before leaving the registry: once the
+        // key is gone another thread of this process may take the lock, and a close after its
+        // fcntl would drop the new holder's record lock too (POSIX locks belong to the process).
+        drop(self._file.take());
         registry().lock().unwrap_or_else(|e| e.into_inner()).remove(&self.key);
     }
 }

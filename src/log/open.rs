@@ -3,7 +3,7 @@
 
 use super::header::{HeaderError, SegmentHeader, HEADER_LEN};
 use super::lock::DirLock;
-use super::record::{classify_tail, walk, TailVerdict};
+use super::record::{classify_tail, dirty_end, walk, TailVerdict};
 use super::segment::{create_segment, list_segments, sync_dir, Segment, SegmentConfig};
 use super::LogError;
 use std::os::unix::fs::FileExt;
@@ -94,23 +94,16 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
         classes.push(c);
     }
     // Never-written files are tolerated only as a trailing run (a crash or ENOSPC during
-    // rollover); anywhere else the chain is broken.
-    let mut removed = Vec::new();
-    for (i, c) in classes.iter().enumerate() {
-        if matches!(c, Class::Unwritten) {
-            if i < ready {
-                return Err(LogError::UnwrittenNonLast { path: listed[i].1.clone() });
-            }
-            std::fs::remove_file(&listed[i].1).map_err(|source| LogError::Io { path: listed[i].1.clone(), source })?;
-            tracing::warn!(path = %listed[i].1.display(), "removed a segment whose creation never finished");
-            removed.push(listed[i].1.clone());
-        }
+    // rollover); anywhere else the chain is broken. The trailing run is removed only once the
+    // rest of the log has been accepted, so a refused open changes nothing on disk (except
+    // when no segment was ever written: then the run makes way for the first segment).
+    if let Some(i) = classes.iter().take(ready).position(|c| matches!(c, Class::Unwritten)) {
+        return Err(LogError::UnwrittenNonLast { path: listed[i].1.clone() });
     }
-    if !removed.is_empty() {
-        sync_dir(dir)?;
-    }
-    listed.truncate(ready);
-    if listed.is_empty() {
+    let trailing: Vec<PathBuf> = listed.split_off(ready).into_iter().map(|(_, p)| p).collect();
+    let fresh = listed.is_empty();
+    if fresh {
+        remove_unwritten(dir, &trailing)?;
         let path = create_segment(dir, 1, cfg)?;
         listed.push((1, path));
     }
@@ -118,6 +111,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
     let mut segments = Vec::with_capacity(listed.len());
     let mut expected = 1u64;
     let last = listed.len() - 1;
+    let next_bases: Vec<Option<u64>> = (0..listed.len()).map(|i| listed.get(i + 1).map(|(b, _)| *b)).collect();
     let mut outcome = OpenOutcome::Clean;
     let mut active_end = HEADER_LEN as u64;
     for (i, (base, path)) in listed.into_iter().enumerate() {
@@ -133,7 +127,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
             }
         }
         if i == last {
-            match classify_tail(&buf, &w) {
+            match classify_tail(&buf, &w, base) {
                 TailVerdict::Clean => {}
                 TailVerdict::Corrupt { offset, stop } => {
                     return Err(LogError::Corrupt {
@@ -159,10 +153,20 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
                 }
             }
             active_end = w.committed_end as u64;
-        } else if w.offsets.is_empty() && w.stop_offset == HEADER_LEN && !buf[HEADER_LEN..].iter().all(|&b| b == 0) {
-            // A sealed segment whose first record is damaged: the contiguity check below would
-            // report it, but naming the byte offset is more useful.
-            return Err(LogError::Corrupt { path, offset: HEADER_LEN as u64, detail: format!("{:?} in a sealed segment", w.stop) });
+        } else if next_bases[i] != Some(base + count) && dirty_end(&buf) > w.committed_end {
+            // A sealed segment whose walk stopped on a damaged record before reaching the next
+            // segment's base: the contiguity check would blame the next file, so name this one
+            // and the damaged record's offset.
+            return Err(LogError::Corrupt {
+                path,
+                offset: w.stop_offset as u64,
+                detail: format!(
+                    "{:?} in a sealed segment: its committed records end at position {}, the next segment starts at {}",
+                    w.stop,
+                    base + count - 1,
+                    next_bases[i].unwrap_or(0)
+                ),
+            });
         }
         let seg = Segment::open(base, path, cfg)?;
         for (k, &off) in w.offsets.iter().enumerate() {
@@ -174,8 +178,23 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
         expected = base + count;
         segments.push(Arc::new(seg));
     }
+    if !fresh {
+        remove_unwritten(dir, &trailing)?;
+    }
     tracing::info!(dir = %dir.display(), head = expected - 1, segments = segments.len(), ?outcome, "log opened");
-    Ok(Recovered { lock, segments, next_position: expected, active_end, outcome, removed })
+    Ok(Recovered { lock, segments, next_position: expected, active_end, outcome, removed: trailing })
+}
+
+/// Removes never-written trailing segment files and syncs the directory.
+fn remove_unwritten(dir: &Path, files: &[PathBuf]) -> Result<(), LogError> {
+    for path in files {
+        std::fs::remove_file(path).map_err(|source| LogError::Io { path: path.clone(), source })?;
+        tracing::warn!(path = %path.display(), "removed a segment whose creation never finished");
+    }
+    if !files.is_empty() {
+        sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Zero bytes after the last non-zero byte that end a read of the active segment. A batch is

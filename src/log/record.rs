@@ -210,25 +210,35 @@ pub fn find_marker(buf: &[u8], from: usize) -> Option<(usize, u64, usize)> {
     None
 }
 
-/// Classifies what follows a walk's committed prefix (the three recovery outcomes).
+/// Classifies what follows a walk's committed prefix (the three recovery outcomes); `base` is
+/// the segment's first position.
 ///
 /// Only the last batch can be torn: the writer never starts a batch before the previous one's
 /// sync returned. So if any fully committed batch lies beyond the batch in which the walk
-/// stopped, the damage hit acknowledged data and the verdict is [`TailVerdict::Corrupt`].
-pub fn classify_tail(buf: &[u8], w: &Walk) -> TailVerdict {
+/// stopped, the damage hit acknowledged data and the verdict is [`TailVerdict::Corrupt`]. That
+/// includes damage to the commit marker of the batch the walk stopped in: the first valid
+/// marker after the stop is then the *next* batch's, so the stop is also checked for being a
+/// marker-sized hole that closes the pending records, followed by a valid batch that ends
+/// exactly at that marker with the position count to match.
+pub fn classify_tail(buf: &[u8], w: &Walk, base: u64) -> TailVerdict {
     let dirty = dirty_end(buf);
     if dirty <= w.committed_end {
         return TailVerdict::Clean;
     }
+    let prev = w.last_marker.unwrap_or(base.saturating_sub(1));
     let mut lost = w.pending as u64;
-    if let Some((_, highest, end)) = find_marker(buf, w.stop_offset) {
-        let after = walk(buf, end);
-        if after.last_marker.is_some() {
-            return TailVerdict::Corrupt { offset: w.stop_offset, stop: w.stop };
+    if let Some((at, highest, end)) = find_marker(buf, w.stop_offset) {
+        let corrupt = TailVerdict::Corrupt { offset: w.stop_offset, stop: w.stop };
+        if walk(buf, end).last_marker.is_some() {
+            return corrupt;
         }
-        if let Some(prev) = w.last_marker {
-            lost = lost.max(highest.saturating_sub(prev));
+        if w.pending > 0 && w.stop_offset + MARKER_LEN <= at {
+            let next = walk(buf, w.stop_offset + MARKER_LEN);
+            if next.committed_end == end && !next.offsets.is_empty() && prev + w.pending as u64 + next.offsets.len() as u64 == highest {
+                return corrupt;
+            }
         }
+        lost = lost.max(highest.saturating_sub(prev));
     }
     TailVerdict::Torn { discard_start: w.committed_end, discard_end: dirty, lost_records: lost }
 }
@@ -280,7 +290,7 @@ mod tests {
             let want_end = if committed == 0 { 0 } else { ends[committed - 1] };
             assert_eq!(w.committed_end, want_end, "cut {cut}");
             assert_eq!(w.offsets.len(), [0, 2, 3, 6][committed]);
-            match classify_tail(&buf, &w) {
+            match classify_tail(&buf, &w, 1) {
                 TailVerdict::Clean => assert!(full[want_end..cut.max(want_end)].iter().all(|&b| b == 0), "cut {cut}"),
                 TailVerdict::Torn { discard_start, discard_end, .. } => {
                     assert_eq!(discard_start, want_end);
@@ -298,7 +308,7 @@ mod tests {
         buf.resize(buf.len() + 100, 0);
         let w = walk(&buf, 0);
         assert_eq!(w.committed_end, ends[0]);
-        assert!(matches!(classify_tail(&buf, &w), TailVerdict::Torn { lost_records: 2, .. }));
+        assert!(matches!(classify_tail(&buf, &w, 1), TailVerdict::Torn { lost_records: 2, .. }));
     }
 
     #[test]
@@ -308,13 +318,13 @@ mod tests {
         let w = walk(&buf, 0);
         assert_eq!(w.committed_end, ends[0]);
         assert_eq!(w.stop, Stop::BadCrc);
-        assert_eq!(classify_tail(&buf, &w), TailVerdict::Corrupt { offset: ends[0], stop: Stop::BadCrc });
+        assert_eq!(classify_tail(&buf, &w, 1), TailVerdict::Corrupt { offset: ends[0], stop: Stop::BadCrc });
         // Zeroing a head in the middle is corruption too, not an end of log.
         let (mut buf, ends) = segment(&[&[b"aaaaa"], &[b"bbbbbb"], &[b"ddd"]]);
         buf[ends[0]..ends[0] + 8].fill(0);
         let w = walk(&buf, 0);
         assert_eq!(w.stop, Stop::End);
-        assert!(matches!(classify_tail(&buf, &w), TailVerdict::Corrupt { .. }));
+        assert!(matches!(classify_tail(&buf, &w, 1), TailVerdict::Corrupt { .. }));
     }
 
     #[test]
@@ -322,11 +332,11 @@ mod tests {
         let z = vec![0u8; 4096];
         let w = walk(&z, 0);
         assert_eq!((w.committed_end, w.stop), (0, Stop::End));
-        assert_eq!(classify_tail(&z, &w), TailVerdict::Clean);
+        assert_eq!(classify_tail(&z, &w, 1), TailVerdict::Clean);
         let f = vec![0xffu8; 4096];
         let w = walk(&f, 0);
         assert_eq!(w.stop, Stop::BadFlags);
-        assert!(matches!(classify_tail(&f, &w), TailVerdict::Torn { discard_start: 0, discard_end: 4096, .. }));
+        assert!(matches!(classify_tail(&f, &w, 1), TailVerdict::Torn { discard_start: 0, discard_end: 4096, .. }));
     }
 
     #[test]
@@ -344,5 +354,58 @@ mod tests {
         let w = walk(&buf, 0);
         assert_eq!(w.offsets, vec![0]);
         assert_eq!(w.committed_end, buf.len());
+    }
+
+    #[test]
+    fn a_damaged_marker_followed_by_one_committed_batch_is_refused() {
+        // The damaged marker closes an acknowledged batch; the first valid marker after the stop
+        // is the next batch's, with nothing committed after it. Both with and without an
+        // earlier committed batch in the segment (then the segment base gives the count).
+        let cases: [&[&[&[u8]]]; 2] = [&[&[b"aaaaa"], &[b"bbbbbb", b"cc"], &[b"ddd"]], &[&[b"bbbbbb", b"cc"], &[b"ddd", b"eeeee"]]];
+        for batches in cases {
+            let (full, ends) = segment(batches);
+            let marker = ends[ends.len() - 2] - MARKER_LEN;
+            for off in marker..marker + MARKER_LEN {
+                for bit in 0..8 {
+                    let mut buf = full.clone();
+                    buf[off] ^= 1 << bit;
+                    buf.resize(full.len() + 64, 0);
+                    let w = walk(&buf, 0);
+                    assert_eq!(w.stop_offset, marker, "byte {off} bit {bit}");
+                    assert!(
+                        matches!(classify_tail(&buf, &w, 1), TailVerdict::Corrupt { offset, .. } if offset == marker),
+                        "byte {off} bit {bit}: {:?}",
+                        classify_tail(&buf, &w, 1)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_torn_batch_with_a_marker_sized_record_is_still_a_torn_tail() {
+        // The last batch holds a 17-byte data record (the size of a marker); damaging it must
+        // not be mistaken for a damaged marker of an earlier batch: the counts disagree.
+        let (mut buf, ends) = segment(&[&[b"aaaaa"], &[b"bbbbbb", b"ninebytes", b"cc"]]);
+        let rec = ends[0] + RECORD_HEAD + 6;
+        assert_eq!(read_record(&buf, rec).unwrap().1 - rec, MARKER_LEN);
+        buf[rec + 10] ^= 0x01;
+        buf.resize(buf.len() + 64, 0);
+        let w = walk(&buf, 0);
+        assert_eq!((w.stop_offset, w.pending), (rec, 1));
+        assert!(matches!(classify_tail(&buf, &w, 1), TailVerdict::Torn { discard_start, lost_records: 3, .. } if discard_start == ends[0]));
+    }
+
+    #[test]
+    fn lost_records_of_a_torn_first_batch_count_from_the_segment_base() {
+        // No earlier marker in the segment: the marker's highest minus (base - 1).
+        let mut buf = Vec::new();
+        frame_data(b"aaaaa", &mut buf);
+        frame_data(b"bbbbb", &mut buf);
+        frame_marker(11, &mut buf);
+        buf[RECORD_HEAD + 13 + 2] ^= 0x01; // second record's payload
+        buf.resize(buf.len() + 64, 0);
+        let w = walk(&buf, 0);
+        assert!(matches!(classify_tail(&buf, &w, 10), TailVerdict::Torn { lost_records: 2, .. }), "{:?}", classify_tail(&buf, &w, 10));
     }
 }

@@ -12,6 +12,7 @@
 //!
 //! Spec references are to `reference/tephra-protocol-server.md`.
 
+pub mod append;
 pub mod batch;
 pub mod convert;
 pub mod frame;

@@ -225,6 +225,21 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 }
             };
             last_activity = Instant::now();
+            if established {
+                match crate::proto::append::decode(frame) {
+                    Ok(Some(fa)) => {
+                        conn.clone().append_framed(fa).await;
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        if let Some(err) = convert::frame_error_response(&FrameError::Decode(e)) {
+                            conn.lanes.error(0, err).await;
+                        }
+                        break 'conn;
+                    }
+                }
+            }
             let req = match pb::Request::decode(frame) {
                 Ok(r) => r,
                 Err(e) => {
@@ -358,6 +373,29 @@ impl Conn {
         self.lanes.error(id, e).await;
     }
 
+    /// The fast path: records were framed straight from the wire bytes.
+    async fn append_framed(self: Rc<Self>, fa: crate::proto::append::FramedAppend) {
+        let started = Instant::now();
+        let id = fa.request_id;
+        if let Some(e) = fa.invalid {
+            return self.append_error(id, e.to_error_response()).await;
+        }
+        let condition = match fa.condition.map(convert::condition_from_proto).transpose() {
+            Ok(c) => c,
+            Err(e) => return self.append_error(id, e.to_error_response()).await,
+        };
+        if fa.count == 0 {
+            return self.append_error(id, convert::empty_append_error()).await;
+        }
+        // The reader waits here while the append budget is spent (backpressure).
+        let Ok(permit) = self.append_budget.acquire_static_permit(1).await else { return };
+        let prepared = match PreparedAppend::from_framed(fa.records, fa.count, fa.largest_record, condition, self.ctx.store.segment_config()) {
+            Ok(p) => p,
+            Err(e) => return self.append_error(id, append_error_response(e)).await,
+        };
+        self.submit(id, prepared, permit, started).await;
+    }
+
     async fn append(self: Rc<Self>, id: u64, a: pb::AppendRequest) {
         let started = Instant::now();
         let (events, condition) = match convert::append_from_proto(a) {
@@ -374,6 +412,11 @@ impl Conn {
             Err(e) => return self.append_error(id, append_error_response(e)).await,
         };
         drop(events);
+        self.submit(id, prepared, permit, started).await;
+    }
+
+    /// Queues a prepared append on the writer and answers it when its batch is durable.
+    async fn submit(self: Rc<Self>, id: u64, prepared: PreparedAppend, permit: glommio::sync::StaticPermit, started: Instant) {
         let (reply, rx) = self.router.register();
         // A full writer queue also holds the reader here.
         if self.ctx.store.submit(prepared, reply).await.is_err() {
@@ -643,5 +686,6 @@ fn append_error_response(e: AppendError) -> pb::ErrorResponse {
         AppendError::Failed(reason) => convert::log_write_failed_error(reason),
         AppendError::Read(reason) => convert::internal_error(reason),
         AppendError::Shutdown => convert::shutdown_error(),
+        AppendError::ReadOnly => convert::bad_request(AppendError::ReadOnly),
     }
 }

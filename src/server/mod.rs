@@ -171,6 +171,7 @@ pub enum StartError {
 
 /// A running server: its bound address and a way to stop it.
 pub struct Running {
+    follower: Option<Arc<crate::follow::Follower>>,
     /// The address every shard listens on.
     pub addr: SocketAddr,
     /// The metrics address, when enabled.
@@ -194,6 +195,9 @@ impl Running {
         }
         if let Some(store) = self.store.take() {
             store.shutdown();
+        }
+        if let Some(f) = self.follower.take() {
+            f.close();
         }
         tracing::info!("tephra server stopped");
     }
@@ -228,6 +232,19 @@ fn load_tls(settings: &Settings) -> Result<Option<Arc<rustls::ServerConfig>>, St
 /// # Errors
 /// [`StartError`] when the store refuses to open, TLS files are invalid, or binding fails.
 pub fn start(settings: Settings) -> Result<Running, StartError> {
+    start_mode(settings, None)
+}
+
+/// Starts a read-only server over a follower of `settings.data_dir` polled every `poll`
+/// (issue: follower; seed "Running a second process against a live store").
+///
+/// # Errors
+/// As [`start`]; also when the directory holds no segment yet.
+pub fn start_follower(settings: Settings, poll: std::time::Duration) -> Result<Running, StartError> {
+    start_mode(settings, Some(poll))
+}
+
+fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result<Running, StartError> {
     let tls = load_tls(&settings).map_err(StartError::Io)?;
     let mut segment = crate::log::segment::SegmentConfig::new(settings.segment.size);
     segment.max_record_len = settings.segment.max_record_len();
@@ -243,9 +260,23 @@ pub fn start(settings: Settings) -> Result<Running, StartError> {
         },
         read: crate::store::ReadConfig { scan_bias: settings.read.scan_bias },
     };
-    let (store, writer_task) = Store::open_parts(&settings.data_dir, cfg)?;
+    let (store, writer_task, follower, handle) = match follow {
+        None => {
+            let (store, task) = Store::open_parts(&settings.data_dir, cfg)?;
+            let h = store.handle();
+            (Some(store), Some(task), None, h)
+        }
+        Some(poll) => {
+            let mut fc = crate::follow::FollowerConfig::new(cfg.segment);
+            fc.poll_interval = poll;
+            let f = crate::follow::Follower::open(&settings.data_dir, fc).map_err(|e| StartError::Io(format!("cannot follow {}: {e}", settings.data_dir.display())))?;
+            f.start_polling();
+            let h = f.handle();
+            (None, None, Some(f), h)
+        }
+    };
     let ctx = Arc::new(Context {
-        store: store.handle(),
+        store: handle,
         data_dir: settings.data_dir.clone(),
         started: Instant::now(),
         active_connections: AtomicU64::new(0),
@@ -270,14 +301,14 @@ pub fn start(settings: Settings) -> Result<Running, StartError> {
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let (addr_tx, addr_rx) = flume::bounded::<Result<SocketAddr, String>>(n);
     let mut shards = Vec::with_capacity(n);
-    let mut writer_task = Some(writer_task);
+    let mut writer_task = writer_task;
     let mut addr = bind;
     for shard in 0..n {
         let ctx2 = ctx.clone();
         let tx = addr_tx.clone();
         let task = writer_task.take();
         let cpu = (n <= cpus).then_some(shard);
-        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n, move || shards::latency_sensitive(shard_main(ctx2, shard, addr, task, tx)))
+        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n, move || shard_main(ctx2, shard, addr, task, tx))
             .map_err(|e| StartError::Io(format!("cannot start shard {shard}: {e}")))?;
         shards.push(h);
         // Shard 0 binds first so `--bind host:0` resolves to one port every shard shares.
@@ -297,8 +328,8 @@ pub fn start(settings: Settings) -> Result<Running, StartError> {
         Some(a) => Some(metrics::serve(ctx.clone(), a).map_err(|e| StartError::Io(format!("cannot bind metrics on {a}: {e}")))?),
         None => None,
     };
-    tracing::info!(addr = %addr, shards = n, tls = ctx.tls.is_some(), "tephra server listening");
-    Ok(Running { addr, metrics_addr, ctx, shards, store: Some(store) })
+    tracing::info!(addr = %addr, shards = n, tls = ctx.tls.is_some(), follower = follower.is_some(), "tephra server listening");
+    Ok(Running { addr, metrics_addr, ctx, shards, store, follower })
 }
 
 async fn shard_main(

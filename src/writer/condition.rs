@@ -119,3 +119,109 @@ pub fn evaluate<E>(
     }
     Ok(Verdict::Pass)
 }
+
+#[cfg(test)]
+mod tests {
+    //! `evaluate` and `Staged` against linear oracles: the durable arm is answered by a scan of a
+    //! durable list, the staged arm must agree exactly with `Query::matches` over the staged
+    //! events (never a false negative, and no false positive either: the check is exact).
+    use super::*;
+    use crate::event::Event;
+    use crate::model::{EventType, Position, QueryItem, Tags};
+    use proptest::prelude::*;
+
+    const TYPES: &[&str] = &["A", "B", "C", "Z"];
+    const TAGS: &[&str] = &["t0", "t1", "t2", "t3", "zz"];
+
+    fn event() -> impl Strategy<Value = Event> {
+        (0..3usize, proptest::sample::subsequence((0..4usize).collect::<Vec<_>>(), 0..=3)).prop_map(|(ty, tags)| {
+            Event::new(&EventType::new(TYPES[ty]).unwrap(), &Tags::new(tags.iter().map(|&t| TAGS[t])).unwrap(), b"p").unwrap()
+        })
+    }
+
+    fn query() -> impl Strategy<Value = Query> {
+        let item = (
+            proptest::sample::subsequence((0..TYPES.len()).collect::<Vec<_>>(), 0..=2),
+            proptest::sample::subsequence((0..TAGS.len()).collect::<Vec<_>>(), 0..=3),
+        )
+            .prop_map(|(ty, tg)| {
+                QueryItem::new(ty.iter().map(|&t| EventType::new(TYPES[t]).unwrap()).collect(), Tags::new(tg.iter().map(|&t| TAGS[t])).unwrap())
+            });
+        prop_oneof![1 => Just(Query::All), 1 => Just(Query::none()), 6 => proptest::collection::vec(item, 1..=3).prop_map(Query::items)]
+    }
+
+    fn condition() -> impl Strategy<Value = AppendCondition> {
+        (query(), 0..40u64, proptest::option::of(query())).prop_map(|(q, after, ex)| {
+            let c = AppendCondition::new(q).after(Position(after));
+            match ex {
+                Some(e) => c.fail_if_exists(e),
+                None => c,
+            }
+        })
+    }
+
+    fn linear(events: &[Event], q: &Query, after: u64) -> Option<u64> {
+        (after + 1..=events.len() as u64).find(|&p| q.matches(&events[(p - 1) as usize].as_ref()))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn staged_matches_equals_a_linear_scan(staged in proptest::collection::vec(event(), 0..12), q in query()) {
+            let mut s = Staged::new();
+            for e in &staged {
+                s.push(e.as_ref());
+            }
+            let want = staged.iter().any(|e| q.matches(&e.as_ref()));
+            let got = s.matches(&q);
+            prop_assert!(!want || got, "false negative: {:?} over {:?}", q, staged);
+            prop_assert_eq!(got, want, "false positive: {:?} over {:?}", q, staged);
+        }
+
+        #[test]
+        fn evaluate_equals_the_oracle(
+            durable in proptest::collection::vec(event(), 0..30),
+            staged in proptest::collection::vec(event(), 0..8),
+            mut cond in condition(),
+        ) {
+            cond.after = Position(cond.after.get().min(durable.len() as u64));
+            let mut s = Staged::new();
+            for e in &staged {
+                s.push(e.as_ref());
+            }
+            let mut calls = Vec::new();
+            let got = evaluate(&cond, &s, |q, after| {
+                calls.push(after);
+                Ok::<_, ()>(linear(&durable, q, after))
+            })
+            .unwrap();
+            let clauses = [(ConflictClause::Boundary, Some(&cond.fail_if_events_match), cond.after.get()), (ConflictClause::Existence, cond.fail_if_exists.as_ref(), 0)];
+            let mut want = Verdict::Pass;
+            for (clause, q, after) in clauses {
+                let Some(q) = q else { continue };
+                if let Some(p) = linear(&durable, q, after) {
+                    want = Verdict::Conflict { clause, at: ConflictSite::Durable(p) };
+                    break;
+                }
+                if staged.iter().any(|e| q.matches(&e.as_ref())) {
+                    want = Verdict::Conflict { clause, at: ConflictSite::SameBatch };
+                    break;
+                }
+            }
+            prop_assert_eq!(got, want);
+            // The existence clause is asked over the whole log, the boundary above `after`.
+            prop_assert!(calls.iter().all(|&a| a == 0 || a == cond.after.get()));
+        }
+    }
+
+    #[test]
+    fn a_durable_read_error_is_returned_not_swallowed() {
+        let s = Staged::new();
+        let c = AppendCondition::new(Query::all());
+        assert_eq!(evaluate(&c, &s, |_, _| Err::<Option<u64>, _>("io")), Err("io"));
+        // A condition with both clauses off never asks the log.
+        let off = AppendCondition::new(Query::none()).fail_if_exists(Query::none());
+        assert_eq!(evaluate(&off, &s, |_, _| Err::<Option<u64>, _>("io")), Ok(Verdict::Pass));
+    }
+}

@@ -93,6 +93,9 @@ pub enum AppendError {
     /// The store is shut down.
     #[error("the store is shut down")]
     Shutdown,
+    /// This handle belongs to a read-only follower; appends go to the writer.
+    #[error("this is a read-only follower; send appends to the writer")]
+    ReadOnly,
 }
 
 /// The result delivered for one append.
@@ -136,6 +139,25 @@ impl PreparedAppend {
             frame_data(e.as_bytes(), &mut records);
         }
         Ok(PreparedAppend { records, count: events.len() as u32, condition })
+    }
+
+    /// Adopts records already framed by a trusted encoder ([`crate::proto::append`]):
+    /// `count` valid events whose largest framed record is `largest` bytes.
+    ///
+    /// # Errors
+    /// As [`PreparedAppend::new`].
+    pub fn from_framed(records: Vec<u8>, count: u32, largest: usize, condition: Option<AppendCondition>, cfg: &SegmentConfig) -> Result<PreparedAppend, AppendError> {
+        if count == 0 {
+            return Err(AppendError::Empty);
+        }
+        if largest as u64 > cfg.max_record_len {
+            return Err(AppendError::TooLarge { size: largest as u64 });
+        }
+        let total = (records.len() + MARKER_LEN) as u64;
+        if total > cfg.capacity() {
+            return Err(AppendError::TooLarge { size: total });
+        }
+        Ok(PreparedAppend { records, count, condition })
     }
 
     /// Framed bytes (without the commit marker).

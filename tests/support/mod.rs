@@ -63,10 +63,20 @@ impl Server {
     /// Like [`start_with`](Self::start_with), serving `data_dir` when given (the caller owns
     /// it) instead of a fresh `<tmp>/data`.
     pub fn start_on(binary: &Path, data_dir: Option<&Path>, extra_env: &[(&str, &str)], config_toml: Option<&str>) -> Server {
+        Server::start_full(binary, data_dir, &[], extra_env, config_toml)
+    }
+
+    /// Like [`start_on`](Self::start_on) on `data_dir`, with extra command-line arguments.
+    #[allow(dead_code)]
+    pub fn start_args(binary: &Path, data_dir: &Path, args: &[&str], extra_env: &[(&str, &str)]) -> Server {
+        Server::start_full(binary, Some(data_dir), args, extra_env, None)
+    }
+
+    fn start_full(binary: &Path, data_dir: Option<&Path>, args: &[&str], extra_env: &[(&str, &str)], config_toml: Option<&str>) -> Server {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
         let data = data_dir.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("data"));
         let mut cmd = Command::new(binary);
-        cmd.arg("--bind").arg("127.0.0.1:0").arg("--data-dir").arg(&data);
+        cmd.arg("--bind").arg("127.0.0.1:0").arg("--data-dir").arg(&data).args(args);
         if let Some(toml) = config_toml {
             let path = dir.path().join("tephra.toml");
             std::fs::write(&path, toml).expect("write config");

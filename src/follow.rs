@@ -1,0 +1,231 @@
+//! The follower: a read-only view of a live writer's data directory from another process on the
+//! same host (seed "Running a second process against a live store").
+//!
+//! It creates nothing, deletes nothing, writes nothing and takes no lock, so it works against a
+//! live writer, on a directory it cannot write and on a read-only mount; neither side ever waits
+//! for the other. It exposes only a committed prefix: a run of records counts only when every
+//! record validates and the run ends in a commit marker (the recovery rule), so what it serves is
+//! gap-free, duplicate-free and only grows.
+//!
+//! Limits, stated plainly:
+//! - **Not a durability oracle.** A batch becomes visible once its commit marker reaches the page
+//!   cache, just before the writer's fsync returns; a power loss in that window can erase events
+//!   a follower already served. Treat it as an asynchronous replica.
+//! - **Lag**: at most one poll interval plus the time to scan what was appended meanwhile.
+//! - **Same host only**: visibility relies on a shared page cache (not NFS or SMB).
+//! - **Cost at open**: the follower scans every segment once (it keeps its index in memory
+//!   and never persists it).
+
+use crate::log::header::{HeaderError, SegmentHeader, HEADER_LEN};
+use crate::log::record::{walk, LENGTH_MASK};
+use crate::log::segment::{list_segments, Segment, SegmentConfig};
+use crate::log::LogError;
+use crate::read::Shared;
+use crate::store::StoreHandle;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Follower settings.
+#[derive(Clone, Debug)]
+pub struct FollowerConfig {
+    /// Segment geometry; only sizes of records matter (each file's own length is used).
+    pub segment: SegmentConfig,
+    /// How often to look for new commits and segments.
+    pub poll_interval: Duration,
+}
+
+impl FollowerConfig {
+    /// A configuration with `segment` and a 100 ms poll interval.
+    pub fn new(segment: SegmentConfig) -> FollowerConfig {
+        FollowerConfig { segment, poll_interval: Duration::from_millis(100) }
+    }
+}
+
+struct Tail {
+    /// Segments known so far, ascending.
+    segments: Vec<Arc<Segment>>,
+    /// Byte offset just past the active segment's last commit marker.
+    active_end: u64,
+    /// The next position to expect.
+    next: u64,
+}
+
+/// A read-only follower of a data directory. Dropping it stops polling and ends subscriptions.
+pub struct Follower {
+    dir: PathBuf,
+    cfg: FollowerConfig,
+    shared: Arc<Shared>,
+    tail: Mutex<Tail>,
+    stop: Arc<AtomicBool>,
+    poller: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Why a follower could not open or refresh.
+pub type FollowerError = LogError;
+
+fn header_of(path: &Path) -> Result<Result<SegmentHeader, HeaderError>, LogError> {
+    let f = std::fs::File::open(path).map_err(|source| LogError::Io { path: path.to_owned(), source })?;
+    let mut b = [0u8; HEADER_LEN];
+    let n = f.read_at(&mut b, 0).map_err(|source| LogError::Io { path: path.to_owned(), source })?;
+    Ok(SegmentHeader::decode(&b[..n]))
+}
+
+impl Follower {
+    /// Opens `dir` read-only and catches up with every committed event; call
+    /// [`Follower::start_polling`] (or [`Follower::refresh`]) to follow new commits.
+    ///
+    /// # Errors
+    /// [`LogError::Io`] when the directory cannot be read, a header or contiguity error in the
+    /// committed chain, or `InvalidConfig` when the directory holds no segment yet.
+    pub fn open(dir: impl AsRef<Path>, cfg: FollowerConfig) -> Result<Arc<Follower>, FollowerError> {
+        let dir = dir.as_ref().to_path_buf();
+        let f = Arc::new(Follower {
+            shared: Arc::new(Shared::new(Vec::new(), 0)),
+            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, next: 1 }),
+            stop: Arc::new(AtomicBool::new(false)),
+            poller: Mutex::new(None),
+            dir,
+            cfg,
+        });
+        f.refresh()?;
+        if f.tail.lock().unwrap_or_else(|e| e.into_inner()).segments.is_empty() {
+            return Err(LogError::InvalidConfig { reason: format!("{} holds no segment yet", f.dir.display()) });
+        }
+        Ok(f)
+    }
+
+    /// A read handle: reads, subscriptions and stats over the followed prefix. Appends through
+    /// it fail with [`crate::AppendError::ReadOnly`].
+    pub fn handle(&self) -> StoreHandle {
+        StoreHandle::read_only(self.shared.clone(), self.cfg.segment, self.dir.clone())
+    }
+
+    /// Starts a background thread that calls [`Follower::refresh`] every poll interval.
+    pub fn start_polling(self: &Arc<Self>) {
+        let me = Arc::downgrade(self);
+        let stop = self.stop.clone();
+        let every = self.cfg.poll_interval;
+        let h = std::thread::Builder::new()
+            .name("tephra-follower".into())
+            .spawn(move || {
+                let mut failures = 0u32;
+                while !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(every);
+                    let Some(f) = me.upgrade() else { return };
+                    match f.refresh() {
+                        Ok(_) => failures = 0,
+                        Err(e) => {
+                            failures += 1;
+                            if failures == 1 || failures % 100 == 0 {
+                                tracing::warn!(error = %e, failures, "follower refresh failed; retrying");
+                            }
+                        }
+                    }
+                }
+            })
+            .expect("follower thread");
+        *self.poller.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+    }
+
+    /// Picks up newly committed events and new segments; returns the visible head.
+    ///
+    /// # Errors
+    /// I/O errors, or a chain that breaks contiguity (then nothing new is published).
+    pub fn refresh(&self) -> Result<u64, FollowerError> {
+        let mut t = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let listed = list_segments(&self.dir)?;
+        // Open segments we have not seen yet, in order, as long as they are contiguous.
+        for (base, path) in listed {
+            if t.segments.iter().any(|s| s.base == base) {
+                continue;
+            }
+            match header_of(&path)? {
+                Ok(h) if h.base_position == base => {}
+                // The writer may be creating this file right now: try again next time.
+                Err(HeaderError::Unwritten) => break,
+                Ok(h) => return Err(LogError::BasePositionMismatch { path, header: h.base_position, name: base }),
+                Err(source) => return Err(LogError::Header { path, source }),
+            }
+            if let Some(_last) = t.segments.last() {
+                // Drain the old active segment before moving on: its tail is final now.
+                self.scan_active(&mut t)?;
+                if base != t.next {
+                    // A new segment starts where the old one ends; until the old one's last
+                    // batch is visible to us, wait.
+                    break;
+                }
+            } else if base != 1 {
+                return Err(LogError::NonContiguous { path, found: base, expected: 1 });
+            }
+            let seg = Arc::new(Segment::open(base, path, &self.cfg.segment)?);
+            t.segments.push(seg.clone());
+            t.active_end = HEADER_LEN as u64;
+            self.shared.push_segment(seg);
+        }
+        if !t.segments.is_empty() {
+            self.scan_active(&mut t)?;
+        }
+        let head = t.next - 1;
+        if head > self.shared.watermark() {
+            self.shared.publish(head);
+        }
+        Ok(head)
+    }
+
+    /// Walks the active segment from its last commit point, feeding offsets for newly committed
+    /// records (the same commit rule as recovery; never modifies anything).
+    fn scan_active(&self, t: &mut Tail) -> Result<(), FollowerError> {
+        let Some(seg) = t.segments.last().cloned() else { return Ok(()) };
+        let mut window = 4usize << 20;
+        loop {
+            let start = t.active_end;
+            let mut buf = vec![0u8; window];
+            let n = seg.read_at(&mut buf, start).map_err(|source| LogError::Io { path: seg.path.clone(), source })?;
+            buf.truncate(n);
+            let w = walk(&buf, 0);
+            for (k, off) in w.offsets.iter().enumerate() {
+                seg.offsets.set((t.next - seg.base) as usize + k, (start + *off as u64) as u32);
+            }
+            t.next += w.offsets.len() as u64;
+            t.active_end = start + w.committed_end as u64;
+            // Keep reading while the walk ran to the end of a full window (more may follow),
+            // growing the window if one record did not fit.
+            let ran_out = n == window && w.stop_offset + crate::log::record::RECORD_HEAD >= n.saturating_sub(1);
+            let record_too_big = matches!(w.stop, crate::log::record::Stop::PastEnd) && n == window;
+            if w.committed_end == 0 && record_too_big {
+                let len = u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap_or([0; 4])) & LENGTH_MASK;
+                window = window.max(len as usize + 64);
+                continue;
+            }
+            if !(ran_out || record_too_big) || w.committed_end == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The data directory followed.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Stops polling and ends subscriptions.
+    pub fn close(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.shared.close();
+        if let Some(h) = self.poller.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.shared.close();
+    }
+}

@@ -1,0 +1,319 @@
+//! Reads and subscriptions (reference engine §2.2, §5): stateless pagination in both
+//! directions tiles the matches with no gap or duplicate, reads are pinned to the watermark
+//! loaded when they start, and a subscription's catch-up and live phases meet with no gap or
+//! duplicate while a writer appends concurrently.
+
+mod engine_util;
+
+use engine_util::*;
+use std::time::{Duration, Instant};
+use tephra::*;
+
+const TYPES: &[&str] = &["A", "B", "C"];
+const TAGS: &[&str] = &["t0", "t1", "t2", "t3"];
+
+fn random_event(rng: &mut Rng, i: u64) -> Event {
+    let ty = TYPES[rng.below(3) as usize];
+    let mut tags: Vec<String> = TAGS.iter().filter(|_| rng.chance(1, 3)).map(|t| t.to_string()).collect();
+    tags.push(format!("n:{i}"));
+    let payload: Vec<u8> = (0..rng.below(40)).map(|k| (k + i) as u8).collect();
+    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags).unwrap(), &payload).unwrap()
+}
+
+fn random_query(rng: &mut Rng) -> Query {
+    match rng.below(8) {
+        0 => Query::all(),
+        1 => Query::none(),
+        _ => Query::items(
+            (0..1 + rng.below(2))
+                .map(|_| {
+                    let types = TYPES.iter().filter(|_| rng.chance(1, 3)).map(|t| EventType::new(*t).unwrap()).collect();
+                    let tags = Tags::new(TAGS.iter().filter(|_| rng.chance(1, 4)).copied()).unwrap();
+                    QueryItem::new(types, tags)
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// Positions of `log` (index 0 = position 1) that match `q`.
+fn oracle(log: &[Event], q: &Query) -> Vec<u64> {
+    log.iter().enumerate().filter(|(_, e)| q.matches(&e.as_ref())).map(|(i, _)| i as u64 + 1).collect()
+}
+
+fn positions(r: Reads) -> Vec<u64> {
+    r.collect_owned().unwrap().into_iter().map(|(p, _)| p.get()).collect()
+}
+
+/// A store of `n` random events in small segments (appended in batches of 1..=4).
+fn populated(d: &std::path::Path, rng: &mut Rng, n: u64) -> (Store, Vec<Event>) {
+    let s = Store::open(d, cfg(2048)).unwrap();
+    let h = s.handle();
+    let mut log = Vec::new();
+    while (log.len() as u64) < n {
+        let k = 1 + rng.below(4);
+        let batch: Vec<Event> = (0..k).map(|j| random_event(rng, log.len() as u64 + j + 1)).collect();
+        h.append(batch.clone(), None).unwrap();
+        log.extend(batch);
+    }
+    assert!(h.stats().segment_count > 1, "want several segments");
+    (s, log)
+}
+
+#[test]
+fn pagination_tiles_without_gap_or_duplicate_in_both_directions() {
+    let d = dir();
+    let mut rng = Rng::from_time("pagination");
+    let (s, log) = populated(d.path(), &mut rng, 150);
+    assert!(s.handle().stats().segment_count > 3);
+    let h = s.handle();
+    let head = log.len() as u64;
+    for round in 0..40 {
+        let q = random_query(&mut rng);
+        let want = oracle(&log, &q);
+        // Whole reads, with the events themselves.
+        let fwd = h.read(q.clone(), Position::ZERO, None).collect_owned().unwrap();
+        assert_eq!(fwd.iter().map(|(p, _)| p.get()).collect::<Vec<_>>(), want, "round {round} {q:?}");
+        for (p, e) in &fwd {
+            assert_eq!(e.as_bytes(), log[(p.get() - 1) as usize].as_bytes());
+        }
+        let mut rev = want.clone();
+        rev.reverse();
+        assert_eq!(positions(h.read_back(q.clone(), Position::MAX, None)), rev, "round {round} {q:?}");
+        // Pages of 7, forward: the next `after` is the last position received.
+        let mut got = Vec::new();
+        let mut after = Position::ZERO;
+        loop {
+            let page = positions(h.read(q.clone(), after, Some(7)));
+            assert!(page.len() <= 7);
+            let Some(&last) = page.last() else { break };
+            got.extend(page);
+            after = Position(last);
+        }
+        assert_eq!(got, want, "forward pages, round {round} {q:?}");
+        // Pages of 7, backward: the next `before` is the oldest position received.
+        let mut got = Vec::new();
+        let mut before = Position::MAX;
+        loop {
+            let page = positions(h.read_back(q.clone(), before, Some(7)));
+            assert!(page.len() <= 7);
+            let Some(&oldest) = page.last() else { break };
+            got.extend(page);
+            before = Position(oldest);
+        }
+        assert_eq!(got, rev, "backward pages, round {round} {q:?}");
+        // Arbitrary bounds and limits.
+        let after = rng.below(head + 3);
+        let before = rng.below(head + 3);
+        let limit = rng.below(12);
+        let f: Vec<u64> = want.iter().copied().filter(|&p| p > after).take(limit as usize).collect();
+        assert_eq!(positions(h.read(q.clone(), Position(after), Some(limit))), f, "after {after} limit {limit} {q:?}");
+        let b: Vec<u64> = rev.iter().copied().filter(|&p| p < before).take(limit as usize).collect();
+        assert_eq!(positions(h.read_back(q.clone(), Position(before), Some(limit))), b, "before {before} limit {limit} {q:?}");
+    }
+    // Edges: a zero limit, before = 0, after at or past the tip, Query::none.
+    assert!(positions(h.read(Query::all(), Position::ZERO, Some(0))).is_empty());
+    assert!(positions(h.read_back(Query::all(), Position::MAX, Some(0))).is_empty());
+    assert!(positions(h.read_back(Query::all(), Position::ZERO, None)).is_empty());
+    assert_eq!(positions(h.read_back(Query::all(), Position(1), None)), Vec::<u64>::new());
+    assert_eq!(positions(h.read_back(Query::all(), Position(2), None)), vec![1]);
+    assert_eq!(positions(h.read_back(Query::all(), Position::MAX, Some(1))), vec![head]);
+    assert_eq!(positions(h.read_back(Query::all(), Position(head + 100), Some(2))), vec![head, head - 1]);
+    assert!(positions(h.read(Query::all(), Position(head), None)).is_empty());
+    assert!(positions(h.read(Query::all(), Position::MAX, None)).is_empty());
+    assert!(positions(h.read(Query::none(), Position::ZERO, None)).is_empty());
+    assert!(positions(h.read_back(Query::none(), Position::MAX, None)).is_empty());
+}
+
+#[test]
+fn an_empty_store_reads_nothing() {
+    let d = dir();
+    let s = Store::open(d.path(), cfg(2048)).unwrap();
+    let h = s.handle();
+    assert!(positions(h.read(Query::all(), Position::ZERO, None)).is_empty());
+    assert!(positions(h.read_back(Query::all(), Position::MAX, None)).is_empty());
+    let mut sub = h.subscribe(Query::all(), Position::ZERO);
+    assert_eq!(sub.poll_batch(10, |_, _| panic!("nothing to deliver")).unwrap(), 0);
+    assert_eq!(sub.wait_timeout(Duration::from_millis(20)), WaitOutcome::TimedOut);
+}
+
+#[test]
+fn large_records_read_back_across_segments_in_both_directions() {
+    // Records from a few bytes to most of a quarter segment exercise the read windows.
+    let d = dir();
+    let s = Store::open(d.path(), cfg(1 << 20)).unwrap();
+    let h = s.handle();
+    let mut rng = Rng::new(3);
+    let mut log = Vec::new();
+    for i in 0..40u64 {
+        let len = [10usize, 5_000, 70_000, 200_000, 262_000][rng.below(5) as usize];
+        let payload: Vec<u8> = (0..len).map(|k| (k as u64 * 7 + i) as u8).collect();
+        let e = ev("Big", &[&format!("n:{i}")], &payload);
+        h.append(vec![e.clone()], None).unwrap();
+        log.push(e);
+    }
+    assert!(h.stats().segment_count >= 3);
+    let fwd = h.read(Query::all(), Position::ZERO, None).collect_owned().unwrap();
+    let back = h.read_back(Query::all(), Position::MAX, None).collect_owned().unwrap();
+    assert_eq!(fwd.len(), log.len());
+    assert_eq!(back.len(), log.len());
+    for (p, e) in fwd.iter().chain(back.iter()) {
+        assert_eq!(e.as_bytes(), log[(p.get() - 1) as usize].as_bytes(), "position {p}");
+    }
+    assert!(back.windows(2).all(|w| w[0].0.get() == w[1].0.get() + 1));
+}
+
+#[test]
+fn reads_are_pinned_to_the_watermark_they_started_with() {
+    let d = dir();
+    let s = Store::open(d.path(), cfg(2048)).unwrap();
+    let h = s.handle();
+    for i in 0..10 {
+        h.append(vec![ev("A", &["x"], &[i])], None).unwrap();
+    }
+    let mut fwd = h.read(Query::all(), Position::ZERO, None);
+    let back = h.read_back(Query::all(), Position::MAX, None);
+    assert_eq!(fwd.watermark(), Position(10));
+    // Consume part of the forward read, then append more (across a segment boundary).
+    let (p, _) = fwd.next().unwrap().unwrap();
+    assert_eq!(p, Position(1));
+    for i in 10..80 {
+        h.append(vec![ev("A", &["x"], &[i])], None).unwrap();
+    }
+    assert!(h.stats().segment_count > 1);
+    let rest: Vec<u64> = positions(fwd);
+    assert_eq!(rest, (2..=10).collect::<Vec<_>>());
+    assert_eq!(positions(back), (1..=10).rev().collect::<Vec<_>>());
+    // A read started now sees the new head.
+    assert_eq!(positions(h.read(Query::all(), Position(75), None)), (76..=80).collect::<Vec<_>>());
+}
+
+#[test]
+fn subscription_catches_up_then_follows_a_concurrent_writer_without_gap_or_duplicate() {
+    let d = dir();
+    let mut rng = Rng::from_time("subscription");
+    let (s, mut log) = populated(d.path(), &mut rng, 60);
+    let h = s.handle();
+    let q = Query::items(vec![
+        QueryItem::with_tags(Tags::new(["t1"]).unwrap()),
+        QueryItem::of_types(vec![EventType::new("C").unwrap()]),
+    ]);
+    let start = 17u64;
+    let mut sub = h.subscribe(q.clone(), Position(start));
+    let extra: Vec<Vec<Event>> = (0..40u64)
+        .map(|b| (0..1 + b % 3).map(|j| random_event(&mut rng, 1000 + b * 4 + j)).collect())
+        .collect();
+    let writer = {
+        let h = h.clone();
+        let extra = extra.clone();
+        std::thread::spawn(move || {
+            for batch in extra {
+                h.append(batch, None).unwrap();
+                std::thread::sleep(Duration::from_micros(300));
+            }
+        })
+    };
+    for b in &extra {
+        log.extend(b.iter().cloned());
+    }
+    let want: Vec<u64> = oracle(&log, &q).into_iter().filter(|&p| p > start).collect();
+    let mut got: Vec<(u64, Event)> = Vec::new();
+    let t = Instant::now();
+    while got.len() < want.len() {
+        assert!(t.elapsed() < Duration::from_secs(20), "subscription stalled at {} of {}", got.len(), want.len());
+        let n = sub.poll_batch(5, |p, e| got.push((p.get(), e.to_owned()))).unwrap();
+        assert!(n <= 5);
+        if n == 0 {
+            let w = sub.wait_timeout(Duration::from_secs(1));
+            assert_ne!(w, WaitOutcome::Closed);
+        }
+    }
+    writer.join().unwrap();
+    assert_eq!(got.iter().map(|(p, _)| *p).collect::<Vec<_>>(), want);
+    for (p, e) in &got {
+        assert_eq!(e.as_bytes(), log[(p - 1) as usize].as_bytes(), "position {p}");
+    }
+    // Nothing more, and the cursor sits at the head once everything is delivered.
+    assert_eq!(sub.poll_batch(5, |p, _| panic!("duplicate delivery at {p}")).unwrap(), 0);
+    assert_eq!(sub.position(), h.head());
+}
+
+#[test]
+fn wait_timeout_times_out_advances_and_reports_closed_after_shutdown() {
+    let d = dir();
+    let s = Store::open(d.path(), cfg(2048)).unwrap();
+    let h = s.handle();
+    h.append(vec![ev("A", &[], b"1")], None).unwrap();
+    let mut sub = h.subscribe(Query::all(), Position::ZERO);
+    assert_eq!(sub.wait_timeout(Duration::from_millis(10)), WaitOutcome::Advanced);
+    assert_eq!(sub.poll_batch(10, |_, _| {}).unwrap(), 1);
+    let t = Instant::now();
+    assert_eq!(sub.wait_timeout(Duration::from_millis(30)), WaitOutcome::TimedOut);
+    assert!(t.elapsed() >= Duration::from_millis(30));
+    // A waiter parked in another thread is woken by an append.
+    let waiter = std::thread::spawn(move || {
+        let w = sub.wait_timeout(Duration::from_secs(10));
+        (w, sub)
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    h.append(vec![ev("A", &[], b"2")], None).unwrap();
+    let (w, mut sub) = waiter.join().unwrap();
+    assert_eq!(w, WaitOutcome::Advanced);
+    assert_eq!(sub.poll_batch(10, |_, _| {}).unwrap(), 1);
+    // A waiter parked when the store shuts down gets Closed promptly, and so does every later wait.
+    let waiter = std::thread::spawn(move || {
+        let t = Instant::now();
+        let w = sub.wait_timeout(Duration::from_secs(10));
+        (w, t.elapsed(), sub)
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    s.shutdown();
+    let (w, waited, sub) = waiter.join().unwrap();
+    assert_eq!(w, WaitOutcome::Closed);
+    assert!(waited < Duration::from_secs(5), "shutdown did not wake the waiter ({waited:?})");
+    assert_eq!(sub.wait_timeout(Duration::from_secs(10)), WaitOutcome::Closed);
+    assert!(h.is_closed());
+    assert_eq!(h.append(vec![ev("A", &[], b"3")], None), Err(AppendError::Shutdown));
+    // Reads keep working on the closed store's handle.
+    assert_eq!(positions(h.read(Query::all(), Position::ZERO, None)), vec![1, 2]);
+}
+
+/// Readers on other threads, while the writer appends and rolls over tiny segments, always see
+/// exactly the prefix `1..=watermark` of their pinned read, with the right bytes, both ways.
+#[test]
+fn concurrent_readers_see_consistent_prefixes_across_rollovers() {
+    let d = dir();
+    let s = Store::open(d.path(), cfg(512)).unwrap();
+    let h = s.handle();
+    let event = |p: u64| ev(["A", "B"][(p % 2) as usize], &[&format!("p:{p}")], &vec![(p % 251) as u8; (p % 13) as usize]);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let reads = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|sc| {
+        for forward in [true, false] {
+            let h = h.clone();
+            let (done, reads) = (&done, &reads);
+            sc.spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    let r = if forward { h.read(Query::all(), Position::ZERO, None) } else { h.read_back(Query::all(), Position::MAX, None) };
+                    let w = r.watermark().get();
+                    let got = r.collect_owned().unwrap();
+                    assert_eq!(got.len() as u64, w, "forward {forward}: {} events under watermark {w}", got.len());
+                    for (i, (p, e)) in got.iter().enumerate() {
+                        let want = if forward { i as u64 + 1 } else { w - i as u64 };
+                        assert_eq!(p.get(), want);
+                        assert_eq!(e.as_bytes(), event(want).as_bytes(), "position {want}");
+                    }
+                    reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    // Leave the writer CPU time on a small machine.
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            });
+        }
+        for p in 1..=150u64 {
+            assert_eq!(h.append(vec![event(p)], None).unwrap().first.get(), p);
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    assert!(h.stats().segment_count > 5);
+    eprintln!("{} concurrent reads", reads.load(std::sync::atomic::Ordering::Relaxed));
+}

@@ -1,0 +1,524 @@
+//! Recovery at file level: stop the store, damage its files, reopen (seed "Crash recovery and
+//! startup", reference engine §6, including the reference's bugs of §6.3 we must not have).
+//!
+//! The three outcomes stay distinct: a torn tail of the last batch rolls back (reported through
+//! `open_outcome()`, zeroed on disk so it never returns); damage followed by committed data,
+//! damage in a sealed segment, an unusable header, a base mismatch or a never-written segment
+//! in the middle of the chain refuses to open, naming the file, and changes nothing on disk;
+//! never-written trailing segments left by an interrupted rollover are removed.
+
+mod engine_util;
+
+use engine_util::*;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use tephra::log::header::{SegmentHeader, HEADER_LEN};
+use tephra::log::record::{dirty_end, read_record, walk, Record, Stop, MARKER_LEN};
+use tephra::log::OpenOutcome;
+use tephra::*;
+
+/// One committed batch as laid out in a segment file.
+#[derive(Clone, Debug)]
+struct Batch {
+    /// Byte offset of the first data record.
+    start: usize,
+    /// `(offset, end)` of each data record.
+    records: Vec<(usize, usize)>,
+    /// Byte offset of the commit marker.
+    marker: usize,
+    /// Byte offset just past the marker.
+    end: usize,
+    /// The marker's highest position.
+    highest: u64,
+}
+
+fn batches(path: &Path) -> Vec<Batch> {
+    let buf = std::fs::read(path).unwrap();
+    let mut out = Vec::new();
+    let mut off = HEADER_LEN;
+    let mut records = Vec::new();
+    let mut start = off;
+    loop {
+        match read_record(&buf, off) {
+            Ok((Record::Data(_), end)) => {
+                records.push((off, end));
+                off = end;
+            }
+            Ok((Record::Commit(highest), end)) => {
+                out.push(Batch { start, records: std::mem::take(&mut records), marker: off, end, highest });
+                off = end;
+                start = off;
+            }
+            Ok((Record::OtherControl, end)) => off = end,
+            Err(Stop::End) => break,
+            Err(s) => panic!("{}: unexpected {s:?} at {off} in an undamaged segment", path.display()),
+        }
+    }
+    assert!(records.is_empty(), "records after the last marker");
+    out
+}
+
+fn event_for(i: u64) -> Event {
+    let payload: Vec<u8> = (0..(i % 7 + 3)).map(|k| (i * 31 + k) as u8).collect();
+    ev(["A", "B", "C"][(i % 3) as usize], &[&format!("k:{i}"), "all"], &payload)
+}
+
+/// Appends batches of the given sizes; returns every event by position (index 0 = position 1).
+fn fill(dir: &Path, size: u64, batch_sizes: &[usize]) -> Vec<Event> {
+    let s = Store::open(dir, cfg(size)).unwrap();
+    let h = s.handle();
+    let mut all = Vec::new();
+    for &n in batch_sizes {
+        let evs: Vec<Event> = (0..n).map(|k| event_for((all.len() + k) as u64 + 1)).collect();
+        let r = h.append(evs.clone(), None).unwrap();
+        assert_eq!(r.first.get(), all.len() as u64 + 1);
+        all.extend(evs);
+    }
+    all
+}
+
+fn assert_contents(h: &StoreHandle, want: &[Event]) {
+    let got = read_all(h);
+    assert_eq!(got.len(), want.len(), "event count");
+    for ((p, e), (i, w)) in got.iter().zip(want.iter().enumerate()) {
+        assert_eq!(*p, i as u64 + 1);
+        assert_eq!(e.as_bytes(), w.as_bytes(), "position {p}");
+    }
+    assert_eq!(h.head(), Position(want.len() as u64));
+}
+
+fn patch(path: &Path, off: usize, bytes: &[u8]) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, off as u64).unwrap();
+}
+
+fn flip(path: &Path, off: usize, mask: u8) {
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, off as u64).unwrap();
+    f.write_all_at(&[b[0] ^ mask], off as u64).unwrap();
+}
+
+/// Offset just past the last non-zero byte of the file.
+fn nonzero_end(path: &Path) -> u64 {
+    let buf = std::fs::read(path).unwrap();
+    buf.iter().rposition(|&b| b != 0).map_or(0, |i| i as u64 + 1)
+}
+
+fn last_segment(dir: &Path) -> PathBuf {
+    segments(dir).pop().unwrap()
+}
+
+fn log_files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    snapshot(dir).into_iter().filter(|(n, _)| n.ends_with(".log")).collect()
+}
+
+/// Opens a store that must be refused; checks the message names `file` (and `offset` when
+/// given), and that the refused open changed no segment file.
+fn assert_refused(dir: &Path, size: u64, file: &Path, offset: Option<usize>, what: &str) -> String {
+    let before = log_files(dir);
+    let err = match Store::open(dir, cfg(size)) {
+        Ok(s) => panic!("{what}: opened (head {}, outcome {:?}) instead of refusing", s.handle().head(), s.open_outcome()),
+        Err(e) => e.to_string(),
+    };
+    let name = file.file_name().unwrap().to_str().unwrap();
+    assert!(err.contains(name), "{what}: error does not name {name}: {err}");
+    if let Some(off) = offset {
+        assert!(err.contains(&format!("byte offset {off}")), "{what}: error does not name byte offset {off}: {err}");
+    }
+    assert!(log_files(dir) == before, "{what}: the refused open modified segment files");
+    err
+}
+
+/// After a rollback: the head is the last committed position, the discarded bytes are zero
+/// on disk, the next append lands at head + 1, and a restart opens clean with the same data.
+fn assert_rolled_back_then_healthy(dir: &Path, size: u64, committed: &[Event], want: OpenOutcome) {
+    {
+        let s = Store::open(dir, cfg(size)).unwrap();
+        assert_eq!(s.open_outcome(), &want);
+        let OpenOutcome::RolledBack { segment, bytes, .. } = &want else { unreachable!() };
+        let buf = std::fs::read(segment).unwrap();
+        let hi = (bytes.1 as usize).min(buf.len());
+        assert!(buf[bytes.0 as usize..hi].iter().all(|&b| b == 0), "discarded bytes were not zeroed");
+        let h = s.handle();
+        assert_contents(&h, committed);
+        let r = h.append(vec![ev("After", &["after"], b"new")], None).unwrap();
+        assert_eq!((r.first.get(), r.last.get()), (committed.len() as u64 + 1, committed.len() as u64 + 1));
+    }
+    let mut want_all = committed.to_vec();
+    want_all.push(ev("After", &["after"], b"new"));
+    for _ in 0..2 {
+        let s = Store::open(dir, cfg(size)).unwrap();
+        assert_eq!(s.open_outcome(), &OpenOutcome::Clean);
+        assert_contents(&s.handle(), &want_all);
+    }
+    for seg in segments(dir) {
+        let buf = std::fs::read(&seg).unwrap();
+        let w = walk(&buf, HEADER_LEN);
+        assert!(dirty_end(&buf) <= w.committed_end.max(HEADER_LEN), "{}: bytes after the last marker", seg.display());
+    }
+}
+
+const SIZE: u64 = 8192;
+
+#[test]
+fn torn_tail_zeroed_marker_rolls_back_the_last_batch() {
+    let d = dir();
+    let all = fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let b = batches(&seg);
+    let last = b.last().unwrap().clone();
+    patch(&seg, last.marker, &[0u8; MARKER_LEN]);
+    let end = nonzero_end(&seg);
+    assert!(end > last.records[2].0 as u64 && end <= last.marker as u64);
+    let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.start as u64, end), positions: Some((4, 6)) };
+    assert_rolled_back_then_healthy(d.path(), SIZE, &all[..3], want);
+}
+
+#[test]
+fn torn_tail_half_written_marker_rolls_back() {
+    let d = dir();
+    let all = fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let last = batches(&seg).pop().unwrap();
+    // The marker's head landed, its payload (kind byte, highest) did not.
+    patch(&seg, last.marker + 8, &[0u8; 9]);
+    let end = nonzero_end(&seg);
+    assert!(end > last.marker as u64);
+    let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.start as u64, end), positions: Some((4, 6)) };
+    assert_rolled_back_then_healthy(d.path(), SIZE, &all[..3], want);
+}
+
+#[test]
+fn torn_tail_file_truncated_inside_the_last_batch() {
+    let d = dir();
+    let all = fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let last = batches(&seg).pop().unwrap();
+    // Cut inside the second record of the batch: one complete record is discarded.
+    let cut = last.records[1].0 + 5;
+    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(cut as u64).unwrap();
+    let end = nonzero_end(&seg);
+    assert!(end > last.records[1].0 as u64);
+    let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.start as u64, end), positions: Some((4, 4)) };
+    assert_rolled_back_then_healthy(d.path(), SIZE, &all[..3], want);
+}
+
+#[test]
+fn garbage_after_the_last_marker_is_discarded() {
+    let d = dir();
+    let all = fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let last = batches(&seg).pop().unwrap();
+    let garbage: Vec<u8> = b"garbage!".iter().copied().cycle().take(100).collect();
+    patch(&seg, last.end, &garbage);
+    let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.end as u64, last.end as u64 + 100), positions: None };
+    assert_rolled_back_then_healthy(d.path(), SIZE, &all, want);
+}
+
+#[test]
+fn torn_first_batch_of_a_fresh_segment_rolls_back_to_the_previous_segment() {
+    let d = dir();
+    let mut all = Vec::new();
+    {
+        // Two-event batches into 512-byte segments until one opens a new segment: that batch
+        // is then alone in the last segment.
+        let s = Store::open(d.path(), cfg(512)).unwrap();
+        let h = s.handle();
+        while h.stats().segment_count < 2 {
+            let evs: Vec<Event> = (1..=2).map(|k| event_for(all.len() as u64 + k)).collect();
+            h.append(evs.clone(), None).unwrap();
+            all.extend(evs);
+        }
+    }
+    let seg = last_segment(d.path());
+    let b = batches(&seg);
+    assert_eq!(b.len(), 1, "expected the last batch alone in the last segment");
+    let last = &b[0];
+    assert_eq!(last.start, HEADER_LEN);
+    flip(&seg, last.records[1].0 + 9, 0x10);
+    let n = all.len() as u64;
+    let end = nonzero_end(&seg);
+    assert!(end > last.marker as u64 && end <= last.end as u64);
+    let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (HEADER_LEN as u64, end), positions: Some((n - 1, n)) };
+    assert_rolled_back_then_healthy(d.path(), 512, &all[..all.len() - 2], want);
+}
+
+/// The reference's §6.3 follow-up: after a rollback, a new, shorter batch must not leave the
+/// stale records behind it on disk to be found again on the next restart. (The writer zeroes
+/// the rest of the block it writes, so the stale records here reach past that block.)
+#[test]
+fn rolled_back_records_never_come_back_after_a_shorter_append() {
+    let d = dir();
+    let size = 64 * 1024;
+    let mut all = fill(d.path(), size, &[2, 1]);
+    {
+        let s = Store::open(d.path(), cfg(size)).unwrap();
+        let big: Vec<Event> = (0..3).map(|i| ev("Big", &["big"], &vec![b'a' + i; 3000])).collect();
+        assert_eq!(s.handle().append(big, None).unwrap().first.get(), 4);
+    }
+    let seg = last_segment(d.path());
+    let last = batches(&seg).pop().unwrap();
+    assert!(last.records[2].0 > (last.start / 4096 + 1) * 4096, "the stale records must reach past the block of the next write");
+    // Damage the first record of the last batch; its marker stays valid.
+    flip(&seg, last.records[0].0 + 9, 0x40);
+    {
+        let s = Store::open(d.path(), cfg(size)).unwrap();
+        assert!(matches!(s.open_outcome(), OpenOutcome::RolledBack { positions: Some((4, 6)), .. }), "{:?}", s.open_outcome());
+        let r = s.handle().append(vec![ev("Small", &[], b"s")], None).unwrap();
+        assert_eq!(r.first.get(), 4);
+    }
+    all.push(ev("Small", &[], b"s"));
+    let s = Store::open(d.path(), cfg(size)).unwrap();
+    assert_eq!(s.open_outcome(), &OpenOutcome::Clean);
+    assert_contents(&s.handle(), &all);
+}
+
+/// Any single flipped byte in a committed batch that is followed by a later committed batch in
+/// the active segment is refused with the file and the damaged record's offset: rolling it back
+/// would drop acknowledged events (the reference silently does, §6.3).
+#[test]
+fn a_flipped_byte_before_a_committed_batch_is_refused_with_file_and_offset() {
+    let d = dir();
+    fill(d.path(), SIZE, &[2, 1, 3, 2]);
+    let seg = last_segment(d.path());
+    let b = batches(&seg);
+    // Every byte of every batch but the last, markers included.
+    for batch in &b[..b.len() - 1] {
+        let mut recs = batch.records.clone();
+        recs.push((batch.marker, batch.end));
+        for &(rec, end) in &recs {
+            for off in rec..end {
+                // A different bit at each offset: over a record's length field that covers a
+                // shortened and lengthened record, a set reserved bit and a set control flag.
+                let mask = 1u8 << ((off - rec) % 8);
+                flip(&seg, off, mask);
+                assert_refused(d.path(), SIZE, &seg, Some(rec), &format!("flip {mask:#x} at {off} (record at {rec}, batch ending {})", batch.highest));
+                flip(&seg, off, mask);
+            }
+        }
+    }
+    let s = Store::open(d.path(), cfg(SIZE)).unwrap();
+    assert_eq!(s.open_outcome(), &OpenOutcome::Clean);
+    assert_eq!(s.handle().head(), Position(8));
+}
+
+fn sealed_store(d: &Path) -> (Vec<Event>, Vec<PathBuf>) {
+    let all = fill(d, 512, &[1, 2, 1, 3, 1, 1, 2, 1, 1, 2, 3, 1, 1, 2, 1]);
+    let segs = segments(d);
+    assert!(segs.len() >= 3, "want at least 3 segments, got {}", segs.len());
+    (all, segs)
+}
+
+#[test]
+fn a_flipped_byte_in_a_sealed_segment_is_refused() {
+    let d = dir();
+    let (all, segs) = sealed_store(d.path());
+    let seg = &segs[0];
+    let b = batches(seg);
+    for batch in &b {
+        let mut recs = batch.records.clone();
+        recs.push((batch.marker, batch.end));
+        for &(rec, end) in &recs {
+            for off in rec..end {
+                flip(seg, off, 0x04);
+                assert_refused(d.path(), 512, seg, Some(rec), &format!("sealed flip at {off}"));
+                flip(seg, off, 0x04);
+            }
+        }
+    }
+    let s = Store::open(d.path(), cfg(512)).unwrap();
+    assert_contents(&s.handle(), &all);
+}
+
+#[test]
+fn never_written_trailing_segments_are_removed() {
+    let d = dir();
+    let all = fill(d.path(), 512, &[2, 3, 1, 2, 3]);
+    let segs = segments(d.path());
+    let next = all.len() as u64 + 1;
+    let name = |base: u64| d.path().join(format!("{base:020}.log"));
+    for (what, content) in [("zero-length", vec![]), ("all-zero", vec![0u8; 512]), ("short header", vec![0x45, 0x56, 0x54])] {
+        std::fs::write(name(next), &content).unwrap();
+        // A second never-written file behind it (a retried rollover).
+        std::fs::write(name(next + 5), vec![0u8; 100]).unwrap();
+        let s = Store::open(d.path(), cfg(512)).unwrap();
+        assert_eq!(s.open_outcome(), &OpenOutcome::Clean, "{what}");
+        assert_eq!(segments(d.path()), segs, "{what}: trailing files not removed");
+        assert_contents(&s.handle(), &all);
+    }
+    let s = Store::open(d.path(), cfg(512)).unwrap();
+    let r = s.handle().append(vec![event_for(99)], None).unwrap();
+    assert_eq!(r.first.get(), next);
+}
+
+#[test]
+fn an_all_zero_only_segment_is_replaced_by_a_fresh_store() {
+    let d = dir();
+    std::fs::write(d.path().join(format!("{:020}.log", 1)), vec![0u8; 512]).unwrap();
+    let s = Store::open(d.path(), cfg(512)).unwrap();
+    assert_eq!(s.handle().head(), Position(0));
+    assert_eq!(s.handle().append(vec![event_for(1)], None).unwrap().first.get(), 1);
+}
+
+#[test]
+fn a_never_written_segment_in_the_middle_is_refused() {
+    let d = dir();
+    let (_, segs) = sealed_store(d.path());
+    patch(&segs[1], 0, &[0u8; HEADER_LEN]);
+    let err = assert_refused(d.path(), 512, &segs[1], None, "unwritten middle segment");
+    assert!(err.contains("never written"), "{err}");
+    // The same for a zero-length file in the middle: nothing is deleted.
+    let d = dir();
+    let (_, segs) = sealed_store(d.path());
+    std::fs::OpenOptions::new().write(true).open(&segs[1]).unwrap().set_len(0).unwrap();
+    assert_refused(d.path(), 512, &segs[1], None, "empty middle segment");
+}
+
+#[test]
+fn a_header_bit_flip_is_refused() {
+    let d = dir();
+    let (all, segs) = sealed_store(d.path());
+    for seg in [&segs[0], &segs[1], segs.last().unwrap()] {
+        for byte in 0..HEADER_LEN {
+            let mask = 1u8 << (byte % 8);
+            flip(seg, byte, mask);
+            assert_refused(d.path(), 512, seg, None, &format!("header byte {byte} of {}", seg.display()));
+            flip(seg, byte, mask);
+        }
+    }
+    let s = Store::open(d.path(), cfg(512)).unwrap();
+    assert_contents(&s.handle(), &all);
+}
+
+#[test]
+fn a_base_mismatch_between_name_and_header_is_refused() {
+    let d = dir();
+    let (all, segs) = sealed_store(d.path());
+    for seg in [&segs[1], segs.last().unwrap()] {
+        let buf = std::fs::read(seg).unwrap();
+        let h = SegmentHeader::decode(&buf[..HEADER_LEN]).unwrap();
+        let bad = SegmentHeader { base_position: h.base_position + 1, ..h };
+        patch(seg, 0, &bad.encode());
+        let err = assert_refused(d.path(), 512, seg, None, "base mismatch");
+        assert!(err.contains("base position"), "{err}");
+        patch(seg, 0, &h.encode());
+    }
+    // A renamed file: its name no longer matches its header.
+    let renamed = d.path().join(format!("{:020}.log", 2));
+    std::fs::rename(&segs[1], &renamed).unwrap();
+    assert_refused(d.path(), 512, &renamed, None, "renamed segment");
+    std::fs::rename(&renamed, &segs[1]).unwrap();
+    let s = Store::open(d.path(), cfg(512)).unwrap();
+    assert_contents(&s.handle(), &all);
+}
+
+#[test]
+fn rollover_keeps_batches_whole_and_reads_back_completely() {
+    let d = dir();
+    let mut rng = Rng::new(7);
+    let mut sizes = Vec::new();
+    let mut n = 0;
+    while n < 200 {
+        let k = 1 + rng.below(5) as usize;
+        sizes.push(k);
+        n += k;
+    }
+    let all = fill(d.path(), 512, &sizes);
+    let s = Store::open(d.path(), cfg(512)).unwrap();
+    let h = s.handle();
+    assert_contents(&h, &all);
+    let back = h.read_back(Query::all(), Position::MAX, None).collect_owned().unwrap();
+    assert_eq!(back.len(), all.len());
+    for ((p, e), i) in back.iter().zip((1..=all.len() as u64).rev()) {
+        assert_eq!(p.get(), i);
+        assert_eq!(e.as_bytes(), all[(i - 1) as usize].as_bytes());
+    }
+    // Every segment ends its records with a commit marker, and its markers account for exactly
+    // the positions up to the next segment's base.
+    let segs = segments(d.path());
+    assert!(segs.len() > 10);
+    let mut bases = Vec::new();
+    let mut expected = 1u64;
+    for seg in &segs {
+        let buf = std::fs::read(seg).unwrap();
+        let base = SegmentHeader::decode(&buf).unwrap().base_position;
+        assert_eq!(base, expected, "{}", seg.display());
+        let w = walk(&buf, HEADER_LEN);
+        assert_eq!(w.stop, Stop::End);
+        assert!(dirty_end(&buf) <= w.committed_end, "{}: bytes after the last marker", seg.display());
+        assert_eq!(w.last_marker, Some(base + w.offsets.len() as u64 - 1));
+        bases.push(base);
+        expected = base + w.offsets.len() as u64;
+    }
+    assert_eq!(expected - 1, all.len() as u64);
+    // No batch spans segments.
+    let seg_of = |p: u64| bases.partition_point(|&b| b <= p);
+    let mut first = 1u64;
+    for &k in &sizes {
+        let last = first + k as u64 - 1;
+        assert_eq!(seg_of(first), seg_of(last), "batch {first}..={last} spans segments");
+        first = last + 1;
+    }
+    assert_eq!(h.stats().segment_count, segs.len() as u64);
+}
+
+/// A refused open leaves the directory exactly as it found it, even when it also holds a
+/// never-written trailing segment that a successful open would remove: the operator inspects
+/// the state the failure left.
+#[test]
+fn a_refused_open_does_not_remove_never_written_trailing_segments() {
+    let d = dir();
+    let all = fill(d.path(), SIZE, &[2, 1, 3, 2]);
+    let seg = last_segment(d.path());
+    let b = batches(&seg);
+    let trailing = d.path().join(format!("{:020}.log", all.len() + 1));
+    std::fs::write(&trailing, b"").unwrap();
+    flip(&seg, b[1].records[0].0 + 9, 0x02);
+    let names = |d: &Path| snapshot(d).into_keys().collect::<Vec<_>>();
+    let before = names(d.path());
+    assert_refused(d.path(), SIZE, &seg, Some(b[1].records[0].0), "damage with a trailing never-written segment");
+    assert_eq!(names(d.path()), before);
+    assert!(trailing.exists(), "the refused open removed the trailing segment file");
+    // Repaired, the store opens and then removes it.
+    flip(&seg, b[1].records[0].0 + 9, 0x02);
+    let s = Store::open(d.path(), cfg(SIZE)).unwrap();
+    assert!(!trailing.exists());
+    assert_contents(&s.handle(), &all);
+}
+
+/// A committed record whose checksum is valid but whose payload is not a valid event (a
+/// foreign or buggy writer, not bit rot) is refused, naming the file and the record's offset.
+#[test]
+fn a_committed_record_that_is_not_an_event_is_refused_with_file_and_offset() {
+    let d = dir();
+    fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let b = batches(&seg);
+    let (off, end) = b[1].records[0];
+    let mut rec = std::fs::read(&seg).unwrap()[off..end].to_vec();
+    // type_len = 0 (an empty type), re-sealed with a valid CRC.
+    rec[8] = 0;
+    rec[9] = 0;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&rec[0..4]);
+    h.update(&rec[8..]);
+    rec[4..8].copy_from_slice(&h.finalize().to_le_bytes());
+    patch(&seg, off, &rec);
+    let err = assert_refused(d.path(), SIZE, &seg, Some(off), "undecodable committed record");
+    assert!(err.contains("position 3"), "{err}");
+}
+
+/// A checksum-valid last marker whose highest position disagrees with the records is refused.
+#[test]
+fn a_marker_disagreeing_with_the_record_count_is_refused() {
+    let d = dir();
+    fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let last = batches(&seg).pop().unwrap();
+    let mut m = Vec::new();
+    tephra::log::record::frame_marker(last.highest + 1, &mut m);
+    patch(&seg, last.marker, &m);
+    let err = assert_refused(d.path(), SIZE, &seg, None, "marker count mismatch");
+    assert!(err.contains("commit marker says position 7"), "{err}");
+}

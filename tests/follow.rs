@@ -1,0 +1,169 @@
+//! The follower against a live writer process, and on a read-only directory.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::Server;
+use tephra::client::{Client, SubEvent};
+use tephra::*;
+
+fn ours() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
+}
+
+fn ev(i: u64) -> Event {
+    Event::new(&EventType::new(format!("T{}", i % 3)).unwrap(), &Tags::new([format!("k:{}", i % 5)]).unwrap(), &i.to_le_bytes()).unwrap()
+}
+
+const SEG: &str = "65536";
+
+#[test]
+fn a_follower_process_tracks_a_live_writer_as_a_growing_prefix() {
+    let writer = Server::start(&ours(), &[("TEPHRA__SEGMENT__SIZE", SEG)]);
+    let data = writer.data_dir();
+    let mut w = Client::connect(writer.addr).unwrap();
+    w.append(vec![ev(0)], None).unwrap();
+    let follower = Server::start_args(&ours(), &data, &["--follow", "--follow-poll-ms", "20"], &[("TEPHRA__SEGMENT__SIZE", SEG)]);
+
+    // A writer thread appends continuously and records what was acknowledged.
+    let acked = Arc::new(AtomicU64::new(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (acked2, stop2, waddr) = (acked.clone(), stop.clone(), writer.addr);
+    let appender = std::thread::spawn(move || {
+        let mut c = Client::connect(waddr).unwrap();
+        let mut i = 1;
+        while !stop2.load(Ordering::SeqCst) {
+            let batch: Vec<Event> = (i..i + 1 + i % 4).map(ev).collect();
+            let r = c.append(batch.clone(), None).unwrap();
+            assert_eq!(r.first.get(), i + 1);
+            i = r.last.get();
+            acked2.store(i, Ordering::SeqCst);
+        }
+        i
+    });
+
+    // A subscriber on the follower sees new events as they appear, in order, no gap.
+    let faddr = follower.addr;
+    let sub = std::thread::spawn(move || {
+        let mut c = Client::connect(faddr).unwrap();
+        let (stream, _cancel) = c.subscribe(Query::all(), Position::ZERO).unwrap();
+        let mut next = 1;
+        for item in stream {
+            match item.unwrap() {
+                SubEvent::Event(e) => {
+                    assert_eq!(e.position().get(), next, "subscription on the follower skipped or repeated");
+                    assert_eq!(e.event().as_bytes(), ev(next - 1).as_bytes());
+                    next += 1;
+                    if next > 300 {
+                        return next;
+                    }
+                }
+                SubEvent::CaughtUp(_) => {}
+            }
+        }
+        next
+    });
+
+    // Reads on the follower are always a prefix of the writer's acknowledged log.
+    let mut f = Client::connect(follower.addr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = 0;
+    while seen < 300 && Instant::now() < deadline {
+        let (events, watermark) = f.read_all(Query::all(), Position::ZERO).unwrap();
+        let ack_after = acked.load(Ordering::SeqCst);
+        assert_eq!(events.len() as u64, watermark.get());
+        assert!(watermark.get() <= ack_after + 1, "follower shows {} beyond the acknowledged {}", watermark.get(), ack_after);
+        for (k, e) in events.iter().enumerate() {
+            assert_eq!(e.position().get(), k as u64 + 1);
+            assert_eq!(e.event().as_bytes(), ev(k as u64).as_bytes(), "follower event {} differs", k + 1);
+        }
+        assert!(watermark.get() >= seen, "the follower's prefix shrank");
+        seen = watermark.get();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(seen >= 300, "follower reached only {seen}");
+    assert!(sub.join().unwrap() > 300);
+
+    // Appends on the follower are refused clearly.
+    let err = f.append(vec![ev(1)], None).unwrap_err();
+    assert!(err.to_string().contains("read-only follower"), "{err}");
+
+    stop.store(true, Ordering::SeqCst);
+    let last = appender.join().unwrap();
+    // It reaches the writer's tip within the lag (poll 20 ms plus the scan).
+    let t = Instant::now();
+    loop {
+        let s = f.stats().unwrap();
+        if s.event_count == last {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "follower stuck at {} behind {last}", s.event_count);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(std::fs::read_dir(&data).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log")).count() > 1, "the test should cross segments");
+}
+
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<_> = walk_files(dir).into_iter().map(|p| (p.strip_prefix(dir).unwrap().display().to_string(), std::fs::read(&p).unwrap())).collect();
+    v.sort();
+    v
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_follower_writes_nothing_and_opens_a_read_only_mount() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = dir.path().join("data");
+    {
+        let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(65536))).unwrap();
+        let h = store.handle();
+        for i in 0..500 {
+            h.append(vec![ev(i)], None).unwrap();
+        }
+    }
+    let before = snapshot(&data);
+    let f = Follower::open(&data, FollowerConfig::new(SegmentConfig::new(65536))).unwrap();
+    let h = f.handle();
+    assert_eq!(h.head(), Position(500));
+    let all = h.read(Query::all(), Position::ZERO, None).collect_owned().unwrap();
+    assert!(all.iter().enumerate().all(|(k, (p, e))| p.get() == k as u64 + 1 && e.as_bytes() == ev(k as u64).as_bytes()));
+    assert!(h.append(vec![ev(0)], None).is_err());
+    f.close();
+    drop(f);
+    assert_eq!(snapshot(&data), before, "the follower changed the directory");
+
+    // A read-only bind mount (needs root and mount permission; skipped loudly otherwise).
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mounted = std::process::Command::new("mount").arg("--bind").arg(&data).arg(&ro).status().map(|s| s.success()).unwrap_or(false)
+        && std::process::Command::new("mount").args(["-o", "remount,bind,ro"]).arg(&ro).status().map(|s| s.success()).unwrap_or(false);
+    if !mounted {
+        eprintln!("*** SKIPPED the read-only mount case: cannot bind-mount here");
+        let _ = std::process::Command::new("umount").arg(&ro).status();
+        return;
+    }
+    let result = std::panic::catch_unwind(|| {
+        assert!(std::fs::write(ro.join("probe"), b"x").is_err(), "the mount should be read-only");
+        let f = Follower::open(&ro, FollowerConfig::new(SegmentConfig::new(65536))).unwrap();
+        assert_eq!(f.handle().head(), Position(500));
+        // A writer cannot open it (it needs the LOCK file), a follower can.
+        assert!(Store::open(&ro, StoreConfig::new(SegmentConfig::new(65536))).is_err());
+    });
+    let _ = std::process::Command::new("umount").arg(&ro).status();
+    result.unwrap();
+}
