@@ -9,7 +9,8 @@
 # the scratch directory) and the fsync probe's output, then runs the comparison. The
 # servers' data directories go to $BENCH_DIR (default: target/bench-compare/data, on the
 # same disk as the checkout); everything else to bench-results/<UTC date>-<quick|full>/.
-# Exit code: that of `tephra-bench compare` (0 ok, 1 a run failed, 2 usage, 130 interrupted).
+# Exit code: that of `tephra-bench compare` (0 ok, 1 a run failed, 2 usage, 130 interrupted;
+# Ctrl-C stops the servers and keeps the partial results).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -55,7 +56,7 @@ cat "$out/fsync.txt" >&2
 echo "== compare ($mode)" >&2
 set +e
 target/release/tephra-bench compare --reference "$reference" --ours target/release/tephra-server \
-  --dir "$data" --out "$out" "$@" | tee "$out/table.md"
+  --dir "$data" --out "$out" "$@" | tee -i "$out/table.md"
 code=${PIPESTATUS[0]}
 set -e
 echo "results in $out (exit $code)" >&2

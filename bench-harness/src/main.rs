@@ -63,10 +63,16 @@ fn backend_for(
     }
 }
 
+/// Writes `text` to stdout; a closed stdout (e.g. an interrupted `| tee`) is not a panic.
+fn write_stdout(text: &str) {
+    let mut o = std::io::stdout().lock();
+    let _ = o.write_all(text.as_bytes()).and_then(|()| o.flush());
+}
+
 fn print_json<T: serde::Serialize>(cmd: &str, v: &T) -> i32 {
     match serde_json::to_string_pretty(v) {
         Ok(s) => {
-            println!("{s}");
+            write_stdout(&format!("{s}\n"));
             0
         }
         Err(e) => {
@@ -108,7 +114,7 @@ fn run_append(args: AppendArgs) -> i32 {
     let code = if args.json {
         print_json("append", &rep)
     } else {
-        print!("{}", append::render(&rep));
+        write_stdout(&append::render(&rep));
         0
     };
     if rep.interrupted {
@@ -149,7 +155,7 @@ fn run_read(args: ReadArgs) -> i32 {
     let code = if args.json {
         print_json("read", &rep)
     } else {
-        print!("{}", read::render(&rep));
+        write_stdout(&read::render(&rep));
         0
     };
     if rep.interrupted {
@@ -254,7 +260,7 @@ fn run_compare(args: CompareArgs) -> i32 {
     let code = if args.json {
         print_json("compare", &rep)
     } else {
-        print!("{}", compare::render_markdown(&rep));
+        write_stdout(&compare::render_markdown(&rep));
         0
     };
     for f in files {
