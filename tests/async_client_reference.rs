@@ -484,3 +484,17 @@ fn runs_on_glommio() {
     });
     ex.unwrap().join().unwrap();
 }
+
+#[test]
+fn the_async_io_tcp_connector() {
+    let Some(srv) = start(&[]) else { return };
+    run(|ex| async move {
+        let (client, driver) = AsyncClient::connect(srv.addr, None).await.unwrap();
+        ex.spawn(driver).detach();
+        assert_eq!(client.socket_count(), 5);
+        assert_eq!(client.append(vec![ev("T", &[], b"")], None).await.unwrap().first, Position(1));
+        let (all, _) = client.read_all(Query::all(), Position::ZERO).await.unwrap();
+        assert_eq!(positions(&all), [1]);
+        assert!(tephra::client::async_client::TcpConnector::new("256.0.0.1:1").is_err(), "unresolvable");
+    });
+}
