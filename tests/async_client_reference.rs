@@ -498,3 +498,52 @@ fn the_async_io_tcp_connector() {
         assert!(tephra::client::async_client::TcpConnector::new("256.0.0.1:1").is_err(), "unresolvable");
     });
 }
+
+#[test]
+fn runs_on_a_multi_threaded_executor() {
+    let Some(srv) = start(&[]) else { return };
+    let ex = std::sync::Arc::new(async_executor::Executor::new());
+    let (stop, stopped) = flume::bounded::<()>(0);
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (ex, stopped) = (ex.clone(), stopped.clone());
+            std::thread::spawn(move || async_io::block_on(ex.run(stopped.recv_async())))
+        })
+        .collect();
+    async_io::block_on(async {
+        let (client, driver) = connect(srv.addr, config(2)).await.unwrap();
+        // Each socket on its own task, on whichever worker thread picks it up.
+        for conn in driver.into_connections() {
+            ex.spawn(conn).detach();
+        }
+        let appends: Vec<_> = (0..200u8).map(|i| ex.spawn(client.append(vec![ev("M", &[], &[i])], None))).collect();
+        let reads: Vec<_> = (0..20).map(|_| ex.spawn(client.read_all(Query::all(), Position::ZERO))).collect();
+        let mut firsts = Vec::new();
+        for a in appends {
+            firsts.push(a.await.unwrap().first.get());
+        }
+        firsts.sort_unstable();
+        assert_eq!(firsts, (1..=200).collect::<Vec<_>>());
+        for r in reads {
+            let (events, wm) = r.await.unwrap();
+            assert_eq!(positions(&events), (1..=wm.get()).collect::<Vec<_>>());
+        }
+        let sub_client = client.clone();
+        let sub = ex.spawn(async move {
+            let mut sub = sub_client.subscribe(Query::all(), Position(198));
+            let mut got = Vec::new();
+            while let Some(item) = sub.next().await {
+                match item.unwrap() {
+                    SubEvent::Event(e) => got.push(e.position.get()),
+                    SubEvent::CaughtUp(_) => break,
+                }
+            }
+            got
+        });
+        assert_eq!(sub.await, [199, 200]);
+    });
+    drop(stop);
+    for w in workers {
+        let _ = w.join().unwrap();
+    }
+}
