@@ -392,3 +392,38 @@ fn tls_with_a_custom_ca() {
     let o = tephra(srv.addr, &["--tls-ca", "/nonexistent.pem", "stats"]);
     assert_code(&o, 2);
 }
+
+#[test]
+fn a_failing_import_reports_how_far_it_got() {
+    // A server frame cap that the third event's batch exceeds: TOO_LARGE, then a close.
+    let Some(srv) = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "4096")]) else { return };
+    let big = "x".repeat(5000);
+    let input = format!(
+        "{{\"type\":\"A\",\"payload\":\"1\"}}\n{{\"type\":\"A\",\"payload\":\"2\"}}\n{{\"type\":\"A\",\"payload\":\"{big}\"}}\n"
+    );
+    let mut cmd = cli(srv.addr);
+    cmd.args(["import", "--batch", "1"]);
+    let o = run(cmd, input.as_bytes());
+    let err = stderr(&o);
+    assert!(err.contains("2 of 3 events were appended (positions 1..=2)"), "{err}");
+    // TOO_LARGE is a bad request (2); the reference's id-0 reply is best-effort, and a bare
+    // close is a lost connection (4).
+    assert!(matches!(o.status.code(), Some(2) | Some(4)), "{err}");
+    assert_eq!(event_count(srv.addr), 2);
+}
+
+#[test]
+fn a_lost_connection_ends_subscribe_with_exit_4() {
+    let Some(mut srv) = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]) else { return };
+    let mut cmd = cli(srv.addr);
+    cmd.args(["subscribe"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 0");
+    srv.child.kill().unwrap();
+    srv.child.wait().unwrap();
+    let rest: Vec<String> = err_lines.map(Result::unwrap).collect();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(4), "{rest:?}");
+    assert!(rest.iter().any(|l| l.contains("subscription failed")), "{rest:?}");
+}
