@@ -440,6 +440,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
         for _ in 0..WRITES_PER_POLL {
             if self.out_pos == self.out.len() {
+                if self.out.capacity() > 4 * WRITE_BATCH {
+                    // Do not pin the memory of one large request for the life of the socket.
+                    self.out = Vec::new();
+                }
                 self.out.clear();
                 self.out_pos = 0;
                 self.fill(cx);
