@@ -189,11 +189,27 @@ impl<'a> EventRef<'a> {
         Ok(EventRef { buf, type_len, tag_count, data_offset: off })
     }
 
+    /// A view of bytes this process encoded itself from an [`Event`] (the writer's staged
+    /// records): lengths are read, nothing is re-validated.
+    pub(crate) fn trusted(buf: &'a [u8]) -> EventRef<'a> {
+        let type_len = u16::from_le_bytes([buf[0], buf[1]]) as usize;
+        let tag_count = u16::from_le_bytes([buf[2], buf[3]]) as usize;
+        let mut off = 4 + 2 * tag_count + type_len;
+        for i in 0..tag_count {
+            off += u16::from_le_bytes([buf[4 + 2 * i], buf[5 + 2 * i]]) as usize;
+        }
+        debug_assert!(EventRef::from_bytes(buf).is_ok());
+        EventRef { buf, type_len, tag_count, data_offset: off }
+    }
+
     /// The event type.
     pub fn event_type(&self) -> &'a str {
         let s = 4 + 2 * self.tag_count;
-        // SAFETY-free: validated UTF-8 in from_bytes / Event::new.
-        std::str::from_utf8(&self.buf[s..s + self.type_len]).unwrap_or("")
+        let b = &self.buf[s..s + self.type_len];
+        debug_assert!(std::str::from_utf8(b).is_ok());
+        // SAFETY: an EventRef is only built by `from_bytes` (which validated every name as
+        // UTF-8) or from an `Event` (built from `str` names), and its buffer is immutable.
+        unsafe { std::str::from_utf8_unchecked(b) }
     }
 
     /// Number of tags.
@@ -252,7 +268,9 @@ impl<'a> Iterator for TagIter<'a> {
         let s = &self.buf[self.off..self.off + l];
         self.i += 1;
         self.off += l;
-        Some(std::str::from_utf8(s).unwrap_or(""))
+        debug_assert!(std::str::from_utf8(s).is_ok());
+        // SAFETY: as in `EventRef::event_type`: the names were validated when the view was built.
+        Some(unsafe { std::str::from_utf8_unchecked(s) })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

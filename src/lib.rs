@@ -14,6 +14,7 @@ pub mod log;
 pub mod model;
 pub mod proto;
 pub mod read;
+pub mod server;
 pub mod store;
 pub mod writer;
 

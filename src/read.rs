@@ -390,3 +390,6 @@ impl Drop for Subscription {
         self.shared.subscribers.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+/// Most events one subscription poll delivers (the reference engine's `DEFAULT_MAX_BATCH_EVENTS`).
+pub const POLL_BATCH_EVENTS: usize = 1024;

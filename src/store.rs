@@ -127,7 +127,7 @@ impl Store {
     /// writer's executor cannot start.
     pub fn open(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store, OpenError> {
         let (mut store, task) = Store::open_parts(dir, cfg)?;
-        let thread = shards::spawn_executor("tephra-writer", None, 1, move || task.run()).map_err(OpenError::Runtime)?;
+        let thread = shards::spawn_executor("tephra-writer", None, 1, move || shards::latency_sensitive(task.run())).map_err(OpenError::Runtime)?;
         store.thread = Some(thread);
         Ok(store)
     }
@@ -253,6 +253,15 @@ impl StoreHandle {
     /// [`AppendError::Shutdown`] when the writer is gone.
     pub async fn submit(&self, append: PreparedAppend, reply: ReplyTo) -> Result<(), AppendError> {
         self.tx.send_async(WriterMsg::Append(Request { append, reply })).await.map_err(|_| AppendError::Shutdown)
+    }
+
+    /// Asks the writer to finish what is queued and stop, awaiting its acknowledgement (for
+    /// callers running on an executor, such as the server's writer shard).
+    pub async fn close_async(&self) {
+        let (ack, acked) = flume::bounded(1);
+        if self.tx.send_async(WriterMsg::Shutdown(ack)).await.is_ok() {
+            let _ = acked.recv_async().await;
+        }
     }
 
     /// The segment geometry (needed to frame appends).

@@ -11,7 +11,7 @@
 
 use crate::event::EventRef;
 use crate::model::{Query, QueryItem};
-use std::collections::HashMap;
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 
 /// Tag postings and the type column of the whole log.
 #[derive(Debug, Default)]

@@ -124,7 +124,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
         if base != expected {
             return Err(LogError::NonContiguous { path, found: base, expected });
         }
-        let buf = std::fs::read(&path).map_err(|source| LogError::Io { path: path.clone(), source })?;
+        let buf = read_written(&path, i == last).map_err(|source| LogError::Io { path: path.clone(), source })?;
         let w = walk(&buf, HEADER_LEN);
         let count = w.offsets.len() as u64;
         if let Some(highest) = w.last_marker {
@@ -176,6 +176,43 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
     }
     tracing::info!(dir = %dir.display(), head = expected - 1, segments = segments.len(), ?outcome, "log opened");
     Ok(Recovered { lock, segments, next_position: expected, active_end, outcome, removed })
+}
+
+/// Zero bytes after the last non-zero byte that end a read of the active segment. A batch is
+/// written as one contiguous run, so a longer all-zero stretch cannot sit inside written data
+/// unless the disk lost more than this much of it.
+const ZERO_RUN: usize = 32 << 20;
+
+/// Reads a segment: sealed ones whole; the active one only up to [`ZERO_RUN`] zero bytes past
+/// its last non-zero byte, so opening does not page in a mostly empty, preallocated file.
+fn read_written(path: &Path, active: bool) -> std::io::Result<Vec<u8>> {
+    if !active {
+        return std::fs::read(path);
+    }
+    const CHUNK: usize = 1 << 20;
+    let f = std::fs::File::open(path)?;
+    let mut buf = Vec::new();
+    let mut last_nonzero = 0usize;
+    loop {
+        let start = buf.len();
+        buf.resize(start + CHUNK, 0);
+        let mut n = 0;
+        while n < CHUNK {
+            match f.read_at(&mut buf[start + n..], (start + n) as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        buf.truncate(start + n);
+        if let Some(p) = buf[start..].iter().rposition(|&b| b != 0) {
+            last_nonzero = start + p + 1;
+        }
+        if n < CHUNK || buf.len() - last_nonzero >= ZERO_RUN {
+            return Ok(buf);
+        }
+    }
 }
 
 /// Overwrites `[start, end)` with zeros and syncs, so a rolled-back tail can never be read as

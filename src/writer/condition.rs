@@ -8,7 +8,7 @@
 
 use crate::event::EventRef;
 use crate::model::{AppendCondition, Query};
-use std::collections::HashMap;
+type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 
 /// Which clause of the condition fired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -409,10 +409,8 @@ impl Writer {
             }
             let first = self.next + staged.len() as u64;
             for (_, payload) in records(&req.append.records) {
-                // Validated at construction (Event) — a framing bug would surface here.
-                if let Ok(ev) = EventRef::from_bytes(payload) {
-                    staged.push(ev);
-                }
+                // Framed by PreparedAppend from valid Events.
+                staged.push(EventRef::trusted(payload));
             }
             staged_bytes += req.append.records.len();
             decisions.push(Decision::Staged { first, count: req.append.count });
@@ -534,9 +532,7 @@ impl Writer {
         for (req, d) in drain.iter().zip(decisions) {
             if let Decision::Staged { .. } = d {
                 for (_, payload) in records(&req.append.records) {
-                    if let Ok(ev) = EventRef::from_bytes(payload) {
-                        self.index.absorb(pos, &ev);
-                    }
+                    self.index.absorb(pos, &EventRef::trusted(payload));
                     pos += 1;
                 }
             }

@@ -57,8 +57,14 @@ impl Server {
     /// Like [`start`](Self::start), also writing `config_toml` to `<tmp>/tephra.toml` and
     /// passing it with `--config`.
     pub fn start_with(binary: &Path, extra_env: &[(&str, &str)], config_toml: Option<&str>) -> Server {
+        Server::start_on(binary, None, extra_env, config_toml)
+    }
+
+    /// Like [`start_with`](Self::start_with), serving `data_dir` when given (the caller owns
+    /// it) instead of a fresh `<tmp>/data`.
+    pub fn start_on(binary: &Path, data_dir: Option<&Path>, extra_env: &[(&str, &str)], config_toml: Option<&str>) -> Server {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
-        let data = dir.path().join("data");
+        let data = data_dir.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("data"));
         let mut cmd = Command::new(binary);
         cmd.arg("--bind").arg("127.0.0.1:0").arg("--data-dir").arg(&data);
         if let Some(toml) = config_toml {

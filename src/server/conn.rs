@@ -1,0 +1,647 @@
+//! One client connection on its shard: Hello, request dispatch, the two egress lanes, budgets
+//! and reaping (reference protocol §1.4-§1.9, §2.4-§2.7; seed "Backpressure", "Connection
+//! limits and reaping").
+
+use super::{Context, ReplyRouter};
+use crate::proto::convert::{self, text, ConflictClause as WireClause};
+use crate::proto::messages::{request, response};
+use crate::proto::{self as pb, ErrorCode, FrameDecoder, FrameError, ReadEventsEncoder};
+use crate::writer::condition::{ConflictClause, ConflictSite};
+use crate::writer::{AppendError, PreparedAppend};
+use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use glommio::net::TcpStream;
+use glommio::sync::Semaphore;
+use prost::Message;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context as TaskCx, Poll};
+use std::time::{Duration, Instant};
+
+/// The transport: plain TCP or TLS over it.
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<futures_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Io {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut TaskCx<'_>, buf: &mut [u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut TaskCx<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_close(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_close(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_close(cx),
+        }
+    }
+}
+
+/// Outbound frames on two lanes: control (acks, stats, errors) is always drained first.
+#[derive(Clone)]
+struct Lanes {
+    control: flume::Sender<Vec<u8>>,
+    bulk: flume::Sender<Vec<u8>>,
+    max_frame_len: u32,
+}
+
+impl Lanes {
+    fn encode(&self, id: u64, kind: response::Kind) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        match pb::encode_frame(&pb::Response::new(id, kind), self.max_frame_len, &mut out) {
+            Ok(()) => Some(out),
+            Err(e) => {
+                tracing::warn!(error = %e, "response frame not sent");
+                None
+            }
+        }
+    }
+
+    async fn control(&self, id: u64, kind: response::Kind) {
+        if let Some(f) = self.encode(id, kind) {
+            let _ = self.control.send_async(f).await;
+        }
+    }
+
+    async fn error(&self, id: u64, e: pb::ErrorResponse) {
+        self.control(id, response::Kind::Error(e)).await;
+    }
+
+    async fn bulk_frame(&self, f: Vec<u8>) -> bool {
+        self.bulk.send_async(f).await.is_ok()
+    }
+
+    async fn bulk(&self, id: u64, kind: response::Kind) -> bool {
+        match self.encode(id, kind) {
+            Some(f) => self.bulk_frame(f).await,
+            None => false,
+        }
+    }
+}
+
+/// Writes frames from both lanes: control first; after 64 control frames in a row one waiting
+/// bulk frame goes through, so appends cannot starve reads. Flushes when both lanes are empty.
+async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8>>, bulk: flume::Receiver<Vec<u8>>) {
+    let mut run = 0u32;
+    let mut pending = false;
+    loop {
+        let next = if run >= 64 { bulk.try_recv().ok().or_else(|| control.try_recv().ok()) } else { control.try_recv().ok().or_else(|| bulk.try_recv().ok()) };
+        let frame = match next {
+            Some(f) => f,
+            None => {
+                if std::mem::take(&mut pending) && w.flush().await.is_err() {
+                    return;
+                }
+                run = 0;
+                let got = futures_lite::future::or(async { control.recv_async().await.ok().map(|f| (true, f)) }, async {
+                    bulk.recv_async().await.ok().map(|f| (false, f))
+                })
+                .await;
+                match got {
+                    Some((_, f)) => f,
+                    None => {
+                        // One lane closed: drain the other, then stop.
+                        while let Ok(f) = control.try_recv().or_else(|_| bulk.try_recv()) {
+                            if w.write_all(&f).await.is_err() {
+                                return;
+                            }
+                        }
+                        let _ = w.flush().await;
+                        return;
+                    }
+                }
+            }
+        };
+        run += 1;
+        if w.write_all(&frame).await.is_err() {
+            return;
+        }
+        pending = true;
+    }
+}
+
+struct Conn {
+    ctx: Arc<Context>,
+    router: Rc<ReplyRouter>,
+    lanes: Lanes,
+    append_budget: Rc<Semaphore>,
+    read_budget: Rc<Semaphore>,
+    read_overflow: Rc<Semaphore>,
+    subscriptions: Rc<Cell<usize>>,
+    inflight: Rc<Cell<usize>>,
+    cancels: Rc<RefCell<HashMap<u64, Rc<Cell<bool>>>>>,
+}
+
+/// Serves one accepted connection to completion.
+pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: TcpStream) {
+    let accepted = Instant::now();
+    let _ = stream.set_nodelay(true);
+    {
+        use std::os::fd::AsRawFd;
+        let fd = stream.as_raw_fd();
+        // SAFETY: borrow the descriptor only to set options; the stream keeps owning it.
+        let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let ka = socket2::TcpKeepalive::new().with_time(ctx.settings.server.keepalive.idle()).with_interval(ctx.settings.server.keepalive.interval());
+        if let Err(e) = socket2::SockRef::from(&sock).set_tcp_keepalive(&ka) {
+            tracing::debug!(error = %e, "cannot set TCP keepalive");
+        }
+    }
+    let timeouts = ctx.settings.server.timeouts.clone();
+    let io = match &ctx.tls {
+        None => Io::Plain(stream),
+        Some(cfg) => {
+            let acceptor = futures_rustls::TlsAcceptor::from(cfg.clone());
+            let limit = timeouts.tls_handshake().unwrap_or(Duration::from_secs(3600));
+            let hs = futures_lite::future::or(async { Some(acceptor.accept(stream).await) }, async {
+                glommio::timer::sleep(limit).await;
+                None
+            })
+            .await;
+            match hs {
+                Some(Ok(s)) => Io::Tls(Box::new(s)),
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                    return;
+                }
+                None => {
+                    ctx.connections_reaped.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    };
+    let (mut reader, writer) = futures_lite::io::split(io);
+    let bp = &ctx.settings.server.backpressure;
+    let (ctl_tx, ctl_rx) = flume::bounded(bp.max_inflight_per_conn.max(64));
+    let (bulk_tx, bulk_rx) = flume::bounded(bp.frame_queue_depth.max(1));
+    let egress_task = glommio::spawn_local(egress(writer, ctl_rx, bulk_rx));
+    let conn = Rc::new(Conn {
+        lanes: Lanes { control: ctl_tx, bulk: bulk_tx, max_frame_len: ctx.settings.server.max_frame_len },
+        append_budget: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
+        read_budget: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
+        read_overflow: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
+        subscriptions: Rc::new(Cell::new(0)),
+        inflight: Rc::new(Cell::new(0)),
+        cancels: Rc::new(RefCell::new(HashMap::new())),
+        router,
+        ctx: ctx.clone(),
+    });
+
+    let mut dec = FrameDecoder::new(ctx.settings.server.max_frame_len);
+    let mut established = false;
+    let mut partial_since: Option<Instant> = None;
+    let mut last_activity = Instant::now();
+    'conn: loop {
+        // Serve every complete frame already buffered.
+        loop {
+            let frame = match dec.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    if let Some(err) = convert::frame_error_response(&e) {
+                        conn.lanes.error(0, err).await;
+                    }
+                    break 'conn;
+                }
+            };
+            last_activity = Instant::now();
+            let req = match pb::Request::decode(frame) {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(err) = convert::frame_error_response(&FrameError::Decode(e)) {
+                        conn.lanes.error(0, err).await;
+                    }
+                    break 'conn;
+                }
+            };
+            if !established {
+                match conn.hello(req).await {
+                    true => established = true,
+                    false => break 'conn,
+                }
+            } else {
+                conn.clone().handle(req).await;
+            }
+        }
+        partial_since = if dec.has_partial() { partial_since.or(Some(Instant::now())) } else { None };
+        let now = Instant::now();
+        let mut deadline: Option<Instant> = None;
+        let mut consider = |d: Option<Instant>| {
+            if let Some(d) = d {
+                deadline = Some(deadline.map_or(d, |x| x.min(d)));
+            }
+        };
+        consider(partial_since.and_then(|p| timeouts.incomplete_frame().map(|t| p + t)));
+        if !established {
+            consider(timeouts.handshake().map(|t| accepted + t));
+        }
+        let busy = conn.inflight.get() > 0 || conn.subscriptions.get() > 0;
+        if !busy || partial_since.is_some() {
+            consider(timeouts.idle().map(|t| last_activity + t));
+        }
+        if let Some(d) = deadline {
+            if d <= now {
+                ctx.connections_reaped.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("connection reaped by a timeout");
+                break 'conn;
+            }
+        }
+        // Wait for bytes, a deadline (re-evaluated at least every second, since in-flight work
+        // changes what counts as idle), or shutdown.
+        let wait = deadline.map(|d| d - now).unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1));
+        let got = futures_lite::future::or(
+            async { Some(dec.fill_from_async(&mut reader).await) },
+            futures_lite::future::or(
+                async {
+                    glommio::timer::sleep(wait).await;
+                    None
+                },
+                async {
+                    ctx.wait_shutdown().await;
+                    Some(Err(std::io::Error::other("shutdown")))
+                },
+            ),
+        )
+        .await;
+        match got {
+            None => continue,
+            Some(Ok(0)) => break 'conn,
+            Some(Ok(_)) => {
+                if !dec.has_partial() || partial_since.is_none() {
+                    last_activity = Instant::now();
+                }
+            }
+            Some(Err(_)) => break 'conn,
+        }
+    }
+    for flag in conn.cancels.borrow().values() {
+        flag.set(true);
+    }
+    drop(reader);
+    // Let queued frames go out (they may be an error telling the client why), then close.
+    let lanes = conn.lanes.clone();
+    drop(conn);
+    drop(lanes);
+    let _ = futures_lite::future::or(egress_task, async {
+        glommio::timer::sleep(Duration::from_secs(5)).await;
+    })
+    .await;
+}
+
+fn code_index(code: ErrorCode) -> usize {
+    (code as i32).clamp(0, 9) as usize
+}
+
+impl Conn {
+    /// Checks the first frame (reference protocol §1.4); false closes the connection.
+    async fn hello(&self, req: pb::Request) -> bool {
+        let id = req.request_id;
+        let Some(request::Kind::Hello(h)) = req.kind else {
+            self.lanes.error(id, convert::unauthenticated(text::FIRST_FRAME_NOT_HELLO)).await;
+            return false;
+        };
+        if h.protocol_version != pb::PROTOCOL_VERSION {
+            self.lanes.error(id, convert::bad_request(text::unsupported_version(h.protocol_version))).await;
+            return false;
+        }
+        if !self.ctx.accepts_token(h.auth_token.as_deref()) {
+            self.lanes.error(id, convert::unauthenticated(text::BAD_TOKEN)).await;
+            return false;
+        }
+        self.lanes
+            .control(id, response::Kind::HelloAck(pb::HelloAck { protocol_version: pb::PROTOCOL_VERSION, server_version: env!("CARGO_PKG_VERSION").into() }))
+            .await;
+        true
+    }
+
+    async fn handle(self: Rc<Self>, req: pb::Request) {
+        let id = req.request_id;
+        match req.kind {
+            Some(request::Kind::Append(a)) => self.append(id, a).await,
+            Some(request::Kind::Read(r)) => self.read(id, r).await,
+            Some(request::Kind::Subscribe(s)) => self.subscribe(id, s).await,
+            Some(request::Kind::Cancel(c)) => {
+                if let Some(flag) = self.cancels.borrow().get(&c.target) {
+                    flag.set(true);
+                }
+            }
+            Some(request::Kind::Stats(_)) => {
+                let stats = self.ctx.stats();
+                self.lanes.control(id, response::Kind::Stats(stats)).await;
+            }
+            Some(request::Kind::Hello(_)) | None => self.lanes.error(id, convert::bad_request(text::NO_KIND)).await,
+        }
+    }
+
+    async fn append_error(&self, id: u64, e: pb::ErrorResponse) {
+        self.ctx.append_errors[code_index(ErrorCode::from_wire(e.code))].fetch_add(1, Ordering::Relaxed);
+        self.lanes.error(id, e).await;
+    }
+
+    async fn append(self: Rc<Self>, id: u64, a: pb::AppendRequest) {
+        let started = Instant::now();
+        let (events, condition) = match convert::append_from_proto(a) {
+            Ok(v) => v,
+            Err(e) => return self.append_error(id, e.to_error_response()).await,
+        };
+        if events.is_empty() {
+            return self.append_error(id, convert::empty_append_error()).await;
+        }
+        // The reader waits here while the append budget is spent (backpressure).
+        let Ok(permit) = self.append_budget.acquire_static_permit(1).await else { return };
+        let prepared = match PreparedAppend::new(&events, condition, self.ctx.store.segment_config()) {
+            Ok(p) => p,
+            Err(e) => return self.append_error(id, append_error_response(e)).await,
+        };
+        drop(events);
+        let (reply, rx) = self.router.register();
+        // A full writer queue also holds the reader here.
+        if self.ctx.store.submit(prepared, reply).await.is_err() {
+            return self.append_error(id, convert::shutdown_error()).await;
+        }
+        self.inflight.set(self.inflight.get() + 1);
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            let res = rx.recv_async().await.unwrap_or(Err(AppendError::Shutdown));
+            match res {
+                Ok(r) => {
+                    me.lanes.control(id, response::Kind::Append(pb::AppendResponse { first: r.first.get(), last: r.last.get() })).await;
+                    let us = started.elapsed().as_micros() as u64;
+                    if let Ok(mut h) = me.ctx.append_latency.lock() {
+                        let _ = h.record(us.max(1));
+                    }
+                }
+                Err(e) => me.append_error(id, append_error_response(e)).await,
+            }
+            me.inflight.set(me.inflight.get() - 1);
+            drop(permit);
+        })
+        .detach();
+    }
+
+    fn register_cancel(&self, id: u64) -> Rc<Cell<bool>> {
+        let flag = Rc::new(Cell::new(false));
+        self.cancels.borrow_mut().insert(id, flag.clone());
+        flag
+    }
+
+    fn unregister_cancel(&self, id: u64, flag: &Rc<Cell<bool>>) {
+        let mut c = self.cancels.borrow_mut();
+        if c.get(&id).is_some_and(|f| Rc::ptr_eq(f, flag)) {
+            c.remove(&id);
+        }
+    }
+
+    async fn read(self: Rc<Self>, id: u64, r: pb::ReadRequest) {
+        let query = match convert::query_from_proto_opt(r.query) {
+            Ok(q) => q,
+            Err(e) => return self.lanes.error(id, e.to_error_response()).await,
+        };
+        // Admission never blocks the reader: a running slot, else a queued slot, else refuse.
+        let run_permit = self.read_budget.try_acquire_static_permit(1).ok();
+        let overflow = if run_permit.is_none() {
+            match self.read_overflow.try_acquire_static_permit(1) {
+                Ok(p) => Some(p),
+                Err(_) => return self.lanes.error(id, convert::bad_request(text::TOO_MANY_READS)).await,
+            }
+        } else {
+            None
+        };
+        let cancel = self.register_cancel(id);
+        self.inflight.set(self.inflight.get() + 1);
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            let permit = match run_permit {
+                Some(p) => Some(p),
+                None => {
+                    let p = futures_lite::future::or(async { me.read_budget.acquire_static_permit(1).await.ok() }, async {
+                        while !cancel.get() {
+                            glommio::timer::sleep(Duration::from_millis(25)).await;
+                        }
+                        None
+                    })
+                    .await;
+                    drop(overflow);
+                    p
+                }
+            };
+            if permit.is_some() && !cancel.get() {
+                let reads = if r.reverse {
+                    me.ctx.store.read_back(query, crate::model::Position(r.after), r.limit)
+                } else {
+                    me.ctx.store.read(query, crate::model::Position(r.after), r.limit)
+                };
+                me.stream_read(id, reads, &cancel).await;
+            }
+            me.unregister_cancel(id, &cancel);
+            me.inflight.set(me.inflight.get() - 1);
+            drop(permit);
+        })
+        .detach();
+    }
+
+    /// Streams a read as `ReadEvents` batches then `ReadEnd`; stops silently on cancel.
+    async fn stream_read(&self, id: u64, mut reads: crate::read::Reads, cancel: &Cell<bool>) {
+        let watermark = reads.watermark().get();
+        let cfg = &self.ctx.settings.server.reads;
+        let mut enc = ReadEventsEncoder::new();
+        let mut count = 0usize;
+        loop {
+            if cancel.get() || self.ctx.is_shutting_down() {
+                return;
+            }
+            let next = reads.next();
+            let (full, done) = match next {
+                None => (!enc.is_empty(), true),
+                Some(Err(e)) => {
+                    if !enc.is_empty() {
+                        if let Ok(f) = enc.finish(id, self.lanes.max_frame_len) {
+                            let f = f.to_vec();
+                            self.lanes.bulk_frame(f).await;
+                        }
+                    }
+                    self.lanes.bulk(id, response::Kind::Error(convert::internal_error(e))).await;
+                    return;
+                }
+                Some(Ok((p, ev))) => {
+                    let body = crate::proto::batch::event_body_len(&ev) + 24;
+                    if !enc.is_empty() && enc.len() + body > self.lanes.max_frame_len as usize {
+                        // Keep every frame within max_frame_len: send what we have first.
+                        if !self.flush_batch(id, &mut enc, &mut count).await {
+                            return;
+                        }
+                    }
+                    enc.push(p, &ev);
+                    count += 1;
+                    (count >= cfg.batch_events || enc.events_len() >= cfg.batch_bytes, false)
+                }
+            };
+            if full && !self.flush_batch(id, &mut enc, &mut count).await {
+                return;
+            }
+            if done {
+                self.lanes.bulk(id, response::Kind::ReadEnd(pb::ReadEnd { watermark })).await;
+                return;
+            }
+            glommio::yield_if_needed().await;
+        }
+    }
+
+    async fn flush_batch(&self, id: u64, enc: &mut ReadEventsEncoder, count: &mut usize) -> bool {
+        *count = 0;
+        let frame = match enc.finish(id, self.lanes.max_frame_len) {
+            Ok(f) => f.to_vec(),
+            Err(e) => {
+                enc.clear();
+                self.lanes.bulk(id, response::Kind::Error(convert::internal_error(format!("event too large to send: {e}")))).await;
+                return false;
+            }
+        };
+        enc.clear();
+        self.lanes.bulk_frame(frame).await
+    }
+
+    async fn subscribe(self: Rc<Self>, id: u64, s: pb::SubscribeRequest) {
+        let query = match convert::query_from_proto_opt(s.query) {
+            Ok(q) => q,
+            Err(e) => return self.lanes.error(id, e.to_error_response()).await,
+        };
+        if self.subscriptions.get() >= self.ctx.settings.server.subscriptions.max_concurrent {
+            return self.lanes.error(id, convert::bad_request(text::TOO_MANY_SUBSCRIPTIONS)).await;
+        }
+        self.subscriptions.set(self.subscriptions.get() + 1);
+        self.ctx.active_subscriptions.fetch_add(1, Ordering::SeqCst);
+        let cancel = self.register_cancel(id);
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            me.run_subscription(id, query, crate::model::Position(s.after), &cancel).await;
+            me.unregister_cancel(id, &cancel);
+            me.subscriptions.set(me.subscriptions.get() - 1);
+            me.ctx.active_subscriptions.fetch_sub(1, Ordering::SeqCst);
+        })
+        .detach();
+    }
+
+    async fn run_subscription(&self, id: u64, query: crate::model::Query, after: crate::model::Position, cancel: &Cell<bool>) {
+        let mut sub = self.ctx.store.subscribe(query, after);
+        let cfg = &self.ctx.settings.server.reads;
+        let tick = self.ctx.settings.server.subscriptions.wait_tick();
+        let mut announced = false;
+        let mut enc = ReadEventsEncoder::new();
+        let mut count = 0usize;
+        loop {
+            if cancel.get() || self.ctx.is_shutting_down() {
+                return;
+            }
+            let mut failed = None;
+            let mut frames = Vec::new();
+            let polled = sub.poll_batch(crate::read::POLL_BATCH_EVENTS, |p, ev| {
+                if failed.is_some() {
+                    return;
+                }
+                let body = crate::proto::batch::event_body_len(&ev) + 24;
+                if !enc.is_empty() && enc.len() + body > self.lanes.max_frame_len as usize {
+                    match enc.finish(id, self.lanes.max_frame_len) {
+                        Ok(f) => frames.push(f.to_vec()),
+                        Err(e) => failed = Some(e.to_string()),
+                    }
+                    enc.clear();
+                    count = 0;
+                }
+                enc.push(p, &ev);
+                count += 1;
+                if count >= cfg.batch_events || enc.events_len() >= cfg.batch_bytes {
+                    match enc.finish(id, self.lanes.max_frame_len) {
+                        Ok(f) => frames.push(f.to_vec()),
+                        Err(e) => failed = Some(e.to_string()),
+                    }
+                    enc.clear();
+                    count = 0;
+                }
+            });
+            if !enc.is_empty() {
+                match enc.finish(id, self.lanes.max_frame_len) {
+                    Ok(f) => frames.push(f.to_vec()),
+                    Err(e) => failed = Some(e.to_string()),
+                }
+                enc.clear();
+                count = 0;
+            }
+            let n = match (polled, failed) {
+                (Ok(n), None) => n,
+                (Err(e), _) => {
+                    self.lanes.bulk(id, response::Kind::Error(convert::internal_error(e))).await;
+                    return;
+                }
+                (_, Some(e)) => {
+                    self.lanes.bulk(id, response::Kind::Error(convert::internal_error(format!("event too large to send: {e}")))).await;
+                    return;
+                }
+            };
+            for f in frames {
+                if !self.lanes.bulk_frame(f).await {
+                    return;
+                }
+            }
+            if n > 0 {
+                announced = false;
+                glommio::yield_if_needed().await;
+                continue;
+            }
+            if !announced {
+                if !self.lanes.bulk(id, response::Kind::CaughtUp(pb::SubscribeCaughtUp { watermark: sub.position().get() })).await {
+                    return;
+                }
+                announced = true;
+            }
+            let _ = futures_lite::future::or(async { Some(sub.wait().await) }, async {
+                glommio::timer::sleep(tick).await;
+                None
+            })
+            .await;
+        }
+    }
+}
+
+/// Maps an engine append error to its wire error (reference engine §2.3 table).
+fn append_error_response(e: AppendError) -> pb::ErrorResponse {
+    match e {
+        AppendError::Conflict { clause, at } => {
+            let clause = match clause {
+                ConflictClause::Boundary => WireClause::Boundary,
+                ConflictClause::Existence => WireClause::Existence,
+            };
+            let pos = match at {
+                ConflictSite::Durable(p) => Some(crate::model::Position(p)),
+                ConflictSite::SameBatch => None,
+            };
+            convert::conflict_error(clause, pos)
+        }
+        AppendError::AfterBeyondTip { after, tip } => convert::after_beyond_tip_error(crate::model::Position(after), crate::model::Position(tip)),
+        AppendError::Empty => convert::empty_append_error(),
+        AppendError::TooLarge { size } => convert::batch_too_large_error(size as usize),
+        AppendError::Failed(reason) => convert::log_write_failed_error(reason),
+        AppendError::Read(reason) => convert::internal_error(reason),
+        AppendError::Shutdown => convert::shutdown_error(),
+    }
+}

@@ -1,0 +1,109 @@
+//! The Prometheus text endpoint on its own port (`metrics.bind`; reference protocol §2.11).
+//!
+//! A bare HTTP/1.1 responder on a plain thread: `GET /metrics` gets the exposition
+//! (`text/plain; version=0.0.4`), any other target 404, one response per connection. It carries
+//! the reference's metric names plus what operators need and the reference lacks: append and
+//! fsync latency histograms, events per batch, and conflict counters.
+
+use super::Context;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Binds `addr` and serves scrapes on a background thread; returns the bound address.
+///
+/// # Errors
+/// The bind error.
+pub fn serve(ctx: Arc<Context>, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)?;
+    let local = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    std::thread::Builder::new().name("tephra-metrics".into()).spawn(move || {
+        while !ctx.is_shutting_down() {
+            match listener.accept() {
+                Ok((s, _)) => {
+                    let _ = s.set_nonblocking(false);
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+                    let _ = respond(&ctx, s);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    })?;
+    Ok(local)
+}
+
+fn respond(ctx: &Context, mut s: std::net::TcpStream) -> std::io::Result<()> {
+    let mut line = String::new();
+    BufReader::new((&s).take_bytes(8192)).read_line(&mut line)?;
+    let target = line.split_whitespace().nth(1).unwrap_or("");
+    if target == "/metrics" {
+        let body = render(ctx);
+        write!(s, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", body.len(), body)
+    } else {
+        let body = "not found\n";
+        write!(s, "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", body.len(), body)
+    }
+}
+
+trait TakeBytes {
+    fn take_bytes(self, n: u64) -> std::io::Take<Self>
+    where
+        Self: Sized;
+}
+
+impl<R: std::io::Read> TakeBytes for R {
+    fn take_bytes(self, n: u64) -> std::io::Take<Self> {
+        self.take(n)
+    }
+}
+
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+}
+
+fn histogram(out: &mut String, name: &str, help: &str, h: &hdrhistogram::Histogram<u64>, scale: f64, bounds: &[u64]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for &b in bounds {
+        let c = h.count_between(0, b);
+        let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {c}", b as f64 / scale);
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.len());
+    let sum: f64 = h.iter_recorded().map(|v| v.value_iterated_to() as f64 * v.count_at_value() as f64).sum::<f64>() / scale;
+    let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {}", h.len());
+}
+
+/// Renders the exposition text.
+pub fn render(ctx: &Context) -> String {
+    let st = ctx.stats();
+    let mut out = String::new();
+    metric(&mut out, "tephra_events_total", "counter", "Events in the log (the durable head position).", st.event_count);
+    metric(&mut out, "tephra_segments", "gauge", "Segment files in the data directory.", st.segment_count);
+    metric(&mut out, "tephra_disk_bytes", "gauge", "Bytes of regular files at the top of the data directory.", st.disk_bytes);
+    metric(&mut out, "tephra_uptime_seconds", "gauge", "Seconds since the server started.", st.uptime_seconds);
+    metric(&mut out, "tephra_active_connections", "gauge", "Open client connections.", st.active_connections);
+    metric(&mut out, "tephra_active_subscriptions", "gauge", "Live subscriptions.", st.active_subscriptions);
+    metric(&mut out, "tephra_connections_refused_total", "counter", "Connections closed at the max_connections cap.", st.connections_refused);
+    metric(&mut out, "tephra_connections_reaped_total", "counter", "Connections closed by a timeout.", st.connections_reaped);
+    let cap = if st.max_connections == 0 { "+Inf".to_string() } else { st.max_connections.to_string() };
+    metric(&mut out, "tephra_max_connections", "gauge", "Configured connection cap.", cap);
+    let _ = writeln!(out, "# HELP tephra_build_info Build information.\n# TYPE tephra_build_info gauge\ntephra_build_info{{version=\"{}\"}} 1", st.version);
+    let m = ctx.store.metrics().snapshot();
+    metric(&mut out, "tephra_commits_total", "counter", "Group commits made durable.", m.commits);
+    metric(&mut out, "tephra_conflicts_total", "counter", "Appends refused by a boundary condition (CONFLICT).", m.conflicts);
+    metric(&mut out, "tephra_already_exists_total", "counter", "Appends refused by an existence condition (ALREADY_EXISTS).", m.already_exists);
+    let errors: u64 = ctx.append_errors.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+    metric(&mut out, "tephra_append_errors_total", "counter", "Append requests answered with an error.", errors);
+    let us = [100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000];
+    histogram(&mut out, "tephra_fsync_seconds", "fdatasync latency per group commit.", &m.fsync_us, 1e6, &us);
+    histogram(&mut out, "tephra_batch_events", "Events per group commit.", &m.batch_events, 1.0, &[1, 4, 16, 64, 256, 1024, 4096, 16384, 65536]);
+    if let Ok(h) = ctx.append_latency.lock() {
+        histogram(&mut out, "tephra_append_latency_seconds", "Append latency from request to durable ack.", &h, 1e6, &us);
+    }
+    out
+}

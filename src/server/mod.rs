@@ -1,0 +1,377 @@
+//! The network server: thread-per-core shards speaking protocol v1.
+//!
+//! One pinned glommio executor per shard (`server.reads.worker_threads`, 0 = one per CPU), each
+//! with its own `SO_REUSEPORT` listener on the same address, so the kernel spreads connections
+//! and a connection lives and dies on the shard that accepted it. Shard 0 is also the writer
+//! shard: it runs the store's group-commit task in its own task queue. Appends cross to it over
+//! the bounded writer queue; results come back grouped per shard per commit. Reads and
+//! subscriptions run on the connection's shard. (DESIGN "Shape", seed "Backpressure".)
+
+mod conn;
+pub mod metrics;
+
+use crate::config::Settings;
+use crate::store::{Store, StoreConfig, StoreHandle};
+use crate::writer::{AppendResult, WriterConfig};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Server-wide state shared by every shard.
+pub struct Context {
+    /// The resolved settings.
+    pub settings: Settings,
+    /// The store.
+    pub store: StoreHandle,
+    /// The data directory (for stats).
+    pub data_dir: PathBuf,
+    /// When the server started serving.
+    pub started: Instant,
+    /// Live connections, all shards.
+    pub active_connections: AtomicU64,
+    /// Live subscriptions, all shards.
+    pub active_subscriptions: AtomicU64,
+    /// Connections closed at accept because of `max_connections`.
+    pub connections_refused: AtomicU64,
+    /// Connections closed by a timeout.
+    pub connections_reaped: AtomicU64,
+    /// Append requests answered with an error, by wire code index 0..=9.
+    pub append_errors: [AtomicU64; 10],
+    /// Append latency histogram, microseconds (merged from shards on scrape).
+    pub append_latency: std::sync::Mutex<hdrhistogram::Histogram<u64>>,
+    /// SHA-256 digests of the accepted tokens.
+    pub token_digests: Vec<[u8; 32]>,
+    /// TLS configuration, when TLS is on.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    shutting_down: AtomicBool,
+    shutdown_event: event_listener::Event,
+    cap_warned: AtomicBool,
+}
+
+impl Context {
+    /// True once a graceful shutdown began.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Starts a graceful shutdown (idempotent).
+    pub fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.shutdown_event.notify(usize::MAX);
+    }
+
+    /// Resolves once shutdown begins.
+    pub async fn wait_shutdown(&self) {
+        loop {
+            if self.is_shutting_down() {
+                return;
+            }
+            let l = self.shutdown_event.listen();
+            if self.is_shutting_down() {
+                return;
+            }
+            l.await;
+        }
+    }
+
+    /// Does `token` match a configured token? Constant-time per digest comparison.
+    pub fn accepts_token(&self, token: Option<&str>) -> bool {
+        if self.token_digests.is_empty() {
+            return true;
+        }
+        let Some(t) = token.filter(|t| !t.is_empty()) else { return false };
+        let d: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(t.as_bytes()).into();
+        let mut ok = subtle::Choice::from(0u8);
+        for want in &self.token_digests {
+            ok |= subtle::ConstantTimeEq::ct_eq(&want[..], &d[..]);
+        }
+        ok.into()
+    }
+
+    /// The ten stats fields (reference protocol §2.11).
+    pub fn stats(&self) -> crate::proto::StatsResponse {
+        let (mut segments, mut bytes) = (0u64, 0u64);
+        if let Ok(rd) = std::fs::read_dir(&self.data_dir) {
+            for e in rd.flatten() {
+                if let Ok(md) = e.metadata() {
+                    if md.is_file() {
+                        bytes += md.len();
+                        if e.file_name().to_str().and_then(crate::log::segment::parse_segment_name).is_some() {
+                            segments += 1;
+                        }
+                    }
+                }
+            }
+        }
+        crate::proto::StatsResponse {
+            event_count: self.store.head().get(),
+            segment_count: segments,
+            disk_bytes: bytes,
+            uptime_seconds: self.started.elapsed().as_secs(),
+            active_connections: self.active_connections.load(Ordering::Relaxed),
+            active_subscriptions: self.active_subscriptions.load(Ordering::Relaxed),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            connections_refused: self.connections_refused.load(Ordering::Relaxed),
+            max_connections: self.settings.server.limits.max_connections as u64,
+            connections_reaped: self.connections_reaped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Per-shard routing of append results: the writer sends one message per commit to this
+/// shard's sink; the dispatcher hands each result to the waiting request by token.
+pub(crate) struct ReplyRouter {
+    sink: flume::Sender<Vec<(u64, AppendResult)>>,
+    waiting: RefCell<HashMap<u64, flume::Sender<AppendResult>>>,
+    next_token: std::cell::Cell<u64>,
+}
+
+impl ReplyRouter {
+    fn new() -> (Rc<ReplyRouter>, flume::Receiver<Vec<(u64, AppendResult)>>) {
+        let (tx, rx) = flume::unbounded();
+        (Rc::new(ReplyRouter { sink: tx, waiting: RefCell::new(HashMap::new()), next_token: std::cell::Cell::new(1) }), rx)
+    }
+
+    /// Registers a waiter; returns its token, the reply target and the receiver.
+    pub(crate) fn register(&self) -> (crate::writer::ReplyTo, flume::Receiver<AppendResult>) {
+        let token = self.next_token.get();
+        self.next_token.set(token + 1);
+        let (tx, rx) = flume::bounded(1);
+        self.waiting.borrow_mut().insert(token, tx);
+        (crate::writer::ReplyTo::Batched { sink: self.sink.clone(), token }, rx)
+    }
+
+    async fn dispatch(self: Rc<Self>, rx: flume::Receiver<Vec<(u64, AppendResult)>>) {
+        while let Ok(batch) = rx.recv_async().await {
+            let mut w = self.waiting.borrow_mut();
+            for (token, res) in batch {
+                if let Some(tx) = w.remove(&token) {
+                    let _ = tx.send(res);
+                }
+            }
+        }
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The store refused to open.
+    #[error(transparent)]
+    Open(#[from] crate::store::OpenError),
+    /// Binding, TLS loading or the runtime failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// A running server: its bound address and a way to stop it.
+pub struct Running {
+    /// The address every shard listens on.
+    pub addr: SocketAddr,
+    /// The metrics address, when enabled.
+    pub metrics_addr: Option<SocketAddr>,
+    ctx: Arc<Context>,
+    shards: Vec<glommio::ExecutorJoinHandle<()>>,
+    store: Option<Store>,
+}
+
+impl Running {
+    /// The shared context (stats, shutdown).
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// Blocks until shutdown is requested, then stops accepting, ends connections, flushes
+    /// and joins the writer, and returns.
+    pub fn wait(mut self) {
+        for s in self.shards.drain(..) {
+            let _ = s.join();
+        }
+        if let Some(store) = self.store.take() {
+            store.shutdown();
+        }
+        tracing::info!("tephra server stopped");
+    }
+}
+
+fn load_tls(settings: &Settings) -> Result<Option<Arc<rustls::ServerConfig>>, String> {
+    let Some((cert, key)) = settings.tls.paths() else { return Ok(None) };
+    let certs: Vec<_> = rustls_pemfile::certs(&mut std::io::BufReader::new(
+        std::fs::File::open(cert).map_err(|e| format!("cannot read tls.cert {}: {e}", cert.display()))?,
+    ))
+    .collect::<Result<_, _>>()
+    .map_err(|e| format!("invalid tls.cert {}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!("tls.cert {} holds no certificate", cert.display()));
+    }
+    let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
+        std::fs::File::open(key).map_err(|e| format!("cannot read tls.key {}: {e}", key.display()))?,
+    ))
+    .map_err(|e| format!("invalid tls.key {}: {e}", key.display()))?
+    .ok_or_else(|| format!("tls.key {} holds no private key", key.display()))?;
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("tls certificate and key do not match: {e}"))?;
+    Ok(Some(Arc::new(cfg)))
+}
+
+/// Opens the store and starts every shard; returns once all listeners are bound.
+///
+/// # Errors
+/// [`StartError`] when the store refuses to open, TLS files are invalid, or binding fails.
+pub fn start(settings: Settings) -> Result<Running, StartError> {
+    let tls = load_tls(&settings).map_err(StartError::Io)?;
+    let mut segment = crate::log::segment::SegmentConfig::new(settings.segment.size);
+    segment.max_record_len = settings.segment.max_record_len();
+    let cfg = StoreConfig {
+        segment,
+        writer: WriterConfig {
+            queue_capacity: settings.writer.queue_capacity,
+            max_batch_records: settings.writer.max_batch_records,
+            max_batch_bytes: settings.writer.max_batch_bytes,
+            tips_window: settings.writer.tips_window,
+            condition_force_scan: settings.writer.condition_force_scan,
+            verify_tips: false,
+        },
+        read: crate::store::ReadConfig { scan_bias: settings.read.scan_bias },
+    };
+    let (store, writer_task) = Store::open_parts(&settings.data_dir, cfg)?;
+    let ctx = Arc::new(Context {
+        store: store.handle(),
+        data_dir: settings.data_dir.clone(),
+        started: Instant::now(),
+        active_connections: AtomicU64::new(0),
+        active_subscriptions: AtomicU64::new(0),
+        connections_refused: AtomicU64::new(0),
+        connections_reaped: AtomicU64::new(0),
+        append_errors: Default::default(),
+        append_latency: std::sync::Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).expect("bounds")),
+        token_digests: settings
+            .auth
+            .token_strs()
+            .map(|t| <sha2::Sha256 as sha2::Digest>::digest(t.as_bytes()).into())
+            .collect(),
+        tls,
+        shutting_down: AtomicBool::new(false),
+        shutdown_event: event_listener::Event::new(),
+        cap_warned: AtomicBool::new(false),
+        settings,
+    });
+    let bind = ctx.settings.bind_addr().map_err(|e| StartError::Io(e.to_string()))?;
+    let n = ctx.settings.server.reads.worker_count().get();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let (addr_tx, addr_rx) = flume::bounded::<Result<SocketAddr, String>>(n);
+    let mut shards = Vec::with_capacity(n);
+    let mut writer_task = Some(writer_task);
+    let mut addr = bind;
+    for shard in 0..n {
+        let ctx2 = ctx.clone();
+        let tx = addr_tx.clone();
+        let task = writer_task.take();
+        let cpu = (n <= cpus).then_some(shard);
+        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n, move || shards::latency_sensitive(shard_main(ctx2, shard, addr, task, tx)))
+            .map_err(|e| StartError::Io(format!("cannot start shard {shard}: {e}")))?;
+        shards.push(h);
+        // Shard 0 binds first so `--bind host:0` resolves to one port every shard shares.
+        match addr_rx.recv() {
+            Ok(Ok(a)) => addr = a,
+            Ok(Err(e)) => {
+                ctx.shutdown();
+                for s in shards {
+                    let _ = s.join();
+                }
+                return Err(StartError::Io(e));
+            }
+            Err(_) => return Err(StartError::Io(format!("shard {shard} stopped while binding"))),
+        }
+    }
+    let metrics_addr = match ctx.settings.metrics_addr().map_err(|e| StartError::Io(e.to_string()))? {
+        Some(a) => Some(metrics::serve(ctx.clone(), a).map_err(|e| StartError::Io(format!("cannot bind metrics on {a}: {e}")))?),
+        None => None,
+    };
+    tracing::info!(addr = %addr, shards = n, tls = ctx.tls.is_some(), "tephra server listening");
+    Ok(Running { addr, metrics_addr, ctx, shards, store: Some(store) })
+}
+
+async fn shard_main(
+    ctx: Arc<Context>,
+    shard: usize,
+    addr: SocketAddr,
+    writer: Option<crate::store::WriterTask>,
+    bound: flume::Sender<Result<SocketAddr, String>>,
+) {
+    let writer = writer.map(|w| glommio::spawn_local(w.run()));
+    let listener = match glommio::net::TcpListener::bind(addr) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = bound.send(Err(format!("cannot bind {addr}: {e}")));
+            return;
+        }
+    };
+    let local = listener.local_addr().map_err(|e| e.to_string());
+    let _ = bound.send(local);
+    let (router, replies) = ReplyRouter::new();
+    glommio::spawn_local(router.clone().dispatch(replies)).detach();
+    let live = Rc::new(std::cell::Cell::new(0usize));
+    let closing = Rc::new(event_listener::Event::new());
+    loop {
+        let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
+            ctx.wait_shutdown().await;
+            None
+        })
+        .await;
+        let stream = match accepted {
+            None => break,
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                tracing::warn!(shard, error = %e, "accept failed");
+                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if let Some(cap) = ctx.settings.server.limits.connection_cap() {
+            if ctx.active_connections.load(Ordering::SeqCst) >= cap.get() as u64 {
+                ctx.connections_refused.fetch_add(1, Ordering::Relaxed);
+                if !ctx.cap_warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(cap = cap.get(), "connection cap reached; refusing new connections");
+                }
+                let _ = stream.shutdown(std::net::Shutdown::Both).await;
+                continue;
+            }
+            ctx.cap_warned.store(false, Ordering::Relaxed);
+        }
+        ctx.active_connections.fetch_add(1, Ordering::SeqCst);
+        live.set(live.get() + 1);
+        let (ctx2, router2, live2, closing2) = (ctx.clone(), router.clone(), live.clone(), closing.clone());
+        glommio::spawn_local(async move {
+            conn::serve(ctx2.clone(), router2, stream).await;
+            ctx2.active_connections.fetch_sub(1, Ordering::SeqCst);
+            live2.set(live2.get() - 1);
+            closing2.notify(usize::MAX);
+        })
+        .detach();
+    }
+    drop(listener);
+    // Connections notice the shutdown themselves; wait for them to finish.
+    while live.get() > 0 {
+        let l = closing.listen();
+        if live.get() == 0 {
+            break;
+        }
+        futures_lite::future::or(l, glommio::timer::sleep(std::time::Duration::from_millis(100))).await;
+    }
+    if let Some(w) = writer {
+        // Every other shard's connections may still have appends queued: wait until all
+        // shards are done accepting, then let the writer drain and stop.
+        ctx.store.close_async().await;
+        w.await;
+    }
+}
