@@ -836,6 +836,8 @@ fn the_command_line_has_exactly_the_reference_flags() {
             data_dir: Some("dir".into()),
             log: Some("debug".into()),
             healthcheck: false,
+            follow: false,
+            follow_poll_ms: None,
         }
     );
     let args = ServerArgs::try_parse_from([

@@ -18,7 +18,7 @@ fn ev(i: u64) -> Event {
     Event::new(&EventType::new(format!("T{}", i % 3)).unwrap(), &Tags::new([format!("k:{}", i % 5)]).unwrap(), &i.to_le_bytes()).unwrap()
 }
 
-const SEG: &str = "65536";
+const SEG: &str = "4096";
 
 #[test]
 fn a_follower_process_tracks_a_live_writer_as_a_growing_prefix() {

@@ -1,1 +1,225 @@
-fn main() {}
+//! `tephra`: the command-line client of a Tephra event store.
+//!
+//! Append, read, follow, inspect, export and import events over the native protocol, using
+//! the blocking [`Client`](tephra::client::Client). Human-readable output by default,
+//! `--json` for scripts; exit codes are listed in `--help` (see [`EXIT_CODES`]).
+
+#[path = "tephra/commands.rs"]
+mod commands;
+#[path = "tephra/jsonl.rs"]
+mod jsonl;
+
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use tephra::client::{tls, Client, ClientError};
+use tephra::proto::{ErrorCode, FrameError};
+
+/// The exit-code table printed at the end of `--help`.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success (a `subscribe` stopped with Ctrl-C included)
+  1  any other failure (server INTERNAL or SHUTDOWN, a local file error, a protocol error)
+  2  bad usage or bad request: invalid arguments or names, a malformed input line (nothing
+     is appended), or the server's BAD_REQUEST, EMPTY, TOO_LARGE or AFTER_BEYOND_TIP
+  3  conflict: the append condition matched (CONFLICT or ALREADY_EXISTS)
+  4  connection failure: cannot connect, TLS or token refused, or the connection was lost";
+
+/// Command-line client for a Tephra event store.
+#[derive(Debug, Parser)]
+#[command(name = "tephra", version, after_help = EXIT_CODES, after_long_help = EXIT_CODES)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every subcommand takes.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
+pub struct Global {
+    /// Server address, HOST:PORT.
+    #[arg(long, global = true, env = "TEPHRA_ADDR", default_value = "127.0.0.1:9000")]
+    addr: String,
+    /// Bearer token sent in the Hello.
+    #[arg(long, global = true, env = "TEPHRA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Connect with TLS, trusting the PEM certificate(s) in PATH.
+    #[arg(long, global = true, value_name = "PATH")]
+    tls_ca: Option<PathBuf>,
+    /// Connect with TLS and verify the certificate for NAME (default: the host of --addr).
+    #[arg(long, global = true, value_name = "NAME")]
+    tls_server_name: Option<String>,
+    /// Connect with TLS, trusting the system's root certificates.
+    #[arg(long, global = true)]
+    tls: bool,
+    /// Give up on a server that does not answer within SECS seconds (not for `subscribe`).
+    #[arg(long, global = true, value_name = "SECS")]
+    timeout: Option<f64>,
+    /// Machine-readable output: JSON lines on stdout, errors as JSON on stderr.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Append one event (from flags) or a batch (JSON lines on stdin), atomically.
+    Append(commands::AppendArgs),
+    /// Read matching events, oldest first (or newest first with --backward).
+    Read(commands::ReadArgs),
+    /// Follow matching events: catch up, then print new ones until Ctrl-C.
+    Subscribe(commands::SubscribeArgs),
+    /// Show the server's statistics.
+    Stats,
+    /// Write a range of events as JSON lines (the `import` format).
+    Export(commands::ExportArgs),
+    /// Append the events of a JSON-lines file (or stdin) in batches, in order.
+    Import(commands::ImportArgs),
+}
+
+/// A failure: what to print and which exit code to use.
+#[derive(Debug)]
+pub struct CliError {
+    /// Process exit code (see [`EXIT_CODES`]); 0 means "stop quietly".
+    code: u8,
+    message: String,
+    /// The server's error code and conflict position, when the server refused.
+    server: Option<(ErrorCode, Option<u64>)>,
+}
+
+impl CliError {
+    /// Exit 2: bad usage or input.
+    pub fn usage(message: impl Into<String>) -> CliError {
+        CliError { code: 2, message: message.into(), server: None }
+    }
+
+    /// Exit 1: anything else.
+    pub fn other(message: impl Into<String>) -> CliError {
+        CliError { code: 1, message: message.into(), server: None }
+    }
+
+    /// A failed client call, prefixed with what was being done.
+    pub fn client(context: &str, err: ClientError) -> CliError {
+        let (code, server) = match &err {
+            ClientError::Server { code, conflict_position, .. } => {
+                let exit = match code {
+                    ErrorCode::Conflict | ErrorCode::AlreadyExists => 3,
+                    ErrorCode::BadRequest | ErrorCode::Empty | ErrorCode::TooLarge | ErrorCode::AfterBeyondTip => 2,
+                    ErrorCode::Unauthenticated => 4,
+                    _ => 1,
+                };
+                (exit, Some((*code, conflict_position.map(|p| p.get()))))
+            }
+            ClientError::Io(_) | ClientError::UnexpectedEof | ClientError::Frame(FrameError::Torn { .. }) => (4, None),
+            ClientError::Frame(FrameError::TooLong { .. }) => (2, None),
+            ClientError::Frame(_) | ClientError::Protocol(_) => (1, None),
+        };
+        CliError { code, message: format!("{context}: {err}"), server }
+    }
+
+    /// A local write failed: a closed pipe (`tephra read | head`) stops quietly.
+    pub fn output(err: io::Error) -> CliError {
+        if err.kind() == io::ErrorKind::BrokenPipe {
+            return CliError { code: 0, message: String::new(), server: None };
+        }
+        CliError::other(format!("writing output: {err}"))
+    }
+
+    fn report(&self, json: bool) {
+        if self.code == 0 {
+            return;
+        }
+        if json {
+            let mut obj = serde_json::json!({ "error": self.message, "exit_code": self.code });
+            if let Some((code, position)) = self.server {
+                obj["code"] = code.as_str_name().trim_start_matches("ERROR_CODE_").into();
+                if let Some(p) = position {
+                    obj["conflict_position"] = p.into();
+                }
+            }
+            eprintln!("{obj}");
+        } else {
+            eprintln!("tephra: {}", self.message);
+        }
+    }
+}
+
+/// The host part of `HOST:PORT` or `[V6]:PORT`, for certificate verification.
+fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// Connects and performs the Hello; `timeout` applies the global `--timeout`.
+pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
+    let token = g.token.as_deref();
+    let use_tls = g.tls || g.tls_ca.is_some() || g.tls_server_name.is_some();
+    let result = if use_tls {
+        let config = match &g.tls_ca {
+            Some(path) => tls::config_with_custom_ca(path)
+                .map_err(|e| CliError::usage(format!("--tls-ca {}: {e}", path.display())))?,
+            None => tls::config_with_native_roots().map_err(|e| CliError::other(format!("TLS roots: {e}")))?,
+        };
+        let name = g.tls_server_name.clone().unwrap_or_else(|| host_of(&g.addr).to_owned());
+        Client::connect_tls_with(g.addr.as_str(), &name, config, token)
+    } else {
+        Client::connect_with(g.addr.as_str(), token)
+    };
+    let mut client = result.map_err(|e| {
+        let what = match e.kind() {
+            io::ErrorKind::PermissionDenied => "authentication failed at",
+            _ => "cannot connect to",
+        };
+        let code = if e.kind() == io::ErrorKind::InvalidInput { 2 } else { 4 };
+        CliError { code, message: format!("{what} {}: {e}", g.addr), server: None }
+    })?;
+    if let (true, Some(secs)) = (timeout, g.timeout) {
+        let d = Duration::try_from_secs_f64(secs)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| CliError::usage(format!("--timeout {secs}: expected a positive number of seconds")))?;
+        client.set_timeout(Some(d)).map_err(|e| CliError::other(format!("setting the timeout: {e}")))?;
+    }
+    Ok(client)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Append(a) => commands::append(&cli.global, a),
+        Command::Read(a) => commands::read(&cli.global, a),
+        Command::Subscribe(a) => commands::subscribe(&cli.global, a),
+        Command::Stats => commands::stats(&cli.global),
+        Command::Export(a) => commands::export(&cli.global, a),
+        Command::Import(a) => commands::import(&cli.global, a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            e.report(cli.global.json);
+            ExitCode::from(e.code)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn hosts_are_taken_from_addresses() {
+        assert_eq!(host_of("db.example.com:9000"), "db.example.com");
+        assert_eq!(host_of("[::1]:9000"), "::1");
+        assert_eq!(host_of("127.0.0.1:1"), "127.0.0.1");
+    }
+}

@@ -47,6 +47,7 @@
 //! # }
 //! ```
 
+pub mod async_client;
 mod stream;
 pub mod tls;
 mod transport;
@@ -64,6 +65,7 @@ use crate::event::Event;
 use crate::model::{AppendCondition, Position, Query};
 use crate::proto::{self, convert, request, response, ErrorCode, FrameDecoder, FrameError, Request, Response};
 
+pub use async_client::{AsyncClient, AsyncClientConfig, AsyncReadStream, AsyncSubscribeStream};
 pub use stream::{ReadStream, SubscribeStream};
 use transport::Transport;
 

@@ -52,7 +52,7 @@ pub struct ServerArgs {
     #[arg(long = "follow")]
     pub follow: bool,
 
-    /// With --follow: how often to look for new commits, in milliseconds
-    #[arg(long = "follow-poll-ms", value_name = "MS", default_value_t = 100, requires = "follow")]
-    pub follow_poll_ms: u64,
+    /// With --follow: how often to look for new commits, in milliseconds [default: 100]
+    #[arg(long = "follow-poll-ms", value_name = "MS", requires = "follow")]
+    pub follow_poll_ms: Option<u64>,
 }

@@ -419,8 +419,13 @@ impl Conn {
     async fn submit(self: Rc<Self>, id: u64, prepared: PreparedAppend, permit: glommio::sync::StaticPermit, started: Instant) {
         let (reply, rx) = self.router.register();
         // A full writer queue also holds the reader here.
-        if self.ctx.store.submit(prepared, reply).await.is_err() {
-            return self.append_error(id, convert::shutdown_error()).await;
+        let token = match &reply {
+            crate::writer::ReplyTo::Batched { token, .. } => *token,
+            crate::writer::ReplyTo::Oneshot(_) => 0,
+        };
+        if let Err(e) = self.ctx.store.submit(prepared, reply).await {
+            self.router.forget(token);
+            return self.append_error(id, append_error_response(e)).await;
         }
         self.inflight.set(self.inflight.get() + 1);
         let me = self.clone();

@@ -146,6 +146,11 @@ impl ReplyRouter {
         (crate::writer::ReplyTo::Batched { sink: self.sink.clone(), token }, rx)
     }
 
+    /// Drops a waiter whose request never reached the writer.
+    pub(crate) fn forget(&self, token: u64) {
+        self.waiting.borrow_mut().remove(&token);
+    }
+
     async fn dispatch(self: Rc<Self>, rx: flume::Receiver<Vec<(u64, AppendResult)>>) {
         while let Ok(batch) = rx.recv_async().await {
             let mut w = self.waiting.borrow_mut();

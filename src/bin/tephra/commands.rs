@@ -1,0 +1,535 @@
+//! The subcommands: arguments and implementations.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, IsTerminal, Read, Write};
+use std::path::PathBuf;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tephra::client::{SequencedEvent, SubEvent};
+use tephra::{AppendCondition, Event, EventType, Position, Query, QueryItem, Tags};
+
+use crate::{connect, jsonl, CliError, Global};
+
+/// Most events per `import` batch by default.
+const DEFAULT_BATCH: usize = 1000;
+/// Most encoded event bytes per `import` batch, well under the 16 MiB frame cap.
+const MAX_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// Query flags: the types are OR'd, the tags AND'd; no flag matches every event.
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// Match events of this type (repeatable: any of them).
+    #[arg(long = "type", value_name = "TYPE")]
+    types: Vec<String>,
+    /// Match events carrying this tag (repeatable: all of them).
+    #[arg(long = "tag", value_name = "TAG")]
+    tags: Vec<String>,
+}
+
+impl QueryArgs {
+    fn query(&self) -> Result<Query, CliError> {
+        item_query(&self.types, &self.tags, "")
+    }
+}
+
+/// One query item from type and tag flags (`None` of either = any); all events when both
+/// are empty. `flag` prefixes the flag names in error messages.
+fn item_query(types: &[String], tags: &[String], flag: &str) -> Result<Query, CliError> {
+    if types.is_empty() && tags.is_empty() {
+        return Ok(Query::all());
+    }
+    let types = types
+        .iter()
+        .map(|t| EventType::new(t.as_str()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CliError::usage(format!("--{flag}type: {e}")))?;
+    let tags = Tags::new(tags.iter().map(String::as_str)).map_err(|e| CliError::usage(format!("--{flag}tag: {e}")))?;
+    Ok(Query::item(QueryItem::new(types, tags)))
+}
+
+/// `tephra append`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Conditions: --if-type/--if-tag/--after/--fail-if-match make the append fail with CONFLICT
+(exit 3) if an event matching that query exists after position --after (default 0: anywhere);
+with no --if-* flag the query matches every event, so `--after 7` means \"only if nothing was
+appended after 7\". --exists-type/--exists-tag/--fail-if-exists make it fail with
+ALREADY_EXISTS (exit 3) if a matching event exists anywhere.
+
+With --stdin, each line is {\"type\":..,\"tags\":[..],\"payload\":\"<utf-8>\"} (or
+\"payload_base64\"); every line is validated before anything is sent, and the whole input is
+appended as one atomic batch.")]
+pub struct AppendArgs {
+    /// The event's type.
+    #[arg(long = "type", value_name = "TYPE", required_unless_present = "stdin")]
+    event_type: Option<String>,
+    /// A tag of the event (repeatable).
+    #[arg(long = "tag", value_name = "TAG")]
+    tags: Vec<String>,
+    /// The payload, as UTF-8 text.
+    #[arg(long, value_name = "TEXT", conflicts_with = "payload_file")]
+    payload: Option<String>,
+    /// Read the payload's bytes from PATH (`-` for stdin).
+    #[arg(long, value_name = "PATH")]
+    payload_file: Option<PathBuf>,
+    /// Read events as JSON lines from stdin instead (one atomic batch).
+    #[arg(long, conflicts_with_all = ["event_type", "tags", "payload", "payload_file"])]
+    stdin: bool,
+
+    /// Fail with CONFLICT if an event matching --if-type/--if-tag (any event without them)
+    /// exists after --after.
+    #[arg(long)]
+    fail_if_match: bool,
+    /// Conflict query: an event type (repeatable: any of them). Implies --fail-if-match.
+    #[arg(long = "if-type", value_name = "TYPE")]
+    if_types: Vec<String>,
+    /// Conflict query: a tag (repeatable: all of them). Implies --fail-if-match.
+    #[arg(long = "if-tag", value_name = "TAG")]
+    if_tags: Vec<String>,
+    /// Only events after this position count for the conflict check. Implies
+    /// --fail-if-match.
+    #[arg(long, value_name = "POSITION")]
+    after: Option<u64>,
+    /// Fail with ALREADY_EXISTS if an event matching --exists-type/--exists-tag (any event
+    /// without them) exists anywhere.
+    #[arg(long)]
+    fail_if_exists: bool,
+    /// Existence query: an event type (repeatable: any of them). Implies --fail-if-exists.
+    #[arg(long = "exists-type", value_name = "TYPE")]
+    exists_types: Vec<String>,
+    /// Existence query: a tag (repeatable: all of them). Implies --fail-if-exists.
+    #[arg(long = "exists-tag", value_name = "TAG")]
+    exists_tags: Vec<String>,
+}
+
+impl AppendArgs {
+    fn condition(&self) -> Result<Option<AppendCondition>, CliError> {
+        let boundary =
+            self.fail_if_match || !self.if_types.is_empty() || !self.if_tags.is_empty() || self.after.is_some();
+        let exists = self.fail_if_exists || !self.exists_types.is_empty() || !self.exists_tags.is_empty();
+        let exists_query =
+            if exists { Some(item_query(&self.exists_types, &self.exists_tags, "exists-")?) } else { None };
+        if !boundary {
+            return Ok(exists_query.map(AppendCondition::exists_only));
+        }
+        let mut cond = AppendCondition::new(item_query(&self.if_types, &self.if_tags, "if-")?)
+            .after(Position(self.after.unwrap_or(0)));
+        if let Some(q) = exists_query {
+            cond = cond.fail_if_exists(q);
+        }
+        Ok(Some(cond))
+    }
+
+    fn events(&self) -> Result<Vec<Event>, CliError> {
+        if self.stdin {
+            let events = jsonl::parse_all(io::stdin().lock()).map_err(|e| CliError::usage(format!("stdin {e}")))?;
+            if events.is_empty() {
+                return Err(CliError::usage("no events on stdin"));
+            }
+            return Ok(events);
+        }
+        let ty = EventType::new(self.event_type.clone().unwrap_or_default())
+            .map_err(|e| CliError::usage(format!("--type: {e}")))?;
+        let tags =
+            Tags::new(self.tags.iter().map(String::as_str)).map_err(|e| CliError::usage(format!("--tag: {e}")))?;
+        let payload = match (&self.payload, &self.payload_file) {
+            (Some(p), _) => p.clone().into_bytes(),
+            (None, Some(path)) if path.as_os_str() == "-" => {
+                let mut buf = Vec::new();
+                io::stdin().lock().read_to_end(&mut buf).map_err(|e| CliError::other(format!("reading stdin: {e}")))?;
+                buf
+            }
+            (None, Some(path)) => {
+                std::fs::read(path).map_err(|e| CliError::usage(format!("--payload-file {}: {e}", path.display())))?
+            }
+            (None, None) => Vec::new(),
+        };
+        let event = Event::new(&ty, &tags, &payload).map_err(|e| CliError::usage(format!("invalid event: {e}")))?;
+        Ok(vec![event])
+    }
+}
+
+/// `tephra append`: validate everything, then one append.
+pub fn append(g: &Global, args: &AppendArgs) -> Result<(), CliError> {
+    let condition = args.condition()?;
+    let events = args.events()?;
+    let n = events.len();
+    let mut client = connect(g, true)?;
+    let r = client.append(events, condition).map_err(|e| CliError::client("append failed", e))?;
+    let mut out = io::stdout().lock();
+    let written = if g.json {
+        writeln!(out, "{}", serde_json::json!({ "first": r.first.get(), "last": r.last.get(), "count": n }))
+    } else if n == 1 {
+        writeln!(out, "appended 1 event at position {}", r.first)
+    } else {
+        writeln!(out, "appended {n} events at positions {}..={}", r.first, r.last)
+    };
+    written.map_err(CliError::output)
+}
+
+/// `tephra read`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Output: one line per event (position, type, tags, payload); --json gives one JSON object per
+event (the export format, with \"position\") and a last line {\"watermark\":N}: the durable tip
+the read was pinned to.")]
+pub struct ReadArgs {
+    #[command(flatten)]
+    query: QueryArgs,
+    /// Exclusive cursor: events after POSITION (default 0), or before it with --backward
+    /// (default: from the tip).
+    #[arg(long, value_name = "POSITION")]
+    after: Option<u64>,
+    /// At most N events.
+    #[arg(long, value_name = "N")]
+    limit: Option<u64>,
+    /// Newest first.
+    #[arg(long)]
+    backward: bool,
+}
+
+/// A human-readable line for one event: position, type, tags, payload.
+fn human_line(e: &SequencedEvent) -> String {
+    let tags: Vec<&str> = e.event.tags().collect();
+    let tags = tags.join(",");
+    let data = e.event.data();
+    let payload = match std::str::from_utf8(data) {
+        Ok(s) => s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] }).collect(),
+        Err(_) => {
+            use base64::Engine as _;
+            format!("base64:{}", base64::engine::general_purpose::STANDARD.encode(data))
+        }
+    };
+    format!("{:>8}  {}  [{}]  {}", e.position, e.event.event_type(), tags, payload)
+}
+
+fn event_output(g: &Global, e: &SequencedEvent) -> String {
+    if g.json {
+        jsonl::event_line(Some(e.position.get()), &e.event)
+    } else {
+        human_line(e)
+    }
+}
+
+/// `tephra read`.
+pub fn read(g: &Global, args: &ReadArgs) -> Result<(), CliError> {
+    let query = args.query.query()?;
+    let mut client = connect(g, true)?;
+    let started = if args.backward {
+        client.read_back(query, Position(args.after.unwrap_or(u64::MAX)), args.limit)
+    } else {
+        client.read(query, Position(args.after.unwrap_or(0)), args.limit)
+    };
+    let mut stream = started.map_err(|e| CliError::client("read failed", e))?;
+    let mut out = BufWriter::new(io::stdout().lock());
+    let mut count = 0u64;
+    for item in stream.by_ref() {
+        let e = item.map_err(|e| CliError::client("read failed", e))?;
+        if let Err(err) = writeln!(out, "{}", event_output(g, &e)) {
+            // Do not drain the rest of a read nobody will see.
+            std::mem::forget(stream);
+            return Err(CliError::output(err));
+        }
+        count += 1;
+    }
+    let watermark = stream.watermark().unwrap_or_default();
+    drop(stream);
+    if g.json {
+        writeln!(out, "{}", serde_json::json!({ "watermark": watermark.get() })).map_err(CliError::output)?;
+    }
+    out.flush().map_err(CliError::output)?;
+    if !g.json {
+        eprintln!("({count} event{}, watermark {watermark})", if count == 1 { "" } else { "s" });
+    }
+    Ok(())
+}
+
+/// `tephra subscribe`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Output: events as `read` prints them, as they arrive; the live edge is reported as
+\"caught up at N\" on stderr, or as a {\"caught_up\":N} line with --json. Ctrl-C (or SIGTERM)
+cancels the subscription and exits 0.")]
+pub struct SubscribeArgs {
+    #[command(flatten)]
+    query: QueryArgs,
+    /// Start after POSITION (default 0: from the beginning).
+    #[arg(long, value_name = "POSITION", default_value_t = 0)]
+    after: u64,
+}
+
+/// `tephra subscribe`: runs until Ctrl-C.
+pub fn subscribe(g: &Global, args: &SubscribeArgs) -> Result<(), CliError> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let query = args.query.query()?;
+    let mut client = connect(g, false)?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| CliError::other(format!("installing the Ctrl-C handler: {e}")))?;
+    let signal_handle = signals.handle();
+    let (stream, cancel) =
+        client.subscribe(query, Position(args.after)).map_err(|e| CliError::client("subscribe failed", e))?;
+    let watcher = std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            cancel.cancel();
+        }
+    });
+    let mut out = io::stdout().lock();
+    let mut result = Ok(());
+    for item in stream {
+        let line = match item {
+            Ok(SubEvent::Event(e)) => event_output(g, &e),
+            Ok(SubEvent::CaughtUp(w)) if g.json => serde_json::json!({ "caught_up": w.get() }).to_string(),
+            Ok(SubEvent::CaughtUp(w)) => {
+                eprintln!("caught up at {w}");
+                continue;
+            }
+            Err(e) => {
+                result = Err(CliError::client("subscription failed", e));
+                break;
+            }
+        };
+        if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+            result = Err(CliError::output(e));
+            break;
+        }
+    }
+    signal_handle.close();
+    let _ = watcher.join();
+    result
+}
+
+/// `tephra stats`.
+pub fn stats(g: &Global) -> Result<(), CliError> {
+    let mut client = connect(g, true)?;
+    let s = client.stats().map_err(|e| CliError::client("stats failed", e))?;
+    let text = if g.json {
+        serde_json::json!({
+            "event_count": s.event_count,
+            "segment_count": s.segment_count,
+            "disk_bytes": s.disk_bytes,
+            "uptime_seconds": s.uptime_seconds,
+            "active_connections": s.active_connections,
+            "active_subscriptions": s.active_subscriptions,
+            "version": s.version,
+            "connections_refused": s.connections_refused,
+            "max_connections": s.max_connections,
+            "connections_reaped": s.connections_reaped,
+        })
+        .to_string()
+    } else {
+        let cap = if s.max_connections == 0 { "unlimited".to_owned() } else { s.max_connections.to_string() };
+        [
+            format!("server version        {}", s.version),
+            format!("events                {}", s.event_count),
+            format!("segments              {}", s.segment_count),
+            format!("disk                  {} ({})", s.disk_bytes, indicatif::BinaryBytes(s.disk_bytes)),
+            format!(
+                "uptime                {}",
+                indicatif::HumanDuration(std::time::Duration::from_secs(s.uptime_seconds))
+            ),
+            format!("active connections    {} (max {cap})", s.active_connections),
+            format!("active subscriptions  {}", s.active_subscriptions),
+            format!("connections refused   {}", s.connections_refused),
+            format!("connections reaped    {}", s.connections_reaped),
+        ]
+        .join("\n")
+    };
+    writeln!(io::stdout().lock(), "{text}").map_err(CliError::output)
+}
+
+/// A progress bar on stderr when it is a terminal; hidden otherwise.
+fn progress(len: u64, what: &str) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    let template =
+        format!("{{elapsed_precise}} [{{wide_bar}}] {{human_pos}}/{{human_len}} {what} ({{per_sec}}, eta {{eta}})");
+    if let Ok(style) = ProgressStyle::with_template(&template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// `tephra export`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Writes one JSON object per line, oldest first: {\"position\":N,\"type\":..,\"tags\":[..],
+\"payload\":\"<utf-8>\"} (\"payload_base64\" when the payload is not UTF-8). `tephra import`
+reads it back. A summary goes to stderr (to stdout with --output).")]
+pub struct ExportArgs {
+    #[command(flatten)]
+    query: QueryArgs,
+    /// Export the events after POSITION (default 0: from the first).
+    #[arg(long, value_name = "POSITION", default_value_t = 0)]
+    after: u64,
+    /// ... up to and including POSITION (default: the tip when the export starts).
+    #[arg(long, value_name = "POSITION")]
+    to: Option<u64>,
+    /// Write to FILE instead of stdout.
+    #[arg(long, short, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+/// `tephra export`: one pinned read streamed to JSON lines.
+pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
+    let query = args.query.query()?;
+    let mut client = connect(g, true)?;
+    let tip = client.stats().map_err(|e| CliError::client("stats failed", e))?.event_count;
+    let end = args.to.map_or(tip, |t| t.min(tip));
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(path) => Box::new(BufWriter::new(
+            File::create(path).map_err(|e| CliError::other(format!("--output {}: {e}", path.display())))?,
+        )),
+        None => Box::new(BufWriter::new(io::stdout().lock())),
+    };
+    // Positions are dense, so an unfiltered range is an exact limit.
+    let limit = match (args.to, &query) {
+        (Some(to), Query::All) => Some(to.saturating_sub(args.after)),
+        _ => None,
+    };
+    let bar = progress(end.saturating_sub(args.after), "events");
+    let mut stream =
+        client.read(query, Position(args.after), limit).map_err(|e| CliError::client("export failed", e))?;
+    let (mut count, mut first, mut last) = (0u64, None, None);
+    for item in stream.by_ref() {
+        let e = item.map_err(|e| CliError::client("export failed", e))?;
+        let p = e.position.get();
+        if args.to.is_some_and(|to| p > to) {
+            break;
+        }
+        if let Err(err) = writeln!(out, "{}", jsonl::event_line(Some(p), &e.event)) {
+            std::mem::forget(stream);
+            return Err(CliError::output(err));
+        }
+        count += 1;
+        first.get_or_insert(p);
+        last = Some(p);
+        bar.set_position(p.saturating_sub(args.after));
+    }
+    drop(stream);
+    out.flush().map_err(|e| match &args.output {
+        Some(path) => CliError::other(format!("--output {}: {e}", path.display())),
+        None => CliError::output(e),
+    })?;
+    drop(out);
+    bar.finish_and_clear();
+    let summary = if g.json {
+        serde_json::json!({ "exported": count, "first": first, "last": last }).to_string()
+    } else {
+        match (first, last) {
+            (Some(a), Some(b)) => format!("exported {count} events (positions {a}..={b})"),
+            _ => "exported 0 events".to_owned(),
+        }
+    };
+    if args.output.is_some() {
+        writeln!(io::stdout().lock(), "{summary}").map_err(CliError::output)
+    } else {
+        eprintln!("{summary}");
+        Ok(())
+    }
+}
+
+/// `tephra import`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Reads JSON lines in the `export` format (\"position\" is optional and ignored). Every line is
+validated before anything is appended: a bad line is reported with its number (exit 2) and
+nothing is written. The events are then appended in order, in batches (each batch is atomic;
+if a batch fails, the earlier ones stay and the error says how far the import got). Positions
+in the target are assigned afresh: into an empty store, an export from position 1 keeps its
+positions.")]
+pub struct ImportArgs {
+    /// The JSON-lines file (`-` or none: stdin).
+    #[arg(value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Events per append (at most; batches also stay under 8 MiB).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    batch: usize,
+}
+
+/// Splits `events` into batches of at most `max` events and about [`MAX_BATCH_BYTES`].
+fn batches(events: Vec<Event>, max: usize) -> Vec<Vec<Event>> {
+    let mut out = Vec::new();
+    let mut cur = Vec::new();
+    let mut bytes = 0;
+    for e in events {
+        let size = e.encoded_len();
+        if !cur.is_empty() && (cur.len() >= max || bytes + size > MAX_BATCH_BYTES) {
+            out.push(std::mem::take(&mut cur));
+            bytes = 0;
+        }
+        bytes += size;
+        cur.push(e);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// `tephra import`: validate the whole input, then append batch by batch.
+pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
+    let (name, input): (String, Box<dyn BufRead>) = match &args.file {
+        Some(path) if path.as_os_str() != "-" => {
+            let file = File::open(path).map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?;
+            (path.display().to_string(), Box::new(BufReader::new(file)))
+        }
+        _ => ("stdin".to_owned(), Box::new(io::stdin().lock())),
+    };
+    let events = jsonl::parse_all(input).map_err(|e| CliError::usage(format!("{name} {e}")))?;
+    let total = events.len() as u64;
+    let mut client = connect(g, true)?;
+    let bar = progress(total, "events");
+    let (mut done, mut first, mut last, mut count) = (0u64, None::<Position>, None::<Position>, 0usize);
+    for batch in batches(events, args.batch) {
+        let n = batch.len() as u64;
+        let r = client.append(batch, None).map_err(|e| {
+            bar.abandon();
+            let so_far = match (first, last) {
+                (Some(a), Some(b)) => format!("{done} of {total} events were appended (positions {a}..={b})"),
+                _ => format!("nothing was appended ({total} events to go)"),
+            };
+            let mut err = CliError::client("import failed", e);
+            err.message = format!("{}; {so_far}", err.message);
+            err
+        })?;
+        first.get_or_insert(r.first);
+        last = Some(r.last);
+        done += n;
+        count += 1;
+        bar.set_position(done);
+    }
+    bar.finish_and_clear();
+    let text = if g.json {
+        serde_json::json!({
+            "imported": done,
+            "batches": count,
+            "first": first.map(Position::get),
+            "last": last.map(Position::get),
+        })
+        .to_string()
+    } else {
+        match (first, last) {
+            (Some(a), Some(b)) => format!("imported {done} events in {count} batches (positions {a}..={b})"),
+            _ => "imported 0 events".to_owned(),
+        }
+    };
+    writeln!(io::stdout().lock(), "{text}").map_err(CliError::output)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_respect_count_and_size() {
+        let ev = |n: usize| Event::new(&EventType::new("E").unwrap(), &Tags::empty(), &vec![0u8; n]).unwrap();
+        let sizes: Vec<usize> = batches((0..10).map(|_| ev(1)).collect(), 4).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [4, 4, 2]);
+        let big = batches((0..5).map(|_| ev(3 * 1024 * 1024)).collect(), 1000);
+        assert_eq!(big.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
+        assert!(batches(Vec::new(), 3).is_empty());
+    }
+}

@@ -1,0 +1,283 @@
+//! The streams returned by [`AsyncClient::read`](super::AsyncClient::read) and
+//! [`AsyncClient::subscribe`](super::AsyncClient::subscribe).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_core::Stream;
+
+use super::connection::{ConnHandle, Delivery, InFlight};
+use crate::client::{ClientError, SequencedEvent, SubEvent};
+use crate::model::Position;
+use crate::proto::{self, request, response};
+
+type Starting = Pin<Box<dyn Future<Output = Result<InFlight, ClientError>> + Send>>;
+
+/// Where a stream's request is.
+enum Phase {
+    /// Encoded, not sent: nothing happens until the stream is first polled.
+    Idle(Vec<u8>),
+    /// Encoding failed: the error is the stream's only item.
+    Refused(ClientError),
+    /// Waiting for an in-flight permit or room in the socket's queue.
+    Starting(Starting),
+    /// Sent; frames arrive in the mailbox.
+    Open(InFlight),
+    /// Ended (terminator, error, or connection failure); nothing more is sent on drop.
+    Done,
+}
+
+/// The request half shared by both streams: lazy start, frame delivery, cancel on drop.
+struct Core {
+    conn: ConnHandle,
+    id: u64,
+    phase: Phase,
+}
+
+impl Core {
+    fn new(conn: ConnHandle, kind: request::Kind) -> Core {
+        match conn.prepare(kind) {
+            Ok((id, frame)) => Core { conn, id, phase: Phase::Idle(frame) },
+            Err(e) => Core { conn, id: 0, phase: Phase::Refused(e) },
+        }
+    }
+
+    /// The next frame payload for this request. `None` only after [`end`](Self::end).
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Delivery>> {
+        loop {
+            match &mut self.phase {
+                Phase::Idle(_) => {
+                    let Phase::Idle(frame) = std::mem::replace(&mut self.phase, Phase::Done) else { unreachable!() };
+                    self.phase = Phase::Starting(Box::pin(self.conn.clone().submit(self.id, frame)));
+                }
+                Phase::Refused(_) => {
+                    let Phase::Refused(e) = std::mem::replace(&mut self.phase, Phase::Done) else { unreachable!() };
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Phase::Starting(fut) => match fut.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(flight)) => self.phase = Phase::Open(flight),
+                    Poll::Ready(Err(e)) => {
+                        self.phase = Phase::Done;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                },
+                Phase::Open(flight) => {
+                    return match flight.registration.slot.poll_next(cx) {
+                        Poll::Pending => Poll::Pending,
+                        Poll::Ready(Some(item)) => Poll::Ready(Some(item)),
+                        Poll::Ready(None) => {
+                            self.phase = Phase::Done;
+                            Poll::Ready(Some(Err(self.conn.shared.gone_error())))
+                        }
+                    };
+                }
+                Phase::Done => return Poll::Ready(None),
+            }
+        }
+    }
+
+    /// Marks the request finished: its id is released and no cancel will be sent.
+    fn end(&mut self) {
+        self.phase = Phase::Done;
+    }
+
+    /// Ends the request after a frame it cannot accept: cancels it on the server too.
+    fn abort(&mut self) {
+        if matches!(self.phase, Phase::Starting(_) | Phase::Open(_)) {
+            self.conn.shared.cancel(self.id);
+        }
+        self.phase = Phase::Done;
+    }
+
+    fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done | Phase::Refused(_))
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // A request that may have reached the server is cancelled (spec §1.5). One that
+        // never did costs a no-op cancel of an unknown id.
+        if matches!(self.phase, Phase::Starting(_) | Phase::Open(_)) {
+            self.conn.shared.cancel(self.id);
+        }
+    }
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let phase = match self.phase {
+            Phase::Idle(_) => "idle",
+            Phase::Refused(_) => "refused",
+            Phase::Starting(_) => "starting",
+            Phase::Open(_) => "open",
+            Phase::Done => "done",
+        };
+        f.debug_struct("Request").field("id", &self.id).field("phase", &phase).finish()
+    }
+}
+
+fn unexpected(kind: &response::Kind, wanted: &str) -> ClientError {
+    ClientError::unexpected(kind, wanted)
+}
+
+/// The events of one read (spec §1.6), as a [`Stream`] of
+/// `Result<SequencedEvent, ClientError>`. Returned by
+/// [`AsyncClient::read`](super::AsyncClient::read) and
+/// [`read_back`](super::AsyncClient::read_back).
+///
+/// - The request is sent when the stream is first polled (it then waits for an in-flight
+///   permit and room in the socket's queue).
+/// - The stream ends (`None`) after the read's `ReadEnd`; [`watermark`](Self::watermark)
+///   then gives the durable tip the read was pinned to.
+/// - An error (a server error such as `BAD_REQUEST` for an invalid query, or the connection
+///   failing) is the last item.
+/// - Dropping the stream before its end sends a `CancelRequest` for it (never lost: cancels
+///   bypass the request queue) and ignores its late frames; the socket stays usable.
+/// - `Send`, not `Sync`; `Unpin`.
+#[derive(Debug)]
+pub struct AsyncReadStream {
+    core: Core,
+    batch: std::vec::IntoIter<proto::SequencedEvent>,
+    watermark: Option<Position>,
+}
+
+impl AsyncReadStream {
+    pub(super) fn new(conn: ConnHandle, read: proto::ReadRequest) -> AsyncReadStream {
+        AsyncReadStream {
+            core: Core::new(conn, request::Kind::Read(read)),
+            batch: Vec::new().into_iter(),
+            watermark: None,
+        }
+    }
+
+    /// The read's watermark (the durable tip it was pinned to) once the stream has ended
+    /// normally; `None` before that or after an error.
+    pub fn watermark(&self) -> Option<Position> {
+        self.watermark
+    }
+
+    /// The request id of this read on its socket (0 if the request could not be encoded).
+    pub fn request_id(&self) -> u64 {
+        self.core.id
+    }
+
+    /// Drains the stream: every event, in order, and the watermark.
+    ///
+    /// # Errors
+    /// The first error of the stream (the rest of the read is then cancelled).
+    pub async fn collect_all(mut self) -> Result<(Vec<SequencedEvent>, Position), ClientError> {
+        let mut out = Vec::new();
+        while let Some(item) = std::future::poll_fn(|cx| Pin::new(&mut self).poll_next(cx)).await {
+            out.push(item?);
+        }
+        match self.watermark {
+            Some(w) => Ok((out, w)),
+            None => Err(ClientError::Protocol("read ended without a watermark".into())),
+        }
+    }
+}
+
+impl Stream for AsyncReadStream {
+    type Item = Result<SequencedEvent, ClientError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(se) = this.batch.next() {
+                return Poll::Ready(Some(SequencedEvent::from_proto(se)));
+            }
+            let item = match this.core.poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(item)) => item,
+            };
+            match item {
+                Ok(response::Kind::ReadEvents(b)) => this.batch = b.events.into_iter(),
+                Ok(response::Kind::ReadEnd(end)) => {
+                    this.watermark = Some(Position(end.watermark));
+                    this.core.end();
+                    return Poll::Ready(None);
+                }
+                Ok(other) => {
+                    this.core.abort();
+                    return Poll::Ready(Some(Err(unexpected(&other, "read_events or read_end"))));
+                }
+                Err(e) => {
+                    this.core.end();
+                    return Poll::Ready(Some(Err(e)));
+                }
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.batch.len(), if self.core.is_done() { Some(self.batch.len()) } else { None })
+    }
+}
+
+/// A live subscription (spec §1.6), as a [`Stream`] of `Result<SubEvent, ClientError>`.
+/// Returned by [`AsyncClient::subscribe`](super::AsyncClient::subscribe).
+///
+/// - The request is sent when the stream is first polled.
+/// - It first catches up on stored matches, then follows new commits, with a
+///   [`SubEvent::CaughtUp`] marker each time it reaches the live edge.
+/// - It never ends by itself: only with an error (a server error, or the connection
+///   failing), which is its last item.
+/// - Dropping it (or calling [`cancel`](Self::cancel)) sends a `CancelRequest`; frames
+///   still in flight are ignored and the socket stays usable.
+/// - Frames that arrive while the stream is not polled are buffered without bound.
+/// - `Send`, not `Sync`; `Unpin`.
+#[derive(Debug)]
+pub struct AsyncSubscribeStream {
+    core: Core,
+    batch: std::vec::IntoIter<proto::SequencedEvent>,
+}
+
+impl AsyncSubscribeStream {
+    pub(super) fn new(conn: ConnHandle, sub: proto::SubscribeRequest) -> AsyncSubscribeStream {
+        AsyncSubscribeStream { core: Core::new(conn, request::Kind::Subscribe(sub)), batch: Vec::new().into_iter() }
+    }
+
+    /// The request id of this subscription on its socket (0 if it could not be encoded).
+    pub fn request_id(&self) -> u64 {
+        self.core.id
+    }
+
+    /// Stops the subscription: same as dropping it.
+    pub fn cancel(self) {}
+}
+
+impl Stream for AsyncSubscribeStream {
+    type Item = Result<SubEvent, ClientError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(se) = this.batch.next() {
+                return Poll::Ready(Some(SequencedEvent::from_proto(se).map(SubEvent::Event)));
+            }
+            let item = match this.core.poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(item)) => item,
+            };
+            match item {
+                Ok(response::Kind::ReadEvents(b)) => this.batch = b.events.into_iter(),
+                Ok(response::Kind::CaughtUp(c)) => {
+                    return Poll::Ready(Some(Ok(SubEvent::CaughtUp(Position(c.watermark)))))
+                }
+                Ok(other) => {
+                    this.core.abort();
+                    return Poll::Ready(Some(Err(unexpected(&other, "read_events or caught_up"))));
+                }
+                Err(e) => {
+                    this.core.end();
+                    return Poll::Ready(Some(Err(e)));
+                }
+            }
+        }
+    }
+}

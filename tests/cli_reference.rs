@@ -1,0 +1,13 @@
+//! The `tephra` command-line tool end to end, against the REFERENCE server
+//! (`TEPHRA_REFERENCE_SERVER`). The cases live in `cli/cases.rs`; to run them against another
+//! server binary, copy this file and change `server_binary` and `SERVER_VERSION`.
+
+mod support;
+
+fn server_binary() -> Option<std::path::PathBuf> {
+    support::reference_binary()
+}
+
+const SERVER_VERSION: &str = "0.4.4";
+
+include!("cli/cases.rs");
