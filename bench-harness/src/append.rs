@@ -16,7 +16,10 @@
 //! - [`RawBackend`] (`--client raw`): one OS thread per connection writing pre-encoded
 //!   frames ([`Generator::next_frame`]: the event is encoded once per request and its bytes
 //!   repeated) and matching acknowledgements by request id, so it keeps `inflight`
-//!   requests in flight per socket and costs the least CPU.
+//!   requests in flight per socket and costs the least CPU;
+//! - [`AsyncBackend`] (`--client async`): our pipelined [`tephra::client::AsyncClient`],
+//!   one control socket per connection, `inflight` append tasks on each, every socket's
+//!   driver and every task on one `async-executor` thread over `async-io`.
 
 use crate::metrics::{self, ErrorCounts, Latency};
 use crate::workload::{Generator, WorkloadSpec};
@@ -49,6 +52,8 @@ pub struct AppendConfig {
     pub duration: Duration,
     /// Pause of a writer after an error (the reference's harness sleeps 1 s).
     pub error_backoff: Duration,
+    /// Executor threads of [`AsyncBackend`] (connections are spread over them; default 1).
+    pub executor_threads: usize,
 }
 
 /// The result of one append run.
@@ -231,6 +236,8 @@ pub enum ClientKind {
     Blocking,
     /// [`RawBackend`]: pre-encoded frames, `--inflight` requests per connection.
     Raw,
+    /// [`AsyncBackend`]: the pipelined async client, `--inflight` requests per connection.
+    Async,
 }
 
 impl ClientKind {
@@ -239,6 +246,7 @@ impl ClientKind {
         match self {
             ClientKind::Blocking => &BlockingBackend,
             ClientKind::Raw => &RawBackend,
+            ClientKind::Async => &AsyncBackend,
         }
     }
 
@@ -247,7 +255,7 @@ impl ClientKind {
         match self {
             ClientKind::Blocking => 1,
             // The server's default per-connection append budget.
-            ClientKind::Raw => 256,
+            ClientKind::Raw | ClientKind::Async => 256,
         }
     }
 }
@@ -416,6 +424,139 @@ impl LoadBackend for RawBackend {
     fn run(&self, cfg: &AppendConfig, stop: &AtomicBool) -> Result<(Clock, Vec<Tally>), String> {
         thread_per_connection(cfg, stop, RawConn::connect, raw_writer)
     }
+}
+
+/// Our pipelined [`tephra::client::AsyncClient`]: one client with only its control socket
+/// (`bulk_connections = 0`) per connection, `inflight` tasks appending on each, driven by
+/// [`AppendConfig::executor_threads`] `async-executor` threads (sockets on `async-io`'s
+/// reactor).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AsyncBackend;
+
+impl LoadBackend for AsyncBackend {
+    fn name(&self) -> &'static str {
+        "async"
+    }
+
+    fn run(&self, cfg: &AppendConfig, stop: &AtomicBool) -> Result<(Clock, Vec<Tally>), String> {
+        let threads = cfg.executor_threads.clamp(1, cfg.connections);
+        let barrier = Barrier::new(threads + 1);
+        let clock_cell = std::sync::OnceLock::new();
+        let results: Vec<Result<Vec<Tally>, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    // Connections t, t + threads, t + 2 * threads, ...
+                    let first = t;
+                    let (barrier, clock_cell) = (&barrier, &clock_cell);
+                    std::thread::Builder::new()
+                        .name(format!("async-{t}"))
+                        .spawn_scoped(s, move || {
+                            async_group(cfg, stop, first, threads, barrier, clock_cell)
+                        })
+                        .expect("spawn executor thread")
+                })
+                .collect();
+            let _ = clock_cell.set(Clock::starting_now(cfg.warmup, cfg.duration));
+            // The clock starts once every thread has connected (or failed to).
+            barrier.wait();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("executor thread panicked"))
+                .collect()
+        });
+        let mut tallies = Vec::new();
+        for r in results {
+            tallies.extend(r?);
+        }
+        Ok((*clock_cell.get().expect("set"), tallies))
+    }
+}
+
+/// One executor thread of [`AsyncBackend`]: connections `first`, `first + step`, ...
+fn async_group(
+    cfg: &AppendConfig,
+    stop: &AtomicBool,
+    first: usize,
+    step: usize,
+    barrier: &Barrier,
+    clock_cell: &std::sync::OnceLock<Clock>,
+) -> Result<Vec<Tally>, String> {
+    use tephra::client::async_client::{AsyncClient, AsyncClientConfig, TcpConnector};
+    let ex = async_executor::LocalExecutor::new();
+    async_io::block_on(ex.run(async {
+        let mut clients = Vec::new();
+        let mut failed = None;
+        for i in (first..cfg.connections).step_by(step) {
+            let fail = |e: std::io::Error| {
+                format!(
+                    "connection {} of {} to {}: {e}",
+                    i + 1,
+                    cfg.connections,
+                    cfg.addr
+                )
+            };
+            let config = AsyncClientConfig {
+                bulk_connections: 0,
+                max_inflight_requests: cfg.inflight,
+                ..AsyncClientConfig::default()
+            };
+            let connected = match TcpConnector::new(cfg.addr.as_str()) {
+                Ok(c) => AsyncClient::connect_with(c, config).await.map_err(fail),
+                Err(e) => Err(fail(e)),
+            };
+            match connected {
+                Ok((client, driver)) => {
+                    ex.spawn(driver).detach();
+                    clients.push(client);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        barrier.wait();
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let clock = *clock_cell
+            .get()
+            .expect("clock set before the barrier opens");
+        let mut tasks = Vec::with_capacity(clients.len() * cfg.inflight);
+        for client in &clients {
+            for _ in 0..cfg.inflight {
+                let client = client.clone();
+                tasks.push(ex.spawn(async move {
+                    let mut tally = Tally::default();
+                    let mut generator = Generator::new(cfg.workload);
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < clock.window_end {
+                        let Ok(req) = generator.next_request() else {
+                            tally.err("encode".into());
+                            break;
+                        };
+                        let n = req.events.len() as u64;
+                        let sent = Instant::now();
+                        match client.append(req.events, req.condition).await {
+                            Ok(_) => tally.ok(&clock, sent, Instant::now(), n),
+                            Err(e) => {
+                                tally.err(metrics::error_name(&e));
+                                let until =
+                                    (Instant::now() + cfg.error_backoff).min(clock.window_end);
+                                async_io::Timer::at(until).await;
+                            }
+                        }
+                    }
+                    tally
+                }));
+            }
+        }
+        let mut tallies = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            tallies.push(t.await);
+        }
+        drop(clients);
+        Ok(tallies)
+    }))
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {

@@ -66,9 +66,14 @@ pub struct AppendArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub inflight: u64,
     /// The load generator: `blocking` (our blocking client, one thread per connection, as
-    /// the reference's published numbers) or `raw` (pre-encoded frames, cheapest, pipelined).
+    /// the reference's published numbers), `raw` (pre-encoded frames, cheapest, pipelined)
+    /// or `async` (our pipelined AsyncClient on one executor thread).
     #[arg(long, value_enum, default_value = "blocking")]
     pub client: crate::append::ClientKind,
+    /// Executor threads of `--client async` (connections are spread over them).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub executor_threads: u64,
     /// Measured seconds.
     #[arg(long, value_name = "S", default_value = "15", value_parser = parse_seconds)]
     pub duration: f64,
@@ -171,9 +176,14 @@ pub struct CompareArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub inflight: u64,
     /// The load generator: `blocking` (our blocking client, one thread per connection, as
-    /// the reference's published numbers) or `raw` (pre-encoded frames, cheapest, pipelined).
+    /// the reference's published numbers), `raw` (pre-encoded frames, cheapest, pipelined)
+    /// or `async` (our pipelined AsyncClient on one executor thread).
     #[arg(long, value_enum, default_value = "blocking")]
     pub client: crate::append::ClientKind,
+    /// Executor threads of `--client async` (connections are spread over them).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub executor_threads: u64,
     /// `TEPHRA__SEGMENT__SIZE` for both servers, bytes (the published table: 256 MiB).
     #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
     pub segment_size: u64,

@@ -124,6 +124,8 @@ pub struct CompareConfig {
     pub inflight: usize,
     /// The load generator.
     pub client: ClientKind,
+    /// Executor threads of the async generator.
+    pub executor_threads: usize,
     /// `TEPHRA__SEGMENT__SIZE` for both servers.
     pub segment_size: u64,
     /// More `KEY=VALUE` environment for both servers.
@@ -344,6 +346,7 @@ fn one_run(
         warmup: cfg.warmup,
         duration: cfg.duration,
         error_backoff: Duration::from_secs(1),
+        executor_threads: cfg.executor_threads,
     };
     let empty = |notes: Vec<String>| Run {
         server: who.name.clone(),

@@ -51,7 +51,7 @@ fn backend_for(
     } else if client == append::ClientKind::Blocking {
         eprintln!(
             "tephra-bench {cmd}: error: --inflight {inflight}: the blocking client keeps one request in flight per \
-             connection; use --client raw, or more --connections"
+             connection; use --client async or raw, or more --connections"
         );
         Err(EXIT_USAGE)
     } else {
@@ -102,6 +102,7 @@ fn run_append(args: AppendArgs) -> i32 {
         warmup: Duration::from_secs_f64(args.warmup),
         duration: Duration::from_secs_f64(args.duration),
         error_backoff: Duration::from_millis(args.error_backoff_ms),
+        executor_threads: args.executor_threads as usize,
     };
     signals::install();
     let rep = match append::run(&cfg, backend, &signals::STOP) {
@@ -239,6 +240,7 @@ fn run_compare(args: CompareArgs) -> i32 {
         conditional: !args.unconditional,
         inflight: args.inflight as usize,
         client: args.client,
+        executor_threads: args.executor_threads as usize,
         segment_size: args.segment_size,
         server_env: args.server_env.clone(),
         settle: Duration::from_millis(args.settle_ms),
