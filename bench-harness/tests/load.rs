@@ -50,6 +50,8 @@ fn ours() -> Option<PathBuf> {
                 p.display()
             );
             let st = Command::new(env!("CARGO"))
+                // `async-io` as tephra-bench enables it, so the library already built for
+                // these tests is reused and only the binary is compiled.
                 .args([
                     "build",
                     "--release",
@@ -57,6 +59,8 @@ fn ours() -> Option<PathBuf> {
                     "tephra-server",
                     "-p",
                     "tephra",
+                    "--features",
+                    "async-io",
                 ])
                 .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
                 .status();
@@ -149,7 +153,7 @@ fn append_counts_match(binary: &Path, name: &str) {
         "-b",
         "8",
         "--duration",
-        "1",
+        "1.5",
         "--warmup",
         "0.3",
         "--json",
@@ -182,7 +186,7 @@ fn append_counts_match(binary: &Path, name: &str) {
         "-b",
         "1",
         "--duration",
-        "0.5",
+        "1.5",
         "--warmup",
         "0",
         "--unconditional",
@@ -210,7 +214,7 @@ fn append_counts_match(binary: &Path, name: &str) {
             "--client",
             client,
             "--duration",
-            "1",
+            "1.5",
             "--warmup",
             "0.2",
             "--json",
@@ -347,8 +351,9 @@ fn compare_runs_both_servers_and_writes_table_json_and_chart() {
         "2x1,2x16",
         "--rounds",
         "2",
+        // Long enough that a window is never empty, even on a loaded machine.
         "--duration",
-        "0.5",
+        "1.5",
         "--warmup",
         "0.2",
         "--settle-ms",
