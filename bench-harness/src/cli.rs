@@ -196,6 +196,13 @@ pub struct CompareArgs {
     /// Keep every run's data directory.
     #[arg(long)]
     pub keep_data: bool,
+    /// Also compare the read side each round (`tephra-bench read` on a fresh server:
+    /// scans, selective reads, subscription fan-out).
+    #[arg(long)]
+    pub read: bool,
+    /// Events the read phase populates [default: 1000000, quick: 200000].
+    #[arg(long, value_name = "N")]
+    pub read_populate: Option<u64>,
     /// Print the JSON report on stdout instead of the markdown table.
     #[arg(long)]
     pub json: bool,

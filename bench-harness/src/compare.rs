@@ -6,7 +6,8 @@
 //! for its stats (the events it holds must equal the events acknowledged), stopped by
 //! pid, and its data directory removed. The servers alternate A B A B so slow drift of a
 //! noisy machine hits both alike; the summary quotes the **median** over rounds of each
-//! figure, and the ratio ours / reference of those medians.
+//! figure, and the ratio ours / reference of those medians. With a read configuration,
+//! every round ends with [`crate::read`] on each contender, again on a fresh server.
 
 use crate::append::{self, AppendConfig, AppendReport, ClientKind};
 use crate::chart::{self, ChartData, Series};
@@ -134,6 +135,9 @@ pub struct CompareConfig {
     pub settle: Duration,
     /// Keep the data directories.
     pub keep_data: bool,
+    /// Also run `tephra-bench read` on each contender every round (after the append
+    /// cells), with these settings (`addr` is filled in per run).
+    pub read: Option<crate::read::ReadConfig>,
 }
 
 /// One measured run.
@@ -160,6 +164,21 @@ pub struct Run {
     /// The server's pid (it is stopped by the end of the run).
     pub server_pid: Option<u32>,
     /// Anything odd (stored ≠ acknowledged, errors, a failed start).
+    pub notes: Vec<String>,
+}
+
+/// One read-side run on a fresh server.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReadRun {
+    /// Contender name.
+    pub server: String,
+    /// 0-based round.
+    pub round: usize,
+    /// The report, when the run worked.
+    pub report: Option<crate::read::ReadReport>,
+    /// The server's `event_count` after the run.
+    pub stored_events: Option<u64>,
+    /// What went wrong, if anything.
     pub notes: Vec<String>,
 }
 
@@ -232,6 +251,8 @@ pub struct CompareReport {
     pub runs: Vec<Run>,
     /// Per-cell medians and ratios.
     pub cells: Vec<CellResult>,
+    /// Read-side runs (with `--read`), in execution order.
+    pub read_runs: Vec<ReadRun>,
     /// True when SIGINT/SIGTERM cut it short.
     pub interrupted: bool,
     /// Wall time, s.
@@ -431,6 +452,81 @@ fn one_run(
     }
 }
 
+/// One read-side run on a fresh server.
+fn one_read_run(
+    cfg: &CompareConfig,
+    rcfg: &crate::read::ReadConfig,
+    who: &Contender,
+    round: usize,
+    seq: usize,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(&str),
+) -> ReadRun {
+    let data = cfg.dir.join(format!("run-{seq:03}-{}-read", who.name));
+    let _ = std::fs::remove_dir_all(&data);
+    let mut env = vec![(
+        "TEPHRA__SEGMENT__SIZE".to_owned(),
+        cfg.segment_size.to_string(),
+    )];
+    env.extend(cfg.server_env.iter().cloned());
+    let spec = ServerSpec {
+        binary: who.binary.clone(),
+        data_dir: data.clone(),
+        env,
+        log_file: cfg
+            .out
+            .join("logs")
+            .join(format!("run-{seq:03}-{}-read.log", who.name)),
+    };
+    let mut run = ReadRun {
+        server: who.name.clone(),
+        round,
+        report: None,
+        stored_events: None,
+        notes: Vec::new(),
+    };
+    let mut server = match ServerProcess::start(&spec) {
+        Ok(s) => s,
+        Err(e) => {
+            cleanup_data(cfg, &data);
+            run.notes.push(format!("server did not start: {e}"));
+            return run;
+        }
+    };
+    let addr = server.addr.to_string();
+    progress(&format!(
+        "{} pid {} listening on {addr}",
+        who.name, server.pid
+    ));
+    let rcfg = crate::read::ReadConfig {
+        addr: addr.clone(),
+        ..rcfg.clone()
+    };
+    match crate::read::run(&rcfg, stop) {
+        Ok(r) => run.report = Some(r),
+        Err(e) => run.notes.push(format!("read benchmark failed: {e}")),
+    }
+    run.stored_events = tephra::client::Client::connect(addr.as_str())
+        .ok()
+        .and_then(|mut c| c.stats().ok())
+        .map(|s| s.event_count);
+    if let (Some(s), Some(r)) = (run.stored_events, &run.report) {
+        if s != r.events_appended {
+            run.notes.push(format!(
+                "server holds {s} events but {} were appended",
+                r.events_appended
+            ));
+        }
+    }
+    let exit = server.stop();
+    if exit != Some(0) {
+        run.notes
+            .push(format!("server exit code after SIGTERM: {exit:?}"));
+    }
+    cleanup_data(cfg, &data);
+    run
+}
+
 fn empty_report(acfg: &AppendConfig, client: ClientKind) -> AppendReport {
     AppendReport {
         client: client.backend().name().into(),
@@ -478,8 +574,10 @@ pub fn run(
     let started = Instant::now();
     let machine = crate::machine::gather(&cfg.dir).ok();
     let contention_before = Some(crate::machine::contention());
-    let total = cfg.rounds * cfg.cells.len() * cfg.contenders.len();
+    let per_round = (cfg.cells.len() + usize::from(cfg.read.is_some())) * cfg.contenders.len();
+    let total = cfg.rounds * per_round;
     let mut runs = Vec::new();
+    let mut read_runs = Vec::new();
     let mut seq = 0;
     'outer: for round in 0..cfg.rounds {
         for cell in &cfg.cells {
@@ -508,6 +606,28 @@ pub fn run(
                 runs.push(r);
             }
         }
+        if let Some(rcfg) = &cfg.read {
+            for who in &cfg.contenders {
+                if crate::signals::stopped() || stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break 'outer;
+                }
+                seq += 1;
+                progress(&format!(
+                    "[{seq}/{total}] round {} · read · {}",
+                    round + 1,
+                    who.name
+                ));
+                let r = one_read_run(cfg, rcfg, who, round, seq, stop, progress);
+                match &r.report {
+                    Some(rep) => progress(&format!(
+                        "    {}",
+                        crate::read::render(rep).trim_end().replace('\n', "\n    ")
+                    )),
+                    None => progress(&format!("    no result: {}", r.notes.join("; "))),
+                }
+                read_runs.push(r);
+            }
+        }
     }
     let interrupted = stop.load(std::sync::atomic::Ordering::Relaxed);
     let cells = summarize_cells(&cfg.contenders, &cfg.cells, &runs);
@@ -531,6 +651,7 @@ pub fn run(
         contention_after: Some(crate::machine::contention()),
         runs,
         cells,
+        read_runs,
         interrupted,
         wall_seconds: started.elapsed().as_secs_f64(),
     }
@@ -645,6 +766,9 @@ pub fn render_markdown(r: &CompareReport) -> String {
             run.notes.join("; ")
         );
     }
+    if !r.read_runs.is_empty() {
+        render_read_markdown(&mut s, r);
+    }
     if let Some(m) = &r.machine {
         let _ = writeln!(
             s,
@@ -676,6 +800,110 @@ pub fn render_markdown(r: &CompareReport) -> String {
         );
     }
     s
+}
+
+/// The read-side table: per contender, medians over rounds, then every run.
+fn render_read_markdown(s: &mut String, r: &CompareReport) {
+    let us = |x: f64| crate::append::fmt_us(x.round() as u64);
+    let _ = writeln!(
+        s,
+        "\nRead side (`tephra-bench read` on a fresh server each round; medians over rounds):\n"
+    );
+    let _ = writeln!(
+        s,
+        "| server | log events | full scan events/s | scan MB/s | selective read p50 | selective read p99 | reads/s | fan-out lag p50 | lag p99 | lag p99.9 |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for c in &r.contenders {
+        let reps: Vec<&crate::read::ReadReport> = r
+            .read_runs
+            .iter()
+            .filter(|x| x.server == c.name)
+            .filter_map(|x| x.report.as_ref())
+            .collect();
+        if reps.is_empty() {
+            let _ = writeln!(s, "| {} | – | – | – | – | – | – | – | – | – |", c.name);
+            continue;
+        }
+        let med = |f: &dyn Fn(&crate::read::ReadReport) -> Option<f64>| {
+            let mut v: Vec<f64> = reps.iter().filter_map(|x| f(x)).collect();
+            if v.is_empty() {
+                None
+            } else {
+                Some(median(&mut v))
+            }
+        };
+        let show = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("–".to_owned(), f);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.name,
+            show(med(&|x| x.scan.as_ref().map(|sc| sc.events as f64)), &|v| {
+                crate::report::thousands(v)
+            }),
+            show(
+                med(&|x| x.scan.as_ref().map(|sc| sc.events_per_sec_median)),
+                &|v| crate::report::thousands(v)
+            ),
+            show(
+                med(&|x| x.scan.as_ref().map(|sc| sc.mb_per_sec_median)),
+                &|v| format!("{v:.0}")
+            ),
+            show(
+                med(&|x| x
+                    .selective
+                    .as_ref()
+                    .and_then(|se| se.latency)
+                    .map(|l| l.p50_us as f64)),
+                &us
+            ),
+            show(
+                med(&|x| x
+                    .selective
+                    .as_ref()
+                    .and_then(|se| se.latency)
+                    .map(|l| l.p99_us as f64)),
+                &us
+            ),
+            show(
+                med(&|x| x.selective.as_ref().map(|se| se.reads_per_sec)),
+                &|v| crate::report::thousands(v)
+            ),
+            show(
+                med(&|x| x
+                    .fanout
+                    .as_ref()
+                    .and_then(|f| f.lag)
+                    .map(|l| l.p50_us as f64)),
+                &us
+            ),
+            show(
+                med(&|x| x
+                    .fanout
+                    .as_ref()
+                    .and_then(|f| f.lag)
+                    .map(|l| l.p99_us as f64)),
+                &us
+            ),
+            show(
+                med(&|x| x
+                    .fanout
+                    .as_ref()
+                    .and_then(|f| f.lag)
+                    .map(|l| l.p999_us as f64)),
+                &us
+            ),
+        );
+    }
+    let notes: Vec<String> = r
+        .read_runs
+        .iter()
+        .filter(|x| !x.notes.is_empty())
+        .map(|x| format!("round {} {}: {}", x.round + 1, x.server, x.notes.join("; ")))
+        .collect();
+    if !notes.is_empty() {
+        let _ = writeln!(s, "\nRead-side notes: {}", notes.join(" · "));
+    }
 }
 
 /// The chart data of a report.

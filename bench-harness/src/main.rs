@@ -245,6 +245,24 @@ fn run_compare(args: CompareArgs) -> i32 {
         server_env: args.server_env.clone(),
         settle: Duration::from_millis(args.settle_ms),
         keep_data: args.keep_data,
+        read: args.read.then(|| {
+            let populate =
+                args.read_populate
+                    .unwrap_or(if args.quick { 200_000 } else { 1_000_000 });
+            read::ReadConfig {
+                addr: String::new(),
+                populate,
+                event_size: args.event_size as usize,
+                // Ten needles whatever the size.
+                needle_every: (populate / 10).max(1),
+                scan_repeats: 3,
+                selective_reads: if args.quick { 20 } else { 100 },
+                subscribers: 8,
+                sub_appends: if args.quick { 100 } else { 300 },
+                sub_batch: 1,
+                sub_timeout: Duration::from_secs(30),
+            }
+        }),
     };
     signals::install();
     // Progress must never panic the run (a closed stderr would make eprintln! panic).

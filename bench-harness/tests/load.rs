@@ -349,6 +349,11 @@ fn compare_runs_both_servers_and_writes_table_json_and_chart() {
         out_dir.to_str().unwrap(),
         "--matrix",
         "2x1,2x16",
+        // Quick read-side settings, explicit append settings.
+        "--quick",
+        "--read",
+        "--read-populate",
+        "3000",
         "--rounds",
         "2",
         // Long enough that a window is never empty, even on a loaded machine.
@@ -405,6 +410,21 @@ fn compare_runs_both_servers_and_writes_table_json_and_chart() {
     assert!(std::fs::read_to_string(out_dir.join("compare.md"))
         .unwrap()
         .contains("| 2 × 1 |"));
+    // The read side ran on both servers every round, and each held what it appended.
+    assert!(stdout.contains("Read side"), "{stdout}");
+    let reads = j["read_runs"].as_array().unwrap();
+    let order: Vec<&str> = reads
+        .iter()
+        .map(|r| r["server"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ["ours", "reference"].repeat(2));
+    for r in reads {
+        let rep = &r["report"];
+        assert_eq!(rep["scan"]["events"].as_u64(), Some(3000), "{r}");
+        assert_eq!(rep["selective"]["matches"].as_u64(), Some(10), "{r}");
+        assert_eq!(r["stored_events"], rep["events_appended"], "{r}");
+        check_latency(&rep["selective"]["latency"], "compare read");
+    }
     // Every data directory was removed.
     assert_eq!(std::fs::read_dir(dir.join("data")).unwrap().count(), 0);
     let _ = std::fs::remove_dir_all(&dir);
