@@ -97,9 +97,12 @@ impl DirLock {
             }
             Err(e) => return Err(io(e.into())),
         }
-        file.set_len(0).map_err(io)?;
+        // Overwrite, then trim to length: truncating to zero first would make ext4 flush the
+        // file on close (its replace-by-truncate heuristic), a few ms on every open.
+        let pid = format!("{}\n", std::process::id());
         file.seek(SeekFrom::Start(0)).map_err(io)?;
-        file.write_all(format!("{}\n", std::process::id()).as_bytes()).map_err(io)?;
+        file.write_all(pid.as_bytes()).map_err(io)?;
+        file.set_len(pid.len() as u64).map_err(io)?;
         Ok(Some(file))
     }
 }
