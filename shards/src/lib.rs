@@ -75,6 +75,35 @@ async fn heartbeat() {
     }
 }
 
+/// Registers this executor with the process-wide kicker thread, which sends it a message every
+/// [`HEARTBEAT_US`]. The message arrives as a wake-up from another thread into a latency-sensitive
+/// task, which glommio signals through the executor's eventfd: a second, independent way out of a
+/// sleep that missed its timer (we also observed whole-executor stalls with a timer pending).
+fn kicker() -> flume::Receiver<()> {
+    use std::sync::Mutex;
+    static KICKS: OnceLock<Mutex<Vec<flume::Sender<()>>>> = OnceLock::new();
+    let (tx, rx) = flume::bounded(1);
+    let list = KICKS.get_or_init(|| {
+        std::thread::Builder::new()
+            .name("tephra-kicker".into())
+            .spawn(|| loop {
+                std::thread::sleep(std::time::Duration::from_micros(HEARTBEAT_US));
+                if let Some(l) = KICKS.get() {
+                    let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
+                    l.retain(|tx| !matches!(tx.try_send(()), Err(flume::TrySendError::Disconnected(_))));
+                }
+            })
+            .expect("kicker thread");
+        Mutex::new(Vec::new())
+    });
+    list.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
+    rx
+}
+
+async fn kicked(rx: flume::Receiver<()>) {
+    while rx.recv_async().await.is_ok() {}
+}
+
 /// The latency target of [`latency_sensitive`] queues, in milliseconds.
 pub const LATENCY_MS: u64 = 1;
 
@@ -102,6 +131,7 @@ where
         .spawn(move || async move {
             latency_sensitive(async move {
                 glommio::spawn_local(heartbeat()).detach();
+                glommio::spawn_local(kicked(kicker())).detach();
                 make().await
             })
             .await
