@@ -20,7 +20,6 @@ use crate::witness::{Kind, Record, Witness};
 use crate::workload::Ctx;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 use tephra::client::{Client, ClientError, SequencedEvent, SubEvent};
 use tephra::proto::ErrorCode;
 use tephra::{AppendCondition, Event, Position, Query};
@@ -52,7 +51,7 @@ impl V {
 
 fn client(ctx: &Ctx) -> Result<Client, String> {
     let mut c = Client::connect(ctx.addr).map_err(|e| format!("connect: {e}"))?;
-    c.set_timeout(Some(Duration::from_secs(60))).map_err(|e| e.to_string())?;
+    c.set_timeout(Some(crate::workload::ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
     Ok(c)
 }
 

@@ -112,7 +112,7 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
     {
         let mut srv = base.spec.start_ok(&base.data, None).map_err(|e| base.fail("corruption build".into(), vec![e]))?;
         let mut c = tephra::client::Client::connect(srv.addr()).unwrap();
-        c.set_timeout(Some(Duration::from_secs(30))).unwrap();
+        c.set_timeout(Some(crate::workload::ANSWER_TIMEOUT)).unwrap();
         let mut wit = Witness::open(&base.witness, "build.wit").unwrap();
         loop {
             let segs = segments(&base.data);
@@ -122,10 +122,19 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
             let n = rng.range(1, 4);
             let seq = base.next_seq.fetch_add(n, Ordering::SeqCst);
             wit.sent(seq, n, &Kind::Plain);
-            let r = c.append((seq..seq + n).map(|q| gen::event(seed, q, None)), None).map_err(|e| base.fail("corruption build".into(), vec![e.to_string()]))?;
-            wit.acked(seq, r.first.get(), r.last.get());
+            match c.append((seq..seq + n).map(|q| gen::event(seed, q, None)), None) {
+                Ok(r) => wit.acked(seq, r.first.get(), r.last.get()),
+                Err(e) if crate::is_hang(&e.to_string()) => {
+                    crate::record_hang(format!("corruption build append seq {seq} in {}", base.root.display()));
+                    srv.kill();
+                    srv = base.spec.start_ok(&base.data, None).map_err(|e| base.fail("corruption build".into(), vec![e]))?;
+                    c = tephra::client::Client::connect(srv.addr()).unwrap();
+                    c.set_timeout(Some(crate::workload::ANSWER_TIMEOUT)).unwrap();
+                }
+                Err(e) => return Err(base.fail("corruption build".into(), vec![e.to_string()])),
+            }
         }
-        let c2 = base.check(srv.addr(), "build", &mut rng).map_err(|v| base.fail("corruption build check".into(), v))?;
+        let c2 = base.check(&mut srv, "build", &mut rng).map_err(|v| base.fail("corruption build check".into(), v))?;
         let _ = c2;
         srv.kill();
     }
@@ -181,14 +190,14 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
             f.sync_all().unwrap();
         }
         let end = start + torn.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-        let srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail(format!("torn tail: {label}"), vec![e]))?;
+        let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail(format!("torn tail: {label}"), vec![e]))?;
         let out = srv.output();
         let want_pos = if complete { format!("positions=Some(({}, {}))", head + 1, head + n) } else { "positions=None".into() };
         let line = out.lines().find(|l| l.contains("recovered with rollback")).unwrap_or("").to_string();
         if !line.contains(&format!("from={start}")) || !line.contains(&format!("to={end}")) || !line.contains(&want_pos) || !line.contains(&name(&file)) {
             return Err(s.fail(format!("torn tail: {label}"), vec![format!("expected a rollback of {}[{start}, {end}) {want_pos}, server said:\n{out}", name(&file))]));
         }
-        let c = s.check(srv.addr(), "torn", &mut rng).map_err(|v| s.fail(format!("torn tail: {label}"), v))?;
+        let c = s.check(&mut srv, "torn", &mut rng).map_err(|v| s.fail(format!("torn tail: {label}"), v))?;
         lines.push(format!("torn tail ({label}): rolled back {}[{start}, {end}) {want_pos}; {} events intact, next append at {}", name(&file), c.recovered_head, c.recovered_head + 1));
         drop(srv);
         s.remove();
@@ -210,8 +219,8 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
     s.remove();
 
     // The undamaged store still opens whole.
-    let srv = base.spec.start_ok(&base.data, None).map_err(|e| base.fail("corruption: reopen".into(), vec![e]))?;
-    base.check(srv.addr(), "reopen", &mut rng).map_err(|v| base.fail("corruption: reopen".into(), v))?;
+    let mut srv = base.spec.start_ok(&base.data, None).map_err(|e| base.fail("corruption: reopen".into(), vec![e]))?;
+    base.check(&mut srv, "reopen", &mut rng).map_err(|v| base.fail("corruption: reopen".into(), v))?;
     drop(srv);
     base.remove();
     Ok(lines)

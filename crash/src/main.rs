@@ -88,6 +88,13 @@ fn main() -> ExitCode {
         "ci" => tephra_crash::ci(&server, seed, cycles, &run_dir),
         _ => return usage(&format!("unknown mode {mode}")),
     };
+    let hangs = tephra_crash::hangs();
+    if !hangs.is_empty() {
+        println!("LIVENESS: {} time(s) the server stopped answering for {} s (restarted and checked; not a durability violation):", hangs.len(), tephra_crash::workload::ANSWER_TIMEOUT.as_secs());
+        for h in &hangs {
+            println!("  - {h}");
+        }
+    }
     match result {
         Ok(lines) => {
             for l in &lines {

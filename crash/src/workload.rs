@@ -12,7 +12,7 @@ use tephra::proto::ErrorCode;
 use tephra::{AppendCondition, Position, Query};
 
 /// How long a writer waits for an answer before calling the server hung.
-pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The four workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -242,7 +242,7 @@ fn writer(ctx: Ctx, id: usize, conditional: bool, mut rng: Rng, stop: Arc<Atomic
                 }
             }
             Err(ClientError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                outcome.lock().unwrap().violations.push(format!("append seq {seq} got no answer within {} s (server hang?)", ANSWER_TIMEOUT.as_secs()));
+                crate::record_hang(format!("append seq {seq} ({}) got no answer within {} s", ctx.witness_dir.display(), ANSWER_TIMEOUT.as_secs()));
                 return;
             }
             // The connection died (the server was killed): the batch stays in doubt.
