@@ -184,16 +184,26 @@ pub struct SoakReport {
     pub elapsed: Duration,
     /// Largest log checked.
     pub max_events: u64,
+    /// Restarts that rolled back a torn tail.
+    pub rollbacks: u64,
+    /// Restarts that removed a never-written trailing segment.
+    pub removed_segments: u64,
+    /// Segments created (rollovers), summed over rounds.
+    pub segments: u64,
 }
 
 impl std::fmt::Display for SoakReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} SIGKILL cycles (+{} during start-up recovery), {} restarts checked, {} acknowledged appends, {} condition verdicts, {} events served to readers, {} acknowledged-batch verifications, in-flight batches wholly present/absent {}/{}, largest log {} events, workloads {:?}, {:.0} s",
+            "{} SIGKILL cycles (+{} during start-up recovery), {} restarts checked ({} rolled back a torn tail, {} removed a half-created segment; {} segments), {} liveness failures, {} acknowledged appends, {} condition verdicts, {} events served to readers, {} acknowledged-batch verifications, in-flight batches wholly present/absent {}/{}, largest log {} events, workloads {:?}, {:.0} s",
             self.cycles,
             self.startup_kills,
             self.checks,
+            self.rollbacks,
+            self.removed_segments,
+            self.segments,
+            hangs().len(),
             self.acks,
             self.rejects,
             self.served,
@@ -249,6 +259,9 @@ pub fn soak(binary: &Path, o: &SoakOpts) -> Result<SoakReport, Failure> {
             rep.startup_kills += 1;
         }
         let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail(at.clone(), vec![e]))?;
+        let out = srv.output();
+        rep.rollbacks += out.contains("recovered with rollback") as u64;
+        rep.removed_segments += out.contains("removed a segment whose creation never finished") as u64;
         let c = s.check(&mut srv, &format!("c{cycle}"), &mut rng).map_err(|v| s.fail(format!("{at}: check after restart"), v))?;
         note(&mut rep, &c, false);
         let ctx = s.ctx(srv.addr(), &format!("c{cycle}"), None);
@@ -277,6 +290,7 @@ fn finish_round(mut s: Site, cycle: u64, rng: &mut Rng, rep: &mut SoakReport) ->
     let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail(at.clone(), vec![e]))?;
     let c = s.check(&mut srv, &format!("f{cycle}"), rng).map_err(|v| s.fail(at, v))?;
     note(rep, &c, true);
+    rep.segments += segment_count(&s.data);
     drop(srv);
     s.remove();
     Ok(())
