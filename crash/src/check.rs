@@ -50,9 +50,7 @@ impl V {
 }
 
 fn client(ctx: &Ctx) -> Result<Client, String> {
-    let mut c = Client::connect(ctx.addr).map_err(|e| format!("connect: {e}"))?;
-    c.set_timeout(Some(crate::workload::ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
-    Ok(c)
+    crate::workload::connect_timeout(ctx.addr)
 }
 
 /// Runs every invariant; `prev` is what the previous check of this data directory returned.

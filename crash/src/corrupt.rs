@@ -111,8 +111,7 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
     // Build: plain batches over one connection until 4 segments and 3 batches in the active one.
     {
         let mut srv = base.spec.start_ok(&base.data, None).map_err(|e| base.fail("corruption build".into(), vec![e]))?;
-        let mut c = tephra::client::Client::connect(srv.addr()).unwrap();
-        c.set_timeout(Some(crate::workload::ANSWER_TIMEOUT)).unwrap();
+        let mut c = crate::workload::connect_timeout(srv.addr()).map_err(|e| base.fail("corruption build".into(), vec![e]))?;
         let mut wit = Witness::open(&base.witness, "build.wit").unwrap();
         loop {
             let segs = segments(&base.data);
@@ -128,8 +127,7 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
                     crate::record_hang(format!("corruption build append seq {seq} in {}", base.root.display()));
                     srv.kill();
                     srv = base.spec.start_ok(&base.data, None).map_err(|e| base.fail("corruption build".into(), vec![e]))?;
-                    c = tephra::client::Client::connect(srv.addr()).unwrap();
-                    c.set_timeout(Some(crate::workload::ANSWER_TIMEOUT)).unwrap();
+                    c = crate::workload::connect_timeout(srv.addr()).map_err(|e| base.fail("corruption build".into(), vec![e]))?;
                 }
                 Err(e) => return Err(base.fail("corruption build".into(), vec![e.to_string()])),
             }

@@ -427,7 +427,7 @@ fn fail_stop(s: &mut Site, arm: &str, rng: &mut Rng, expect_zero_acks: bool) -> 
         v.push("the server did not log that the writer stopped".into());
     }
     // Reads and stats go on, and show exactly what was acknowledged.
-    let mut c = tephra::client::Client::connect(srv.addr()).map_err(|e| fail(s, format!("connect after the fault: {e}")))?;
+    let mut c = workload::connect_timeout(srv.addr()).map_err(|e| fail(s, format!("connect after the fault: {e}")))?;
     match c.read_all(tephra::Query::all(), tephra::Position::ZERO) {
         Ok((evs, wm)) => {
             if wm.get() != o.max_acked || evs.len() as u64 != o.max_acked {

@@ -155,10 +155,34 @@ pub fn start(w: Workload, ctx: &Ctx, rng: &mut Rng) -> Running {
     Running { stop, handles, outcome, cancels }
 }
 
+/// Connects (Hello included) with [`ANSWER_TIMEOUT`] on the handshake and on every later
+/// answer. `Client::connect` has no timeout for its Hello, so it runs on a helper thread; a
+/// server that accepts but never answers is reported as a hang (the thread ends when the
+/// server is killed).
+pub fn connect_timeout(addr: std::net::SocketAddr) -> Result<Client, String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(Client::connect(addr));
+    });
+    match rx.recv_timeout(ANSWER_TIMEOUT) {
+        Ok(Ok(mut c)) => {
+            c.set_timeout(Some(ANSWER_TIMEOUT)).map_err(|e| format!("connect: {e}"))?;
+            Ok(c)
+        }
+        Ok(Err(e)) => Err(format!("connect: {e}")),
+        Err(_) => Err(format!("HANG: the Hello got no answer within {} s", ANSWER_TIMEOUT.as_secs())),
+    }
+}
+
 fn connect(ctx: &Ctx) -> Option<Client> {
-    let mut c = Client::connect(ctx.addr).ok()?;
-    c.set_timeout(Some(ANSWER_TIMEOUT)).ok()?;
-    Some(c)
+    match connect_timeout(ctx.addr) {
+        Ok(c) => Some(c),
+        Err(e) if e.starts_with("HANG") => {
+            crate::record_hang(format!("workload connect ({}): {e}", ctx.witness_dir.display()));
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 fn code_name(c: ErrorCode) -> &'static str {
