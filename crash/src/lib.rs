@@ -338,6 +338,10 @@ fn recover_and_continue(s: &mut Site, at: &str, rng: &mut Rng) -> Result<String,
 /// # Errors
 /// The first violation.
 pub fn points(binary: &Path, seed: u64, run_dir: &Path, segment_size: u64) -> Result<Vec<String>, Failure> {
+    retry_on_hang("crash points", || points_once(binary, seed, run_dir, segment_size))
+}
+
+fn points_once(binary: &Path, seed: u64, run_dir: &Path, segment_size: u64) -> Result<Vec<String>, Failure> {
     let mut rng = Rng::new(seed ^ 0x5049_4e54);
     let mut lines = Vec::new();
     for (site_name, action, lo, hi) in CRASH_SITES {
@@ -453,6 +457,10 @@ fn fail_stop(s: &mut Site, arm: &str, rng: &mut Rng, expect_zero_acks: bool) -> 
 /// # Errors
 /// The first violation.
 pub fn faults(binary: &Path, seed: u64, run_dir: &Path, segment_size: u64) -> Result<Vec<String>, Failure> {
+    retry_on_hang("I/O faults", || faults_once(binary, seed, run_dir, segment_size))
+}
+
+fn faults_once(binary: &Path, seed: u64, run_dir: &Path, segment_size: u64) -> Result<Vec<String>, Failure> {
     let mut rng = Rng::new(seed ^ 0x4641_554c);
     let mut lines = Vec::new();
     let warm = |s: &mut Site, rng: &mut Rng| -> Result<(), Failure> {
@@ -523,7 +531,30 @@ pub fn faults(binary: &Path, seed: u64, run_dir: &Path, segment_size: u64) -> Re
     Ok(lines)
 }
 
-pub use corrupt::corruption;
+/// Phase 4: the corruption matrix (see [`corrupt`]).
+///
+/// # Errors
+/// The first case that did not behave.
+pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String>, Failure> {
+    retry_on_hang("corruption matrix", || corrupt::corruption(binary, seed, run_dir))
+}
+
+/// Runs a phase; when it fails after a liveness failure (a hung server spoils the scenario:
+/// the crash point cannot fire, the fault's errors never come), runs it once more. A failure
+/// without a hang, or a second failure, stands.
+fn retry_on_hang(name: &str, f: impl Fn() -> Result<Vec<String>, Failure>) -> Result<Vec<String>, Failure> {
+    let before = hangs().len();
+    match f() {
+        Err(first) if hangs().len() > before => {
+            record_hang(format!("{name} failed after the server stopped answering, running it again; first run: {}", first.violations.join("; ")));
+            f().map(|mut l| {
+                l.push(format!("{name}: passed on a second run (the first was spoiled by a server hang)"));
+                l
+            })
+        }
+        r => r,
+    }
+}
 
 /// Everything the CI runs: a short soak over all workloads, every crash point, every fault and
 /// the corruption matrix.
