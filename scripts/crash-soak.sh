@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=soak
 case "${1:-}" in
-  soak|points|faults|corruption|ci) mode="$1"; shift ;;
+  soak|points|faults|corruption|ci|liveness) mode="$1"; shift ;;
 esac
 export CARGO_TARGET_DIR="${CRASH_TARGET_DIR:-$PWD/target/crash}"
 cargo build --release --quiet -p tephra --features crash-points --bin tephra-server

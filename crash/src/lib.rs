@@ -556,6 +556,28 @@ fn retry_on_hang(name: &str, f: impl Fn() -> Result<Vec<String>, Failure>) -> Re
     }
 }
 
+/// A liveness reproducer: `cycles` times, start the server on a small store, connect (Hello),
+/// append and read a few events, SIGKILL. Returns how many starts hung; each hang is recorded.
+pub fn liveness(binary: &Path, seed: u64, cycles: u64, run_dir: &Path) -> Result<Vec<String>, Failure> {
+    let mut rng = Rng::new(seed);
+    let s = Site::new(run_dir.join("liveness"), binary, 256 * 1024, seed);
+    let before = hangs().len();
+    for cycle in 0..cycles {
+        let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail(format!("liveness cycle {cycle}"), vec![e]))?;
+        let ctx = s.ctx(srv.addr(), &format!("l{cycle}"), None);
+        let run = workload::start(Workload::Pure, &ctx, &mut rng);
+        std::thread::sleep(Duration::from_millis(rng.range(20, 200)));
+        srv.kill();
+        let o = run.stop();
+        if !o.violations.is_empty() {
+            return Err(s.fail(format!("liveness cycle {cycle}"), o.violations));
+        }
+    }
+    let n = hangs().len() - before;
+    s.remove();
+    Ok(vec![format!("{cycles} starts, {n} hung")])
+}
+
 /// Everything the CI runs: a short soak over all workloads, every crash point, every fault and
 /// the corruption matrix.
 ///

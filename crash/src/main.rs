@@ -1,7 +1,7 @@
 //! `tephra-crash`: the crash-consistency harness. See `scripts/crash-soak.sh`.
 //!
 //! ```text
-//! tephra-crash <soak|points|faults|corruption|ci> [--server PATH] [--seed S] [--cycles N]
+//! tephra-crash <soak|points|faults|corruption|ci|liveness> [--server PATH] [--seed S] [--cycles N]
 //!              [--workload pure,conditional,subscription,mixed] [--round R]
 //!              [--segment-size BYTES] [--kill-ms LO-HI] [--run-dir DIR]
 //! ```
@@ -17,7 +17,7 @@ use tephra_crash::workload::Workload;
 use tephra_crash::{SoakOpts, Failure};
 
 fn usage(msg: &str) -> ExitCode {
-    eprintln!("{msg}\nusage: tephra-crash <soak|points|faults|corruption|ci> [--server PATH] [--seed S] [--cycles N] [--workload LIST] [--round R] [--segment-size BYTES] [--kill-ms LO-HI] [--run-dir DIR]");
+    eprintln!("{msg}\nusage: tephra-crash <soak|points|faults|corruption|ci|liveness> [--server PATH] [--seed S] [--cycles N] [--workload LIST] [--round R] [--segment-size BYTES] [--kill-ms LO-HI] [--run-dir DIR]");
     ExitCode::from(2)
 }
 
@@ -86,6 +86,7 @@ fn main() -> ExitCode {
         "faults" => tephra_crash::faults(&server, seed, &run_dir, 64 * 1024),
         "corruption" => tephra_crash::corruption(&server, seed, &run_dir),
         "ci" => tephra_crash::ci(&server, seed, cycles, &run_dir),
+        "liveness" => tephra_crash::liveness(&server, seed, cycles, &run_dir),
         _ => return usage(&format!("unknown mode {mode}")),
     };
     let hangs = tephra_crash::hangs();
