@@ -197,6 +197,23 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
         }
         let c = s.check(&mut srv, "torn", &mut rng).map_err(|v| s.fail(format!("torn tail: {label}"), v))?;
         lines.push(format!("torn tail ({label}): rolled back {}[{start}, {end}) {want_pos}; {} events intact, next append at {}", name(&file), c.recovered_head, c.recovered_head + 1));
+        if i == 0 {
+            // Negative controls: the checker must bite. Claim the rolled-back batch was
+            // acknowledged (a lost ack), then forget a sent batch (a phantom).
+            let ctx = s.ctx(srv.addr(), "control", None);
+            Witness::open(&s.witness, "torn.wit").unwrap().acked(seq, head + 1, head + n);
+            let v = crate::check::check(&ctx, &s.prev, &mut rng).err().unwrap_or_default();
+            if !v.iter().any(|m| m.contains("invariant 1")) {
+                return Err(s.fail("negative control".into(), vec![format!("a lost acknowledged batch was not reported: {v:?}")]));
+            }
+            std::fs::remove_file(s.witness.join("torn.wit")).unwrap();
+            std::fs::remove_file(s.witness.join("build.wit")).unwrap();
+            let v = crate::check::check(&ctx, &s.prev, &mut rng).err().unwrap_or_default();
+            if !v.iter().any(|m| m.contains("invariant 3")) {
+                return Err(s.fail("negative control".into(), vec![format!("events no writer sent were not reported: {v:?}")]));
+            }
+            lines.push("negative controls: a lost acknowledged batch and unsent events are reported (invariants 1 and 3)".into());
+        }
         drop(srv);
         s.remove();
     }
