@@ -556,26 +556,57 @@ fn retry_on_hang(name: &str, f: impl Fn() -> Result<Vec<String>, Failure>) -> Re
     }
 }
 
-/// A liveness reproducer: `cycles` times, start the server on a small store, connect (Hello),
-/// append and read a few events, SIGKILL. Returns how many starts hung; each hang is recorded.
+/// A liveness reproducer: `cycles` times, start the server on a small store, then within 3 s
+/// connect (Hello), append one event and read it back; SIGKILL. A start whose server does not
+/// answer in 3 s (these take milliseconds) is recorded as a hang, with the CPU time of each of
+/// the server's threads sampled 1 s apart (asleep executors do not move).
 pub fn liveness(binary: &Path, seed: u64, cycles: u64, run_dir: &Path) -> Result<Vec<String>, Failure> {
-    let mut rng = Rng::new(seed);
     let s = Site::new(run_dir.join("liveness"), binary, 256 * 1024, seed);
     let before = hangs().len();
     for cycle in 0..cycles {
         let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail(format!("liveness cycle {cycle}"), vec![e]))?;
-        let ctx = s.ctx(srv.addr(), &format!("l{cycle}"), None);
-        let run = workload::start(Workload::Pure, &ctx, &mut rng);
-        std::thread::sleep(Duration::from_millis(rng.range(20, 200)));
-        srv.kill();
-        let o = run.stop();
-        if !o.violations.is_empty() {
-            return Err(s.fail(format!("liveness cycle {cycle}"), o.violations));
+        let (addr, seq) = (srv.addr(), s.next_seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = (|| -> Result<(), String> {
+                let mut c = tephra::client::Client::connect(addr).map_err(|e| e.to_string())?;
+                let a = c.append(vec![gen::event(seed, seq, None)], None).map_err(|e| e.to_string())?;
+                c.read_all(tephra::Query::all(), tephra::Position(a.first.get() - 1)).map_err(|e| e.to_string())?;
+                Ok(())
+            })();
+            let _ = tx.send(r);
+        });
+        match rx.recv_timeout(Duration::from_secs(3)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(s.fail(format!("liveness cycle {cycle}"), vec![e])),
+            Err(_) => {
+                let t1 = thread_ticks(srv.pid());
+                std::thread::sleep(Duration::from_secs(1));
+                let t2 = thread_ticks(srv.pid());
+                record_hang(format!("liveness cycle {cycle}: connect+append+read unanswered for 3 s; thread CPU ticks {t1} -> 1 s later {t2}"));
+            }
         }
+        srv.kill();
     }
     let n = hangs().len() - before;
     s.remove();
     Ok(vec![format!("{cycles} starts, {n} hung")])
+}
+
+fn thread_ticks(pid: u32) -> String {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        if let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) {
+            let (name, rest) = match (stat.find('('), stat.rfind(')')) {
+                (Some(a), Some(b)) => (&stat[a + 1..b], &stat[b + 2..]),
+                _ => continue,
+            };
+            let f: Vec<&str> = rest.split(' ').collect();
+            let ticks = f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0);
+            v.push(format!("{name}={ticks}"));
+        }
+    }
+    v.join(",")
 }
 
 /// Everything the CI runs: a short soak over all workloads, every crash point, every fault and
