@@ -559,6 +559,17 @@ fn retry_on_hang(name: &str, f: impl Fn() -> Result<Vec<String>, Failure>) -> Re
     }
 }
 
+/// Post-mortem: starts the server on a kept `data/` and runs every check against the kept
+/// `witness/` (the event seed of a soak round is the run's seed XOR the round number). The check
+/// appends probe events: run it on a copy.
+pub fn verify(binary: &Path, seed: u64, root: &Path) -> Result<Vec<String>, Failure> {
+    let spec = ServerSpec { binary: binary.to_owned(), segment_size: 256 * 1024, log_path: root.join("verify-server.log") };
+    let mut s = Site { root: root.to_owned(), data: root.join("data"), witness: root.join("witness"), spec, next_seq: Arc::new(AtomicU64::new(u64::MAX / 2)), prev: Vec::new(), seed };
+    let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail("verify".into(), vec![e]))?;
+    let c = s.check(&mut srv, "verify", &mut Rng::new(seed)).map_err(|v| s.fail("verify".into(), v))?;
+    Ok(vec![format!("{} events, {} acknowledged batches verified, in-flight present/absent {}/{}", c.recovered_head, c.acked_batches, c.doubtful_present, c.doubtful_absent)])
+}
+
 /// A liveness reproducer: `cycles` times, start the server on a small store, then within 3 s
 /// connect (Hello), append one event and read it back; SIGKILL. A start whose server does not
 /// answer in 3 s (these take milliseconds) is recorded as a hang, with the CPU time of each of

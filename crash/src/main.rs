@@ -1,7 +1,7 @@
 //! `tephra-crash`: the crash-consistency harness. See `scripts/crash-soak.sh`.
 //!
 //! ```text
-//! tephra-crash <soak|points|faults|corruption|ci|liveness> [--server PATH] [--seed S] [--cycles N]
+//! tephra-crash <soak|points|faults|corruption|ci|liveness|verify> [--server PATH] [--seed S] [--cycles N]
 //!              [--workload pure,conditional,subscription,mixed] [--round R]
 //!              [--segment-size BYTES] [--kill-ms LO-HI] [--run-dir DIR]
 //! ```
@@ -17,7 +17,7 @@ use tephra_crash::workload::Workload;
 use tephra_crash::{SoakOpts, Failure};
 
 fn usage(msg: &str) -> ExitCode {
-    eprintln!("{msg}\nusage: tephra-crash <soak|points|faults|corruption|ci|liveness> [--server PATH] [--seed S] [--cycles N] [--workload LIST] [--round R] [--segment-size BYTES] [--kill-ms LO-HI] [--run-dir DIR]");
+    eprintln!("{msg}\nusage: tephra-crash <soak|points|faults|corruption|ci|liveness|verify> [--server PATH] [--seed S] [--cycles N] [--workload LIST] [--round R] [--segment-size BYTES] [--kill-ms LO-HI] [--run-dir DIR]");
     ExitCode::from(2)
 }
 
@@ -73,8 +73,10 @@ fn main() -> ExitCode {
         return usage(&format!("server binary {} not found (build it with --features crash-points)", server.display()));
     }
     let run_dir = run_dir.unwrap_or_else(|| PathBuf::from(format!("target/crash-runs/{mode}-{seed}")));
-    let _ = std::fs::remove_dir_all(&run_dir);
-    std::fs::create_dir_all(&run_dir).expect("run dir");
+    if mode != "verify" {
+        let _ = std::fs::remove_dir_all(&run_dir);
+        std::fs::create_dir_all(&run_dir).expect("run dir");
+    }
     println!("tephra-crash {mode}: seed {seed}, server {}, run dir {}", server.display(), run_dir.display());
     let t = Instant::now();
     let result: Result<Vec<String>, Failure> = match mode.as_str() {
@@ -87,6 +89,7 @@ fn main() -> ExitCode {
         "corruption" => tephra_crash::corruption(&server, seed, &run_dir),
         "ci" => tephra_crash::ci(&server, seed, cycles, &run_dir),
         "liveness" => tephra_crash::liveness(&server, seed, cycles, &run_dir),
+        "verify" => tephra_crash::verify(&server, seed, &run_dir),
         _ => return usage(&format!("unknown mode {mode}")),
     };
     let hangs = tephra_crash::hangs();
@@ -101,7 +104,9 @@ fn main() -> ExitCode {
             for l in &lines {
                 println!("  ok: {l}");
             }
-            let _ = std::fs::remove_dir_all(&run_dir);
+            if mode != "verify" {
+                let _ = std::fs::remove_dir_all(&run_dir);
+            }
             println!("tephra-crash {mode} seed {seed}: every invariant held ({:.0} s)", t.elapsed().as_secs_f64());
             println!("crash: {} passed, 0 failed", lines.len());
             ExitCode::SUCCESS
