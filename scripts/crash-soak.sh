@@ -5,6 +5,8 @@
 #   scripts/crash-soak.sh --cycles N --seed S            # SIGKILL soak over all four workloads
 #   scripts/crash-soak.sh soak --cycles N --seed S --workload pure,mixed --segment-size 262144
 #   scripts/crash-soak.sh points|faults|corruption --seed S
+#   scripts/crash-soak.sh liveness --seed S --cycles 200 # starts until the server stops answering
+#   scripts/crash-soak.sh verify --seed S --run-dir DIR  # re-check a (copy of a) kept round dir
 #   scripts/crash-soak.sh ci --seed S --cycles 50        # what CI runs: short soak + every point,
 #                                                        # fault and corruption case
 #
@@ -14,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=soak
 case "${1:-}" in
-  soak|points|faults|corruption|ci|liveness) mode="$1"; shift ;;
+  soak|points|faults|corruption|ci|liveness|verify) mode="$1"; shift ;;
 esac
 export CARGO_TARGET_DIR="${CRASH_TARGET_DIR:-$PWD/target/crash}"
 cargo build --release --quiet -p tephra --features crash-points --bin tephra-server
