@@ -13,6 +13,25 @@ pub fn crash_point(site: &str) {
     let _ = site;
 }
 
+/// True when `site` is armed (any action) and its skip count has passed: for sites that need
+/// their own fault, like `torn_marker` (write part of the commit marker, then abort).
+#[inline(always)]
+pub fn fires(site: &str) -> bool {
+    #[cfg(feature = "crash-points")]
+    return armed::fires(site);
+    #[cfg(not(feature = "crash-points"))]
+    {
+        let _ = site;
+        false
+    }
+}
+
+/// Aborts the process at once, naming `site` on stderr (what an armed `abort` does).
+pub fn abort_at(site: &str) -> ! {
+    eprintln!("crash point {site}: abort");
+    std::process::abort()
+}
+
 /// Returns an injected I/O error at `site` when armed with `eio`, `enospc` or `shortwrite`
 /// (aborts when armed with `abort`).
 ///
@@ -54,16 +73,18 @@ mod armed {
 
     static HITS: AtomicU64 = AtomicU64::new(0);
 
+    pub fn fires(site: &str) -> bool {
+        let Some(a) = arm() else { return false };
+        a.site == site && HITS.fetch_add(1, Ordering::SeqCst) >= a.skip
+    }
+
     pub fn hit(site: &str, abort_only: bool) -> std::io::Result<()> {
         let Some(a) = arm() else { return Ok(()) };
         if a.site != site || HITS.fetch_add(1, Ordering::SeqCst) < a.skip {
             return Ok(());
         }
         match a.action.as_str() {
-            "abort" => {
-                eprintln!("crash point {site}: abort");
-                std::process::abort()
-            }
+            "abort" => super::abort_at(site),
             _ if abort_only => Ok(()),
             "eio" => Err(std::io::Error::from_raw_os_error(libc::EIO)),
             "enospc" => Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),

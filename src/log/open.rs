@@ -115,6 +115,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
     let mut outcome = OpenOutcome::Clean;
     let mut active_end = HEADER_LEN as u64;
     for (i, (base, path)) in listed.into_iter().enumerate() {
+        crate::fault::crash_point("recovery_midway");
         if base != expected {
             return Err(LogError::NonContiguous { path, found: base, expected });
         }

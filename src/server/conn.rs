@@ -434,6 +434,7 @@ impl Conn {
             match res {
                 Ok(r) => {
                     me.lanes.control(id, response::Kind::Append(pb::AppendResponse { first: r.first.get(), last: r.last.get() })).await;
+                    crate::fault::crash_point("partial_ack");
                     let us = started.elapsed().as_micros() as u64;
                     if let Ok(mut h) = me.ctx.append_latency.lock() {
                         let _ = h.record(us.max(1));

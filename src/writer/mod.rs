@@ -516,15 +516,32 @@ impl Writer {
         frame_marker(highest, &mut marker);
         bytes[at..at + MARKER_LEN].copy_from_slice(&marker);
         at += MARKER_LEN;
+        // Crash harness: a marker torn mid-write keeps its head and kind byte only.
+        let torn_marker = crate::fault::fires("torn_marker");
+        if torn_marker {
+            bytes[at - 8..at].fill(0);
+        }
         bytes[at..].fill(0);
         let new_tail_start = ((start + at as u64) & !(BLOCK - 1)) - start;
         let new_tail = bytes[new_tail_start as usize..at].to_vec();
 
         let written = async {
-            crate::fault::io_point("commit_shortwrite")?;
+            if let Err(e) = crate::fault::io_point("commit_shortwrite") {
+                // An injected short write puts the first half of the batch on disk, then fails.
+                let half = prefix + total as usize / 2;
+                let mut part = active.file.alloc_dma_buffer(buf_len as usize);
+                part.as_bytes_mut()[..half].copy_from_slice(&buf.as_bytes()[..half]);
+                part.as_bytes_mut()[half..].fill(0);
+                let _ = active.file.write_at(part, start).await;
+                return Err(e);
+            }
             let n = active.file.write_at(buf, start).await.map_err(std::io::Error::from)?;
             if (n as u64) < buf_len {
                 return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write: {n} of {buf_len} bytes")));
+            }
+            if torn_marker {
+                let _ = active.file.fdatasync().await;
+                crate::fault::abort_at("torn_marker");
             }
             crate::fault::crash_point("commit_before_fsync");
             crate::fault::io_point("commit_fsync")?;
