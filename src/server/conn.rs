@@ -175,15 +175,16 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
             let hs = futures_lite::future::or(async { Some(acceptor.accept(stream).await) }, async {
                 glommio::timer::sleep(limit).await;
                 None
-            })
-            .await;
-            match hs {
-                Some(Ok(s)) => Io::Tls(Box::new(s)),
-                Some(Err(e)) => {
+            });
+            // A stalled handshake must not hold up a graceful shutdown either.
+            match unless_shutdown(&ctx, hs).await {
+                None => return,
+                Some(Some(Ok(s))) => Io::Tls(Box::new(s)),
+                Some(Some(Err(e))) => {
                     tracing::debug!(error = %e, "TLS handshake failed");
                     return;
                 }
-                None => {
+                Some(None) => {
                     ctx.connections_reaped.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
@@ -219,7 +220,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 Ok(None) => break,
                 Err(e) => {
                     if let Some(err) = convert::frame_error_response(&e) {
-                        conn.lanes.error(0, err).await;
+                        unless_shutdown(&ctx, conn.lanes.error(0, err)).await;
                     }
                     break 'conn;
                 }
@@ -229,18 +230,21 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 Ok(r) => r,
                 Err(e) => {
                     if let Some(err) = convert::frame_error_response(&FrameError::Decode(e)) {
-                        conn.lanes.error(0, err).await;
+                        unless_shutdown(&ctx, conn.lanes.error(0, err)).await;
                     }
                     break 'conn;
                 }
             };
+            // Serving a request may park the reader (a full control lane toward a client that
+            // stopped reading, a spent append budget, a full writer queue); a shutdown must
+            // still end the connection.
             if !established {
-                match conn.hello(req).await {
-                    true => established = true,
-                    false => break 'conn,
+                match unless_shutdown(&ctx, conn.hello(req)).await {
+                    Some(true) => established = true,
+                    _ => break 'conn,
                 }
-            } else {
-                conn.clone().handle(req).await;
+            } else if unless_shutdown(&ctx, conn.clone().handle(req)).await.is_none() {
+                break 'conn;
             }
         }
         partial_since = if dec.has_partial() { partial_since.or(Some(Instant::now())) } else { None };
@@ -298,14 +302,31 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
         flag.set(true);
     }
     drop(reader);
-    // Let queued frames go out (they may be an error telling the client why), then close.
+    // Let queued frames go out (they may be an error telling the client why), then close. A
+    // client that stopped reading gets a bounded grace, shorter during a shutdown; dropping the
+    // egress task then closes the socket and fails any producer still waiting on a lane.
     let lanes = conn.lanes.clone();
     drop(conn);
     drop(lanes);
+    let grace = if ctx.is_shutting_down() { SHUTDOWN_DRAIN } else { CLOSE_DRAIN };
     let _ = futures_lite::future::or(egress_task, async {
-        glommio::timer::sleep(Duration::from_secs(5)).await;
+        glommio::timer::sleep(grace).await;
     })
     .await;
+}
+
+/// How long a closing connection may take to deliver its queued frames.
+const CLOSE_DRAIN: Duration = Duration::from_secs(5);
+/// The same during a graceful shutdown.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
+
+/// Runs `f` to completion unless a shutdown begins first (then `None`).
+async fn unless_shutdown<T>(ctx: &Context, f: impl std::future::Future<Output = T>) -> Option<T> {
+    futures_lite::future::or(async { Some(f.await) }, async {
+        ctx.wait_shutdown().await;
+        None
+    })
+    .await
 }
 
 fn code_index(code: ErrorCode) -> usize {
