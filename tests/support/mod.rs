@@ -145,14 +145,17 @@ fn launch(binary: &Path, dir: &Path, extra_env: &[(&str, &str)], with_config: bo
             let mut tx = Some(tx);
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                {
+                    // Logged before the address is announced, so `log()` has the line.
+                    let mut l = log.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
                 if let Some(addr) = parse_listening(&line) {
                     if let Some(tx) = tx.take() {
                         let _ = tx.send(addr);
                     }
                 }
-                let mut l = log.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
             }
         });
     }
