@@ -41,6 +41,37 @@ pub struct Server {
     /// Scratch directory holding `data/` (the data dir) and any config file.
     pub dir: tempfile::TempDir,
     log: Arc<Mutex<String>>,
+    watchdog: Arc<Watchdog>,
+}
+
+/// How long one `Server` may live. Blocking clients wait forever on a server that stops
+/// answering; killing the server after this turns such a hang into a test failure.
+const WATCHDOG_LIMIT: Duration = Duration::from_secs(150);
+
+struct Watchdog {
+    done: std::sync::atomic::AtomicBool,
+    pid: std::sync::atomic::AtomicU32,
+}
+
+impl Watchdog {
+    fn start(pid: u32) -> Arc<Watchdog> {
+        let w = Arc::new(Watchdog { done: false.into(), pid: pid.into() });
+        let w2 = Arc::clone(&w);
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            while !w2.done.load(std::sync::atomic::Ordering::SeqCst) {
+                if started.elapsed() > WATCHDOG_LIMIT {
+                    let pid = w2.pid.load(std::sync::atomic::Ordering::SeqCst);
+                    eprintln!("*** watchdog: server {pid} outlived {WATCHDOG_LIMIT:?}; killing it so the test fails instead of hanging ***");
+                    // SAFETY: kill(2) on the pid of our own child.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        w
+    }
 }
 
 impl Server {
@@ -62,7 +93,8 @@ impl Server {
             std::fs::write(dir.path().join("tephra.toml"), toml).expect("write config");
         }
         let (addr, child, log) = launch(binary, dir.path(), extra_env, config_toml.is_some());
-        Server { addr, child, dir, log }
+        let watchdog = Watchdog::start(child.id());
+        Server { addr, child, dir, log, watchdog }
     }
 
     /// Starts `binary` again on the same directory (data and any config file), after the
@@ -72,6 +104,7 @@ impl Server {
         let _ = self.child.wait();
         let has_config = self.dir.path().join("tephra.toml").exists();
         let (addr, child, log) = launch(binary, self.dir.path(), extra_env, has_config);
+        self.watchdog.pid.store(child.id(), std::sync::atomic::Ordering::SeqCst);
         self.addr = addr;
         self.child = child;
         self.log = log;
@@ -116,6 +149,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        self.watchdog.done.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
