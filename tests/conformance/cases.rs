@@ -608,7 +608,7 @@ fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf
 
 #[test]
 fn tls_round_trip_subscribe_and_tokens() {
-    let Some(bin) = support::reference_binary() else { return };
+    let Some(bin) = server_binary() else { return };
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (cert, key) = self_signed(certs.path());
     let toml = format!(
