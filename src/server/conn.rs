@@ -100,25 +100,34 @@ impl Lanes {
 }
 
 /// Writes frames from both lanes: control first; after 64 control frames in a row one waiting
-/// bulk frame goes through, so appends cannot starve reads. Flushes when both lanes are empty.
+/// bulk frame goes through, so appends cannot starve reads (reference §1.8). Flushes when a
+/// control run ends and when both lanes are empty.
+///
+/// Only consecutive *control* frames count toward the 64: counting every frame (as this did)
+/// made bulk the preferred lane for the rest of any long read, so an append ack queued behind
+/// the whole multi-megabyte read (tests/server_wire.rs, an_append_ack_overtakes_a_large_read_*).
 async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8>>, bulk: flume::Receiver<Vec<u8>>) {
-    let mut run = 0u32;
+    let mut control_run = 0u32;
     let mut pending = false;
     loop {
-        let next = if run >= 64 { bulk.try_recv().ok().or_else(|| control.try_recv().ok()) } else { control.try_recv().ok().or_else(|| bulk.try_recv().ok()) };
-        let frame = match next {
+        let next = if control_run >= CONTROL_RUN {
+            bulk.try_recv().map(|f| (false, f)).or_else(|_| control.try_recv().map(|f| (true, f))).ok()
+        } else {
+            control.try_recv().map(|f| (true, f)).or_else(|_| bulk.try_recv().map(|f| (false, f))).ok()
+        };
+        let (is_control, frame) = match next {
             Some(f) => f,
             None => {
                 if std::mem::take(&mut pending) && w.flush().await.is_err() {
                     return;
                 }
-                run = 0;
+                control_run = 0;
                 let got = futures_lite::future::or(async { control.recv_async().await.ok().map(|f| (true, f)) }, async {
                     bulk.recv_async().await.ok().map(|f| (false, f))
                 })
                 .await;
                 match got {
-                    Some((_, f)) => f,
+                    Some(f) => f,
                     None => {
                         // One lane closed: drain the other, then stop.
                         while let Ok(f) = control.try_recv().or_else(|_| bulk.try_recv()) {
@@ -132,13 +141,23 @@ async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8
                 }
             }
         };
-        run += 1;
+        control_run = if is_control { control_run + 1 } else { 0 };
         if w.write_all(&frame).await.is_err() {
             return;
         }
         pending = true;
+        // The end of a control run: push it out (TLS buffers records until flushed).
+        if is_control && control.is_empty() && !bulk.is_empty() {
+            if w.flush().await.is_err() {
+                return;
+            }
+            pending = false;
+        }
     }
 }
+
+/// Control frames written in a row before one waiting bulk frame is let through.
+const CONTROL_RUN: u32 = 64;
 
 struct Conn {
     ctx: Arc<Context>,
