@@ -255,6 +255,7 @@ fn a_read_past_the_inflight_and_overflow_budgets_is_rejected() {
         ("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "1"),
         ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8"),
         ("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"),
+        ONE_SHARD,
     ]);
     seed(srv.addr, 16, 16, 8 * 1024);
     // A small receive buffer we do not drain: read 1 stays in flight holding its permit, read 2
@@ -344,6 +345,53 @@ fn a_subscription_over_the_cap_is_rejected_and_a_slot_frees_on_cancel() {
     raw.send(&subscribe_all_req(7, 1));
     let r = raw.recv().unwrap();
     assert_eq!(r, Response::new(7, response::Kind::CaughtUp(proto::SubscribeCaughtUp { watermark: 1 })));
+}
+
+#[test]
+fn an_idle_subscription_sends_one_caught_up_per_live_edge() {
+    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "20")]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    raw.stream.set_read_timeout(Some(Duration::from_millis(400))).unwrap();
+    raw.send(&subscribe_all_req(2, 0));
+    assert_eq!(raw.recv().unwrap(), Response::new(2, response::Kind::CaughtUp(proto::SubscribeCaughtUp { watermark: 0 })));
+    // Many ticks pass: no second marker for the same edge.
+    let mut buf = [0u8; 1];
+    assert!(raw.stream.peek(&mut buf).is_err(), "a frame arrived while idle");
+    let mut other = Client::connect(srv.addr).unwrap();
+    other.append(vec![ev("E", &["k:1"], b"x")], None).unwrap();
+    raw.stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let r = raw.recv().unwrap();
+    let Some(response::Kind::ReadEvents(b)) = r.kind else { panic!("{r:?}") };
+    assert_eq!(b.events.iter().map(|e| e.position).collect::<Vec<_>>(), [1]);
+    assert_eq!(raw.recv().unwrap(), Response::new(2, response::Kind::CaughtUp(proto::SubscribeCaughtUp { watermark: 1 })));
+    raw.stream.set_read_timeout(Some(Duration::from_millis(400))).unwrap();
+    assert!(raw.stream.peek(&mut buf).is_err(), "a frame arrived while idle");
+}
+
+#[test]
+fn closing_connections_with_reads_in_flight_leaves_the_server_healthy() {
+    let srv = start(&[("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "4"), ONE_SHARD]);
+    seed(srv.addr, 8, 16, 8 * 1024);
+    // Connections that ask for big reads and vanish mid-stream (never reading, or after a frame).
+    for i in 0..12 {
+        let mut raw = RawConn::connect_hello(srv.addr);
+        let mut burst = Vec::new();
+        for id in 0..4 {
+            burst.extend(frame(&read_all_req(10 + id, 0)));
+        }
+        burst.extend(frame(&subscribe_all_req(20, 0)));
+        raw.send_bytes(&burst);
+        if i % 2 == 0 {
+            assert!(raw.recv().is_some());
+        }
+    }
+    let s = wait_stats(srv.addr, "the abandoned connections to go", |s| s.active_connections == 1 && s.active_subscriptions == 0);
+    assert_eq!(s.event_count, 128);
+    // Reads on new connections are complete and correct.
+    let mut c = Client::connect(srv.addr).unwrap();
+    let (all, wm) = c.read_all(tephra::Query::all(), tephra::Position::ZERO).unwrap();
+    assert_eq!((all.len(), wm), (128, tephra::Position(128)));
+    assert!(all.iter().enumerate().all(|(i, e)| e.position.get() == i as u64 + 1 && e.event.data() == vec![(i / 16) as u8; 8 * 1024].as_slice()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -442,13 +490,11 @@ fn flood(srv: &Server, conns: usize, per_conn: u64) {
 // These floods STALL, intermittently, so they are ignored in the default suite and kept as
 // reproducers (`cargo test --release --test server_wire -- --ignored`; more likely beside a busy
 // loop such as `sh -c 'while :; do :; done'`). In a stall every connection stops receiving acks
-// for good while the server still answers new connections, and an append from a fresh connection
-// gets things moving again: the appends were committed (or queued) but a shard executor stays
-// parked in io_uring_enter with its completions and timers unprocessed. Seen with one shard
-// and with two, at the default budgets and at 8. Reported to the lead (glommio 0.9.0 parking
-// on this 6.18 kernel); not fixable in src/server.
+// for good while the server still answers stats and new connections. With two shards it is
+// frequent (see also tests/server_stall_repro.rs: a single sequential client suffices); with one
+// shard these floods still stalled under CPU load. Reported to the lead; not understood yet (the
+// shard threads sit idle in io_uring_enter with the work pending).
 
-const ONE_SHARD: (&str, &str) = ("TEPHRA__SERVER__READS__WORKER_THREADS", "1");
 const BUDGETS_OF_8: [(&str, &str); 2] =
     [("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "8"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8")];
 const TINY_WRITER_QUEUE: [(&str, &str); 3] = [
@@ -490,7 +536,7 @@ fn one_shard_flood_with_budgets_of_eight() {
 // Lanes: a small ack overtakes a multi-megabyte read on the same socket
 // ---------------------------------------------------------------------------------------------
 
-/// Pipelines a ~4 MiB read (id 2) and an append (id 3) on `stream` (after the Hello) without
+/// Pipelines a multi-megabyte read (id 2) and an append (id 3) on `stream` (after the Hello) without
 /// reading, waits (through `event_count`, on another connection) until the append is durable,
 /// then reads frames: the append's ack must come before the read's `ReadEnd`. Then the read must
 /// complete intact.
@@ -504,6 +550,9 @@ fn ack_overtakes_read<S: Read + Write>(stream: &mut S, seeded: u64, mut event_co
         assert!(Instant::now() < deadline, "the pipelined append never became durable");
         thread::sleep(Duration::from_millis(2));
     }
+    // The head moves when the commit is published, a moment before the result reaches the
+    // connection and its ack is queued; give that moment.
+    thread::sleep(Duration::from_millis(300));
     let mut dec = FrameDecoder::new(u32::MAX);
     let mut read_events = 0u64;
     let check = |b: proto::ReadEvents, read_events: &mut u64| {
@@ -543,18 +592,28 @@ fn ack_overtakes_read<S: Read + Write>(stream: &mut S, seeded: u64, mut event_co
     }
 }
 
-const LANE_ENV: [(&str, &str); 2] = [("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8")];
+/// 96 batches of 16 events of 8 KiB: a 12 MiB read, well over what the kernel may buffer for
+/// the socket (tcp_wmem max is commonly 4 MiB), so the read is still in flight when the
+/// append commits.
+const LANE_BATCHES: usize = 96;
+
+/// One shard for the append-heavy tests: with more, a sequential append occasionally is never
+/// answered (tests/server_stall_repro.rs, reported); these tests are about other things.
+const ONE_SHARD: (&str, &str) = ("TEPHRA__SERVER__READS__WORKER_THREADS", "1");
+
+const LANE_ENV: [(&str, &str); 3] =
+    [("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8"), ONE_SHARD];
 
 #[test]
 fn an_append_ack_overtakes_a_large_read_over_tcp() {
     let srv = start(&LANE_ENV);
-    seed(srv.addr, 32, 16, 8 * 1024);
+    seed(srv.addr, LANE_BATCHES, 16, 8 * 1024);
     let mut raw = RawConn::connect(srv.addr);
     socket2::SockRef::from(&raw.stream).set_recv_buffer_size(32 * 1024).unwrap();
     raw.send(&Request::hello(1, None));
     assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::HelloAck(_))));
     let mut probe = Client::connect(srv.addr).unwrap();
-    ack_overtakes_read(&mut raw.stream, 512, || probe.stats().unwrap().event_count);
+    ack_overtakes_read(&mut raw.stream, LANE_BATCHES as u64 * 16, || probe.stats().unwrap().event_count);
 }
 
 /// A raw TLS connection (trusting `cert`, SNI `localhost`) with a 32 KiB receive buffer, after a
@@ -583,10 +642,10 @@ fn an_append_ack_overtakes_a_large_read_over_tls() {
     let srv = Server::start_with(&bin(), &LANE_ENV, Some(&support::tls_toml(&cert, &key)));
     let config = tephra::client::tls::config_with_custom_ca(&cert).unwrap();
     let mut c = Client::connect_tls_with(srv.addr, "localhost", config, None).unwrap();
-    for b in 0..32u8 {
+    for b in 0..LANE_BATCHES as u8 {
         let events: Vec<Event> = (0..16).map(|i| ev("Seed", &[&format!("s:{b}-{i}")], &[b; 8 * 1024])).collect();
         c.append(events, None).unwrap();
     }
     let mut tls = tls_raw(srv.addr, &cert, None);
-    ack_overtakes_read(&mut tls, 512, || c.stats().unwrap().event_count);
+    ack_overtakes_read(&mut tls, LANE_BATCHES as u64 * 16, || c.stats().unwrap().event_count);
 }
