@@ -314,8 +314,12 @@ async fn shard_main(
     bound: flume::Sender<Result<SocketAddr, String>>,
 ) {
     let writer = writer.map(|w| {
-        let tq = glommio::executor().create_task_queue(glommio::Shares::Static(1000), glommio::Latency::Matters(std::time::Duration::from_millis(1)), "writer");
-        glommio::spawn_local_into(w.run(), tq).expect("writer task queue")
+        // In the default task queue. In its own `Latency::Matters` queue (as before) the writer
+        // under glommio 0.9.0 sometimes never ran again after an append was queued for it from
+        // another shard: the append was never committed, while the connection kept answering
+        // (tests/server_stall_repro.rs; the pipelined floods in tests/server_wire.rs stalled
+        // the same way). Group commit does the batching; a latency class buys nothing here.
+        glommio::spawn_local(w.run())
     });
     let listener = match glommio::net::TcpListener::bind(addr) {
         Ok(l) => l,
