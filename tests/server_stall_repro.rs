@@ -1,10 +1,10 @@
-//! Reproducer (ignored by default) for the multi-shard append stall: one blocking client
-//! appending 96 batches of 16 x 8 KiB events, on fresh servers, round after round. With the
-//! default shard count (2 here) an append is never answered within a few dozen rounds: the
-//! server keeps answering other requests on the same connection (a Stats after it comes back at
-//! once) and on new ones, the stuck append is never committed (event_count does not move), and
-//! every thread is idle (shards parked in io_uring_enter, the io-wq worker idle). With
-//! `REPRO_SHARDS=1` (`server.reads.worker_threads = 1`) it has not happened in 120 rounds.
+//! Regression test for the multi-shard append stall: one blocking client appending 96 batches of
+//! 16 x 8 KiB events, on fresh servers, round after round. While the writer ran in its own
+//! `Latency::Matters` task queue, with two shards an append was never answered within a few
+//! dozen rounds: the server kept answering other requests on the same connection (a Stats after
+//! it came back at once) and on new ones, the stuck append was never committed (event_count did
+//! not move), and every thread was idle (shards parked in io_uring_enter). With one shard it did
+//! not happen. Ignored by default (it takes a few seconds per round).
 //!
 //! ```text
 //! cargo test --release --test server_stall_repro -- --ignored --nocapture
@@ -19,7 +19,7 @@ use tephra::client::Client;
 use tephra::{Event, EventType, Tags};
 
 #[test]
-#[ignore = "reproducer for the multi-shard append stall (reported to the lead)"]
+#[ignore = "slow: 40 rounds of 96 appends; run with --ignored"]
 fn sequential_appends_never_stall() {
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"));
     let shards = std::env::var("REPRO_SHARDS").unwrap_or_else(|_| "0".into());

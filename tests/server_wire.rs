@@ -255,7 +255,6 @@ fn a_read_past_the_inflight_and_overflow_budgets_is_rejected() {
         ("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "1"),
         ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8"),
         ("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"),
-        ONE_SHARD,
     ]);
     seed(srv.addr, 16, 16, 8 * 1024);
     // A small receive buffer we do not drain: read 1 stays in flight holding its permit, read 2
@@ -370,7 +369,7 @@ fn an_idle_subscription_sends_one_caught_up_per_live_edge() {
 
 #[test]
 fn closing_connections_with_reads_in_flight_leaves_the_server_healthy() {
-    let srv = start(&[("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "4"), ONE_SHARD]);
+    let srv = start(&[("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "4")]);
     seed(srv.addr, 8, 16, 8 * 1024);
     // Connections that ask for big reads and vanish mid-stream (never reading, or after a frame).
     for i in 0..12 {
@@ -487,14 +486,11 @@ fn flood(srv: &Server, conns: usize, per_conn: u64) {
     assert_eq!(stats.connections_refused, 0);
 }
 
-// These floods STALL, intermittently, so they are ignored in the default suite and kept as
-// reproducers (`cargo test --release --test server_wire -- --ignored`; more likely beside a busy
-// loop such as `sh -c 'while :; do :; done'`). In a stall every connection stops receiving acks
-// for good while the server still answers stats and new connections. With two shards it is
-// frequent (see also tests/server_stall_repro.rs: a single sequential client suffices); with one
-// shard these floods still stalled under CPU load. Reported to the lead; not understood yet (the
-// shard threads sit idle in io_uring_enter with the work pending).
+// These floods stalled for good (every connection stopped getting acks) until the writer left
+// its own Latency::Matters task queue; see tests/server_stall_repro.rs.
 
+/// One shard (`server.reads.worker_threads = 1`): everything on the writer's executor.
+const ONE_SHARD: (&str, &str) = ("TEPHRA__SERVER__READS__WORKER_THREADS", "1");
 const BUDGETS_OF_8: [(&str, &str); 2] =
     [("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "8"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8")];
 const TINY_WRITER_QUEUE: [(&str, &str); 3] = [
@@ -504,21 +500,18 @@ const TINY_WRITER_QUEUE: [(&str, &str); 3] = [
 ];
 
 #[test]
-#[ignore = "stalls intermittently: a shard executor stays parked with work pending (see the comment)"]
 fn a_raw_pipelined_append_flood_is_backpressured_not_dropped() {
     let srv = start(&[]);
     flood(&srv, 16, 20_000);
 }
 
 #[test]
-#[ignore = "stalls intermittently: a shard executor stays parked with work pending (see the comment)"]
 fn a_flood_with_budgets_of_eight_is_backpressured_not_dropped() {
     let srv = start(&BUDGETS_OF_8);
     flood(&srv, 16, 20_000);
 }
 
 #[test]
-#[ignore = "stalls intermittently: a shard executor stays parked with work pending (see the comment)"]
 fn a_flood_through_a_tiny_writer_queue_is_backpressured_not_dropped() {
     // The server-wide writer queue full: submit waits, the reader pauses, nothing is dropped.
     let srv = start(&TINY_WRITER_QUEUE);
@@ -526,7 +519,6 @@ fn a_flood_through_a_tiny_writer_queue_is_backpressured_not_dropped() {
 }
 
 #[test]
-#[ignore = "stalls intermittently: a shard executor stays parked with work pending (see the comment)"]
 fn one_shard_flood_with_budgets_of_eight() {
     let srv = start(&[ONE_SHARD, BUDGETS_OF_8[0], BUDGETS_OF_8[1]]);
     flood(&srv, 16, 20_000);
@@ -597,12 +589,7 @@ fn ack_overtakes_read<S: Read + Write>(stream: &mut S, seeded: u64, mut event_co
 /// append commits.
 const LANE_BATCHES: usize = 96;
 
-/// One shard for the append-heavy tests: with more, a sequential append occasionally is never
-/// answered (tests/server_stall_repro.rs, reported); these tests are about other things.
-const ONE_SHARD: (&str, &str) = ("TEPHRA__SERVER__READS__WORKER_THREADS", "1");
-
-const LANE_ENV: [(&str, &str); 3] =
-    [("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8"), ONE_SHARD];
+const LANE_ENV: [(&str, &str); 2] = [("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8")];
 
 #[test]
 fn an_append_ack_overtakes_a_large_read_over_tcp() {

@@ -61,9 +61,6 @@ impl TestServer {
             cmd.arg("--config").arg(path);
         }
         cmd.env("NO_COLOR", "1").env("TEPHRA__SEGMENT__SIZE", "16777216");
-        // One shard: with more, an append is occasionally never answered (the server's
-        // tests/server_stall_repro.rs); this crate is about client compatibility.
-        cmd.env("TEPHRA__SERVER__READS__WORKER_THREADS", "1");
         for (k, v) in env {
             cmd.env(k, v);
         }
