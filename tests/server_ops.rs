@@ -194,6 +194,36 @@ fn server_socket_timer(server_port: u16, client_port: u16) -> Option<(u32, u64)>
 }
 
 #[test]
+fn an_unfinished_tls_handshake_is_reaped_and_counted() {
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (cert, key) = support::self_signed(certs.path());
+    // The TLS deadline is the first non-zero of handshake, incomplete-frame, idle.
+    let srv = Server::start_with(&bin(), &[("TEPHRA__SERVER__TIMEOUTS__INCOMPLETE_FRAME_SECS", "1")], Some(&support::tls_toml(&cert, &key)));
+    let mut silent = TcpStream::connect(srv.addr).unwrap();
+    // A partial ClientHello: a record header promising 512 bytes, then 2 of them.
+    let mut partial = TcpStream::connect(srv.addr).unwrap();
+    partial.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00]).unwrap();
+    let a = thread::spawn(move || closed_within(&mut silent, Duration::from_secs(6)));
+    let b = thread::spawn(move || closed_within(&mut partial, Duration::from_secs(6)));
+    for took in [a.join().unwrap(), b.join().unwrap()] {
+        assert!(took < Duration::from_millis(3500), "reaped late: {took:?}");
+    }
+    let config = tls::config_with_custom_ca(&cert).unwrap();
+    let mut c = Client::connect_tls_with(srv.addr, "localhost", config, None).unwrap();
+    assert_eq!(c.stats().unwrap().connections_reaped, 2);
+}
+
+#[test]
+fn the_idle_timeout_reaps_a_stalled_partial_frame_when_the_frame_timer_is_off() {
+    let srv = Server::start(&bin(), &[("TEPHRA__SERVER__TIMEOUTS__IDLE_SECS", "1"), ("TEPHRA__SERVER__TIMEOUTS__INCOMPLETE_FRAME_SECS", "0")]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    raw.send_bytes(&1024u32.to_be_bytes());
+    let took = closed_within(&mut raw.stream, Duration::from_secs(6));
+    assert!(took < Duration::from_millis(3500), "reaped late: {took:?}");
+    assert_eq!(stats_until(srv.addr, "the reap", |s| s.connections_reaped >= 1).connections_reaped, 1);
+}
+
+#[test]
 fn custom_keepalive_values_are_applied_to_accepted_sockets() {
     let srv = Server::start(
         &bin(),
