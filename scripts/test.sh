@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what the tests need (the reference
-# tephra-server for the compatibility tests), then runs every workspace test.
+# tephra-server for the compatibility tests, and protoc 36.2 for the published client),
+# builds our server in release, runs every workspace test, then runs the published
+# tephra-client 0.5.3 (tests/published-client, its own workspace) against our server.
+#
+# Extra arguments go to the workspace `cargo test` only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ref="$(scripts/install-reference.sh)"
@@ -12,4 +16,24 @@ cargo build --release --features crash-points --bin tephra-server
 mkdir -p target/crash-points
 cp target/release/tephra-server target/crash-points/tephra-server
 export TEPHRA_CRASH_SERVER="$PWD/target/crash-points/tephra-server"
+
+cargo build --release --bin tephra-server
 cargo test --workspace --release "$@"
+
+# The published client's build (tephra-proto) needs protoc 36.2 exactly; install-reference.sh
+# wrote its path. Missing protoc is a failure in CI and a loud skip elsewhere.
+protoc_file="${TEPHRA_REFERENCE_ROOT:-$HOME/.tephra-reference}/protoc-path"
+protoc=""
+[ -f "$protoc_file" ] && protoc="$(cat "$protoc_file")"
+if [ -z "$protoc" ] || [ ! -x "$protoc" ]; then
+  if [ "${CI:-}" = "true" ]; then
+    echo "test.sh: protoc 36.2 not found (expected its path in $protoc_file); cannot build the published-client tests" >&2
+    exit 1
+  fi
+  echo "" >&2
+  echo "*** SKIPPED tests/published-client: protoc 36.2 not found (run scripts/install-reference.sh) ***" >&2
+  echo "" >&2
+  exit 0
+fi
+PROTOC="$protoc" TEPHRA_SERVER_BIN="$PWD/target/release/tephra-server" \
+  cargo test --release --locked --manifest-path tests/published-client/Cargo.toml --target-dir target/published-client

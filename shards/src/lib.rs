@@ -108,7 +108,7 @@ async fn kicked(rx: flume::Receiver<()>) {
 pub const LATENCY_MS: u64 = 1;
 
 /// Spawns one glommio executor thread named `name`, optionally pinned to `cpu`, running the
-/// future built by `make` on it in a [`latency_sensitive`] queue, with a [`heartbeat`].
+/// future built by `make` on it, with a [`heartbeat`] and the kicker beside it.
 /// Returns the thread's join handle.
 ///
 /// # Errors
@@ -129,12 +129,17 @@ where
         .io_memory(io_memory)
         .spin_before_park(std::time::Duration::from_micros(SPIN_BEFORE_PARK_US))
         .spawn(move || async move {
-            latency_sensitive(async move {
+            // The work itself runs in the default queue (in a latency-sensitive queue glommio
+            // 0.9 sometimes never ran the writer again after a cross-shard append); the
+            // heartbeat and the kicker run in a latency-sensitive one, so the kicker's
+            // cross-thread wake-ups always reach the executor's eventfd.
+            let rx = kicker();
+            glommio::spawn_local(latency_sensitive(async move {
                 glommio::spawn_local(heartbeat()).detach();
-                glommio::spawn_local(kicked(kicker())).detach();
-                make().await
-            })
-            .await
+                kicked(rx).await
+            }))
+            .detach();
+            make().await
         })
         .map_err(|e| std::io::Error::other(e.to_string()))
 }

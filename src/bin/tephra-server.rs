@@ -91,25 +91,135 @@ fn main() -> ExitCode {
 
 /// `--healthcheck`: Hello (first token), one stats call, exit 0 or 1; opens no store.
 fn healthcheck(settings: &Settings) -> ExitCode {
-    let result = (|| -> Result<(), String> {
-        let addr = settings.healthcheck_addr().map_err(|e| e.to_string())?;
-        let token = settings.first_auth_token();
-        let mut client = match settings.tls.paths() {
-            Some((cert, _)) => {
-                let tls = tephra::client::tls::config_with_custom_ca(cert).map_err(|e| e.to_string())?;
-                tephra::client::Client::connect_tls_with(addr, "localhost", tls, token).map_err(|e| e.to_string())?
-            }
-            None => tephra::client::Client::connect_with(addr, token).map_err(|e| e.to_string())?,
-        };
-        client.set_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
-        client.stats().map_err(|e| e.to_string())?;
-        Ok(())
-    })();
-    match result {
+    match probe(settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("healthcheck failed: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Every step of the healthcheck (dial, TLS handshake, each read and write) is bounded by this
+/// (reference §2.10), so a server that accepts and then says nothing fails instead of hanging.
+const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Dials the configured address, completes the Hello (id 1) and one Stats (id 2) with raw
+/// frames. With `tls.cert` set it speaks TLS 1.3 and pins that certificate byte for byte: the
+/// name in it is not checked, and SNI is `localhost`.
+fn probe(settings: &Settings) -> Result<(), String> {
+    use std::io::Write;
+    use tephra::proto::{self, request, response, Request};
+    let addr = settings.healthcheck_addr().map_err(|e| e.to_string())?;
+    let token = settings.first_auth_token();
+    let tcp = std::net::TcpStream::connect_timeout(&addr, HEALTHCHECK_TIMEOUT).map_err(|e| format!("connect {addr}: {e}"))?;
+    tcp.set_read_timeout(Some(HEALTHCHECK_TIMEOUT)).map_err(|e| e.to_string())?;
+    tcp.set_write_timeout(Some(HEALTHCHECK_TIMEOUT)).map_err(|e| e.to_string())?;
+    let _ = tcp.set_nodelay(true);
+    let mut io: Box<dyn ReadWrite> = match settings.tls.paths() {
+        Some((cert, _)) => {
+            let config = pinned_tls_config(cert)?;
+            let name = rustls::pki_types::ServerName::try_from("localhost").expect("a valid name");
+            let conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+            let mut tls = rustls::StreamOwned::new(conn, tcp);
+            let deadline = std::time::Instant::now() + HEALTHCHECK_TIMEOUT;
+            while tls.conn.is_handshaking() {
+                tls.conn.complete_io(&mut tls.sock).map_err(|e| format!("TLS handshake: {e}"))?;
+                if std::time::Instant::now() >= deadline {
+                    return Err("TLS handshake timed out".into());
+                }
+            }
+            Box::new(tls)
+        }
+        None => Box::new(tcp),
+    };
+    let mut dec = proto::FrameDecoder::new(proto::DEFAULT_MAX_FRAME_LEN);
+    let mut call = |req: Request| -> Result<proto::Response, String> {
+        let mut buf = Vec::new();
+        proto::encode_frame(&req, proto::DEFAULT_MAX_FRAME_LEN, &mut buf).map_err(|e| e.to_string())?;
+        io.write_all(&buf).and_then(|()| io.flush()).map_err(|e| format!("send: {e}"))?;
+        match dec.read_next(&mut io) {
+            Ok(Some(body)) => <proto::Response as prost::Message>::decode(body).map_err(|e| format!("bad response: {e}")),
+            Ok(None) => Err("the server closed the connection".into()),
+            Err(e) => Err(format!("receive: {e}")),
+        }
+    };
+    match call(Request::hello(1, token))?.kind {
+        Some(response::Kind::HelloAck(ack)) if ack.protocol_version == proto::PROTOCOL_VERSION => {}
+        Some(response::Kind::Error(e)) => return Err(format!("hello refused: {}", e.message)),
+        other => return Err(format!("unexpected answer to hello: {other:?}")),
+    }
+    match call(Request::new(2, request::Kind::Stats(proto::StatsRequest {})))?.kind {
+        Some(response::Kind::Stats(_)) => Ok(()),
+        Some(response::Kind::Error(e)) => Err(format!("stats refused: {}", e.message)),
+        other => Err(format!("unexpected answer to stats: {other:?}")),
+    }
+}
+
+trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
+
+/// A TLS 1.3 client config that accepts exactly the first certificate of `cert_pem` (the
+/// server's own), whatever names it carries, still checking the handshake signatures.
+fn pinned_tls_config(cert_pem: &std::path::Path) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    let file = std::fs::File::open(cert_pem).map_err(|e| format!("cannot read tls.cert {}: {e}", cert_pem.display()))?;
+    let pinned = rustls_pemfile::certs(&mut std::io::BufReader::new(file))
+        .next()
+        .ok_or_else(|| format!("tls.cert {} holds no certificate", cert_pem.display()))?
+        .map_err(|e| format!("invalid tls.cert {}: {e}", cert_pem.display()))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Pinned { cert: pinned.to_vec(), algorithms: provider.signature_verification_algorithms };
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(verifier))
+        .with_no_client_auth();
+    Ok(std::sync::Arc::new(config))
+}
+
+/// Accepts the pinned end-entity certificate only.
+#[derive(Debug)]
+struct Pinned {
+    cert: Vec<u8>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.cert.as_slice() {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General("the server's certificate is not the configured tls.cert".into()))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
     }
 }

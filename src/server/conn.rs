@@ -100,25 +100,34 @@ impl Lanes {
 }
 
 /// Writes frames from both lanes: control first; after 64 control frames in a row one waiting
-/// bulk frame goes through, so appends cannot starve reads. Flushes when both lanes are empty.
+/// bulk frame goes through, so appends cannot starve reads (reference §1.8). Flushes when a
+/// control run ends and when both lanes are empty.
+///
+/// Only consecutive *control* frames count toward the 64: counting every frame (as this did)
+/// made bulk the preferred lane for the rest of any long read, so an append ack queued behind
+/// the whole multi-megabyte read (tests/server_wire.rs, an_append_ack_overtakes_a_large_read_*).
 async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8>>, bulk: flume::Receiver<Vec<u8>>) {
-    let mut run = 0u32;
+    let mut control_run = 0u32;
     let mut pending = false;
     loop {
-        let next = if run >= 64 { bulk.try_recv().ok().or_else(|| control.try_recv().ok()) } else { control.try_recv().ok().or_else(|| bulk.try_recv().ok()) };
-        let frame = match next {
+        let next = if control_run >= CONTROL_RUN {
+            bulk.try_recv().map(|f| (false, f)).or_else(|_| control.try_recv().map(|f| (true, f))).ok()
+        } else {
+            control.try_recv().map(|f| (true, f)).or_else(|_| bulk.try_recv().map(|f| (false, f))).ok()
+        };
+        let (is_control, frame) = match next {
             Some(f) => f,
             None => {
                 if std::mem::take(&mut pending) && w.flush().await.is_err() {
                     return;
                 }
-                run = 0;
+                control_run = 0;
                 let got = futures_lite::future::or(async { control.recv_async().await.ok().map(|f| (true, f)) }, async {
                     bulk.recv_async().await.ok().map(|f| (false, f))
                 })
                 .await;
                 match got {
-                    Some((_, f)) => f,
+                    Some(f) => f,
                     None => {
                         // One lane closed: drain the other, then stop.
                         while let Ok(f) = control.try_recv().or_else(|_| bulk.try_recv()) {
@@ -132,13 +141,23 @@ async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8
                 }
             }
         };
-        run += 1;
+        control_run = if is_control { control_run + 1 } else { 0 };
         if w.write_all(&frame).await.is_err() {
             return;
         }
         pending = true;
+        // The end of a control run: push it out (TLS buffers records until flushed).
+        if is_control && control.is_empty() && !bulk.is_empty() {
+            if w.flush().await.is_err() {
+                return;
+            }
+            pending = false;
+        }
     }
 }
+
+/// Control frames written in a row before one waiting bulk frame is let through.
+const CONTROL_RUN: u32 = 64;
 
 struct Conn {
     ctx: Arc<Context>,
@@ -175,15 +194,16 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
             let hs = futures_lite::future::or(async { Some(acceptor.accept(stream).await) }, async {
                 glommio::timer::sleep(limit).await;
                 None
-            })
-            .await;
-            match hs {
-                Some(Ok(s)) => Io::Tls(Box::new(s)),
-                Some(Err(e)) => {
+            });
+            // A stalled handshake must not hold up a graceful shutdown either.
+            match unless_shutdown(&ctx, hs).await {
+                None => return,
+                Some(Some(Ok(s))) => Io::Tls(Box::new(s)),
+                Some(Some(Err(e))) => {
                     tracing::debug!(error = %e, "TLS handshake failed");
                     return;
                 }
-                None => {
+                Some(None) => {
                     ctx.connections_reaped.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
@@ -219,7 +239,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 Ok(None) => break,
                 Err(e) => {
                     if let Some(err) = convert::frame_error_response(&e) {
-                        conn.lanes.error(0, err).await;
+                        unless_shutdown(&ctx, conn.lanes.error(0, err)).await;
                     }
                     break 'conn;
                 }
@@ -244,18 +264,21 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 Ok(r) => r,
                 Err(e) => {
                     if let Some(err) = convert::frame_error_response(&FrameError::Decode(e)) {
-                        conn.lanes.error(0, err).await;
+                        unless_shutdown(&ctx, conn.lanes.error(0, err)).await;
                     }
                     break 'conn;
                 }
             };
+            // Serving a request may park the reader (a full control lane toward a client that
+            // stopped reading, a spent append budget, a full writer queue); a shutdown must
+            // still end the connection.
             if !established {
-                match conn.hello(req).await {
-                    true => established = true,
-                    false => break 'conn,
+                match unless_shutdown(&ctx, conn.hello(req)).await {
+                    Some(true) => established = true,
+                    _ => break 'conn,
                 }
-            } else {
-                conn.clone().handle(req).await;
+            } else if unless_shutdown(&ctx, conn.clone().handle(req)).await.is_none() {
+                break 'conn;
             }
         }
         partial_since = if dec.has_partial() { partial_since.or(Some(Instant::now())) } else { None };
@@ -313,14 +336,31 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
         flag.set(true);
     }
     drop(reader);
-    // Let queued frames go out (they may be an error telling the client why), then close.
+    // Let queued frames go out (they may be an error telling the client why), then close. A
+    // client that stopped reading gets a bounded grace, shorter during a shutdown; dropping the
+    // egress task then closes the socket and fails any producer still waiting on a lane.
     let lanes = conn.lanes.clone();
     drop(conn);
     drop(lanes);
+    let grace = if ctx.is_shutting_down() { SHUTDOWN_DRAIN } else { CLOSE_DRAIN };
     let _ = futures_lite::future::or(egress_task, async {
-        glommio::timer::sleep(Duration::from_secs(5)).await;
+        glommio::timer::sleep(grace).await;
     })
     .await;
+}
+
+/// How long a closing connection may take to deliver its queued frames.
+const CLOSE_DRAIN: Duration = Duration::from_secs(5);
+/// The same during a graceful shutdown.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
+
+/// Runs `f` to completion unless a shutdown begins first (then `None`).
+async fn unless_shutdown<T>(ctx: &Context, f: impl std::future::Future<Output = T>) -> Option<T> {
+    futures_lite::future::or(async { Some(f.await) }, async {
+        ctx.wait_shutdown().await;
+        None
+    })
+    .await
 }
 
 fn code_index(code: ErrorCode) -> usize {

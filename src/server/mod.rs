@@ -330,7 +330,12 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         }
     }
     let metrics_addr = match ctx.settings.metrics_addr().map_err(|e| StartError::Io(e.to_string()))? {
-        Some(a) => Some(metrics::serve(ctx.clone(), a).map_err(|e| StartError::Io(format!("cannot bind metrics on {a}: {e}")))?),
+        Some(a) => {
+            let bound = metrics::serve(ctx.clone(), a).map_err(|e| StartError::Io(format!("cannot bind metrics on {a}: {e}")))?;
+            // The bound address, so `metrics.bind = "host:0"` can be found (and scraped).
+            tracing::info!(metrics_addr = %bound, "serving /metrics");
+            Some(bound)
+        }
         None => None,
     };
     tracing::info!(addr = %addr, shards = n, tls = ctx.tls.is_some(), follower = follower.is_some(), "tephra server listening");
@@ -344,7 +349,14 @@ async fn shard_main(
     writer: Option<crate::store::WriterTask>,
     bound: flume::Sender<Result<SocketAddr, String>>,
 ) {
-    let writer = writer.map(|w| glommio::spawn_local(w.run()));
+    let writer = writer.map(|w| {
+        // In the default task queue. In its own `Latency::Matters` queue (as before) the writer
+        // under glommio 0.9.0 sometimes never ran again after an append was queued for it from
+        // another shard: the append was never committed, while the connection kept answering
+        // (tests/server_stall_repro.rs; the pipelined floods in tests/server_wire.rs stalled
+        // the same way). Group commit does the batching; a latency class buys nothing here.
+        glommio::spawn_local(w.run())
+    });
     let listener = match glommio::net::TcpListener::bind(addr) {
         Ok(l) => l,
         Err(e) => {
@@ -405,8 +417,14 @@ async fn shard_main(
         futures_lite::future::or(l, glommio::timer::sleep(std::time::Duration::from_millis(100))).await;
     }
     if let Some(w) = writer {
-        // Every other shard's connections may still have appends queued: wait until all
-        // shards are done accepting, then let the writer drain and stop.
+        // Every other shard's connections may still have appends queued or in flight: wait
+        // until the connections of all shards are done, then let the writer drain and stop.
+        // (Closing on this shard's count alone stopped the writer under other shards' live
+        // connections: their pipelined appends got SHUTDOWN and their subscriptions ended
+        // early, depending on which shard the kernel had picked.)
+        while ctx.active_connections.load(Ordering::SeqCst) > 0 {
+            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+        }
         ctx.store.close_async().await;
         w.await;
     }

@@ -41,6 +41,39 @@ pub struct Server {
     /// Scratch directory holding `data/` (the data dir) and any config file.
     pub dir: tempfile::TempDir,
     log: Arc<Mutex<String>>,
+    watchdog: Arc<Watchdog>,
+    data: PathBuf,
+    args: Vec<String>,
+}
+
+/// How long one `Server` may live. Blocking clients wait forever on a server that stops
+/// answering; killing the server after this turns such a hang into a test failure.
+const WATCHDOG_LIMIT: Duration = Duration::from_secs(150);
+
+struct Watchdog {
+    done: std::sync::atomic::AtomicBool,
+    pid: std::sync::atomic::AtomicU32,
+}
+
+impl Watchdog {
+    fn start(pid: u32) -> Arc<Watchdog> {
+        let w = Arc::new(Watchdog { done: false.into(), pid: pid.into() });
+        let w2 = Arc::clone(&w);
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            while !w2.done.load(std::sync::atomic::Ordering::SeqCst) {
+                if started.elapsed() > WATCHDOG_LIMIT {
+                    let pid = w2.pid.load(std::sync::atomic::Ordering::SeqCst);
+                    eprintln!("*** watchdog: server {pid} outlived {WATCHDOG_LIMIT:?}; killing it so the test fails instead of hanging ***");
+                    // SAFETY: kill(2) on the pid of our own child.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        w
+    }
 }
 
 impl Server {
@@ -75,64 +108,51 @@ impl Server {
     fn start_full(binary: &Path, data_dir: Option<&Path>, args: &[&str], extra_env: &[(&str, &str)], config_toml: Option<&str>) -> Server {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
         let data = data_dir.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("data"));
-        let mut cmd = Command::new(binary);
-        cmd.arg("--bind").arg("127.0.0.1:0").arg("--data-dir").arg(&data).args(args);
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         if let Some(toml) = config_toml {
-            let path = dir.path().join("tephra.toml");
-            std::fs::write(&path, toml).expect("write config");
-            cmd.arg("--config").arg(path);
+            std::fs::write(dir.path().join("tephra.toml"), toml).expect("write config");
         }
-        cmd.env("NO_COLOR", "1").env("TEPHRA__SEGMENT__SIZE", "16777216");
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", binary.display()));
-        let log = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        {
-            let log = Arc::clone(&log);
-            std::thread::spawn(move || {
-                let mut tx = Some(tx);
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if let Some(addr) = parse_listening(&line) {
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(addr);
-                        }
-                    }
-                    let mut l = log.lock().unwrap();
-                    l.push_str(&line);
-                    l.push('\n');
-                }
-            });
-        }
-        {
-            let log = Arc::clone(&log);
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    let mut l = log.lock().unwrap();
-                    l.push_str("[stderr] ");
-                    l.push_str(&line);
-                    l.push('\n');
-                }
-            });
-        }
-        match rx.recv_timeout(START_TIMEOUT) {
-            Ok(addr) => Server { addr, child, dir, log },
-            Err(_) => {
-                let _ = child.kill();
-                let status = child.wait().ok();
-                std::thread::sleep(Duration::from_millis(100));
-                panic!(
-                    "server {} did not report `listening addr=` (exit: {status:?}); output:\n{}",
-                    binary.display(),
-                    log.lock().unwrap()
-                );
+        let (addr, child, log) = launch(binary, dir.path(), &data, &args, extra_env, config_toml.is_some());
+        let watchdog = Watchdog::start(child.id());
+        Server { addr, child, dir, log, watchdog, data, args }
+    }
+
+    /// Starts `binary` again on the same directory (data and any config file), after the
+    /// current process has exited or been killed. `addr`, the child and the log are replaced.
+    pub fn restart(&mut self, binary: &Path, extra_env: &[(&str, &str)]) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let has_config = self.dir.path().join("tephra.toml").exists();
+        let (addr, child, log) = launch(binary, self.dir.path(), &self.data, &self.args, extra_env, has_config);
+        self.watchdog.pid.store(child.id(), std::sync::atomic::Ordering::SeqCst);
+        self.addr = addr;
+        self.child = child;
+        self.log = log;
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGTERM`) to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.pid(), signal) };
+        assert_eq!(rc, 0, "kill({}, {signal}) failed", self.pid());
+    }
+
+    /// Waits up to `timeout` for the process to exit; `None` if it is still running.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                return Some(st);
             }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -143,15 +163,163 @@ impl Server {
 
     /// The data directory.
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.data.clone()
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
+        self.watchdog.done.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Spawns `binary --bind 127.0.0.1:0 --data-dir <dir>/data [--config <dir>/tephra.toml]` and
+/// waits for its readiness line; returns the address, the child and its output log.
+fn launch(binary: &Path, dir: &Path, data: &Path, args: &[String], extra_env: &[(&str, &str)], with_config: bool) -> (SocketAddr, Child, Arc<Mutex<String>>) {
+    let mut cmd = Command::new(binary);
+    cmd.arg("--bind").arg("127.0.0.1:0").arg("--data-dir").arg(data).args(args);
+    if with_config {
+        cmd.arg("--config").arg(dir.join("tephra.toml"));
+    }
+    cmd.env("NO_COLOR", "1").env("TEPHRA__SEGMENT__SIZE", "16777216");
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", binary.display()));
+    let log = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    {
+        let log = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                {
+                    // Logged before the address is announced, so `log()` has the line.
+                    let mut l = log.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+                if let Some(addr) = parse_listening(&line) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr);
+                    }
+                }
+            }
+        });
+    }
+    {
+        let log = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let mut l = log.lock().unwrap();
+                l.push_str("[stderr] ");
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+    }
+    match rx.recv_timeout(START_TIMEOUT) {
+        Ok(addr) => (addr, child, log),
+        Err(_) => {
+            let _ = child.kill();
+            let status = child.wait().ok();
+            std::thread::sleep(Duration::from_millis(100));
+            panic!(
+                "server {} did not report `listening addr=` (exit: {status:?}); output:\n{}",
+                binary.display(),
+                log.lock().unwrap()
+            );
+        }
+    }
+}
+
+/// What a server process that was expected to stop by itself did.
+#[derive(Debug)]
+pub struct Exited {
+    /// Its exit code (`None` if killed by a signal).
+    pub code: Option<i32>,
+    /// Its stdout.
+    pub stdout: String,
+    /// Its stderr.
+    pub stderr: String,
+}
+
+/// Runs `binary` with `args`, `NO_COLOR=1`, a scratch `--data-dir` (unless `args` has one) and
+/// `extra_env`, writing `config_toml` (if any) to a scratch file passed with `--config`, and
+/// waits up to `timeout` for it to exit by itself.
+///
+/// # Panics
+/// If it is still running after `timeout` (it is then killed).
+pub fn run_to_exit(binary: &Path, args: &[&str], extra_env: &[(&str, &str)], config_toml: Option<&str>, timeout: Duration) -> Exited {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let mut cmd = Command::new(binary);
+    cmd.args(args);
+    if !args.iter().any(|a| *a == "--data-dir" || *a == "-d") {
+        cmd.arg("--data-dir").arg(dir.path().join("data"));
+    }
+    if let Some(toml) = config_toml {
+        let path = dir.path().join("tephra.toml");
+        std::fs::write(&path, toml).expect("write config");
+        cmd.arg("--config").arg(path);
+    }
+    cmd.env("NO_COLOR", "1").env("TEPHRA__SEGMENT__SIZE", "16777216");
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", binary.display()));
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    let deadline = std::time::Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{} {args:?} was still running after {timeout:?}; stdout:\n{}\nstderr:\n{}",
+                binary.display(),
+                t_out.join().unwrap(),
+                t_err.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Exited { code: status.code(), stdout: t_out.join().unwrap(), stderr: t_err.join().unwrap() }
+}
+
+/// A self-signed certificate for `localhost`, written as `cert.pem` and `key.pem` into `dir`.
+pub fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    (cert, key)
+}
+
+/// A `[tls]` table naming `cert` and `key`.
+pub fn tls_toml(cert: &Path, key: &Path) -> String {
+    format!("[tls]\ncert = {:?}\nkey = {:?}\n", cert.display().to_string(), key.display().to_string())
 }
 
 /// Extracts `IP:PORT` from a line containing `listening addr=IP:PORT`.

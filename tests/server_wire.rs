@@ -1,0 +1,638 @@
+//! Our `tephra-server` binary at the wire level, beyond the shared conformance cases: error paths
+//! and close rules with raw frames, read and subscription admission, pipelined append floods, and
+//! the control lane overtaking a large read (TCP and TLS). Reference protocol §1.4-§1.9, §2.4;
+//! seed "Backpressure".
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::{RawConn, Server};
+use tephra::client::Client;
+use tephra::proto::{self, convert, request, response, ErrorCode, FrameDecoder, Request, Response};
+use tephra::{Event, EventType, Tags};
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
+}
+
+fn start(env: &[(&str, &str)]) -> Server {
+    Server::start(&bin(), env)
+}
+
+fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
+    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()
+}
+
+fn append_req(id: u64, tag: &str, payload: &[u8]) -> Request {
+    Request::new(
+        id,
+        request::Kind::Append(proto::AppendRequest {
+            events: vec![proto::Event { r#type: "E".into(), tags: vec![tag.into()], payload: payload.to_vec() }],
+            condition: None,
+        }),
+    )
+}
+
+fn read_all_req(id: u64, after: u64) -> Request {
+    Request::new(
+        id,
+        request::Kind::Read(proto::ReadRequest {
+            query: Some(proto::Query { all: true, items: vec![] }),
+            after,
+            ..Default::default()
+        }),
+    )
+}
+
+fn subscribe_all_req(id: u64, after: u64) -> Request {
+    Request::new(
+        id,
+        request::Kind::Subscribe(proto::SubscribeRequest { query: Some(proto::Query { all: true, items: vec![] }), after }),
+    )
+}
+
+fn stats_req(id: u64) -> Request {
+    Request::new(id, request::Kind::Stats(proto::StatsRequest {}))
+}
+
+fn frame(msg: &Request) -> Vec<u8> {
+    let mut buf = Vec::new();
+    proto::encode_frame(msg, u32::MAX, &mut buf).unwrap();
+    buf
+}
+
+fn error_of(r: &Response) -> &proto::ErrorResponse {
+    match &r.kind {
+        Some(response::Kind::Error(e)) => e,
+        _ => panic!("expected an error frame, got {r:?}"),
+    }
+}
+
+/// Appends `batches` batches of `per_batch` events of `payload_len` bytes.
+fn seed(addr: SocketAddr, batches: usize, per_batch: usize, payload_len: usize) {
+    let mut c = Client::connect(addr).unwrap();
+    for b in 0..batches {
+        let events: Vec<Event> = (0..per_batch).map(|i| ev("Seed", &[&format!("s:{b}-{i}")], &vec![b as u8; payload_len])).collect();
+        c.append(events, None).unwrap();
+    }
+}
+
+/// Polls stats until `pred` holds (server-side gauges move on other shards).
+fn wait_stats(addr: SocketAddr, what: &str, pred: impl Fn(&tephra::client::Stats) -> bool) -> tephra::client::Stats {
+    let mut c = Client::connect(addr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = c.stats().unwrap();
+        if pred(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {s:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Error paths and close rules
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn second_hello_and_kindless_requests_are_bad_request_and_the_connection_stays() {
+    let srv = start(&[]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    // Work in flight on the connection first, so the errors do not disturb it.
+    raw.send(&append_req(2, "k:1", b"a"));
+    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::Append(_))));
+    for (id, req) in [
+        (3, Request::hello(3, None)),
+        (4, Request::hello(4, Some("a-token"))),
+        (5, Request { request_id: 5, kind: None }),
+        (6, Request::new(6, request::Kind::Hello(proto::Hello { protocol_version: 2, auth_token: None }))),
+    ] {
+        raw.send(&req);
+        let r = raw.recv().expect("the connection stays open");
+        assert_eq!(r.request_id, id);
+        let e = error_of(&r);
+        assert_eq!((e.code(), e.message.as_str()), (ErrorCode::BadRequest, convert::text::NO_KIND), "request {id}");
+        assert!(!e.retryable);
+        assert_eq!(e.conflict_position, None);
+    }
+    // A zero-length frame after the Hello is a kindless request with id 0.
+    raw.send_bytes(&[0, 0, 0, 0]);
+    let r = raw.recv().unwrap();
+    assert_eq!(r.request_id, 0);
+    assert_eq!(error_of(&r).message, convert::text::NO_KIND);
+    // Still serving.
+    raw.send(&append_req(7, "k:2", b"b"));
+    let r = raw.recv().unwrap();
+    assert_eq!(r, Response::new(7, response::Kind::Append(proto::AppendResponse { first: 2, last: 2 })));
+}
+
+#[test]
+fn cancels_of_unknown_finished_and_non_stream_ids_do_nothing() {
+    let srv = start(&[]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    raw.send(&append_req(2, "k:1", b"a"));
+    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::Append(_))));
+    raw.send(&read_all_req(3, 0));
+    let mut got_end = false;
+    while !got_end {
+        let r = raw.recv().unwrap();
+        assert_eq!(r.request_id, 3);
+        got_end = matches!(r.kind, Some(response::Kind::ReadEnd(_)));
+    }
+    // Unknown id, the finished read, the finished append, id 0, a never-used huge id, and a
+    // cancel naming itself: none is answered and none disturbs the connection.
+    for (id, target) in [(10, 999), (11, 3), (12, 2), (13, 0), (14, u64::MAX), (15, 15)] {
+        raw.send(&Request::new(id, request::Kind::Cancel(proto::CancelRequest { target })));
+    }
+    raw.send(&stats_req(20));
+    let r = raw.recv().unwrap();
+    assert_eq!(r.request_id, 20, "a cancel got a response: {r:?}");
+    let Some(response::Kind::Stats(s)) = r.kind else { panic!("{r:?}") };
+    assert_eq!(s.event_count, 1);
+    // A cancel of an append in flight does not stop it either.
+    raw.send(&append_req(21, "k:2", b"b"));
+    raw.send(&Request::new(22, request::Kind::Cancel(proto::CancelRequest { target: 21 })));
+    let r = raw.recv().unwrap();
+    assert_eq!(r, Response::new(21, response::Kind::Append(proto::AppendResponse { first: 2, last: 2 })));
+}
+
+#[test]
+fn cancel_stops_a_subscription_without_a_terminator() {
+    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    raw.send(&subscribe_all_req(2, 0));
+    let r = raw.recv().unwrap();
+    assert_eq!(r, Response::new(2, response::Kind::CaughtUp(proto::SubscribeCaughtUp { watermark: 0 })));
+    wait_stats(srv.addr, "the subscription", |s| s.active_subscriptions == 1);
+    raw.send(&Request::new(3, request::Kind::Cancel(proto::CancelRequest { target: 2 })));
+    wait_stats(srv.addr, "the cancel", |s| s.active_subscriptions == 0);
+    // Nothing more for id 2, even when new events arrive; the connection still works.
+    let mut other = Client::connect(srv.addr).unwrap();
+    other.append(vec![ev("E", &["k:1"], b"late")], None).unwrap();
+    raw.send(&stats_req(4));
+    let r = raw.recv().unwrap();
+    assert_eq!(r.request_id, 4, "unexpected frame after the cancel: {r:?}");
+}
+
+#[test]
+fn id_zero_requests_are_served_and_answered_with_id_zero() {
+    let srv = start(&[]);
+    let mut raw = RawConn::connect(srv.addr);
+    raw.send(&Request::hello(0, None));
+    let r = raw.recv().unwrap();
+    assert_eq!(r.request_id, 0);
+    assert!(matches!(r.kind, Some(response::Kind::HelloAck(_))), "{r:?}");
+    raw.send(&append_req(0, "k:1", b"a"));
+    assert_eq!(raw.recv().unwrap(), Response::new(0, response::Kind::Append(proto::AppendResponse { first: 1, last: 1 })));
+    raw.send(&stats_req(0));
+    let r = raw.recv().unwrap();
+    assert_eq!(r.request_id, 0);
+    assert!(matches!(r.kind, Some(response::Kind::Stats(ref s)) if s.event_count == 1), "{r:?}");
+    raw.send(&read_all_req(0, 0));
+    let r = raw.recv().unwrap();
+    assert_eq!(r.request_id, 0);
+    assert!(matches!(r.kind, Some(response::Kind::ReadEvents(_))), "{r:?}");
+    assert_eq!(raw.recv().unwrap(), Response::new(0, response::Kind::ReadEnd(proto::ReadEnd { watermark: 1 })));
+    // An id-0 request error is still a per-request error: the connection stays.
+    raw.send(&Request::new(0, request::Kind::Append(proto::AppendRequest::default())));
+    assert_eq!(raw.recv().unwrap(), Response::new(0, response::Kind::Error(convert::empty_append_error())));
+    raw.send(&stats_req(5));
+    assert_eq!(raw.recv().unwrap().request_id, 5);
+}
+
+/// A hand-encoded Request body: `request_id` = 7, then `field` (2 = append, 3 = read) holding
+/// `inner`.
+fn request_body(field: u8, inner: &[u8]) -> Vec<u8> {
+    let mut b = vec![0x08, 0x07, (field << 3) | 2, inner.len() as u8];
+    b.extend_from_slice(inner);
+    b
+}
+
+#[test]
+fn invalid_utf8_anywhere_is_a_frame_level_bad_request_then_close() {
+    let srv = start(&[]);
+    // Event{type "E", tags ["\xff"]} inside AppendRequest.events (field 1).
+    let event = [0x0a, 0x01, b'E', 0x12, 0x01, 0xff];
+    let mut append = vec![0x0a, event.len() as u8];
+    append.extend_from_slice(&event);
+    // ReadRequest{query: Query{items: [QueryItem{types: ["\xc3"]}]}}: a torn two-byte sequence.
+    let item = [0x0a, 0x01, 0xc3];
+    let query = [0x12, item.len() as u8, item[0], item[1], item[2]];
+    let mut read = vec![0x0a, query.len() as u8];
+    read.extend_from_slice(&query);
+    // Hello{protocol_version 1, auth_token "\xfe"} as the first frame.
+    let hello = request_body(7, &[0x08, 0x01, 0x12, 0x01, 0xfe]);
+    for body in [request_body(2, &append), request_body(3, &read)] {
+        assert!(<Request as prost::Message>::decode(&body[..]).is_err(), "{body:02x?} must not decode");
+        let mut f = (body.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(&body);
+        let e = support::frame_level_error(srv.addr, |raw| raw.send_bytes(&f));
+        assert_eq!((e.code(), e.message.as_str()), (ErrorCode::BadRequest, convert::text::FRAME_DECODE), "{body:02x?}");
+    }
+    // Before the Hello it is the same frame-level error (not UNAUTHENTICATED): id 0, then close.
+    assert!(<Request as prost::Message>::decode(&hello[..]).is_err());
+    let mut f = (hello.len() as u32).to_be_bytes().to_vec();
+    f.extend_from_slice(&hello);
+    let mut raw = RawConn::connect(srv.addr);
+    raw.send_bytes(&f);
+    let r = raw.recv().expect("an error frame");
+    assert_eq!(r.request_id, 0);
+    assert_eq!((error_of(&r).code(), error_of(&r).message.as_str()), (ErrorCode::BadRequest, convert::text::FRAME_DECODE));
+    raw.expect_closed();
+}
+
+#[test]
+fn a_read_past_the_inflight_and_overflow_budgets_is_rejected() {
+    let srv = start(&[
+        ("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "1"),
+        ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8"),
+        ("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"),
+    ]);
+    seed(srv.addr, 16, 16, 8 * 1024);
+    // A small receive buffer we do not drain: read 1 stays in flight holding its permit, read 2
+    // takes the overflow slot, read 3 is refused.
+    let mut raw = RawConn::connect(srv.addr);
+    socket2::SockRef::from(&raw.stream).set_recv_buffer_size(32 * 1024).unwrap();
+    raw.send(&Request::hello(1, None));
+    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::HelloAck(_))));
+    let mut burst = frame(&read_all_req(2, 0));
+    burst.extend(frame(&read_all_req(3, 0)));
+    burst.extend(frame(&read_all_req(4, 0)));
+    raw.send_bytes(&burst);
+    let mut ended = Vec::new();
+    loop {
+        let r = raw.recv().expect("server closed without rejecting the third read");
+        match (&r.kind, r.request_id) {
+            (Some(response::Kind::Error(e)), 4) => {
+                assert_eq!((e.code(), e.message.as_str()), (ErrorCode::BadRequest, convert::text::TOO_MANY_READS));
+                assert_eq!(e.message, "too many in-flight reads on this connection");
+                break;
+            }
+            (Some(response::Kind::ReadEnd(_)), id) => ended.push(id),
+            (Some(response::Kind::ReadEvents(_)), 2 | 3) => {}
+            _ => panic!("unexpected frame before the rejection: {r:?}"),
+        }
+    }
+    assert!(ended.is_empty(), "the rejection rides the control lane ahead of the reads' ends");
+    // The two admitted reads both complete in full and in order, and the connection serves on.
+    let mut counts: HashMap<u64, (u64, bool)> = HashMap::new();
+    while counts.values().filter(|(_, done)| *done).count() < 2 {
+        let r = raw.recv().unwrap();
+        let entry = counts.entry(r.request_id).or_default();
+        match r.kind {
+            Some(response::Kind::ReadEvents(b)) => {
+                assert!(!entry.1);
+                for e in b.events {
+                    entry.0 += 1;
+                    assert_eq!(e.position, entry.0, "read {} out of order", r.request_id);
+                }
+            }
+            Some(response::Kind::ReadEnd(end)) => {
+                assert_eq!(end.watermark, 256);
+                entry.1 = true;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(counts[&2].0, 256);
+    assert_eq!(counts[&3].0, 256);
+    // Budgets are released: a fourth read is admitted now.
+    raw.send(&read_all_req(5, 255));
+    let r = raw.recv().unwrap();
+    assert_eq!(r.request_id, 5);
+    assert!(matches!(r.kind, Some(response::Kind::ReadEvents(ref b)) if b.events.len() == 1), "{r:?}");
+}
+
+#[test]
+fn a_subscription_over_the_cap_is_rejected_and_a_slot_frees_on_cancel() {
+    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__MAX_CONCURRENT", "2"), ("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    for id in [2, 3] {
+        raw.send(&subscribe_all_req(id, 0));
+        assert_eq!(raw.recv().unwrap(), Response::new(id, response::Kind::CaughtUp(proto::SubscribeCaughtUp { watermark: 0 })));
+    }
+    raw.send(&subscribe_all_req(4, 0));
+    let r = raw.recv().unwrap();
+    assert_eq!(r.request_id, 4);
+    let e = error_of(&r);
+    assert_eq!((e.code(), e.message.as_str()), (ErrorCode::BadRequest, convert::text::TOO_MANY_SUBSCRIPTIONS));
+    assert_eq!(e.message, "too many concurrent subscriptions on this connection");
+    // The cap is per connection: another connection may subscribe.
+    let mut other = RawConn::connect_hello(srv.addr);
+    other.send(&subscribe_all_req(2, 0));
+    assert!(matches!(other.recv().unwrap().kind, Some(response::Kind::CaughtUp(_))));
+    assert_eq!(wait_stats(srv.addr, "3 subscriptions", |s| s.active_subscriptions == 3).active_subscriptions, 3);
+    // Appends still run beside the two live subscriptions, which both see the event.
+    raw.send(&append_req(5, "k:1", b"x"));
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let r = raw.recv().unwrap();
+        seen.push((r.request_id, std::mem::discriminant(r.kind.as_ref().unwrap())));
+    }
+    assert!(seen.iter().any(|(id, _)| *id == 5));
+    // Cancelling one frees its slot.
+    raw.send(&Request::new(6, request::Kind::Cancel(proto::CancelRequest { target: 2 })));
+    wait_stats(srv.addr, "the cancel", |s| s.active_subscriptions == 2);
+    raw.send(&subscribe_all_req(7, 1));
+    let r = raw.recv().unwrap();
+    assert_eq!(r, Response::new(7, response::Kind::CaughtUp(proto::SubscribeCaughtUp { watermark: 1 })));
+}
+
+#[test]
+fn an_idle_subscription_sends_one_caught_up_per_live_edge() {
+    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "20")]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    raw.stream.set_read_timeout(Some(Duration::from_millis(400))).unwrap();
+    raw.send(&subscribe_all_req(2, 0));
+    assert_eq!(raw.recv().unwrap(), Response::new(2, response::Kind::CaughtUp(proto::SubscribeCaughtUp { watermark: 0 })));
+    // Many ticks pass: no second marker for the same edge.
+    let mut buf = [0u8; 1];
+    assert!(raw.stream.peek(&mut buf).is_err(), "a frame arrived while idle");
+    let mut other = Client::connect(srv.addr).unwrap();
+    other.append(vec![ev("E", &["k:1"], b"x")], None).unwrap();
+    raw.stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let r = raw.recv().unwrap();
+    let Some(response::Kind::ReadEvents(b)) = r.kind else { panic!("{r:?}") };
+    assert_eq!(b.events.iter().map(|e| e.position).collect::<Vec<_>>(), [1]);
+    assert_eq!(raw.recv().unwrap(), Response::new(2, response::Kind::CaughtUp(proto::SubscribeCaughtUp { watermark: 1 })));
+    raw.stream.set_read_timeout(Some(Duration::from_millis(400))).unwrap();
+    assert!(raw.stream.peek(&mut buf).is_err(), "a frame arrived while idle");
+}
+
+#[test]
+fn closing_connections_with_reads_in_flight_leaves_the_server_healthy() {
+    let srv = start(&[("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "4")]);
+    seed(srv.addr, 8, 16, 8 * 1024);
+    // Connections that ask for big reads and vanish mid-stream (never reading, or after a frame).
+    for i in 0..12 {
+        let mut raw = RawConn::connect_hello(srv.addr);
+        let mut burst = Vec::new();
+        for id in 0..4 {
+            burst.extend(frame(&read_all_req(10 + id, 0)));
+        }
+        burst.extend(frame(&subscribe_all_req(20, 0)));
+        raw.send_bytes(&burst);
+        if i % 2 == 0 {
+            assert!(raw.recv().is_some());
+        }
+    }
+    let s = wait_stats(srv.addr, "the abandoned connections to go", |s| s.active_connections == 1 && s.active_subscriptions == 0);
+    assert_eq!(s.event_count, 128);
+    // Reads on new connections are complete and correct.
+    let mut c = Client::connect(srv.addr).unwrap();
+    let (all, wm) = c.read_all(tephra::Query::all(), tephra::Position::ZERO).unwrap();
+    assert_eq!((all.len(), wm), (128, tephra::Position(128)));
+    assert!(all.iter().enumerate().all(|(i, e)| e.position.get() == i as u64 + 1 && e.event.data() == vec![(i / 16) as u8; 8 * 1024].as_slice()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Floods: pipelined appends are backpressured, never dropped
+// ---------------------------------------------------------------------------------------------
+
+/// `conns` connections each pipeline `per_conn` single-event appends (ids 1..=per_conn after a
+/// Hello with id 0) from a writer thread while a reader thread collects the acks. Every append
+/// must be acknowledged once, and the positions must be dense over all connections and rise
+/// with the request id on each connection.
+const FLOOD_READ_TIMEOUT_SECS: u64 = 10;
+
+fn flood(srv: &Server, conns: usize, per_conn: u64) {
+    let addr = srv.addr;
+    let started = Instant::now();
+    let handles: Vec<_> = (0..conns)
+        .map(|c| {
+            thread::spawn(move || -> Result<Vec<u64>, String> {
+                let stream = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
+                stream.set_nodelay(true).unwrap();
+                stream.set_read_timeout(Some(Duration::from_secs(FLOOD_READ_TIMEOUT_SECS))).unwrap();
+                let mut hello = frame(&Request::hello(0, None));
+                let mut reader = stream.try_clone().unwrap();
+                let writer = thread::spawn(move || -> Result<(), String> {
+                    let mut w = BufWriter::with_capacity(64 * 1024, stream);
+                    w.write_all(&hello.split_off(0)).map_err(|e| format!("write: {e}"))?;
+                    for id in 1..=per_conn {
+                        let f = frame(&append_req(id, &format!("c:{c}"), b"payload"));
+                        w.write_all(&f).map_err(|e| format!("write {id}: {e}"))?;
+                    }
+                    w.flush().map_err(|e| format!("flush: {e}"))
+                });
+                let mut dec = FrameDecoder::new(u32::MAX);
+                let mut by_id = vec![0u64; per_conn as usize + 1];
+                let mut acked = 0u64;
+                let mut helloed = false;
+                while acked < per_conn {
+                    let body = match dec.read_next(&mut reader) {
+                        Ok(Some(b)) => b,
+                        Ok(None) => return Err(format!("conn {c}: server closed after {acked} acks")),
+                        Err(e) => return Err(format!("conn {c}: read failed after {acked} acks: {e}")),
+                    };
+                    let r = <Response as prost::Message>::decode(body).map_err(|e| e.to_string())?;
+                    match r.kind {
+                        Some(response::Kind::HelloAck(_)) if !helloed => helloed = true,
+                        Some(response::Kind::Append(a)) => {
+                            let id = r.request_id as usize;
+                            if id == 0 || id > per_conn as usize || by_id[id] != 0 {
+                                return Err(format!("conn {c}: unexpected or duplicate ack id {id}"));
+                            }
+                            if a.first != a.last || a.first == 0 {
+                                return Err(format!("conn {c}: bad ack {a:?}"));
+                            }
+                            by_id[id] = a.first;
+                            acked += 1;
+                        }
+                        other => return Err(format!("conn {c}: unexpected frame {other:?} after {acked} acks")),
+                    }
+                }
+                writer.join().unwrap()?;
+                by_id.remove(0);
+                if by_id.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err(format!("conn {c}: positions do not rise with the request id"));
+                }
+                Ok(by_id)
+            })
+        })
+        .collect();
+    let mut errors = Vec::new();
+    let mut all = Vec::new();
+    for h in handles {
+        match h.join().unwrap() {
+            Ok(p) => all.extend(p),
+            Err(e) => errors.push(e),
+        }
+    }
+    if !errors.is_empty() {
+        let s = Client::connect(addr).and_then(|mut c| c.stats().map_err(std::io::Error::other));
+        // An append from a fresh connection tells a stalled writer from lost replies.
+        let probe = Client::connect(addr).and_then(|mut c| {
+            c.set_timeout(Some(Duration::from_secs(3)))?;
+            c.append(vec![ev("P", &["p:1"], b"")], None).map_err(std::io::Error::other)
+        });
+        panic!("probe append: {probe:?}\n{} of {conns} flooding connections failed: {errors:?}\nstats now: {s:?}", errors.len());
+    }
+    all.sort_unstable();
+    let total = conns as u64 * per_conn;
+    assert_eq!(all.len() as u64, total);
+    assert!(all.iter().copied().eq(1..=total), "positions are not dense 1..={total}");
+    eprintln!("flood of {conns} x {per_conn} acked in {:?}", started.elapsed());
+    let stats = wait_stats(addr, "the flood's connections to close", |s| s.active_connections == 1);
+    assert_eq!(stats.event_count, total);
+    assert_eq!(stats.connections_refused, 0);
+}
+
+// These floods stalled for good (every connection stopped getting acks) until the writer left
+// its own Latency::Matters task queue; see tests/server_stall_repro.rs.
+
+/// One shard (`server.reads.worker_threads = 1`): everything on the writer's executor.
+const ONE_SHARD: (&str, &str) = ("TEPHRA__SERVER__READS__WORKER_THREADS", "1");
+const BUDGETS_OF_8: [(&str, &str); 2] =
+    [("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "8"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8")];
+const TINY_WRITER_QUEUE: [(&str, &str); 3] = [
+    ("TEPHRA__WRITER__QUEUE_CAPACITY", "4"),
+    ("TEPHRA__WRITER__MAX_BATCH_RECORDS", "16"),
+    ("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "64"),
+];
+
+#[test]
+fn a_raw_pipelined_append_flood_is_backpressured_not_dropped() {
+    let srv = start(&[]);
+    flood(&srv, 16, 20_000);
+}
+
+#[test]
+fn a_flood_with_budgets_of_eight_is_backpressured_not_dropped() {
+    let srv = start(&BUDGETS_OF_8);
+    flood(&srv, 16, 20_000);
+}
+
+#[test]
+fn a_flood_through_a_tiny_writer_queue_is_backpressured_not_dropped() {
+    // The server-wide writer queue full: submit waits, the reader pauses, nothing is dropped.
+    let srv = start(&TINY_WRITER_QUEUE);
+    flood(&srv, 8, 2_000);
+}
+
+#[test]
+fn one_shard_flood_with_budgets_of_eight() {
+    let srv = start(&[ONE_SHARD, BUDGETS_OF_8[0], BUDGETS_OF_8[1]]);
+    flood(&srv, 16, 20_000);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lanes: a small ack overtakes a multi-megabyte read on the same socket
+// ---------------------------------------------------------------------------------------------
+
+/// Pipelines a multi-megabyte read (id 2) and an append (id 3) on `stream` (after the Hello) without
+/// reading, waits (through `event_count`, on another connection) until the append is durable,
+/// then reads frames: the append's ack must come before the read's `ReadEnd`. Then the read must
+/// complete intact.
+fn ack_overtakes_read<S: Read + Write>(stream: &mut S, seeded: u64, mut event_count: impl FnMut() -> u64) {
+    let mut burst = frame(&read_all_req(2, 0));
+    burst.extend(frame(&append_req(3, "k:new", b"small")));
+    stream.write_all(&burst).unwrap();
+    stream.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while event_count() <= seeded {
+        assert!(Instant::now() < deadline, "the pipelined append never became durable");
+        thread::sleep(Duration::from_millis(2));
+    }
+    // The head moves when the commit is published, a moment before the result reaches the
+    // connection and its ack is queued; give that moment.
+    thread::sleep(Duration::from_millis(300));
+    let mut dec = FrameDecoder::new(u32::MAX);
+    let mut read_events = 0u64;
+    let check = |b: proto::ReadEvents, read_events: &mut u64| {
+        for e in b.events {
+            *read_events += 1;
+            assert_eq!(e.position, *read_events);
+            let payload = e.event.expect("event").payload;
+            assert_eq!(payload, vec![((*read_events - 1) / 16) as u8; 8 * 1024]);
+        }
+    };
+    loop {
+        let body = dec.read_next(stream).unwrap().expect("server closed before the ack");
+        let r = <Response as prost::Message>::decode(body).unwrap();
+        match (r.request_id, r.kind) {
+            (3, Some(response::Kind::Append(a))) => {
+                assert_eq!((a.first, a.last), (seeded + 1, seeded + 1));
+                break;
+            }
+            (2, Some(response::Kind::ReadEvents(b))) => check(b, &mut read_events),
+            (2, Some(response::Kind::ReadEnd(_))) => panic!("the ack queued behind the whole read (head-of-line blocking)"),
+            (id, kind) => panic!("unexpected frame {id} {kind:?}"),
+        }
+    }
+    assert!(read_events < seeded, "the whole read arrived before the ack");
+    // The read then completes, pinned to its start.
+    loop {
+        let body = dec.read_next(stream).unwrap().expect("server closed mid-read");
+        let r = <Response as prost::Message>::decode(body).unwrap();
+        match (r.request_id, r.kind) {
+            (2, Some(response::Kind::ReadEvents(b))) => check(b, &mut read_events),
+            (2, Some(response::Kind::ReadEnd(end))) => {
+                assert_eq!((end.watermark, read_events), (seeded, seeded));
+                break;
+            }
+            (id, kind) => panic!("unexpected frame {id} {kind:?}"),
+        }
+    }
+}
+
+/// 96 batches of 16 events of 8 KiB: a 12 MiB read, well over what the kernel may buffer for
+/// the socket (tcp_wmem max is commonly 4 MiB), so the read is still in flight when the
+/// append commits.
+const LANE_BATCHES: usize = 96;
+
+const LANE_ENV: [(&str, &str); 2] = [("TEPHRA__SERVER__READS__BATCH_BYTES", "8192"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8")];
+
+#[test]
+fn an_append_ack_overtakes_a_large_read_over_tcp() {
+    let srv = start(&LANE_ENV);
+    seed(srv.addr, LANE_BATCHES, 16, 8 * 1024);
+    let mut raw = RawConn::connect(srv.addr);
+    socket2::SockRef::from(&raw.stream).set_recv_buffer_size(32 * 1024).unwrap();
+    raw.send(&Request::hello(1, None));
+    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::HelloAck(_))));
+    let mut probe = Client::connect(srv.addr).unwrap();
+    ack_overtakes_read(&mut raw.stream, LANE_BATCHES as u64 * 16, || probe.stats().unwrap().event_count);
+}
+
+/// A raw TLS connection (trusting `cert`, SNI `localhost`) with a 32 KiB receive buffer, after a
+/// successful Hello.
+fn tls_raw(addr: SocketAddr, cert: &Path, token: Option<&str>) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let config = tephra::client::tls::config_with_custom_ca(cert).unwrap();
+    let sock = TcpStream::connect(addr).unwrap();
+    sock.set_nodelay(true).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    socket2::SockRef::from(&sock).set_recv_buffer_size(32 * 1024).unwrap();
+    let conn = rustls::ClientConnection::new(Arc::clone(&config), "localhost".try_into().unwrap()).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    tls.write_all(&frame(&Request::hello(1, token))).unwrap();
+    tls.flush().unwrap();
+    let mut dec = FrameDecoder::new(u32::MAX);
+    let body = dec.read_next(&mut tls).unwrap().expect("hello ack");
+    let r = <Response as prost::Message>::decode(body).unwrap();
+    assert!(matches!(r.kind, Some(response::Kind::HelloAck(_))), "{r:?}");
+    tls
+}
+
+#[test]
+fn an_append_ack_overtakes_a_large_read_over_tls() {
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (cert, key) = support::self_signed(certs.path());
+    let srv = Server::start_with(&bin(), &LANE_ENV, Some(&support::tls_toml(&cert, &key)));
+    let config = tephra::client::tls::config_with_custom_ca(&cert).unwrap();
+    let mut c = Client::connect_tls_with(srv.addr, "localhost", config, None).unwrap();
+    for b in 0..LANE_BATCHES as u8 {
+        let events: Vec<Event> = (0..16).map(|i| ev("Seed", &[&format!("s:{b}-{i}")], &[b; 8 * 1024])).collect();
+        c.append(events, None).unwrap();
+    }
+    let mut tls = tls_raw(srv.addr, &cert, None);
+    ack_overtakes_read(&mut tls, LANE_BATCHES as u64 * 16, || c.stats().unwrap().event_count);
+}
