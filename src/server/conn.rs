@@ -306,7 +306,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
         }
         // Wait for bytes, a deadline (re-evaluated at least every second, since in-flight work
         // changes what counts as idle), or shutdown.
-        let wait = deadline.map(|d| d - now).unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1));
+        let wait = deadline.map(|d| d - now).unwrap_or(READ_TICK).min(READ_TICK);
         let got = futures_lite::future::or(
             async { Some(dec.fill_from_async(&mut reader).await) },
             futures_lite::future::or(
@@ -348,6 +348,10 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
     })
     .await;
 }
+
+/// The longest a connection's reader waits for bytes before re-checking its deadlines (and
+/// re-polling the socket).
+const READ_TICK: Duration = Duration::from_millis(100);
 
 /// How long a closing connection may take to deliver its queued frames.
 const CLOSE_DRAIN: Duration = Duration::from_secs(5);
