@@ -17,6 +17,8 @@ pub mod proto;
 pub mod read;
 pub mod server;
 pub mod store;
+#[cfg(test)]
+mod testgen;
 pub mod writer;
 
 pub use event::{DecodeError, EncodeError, Event, EventRef};

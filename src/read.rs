@@ -340,22 +340,28 @@ impl Subscription {
         self.shared.watermark() > self.cursor
     }
 
+    /// `Some` when a wait would end now: events past the cursor, or a closed store.
+    fn settled(&self) -> Option<WaitOutcome> {
+        if self.has_more() {
+            Some(WaitOutcome::Advanced)
+        } else if self.shared.is_closed() {
+            Some(WaitOutcome::Closed)
+        } else {
+            None
+        }
+    }
+
     /// Blocks until the watermark passes the cursor, `timeout` elapses or the store closes.
     pub fn wait_timeout(&self, timeout: Duration) -> WaitOutcome {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            if self.has_more() {
-                return WaitOutcome::Advanced;
+            if let Some(o) = self.settled() {
+                return o;
             }
-            if self.shared.is_closed() {
-                return WaitOutcome::Closed;
-            }
+            // Listen, then re-check: a publish between the two cannot be missed.
             let l = self.shared.changed.listen();
-            if self.has_more() {
-                return WaitOutcome::Advanced;
-            }
-            if self.shared.is_closed() {
-                return WaitOutcome::Closed;
+            if let Some(o) = self.settled() {
+                return o;
             }
             if l.wait_deadline(deadline).is_none() && std::time::Instant::now() >= deadline {
                 return WaitOutcome::TimedOut;
@@ -367,18 +373,12 @@ impl Subscription {
     /// store closes.
     pub async fn wait(&self) -> WaitOutcome {
         loop {
-            if self.has_more() {
-                return WaitOutcome::Advanced;
-            }
-            if self.shared.is_closed() {
-                return WaitOutcome::Closed;
+            if let Some(o) = self.settled() {
+                return o;
             }
             let l = self.shared.changed.listen();
-            if self.has_more() {
-                return WaitOutcome::Advanced;
-            }
-            if self.shared.is_closed() {
-                return WaitOutcome::Closed;
+            if let Some(o) = self.settled() {
+                return o;
             }
             l.await;
         }

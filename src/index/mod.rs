@@ -96,28 +96,13 @@ mod tests {
     //! `MemIndex::first_match` against a linear scan with the one predicate, `Query::matches`.
     use super::*;
     use crate::event::Event;
-    use crate::model::{EventType, Tags};
     use proptest::prelude::*;
 
-    const TYPES: &[&str] = &["A", "B", "C", "Z"];
-    const TAGS: &[&str] = &["t0", "t1", "t2", "t3", "zz"];
-
     fn event() -> impl Strategy<Value = Event> {
-        (0..3usize, proptest::sample::subsequence((0..4usize).collect::<Vec<_>>(), 0..=3)).prop_map(|(ty, tags)| {
-            Event::new(&EventType::new(TYPES[ty]).unwrap(), &Tags::new(tags.iter().map(|&t| TAGS[t])).unwrap(), b"").unwrap()
-        })
+        crate::testgen::event(b"")
     }
 
-    fn query() -> impl Strategy<Value = Query> {
-        let item = (
-            proptest::sample::subsequence((0..TYPES.len()).collect::<Vec<_>>(), 0..=2),
-            proptest::sample::subsequence((0..TAGS.len()).collect::<Vec<_>>(), 0..=3),
-        )
-            .prop_map(|(ty, tg)| {
-                QueryItem::new(ty.iter().map(|&t| EventType::new(TYPES[t]).unwrap()).collect(), Tags::new(tg.iter().map(|&t| TAGS[t])).unwrap())
-            });
-        prop_oneof![1 => Just(Query::All), 1 => Just(Query::none()), 6 => proptest::collection::vec(item, 1..=3).prop_map(Query::items)]
-    }
+    use crate::testgen::query;
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]

@@ -1,0 +1,28 @@
+//! Shared proptest strategies for the unit tests of the index and the condition verdict: a few
+//! types and tags so random events and queries collide often.
+
+use crate::event::Event;
+use crate::model::{EventType, Query, QueryItem, Tags};
+use proptest::prelude::*;
+
+/// Event types drawn from ("Z" is never used by [`event`], so queries can name an absent type).
+pub const TYPES: &[&str] = &["A", "B", "C", "Z"];
+/// Tags drawn from ("zz" is never used by [`event`]).
+pub const TAGS: &[&str] = &["t0", "t1", "t2", "t3", "zz"];
+
+/// A random event with `payload`: one of the first three types, up to three of the first four tags.
+pub fn event(payload: &'static [u8]) -> impl Strategy<Value = Event> {
+    (0..3usize, proptest::sample::subsequence((0..4usize).collect::<Vec<_>>(), 0..=3)).prop_map(move |(ty, tags)| {
+        Event::new(&EventType::new(TYPES[ty]).unwrap(), &Tags::new(tags.iter().map(|&t| TAGS[t])).unwrap(), payload).unwrap()
+    })
+}
+
+/// A random query: `All`, none, or one to three items over [`TYPES`] and [`TAGS`].
+pub fn query() -> impl Strategy<Value = Query> {
+    let item = (
+        proptest::sample::subsequence((0..TYPES.len()).collect::<Vec<_>>(), 0..=2),
+        proptest::sample::subsequence((0..TAGS.len()).collect::<Vec<_>>(), 0..=3),
+    )
+        .prop_map(|(ty, tg)| QueryItem::new(ty.iter().map(|&t| EventType::new(TYPES[t]).unwrap()).collect(), Tags::new(tg.iter().map(|&t| TAGS[t])).unwrap()));
+    prop_oneof![1 => Just(Query::All), 1 => Just(Query::none()), 6 => proptest::collection::vec(item, 1..=3).prop_map(Query::items)]
+}
