@@ -404,26 +404,12 @@ fn bad_settings_and_refused_dials_fail_the_connect() {
     });
 }
 
-/// A self-signed certificate for `localhost`, written as PEM files into `dir`.
-fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let cert = dir.join("cert.pem");
-    let key = dir.join("key.pem");
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    (cert, key)
-}
-
 #[test]
 fn tls_connector_with_tokens() {
     let Some(bin) = server_binary() else { return };
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = self_signed(certs.path());
-    let toml = format!(
-        "[tls]\ncert = {:?}\nkey = {:?}\n\n[[auth.tokens]]\ntoken = \"s3cret\"\n",
-        cert.display().to_string(),
-        key.display().to_string()
-    );
+    let (cert, key) = support::self_signed(certs.path());
+    let toml = format!("{}\n[[auth.tokens]]\ntoken = \"s3cret\"\n", support::tls_toml(&cert, &key));
     let srv = Server::start_with(&bin, &[], Some(&toml));
     let tls_config = tls::config_with_custom_ca(&cert).unwrap();
     let addr = srv.addr;

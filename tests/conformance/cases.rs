@@ -596,26 +596,12 @@ fn tokens_authenticate_and_refusals_are_permission_denied() {
     }
 }
 
-/// A self-signed certificate for `localhost`, written as PEM files into `dir`.
-fn self_signed(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let cert = dir.join("cert.pem");
-    let key = dir.join("key.pem");
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    (cert, key)
-}
-
 #[test]
 fn tls_round_trip_subscribe_and_tokens() {
     let Some(bin) = server_binary() else { return };
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = self_signed(certs.path());
-    let toml = format!(
-        "[tls]\ncert = {:?}\nkey = {:?}\n\n[[auth.tokens]]\ntoken = \"s3cret\"\n",
-        cert.display().to_string(),
-        key.display().to_string()
-    );
+    let (cert, key) = support::self_signed(certs.path());
+    let toml = format!("{}\n[[auth.tokens]]\ntoken = \"s3cret\"\n", support::tls_toml(&cert, &key));
     let srv = Server::start_with(&bin, &[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")], Some(&toml));
     let config = tls::config_with_custom_ca(&cert).unwrap();
 
@@ -659,7 +645,7 @@ fn tls_config_helpers_report_bad_inputs() {
         tls::config_with_custom_ca(&dir.path().join("missing.pem")).unwrap_err().kind(),
         io::ErrorKind::NotFound
     );
-    let (cert, _) = self_signed(dir.path());
+    let (cert, _) = support::self_signed(dir.path());
     assert!(tls::config_with_custom_ca(&cert).is_ok());
     // The platform store may legitimately be empty in a container; either outcome is typed.
     match tls::config_with_native_roots() {
