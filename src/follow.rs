@@ -13,14 +13,19 @@
 //!   a follower already served. Treat it as an asynchronous replica.
 //! - **Lag**: at most one poll interval plus the time to scan what was appended meanwhile.
 //! - **Same host only**: visibility relies on a shared page cache (not NFS or SMB).
-//! - **Cost at open**: the follower scans every segment once (it keeps its index in memory
-//!   and never persists it).
+//! - **Cost at open**: the follower scans every segment once and builds its indexes in memory
+//!   (it never writes index files).
 
 use crate::log::header::{HeaderError, SegmentHeader, HEADER_LEN};
 use crate::log::record::{walk, LENGTH_MASK};
 use crate::log::segment::{list_segments, Segment, SegmentConfig};
 use crate::log::LogError;
-use crate::read::Shared;
+use crate::event::EventRef;
+use crate::index::active::ActiveWriter;
+use crate::index::sealed::SealedIndex;
+use crate::index::SegIndex;
+use crate::log::record::RECORD_HEAD;
+use crate::read::{Shared, Snapshot};
 use crate::store::StoreHandle;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -35,12 +40,14 @@ pub struct FollowerConfig {
     pub segment: SegmentConfig,
     /// How often to look for new commits and segments.
     pub poll_interval: Duration,
+    /// The read planner's bias (`read.scan_bias`, default 4).
+    pub scan_bias: u32,
 }
 
 impl FollowerConfig {
     /// A configuration with `segment` and a 100 ms poll interval.
     pub fn new(segment: SegmentConfig) -> FollowerConfig {
-        FollowerConfig { segment, poll_interval: Duration::from_millis(100) }
+        FollowerConfig { segment, poll_interval: Duration::from_millis(100), scan_bias: 4 }
     }
 }
 
@@ -51,6 +58,8 @@ struct Tail {
     active_end: u64,
     /// The next position to expect.
     next: u64,
+    /// The active segment's index, fed as commits become visible.
+    index: Option<ActiveWriter>,
 }
 
 /// A read-only follower of a data directory. Dropping it stops polling and ends subscriptions.
@@ -83,8 +92,8 @@ impl Follower {
     pub fn open(dir: impl AsRef<Path>, cfg: FollowerConfig) -> Result<Arc<Follower>, FollowerError> {
         let dir = dir.as_ref().to_path_buf();
         let f = Arc::new(Follower {
-            shared: Arc::new(Shared::new(Vec::new(), 0)),
-            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, next: 1 }),
+            shared: Arc::new(Shared::new(Snapshot::new(Vec::new(), Vec::new()), 0, cfg.scan_bias)),
+            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, next: 1, index: None }),
             stop: Arc::new(AtomicBool::new(false)),
             poller: Mutex::new(None),
             dir,
@@ -161,9 +170,18 @@ impl Follower {
                 return Err(LogError::NonContiguous { path, found: base, expected: 1 });
             }
             let seg = Arc::new(Segment::open(base, path, &self.cfg.segment)?);
+            // The old active segment is final: seal its index (in memory; the writer persists
+            // the file, a follower writes nothing).
+            let sealed = t.index.take().map(|w| {
+                let (b, n) = (w.shared().base(), w.absorbed() as u64);
+                SegIndex::Sealed(Arc::new(SealedIndex::load(w.encode_sealed(), b, n).expect("a freshly encoded index validates")))
+            });
+            let index = ActiveWriter::new(base, self.cfg.segment.max_records());
+            let shared_index = SegIndex::Active(index.shared().clone());
+            t.index = Some(index);
             t.segments.push(seg.clone());
             t.active_end = HEADER_LEN as u64;
-            self.shared.push_segment(seg);
+            self.shared.roll(sealed, seg, shared_index);
         }
         if !t.segments.is_empty() {
             self.scan_active(&mut t)?;
@@ -187,6 +205,15 @@ impl Follower {
             buf.truncate(n);
             let w = walk(&buf, 0);
             for (k, off) in w.offsets.iter().enumerate() {
+                let o = *off as usize;
+                let len = (u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) & LENGTH_MASK) as usize;
+                let pos = t.next + k as u64;
+                let ev = EventRef::from_bytes(&buf[o + RECORD_HEAD..o + RECORD_HEAD + len]).map_err(|e| LogError::Corrupt {
+                    path: seg.path.clone(),
+                    offset: start + *off as u64,
+                    detail: format!("committed record at position {pos} is not a valid event: {e}"),
+                })?;
+                t.index.as_mut().expect("an active segment has an index").absorb(pos, &ev);
                 seg.offsets.set((t.next - seg.base) as usize + k, (start + *off as u64) as u32);
             }
             t.next += w.offsets.len() as u64;

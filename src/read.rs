@@ -9,7 +9,10 @@
 
 use crate::event::EventRef;
 use crate::log::record::{LENGTH_MASK, RECORD_HEAD};
+use crate::index::view::Direction;
+use crate::index::SegIndex;
 use crate::log::segment::Segment;
+use std::collections::VecDeque;
 use crate::model::{Position, Query};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,25 +31,61 @@ pub enum ReadError {
     Corrupt { path: PathBuf, offset: u64, detail: String },
 }
 
+/// The segments and their indexes, as one unit: replaced (never mutated) at rollover, and
+/// always published before the watermark that needs it.
+pub struct Snapshot {
+    /// Segments, ascending by base.
+    pub segments: Vec<Arc<Segment>>,
+    /// `indexes[i]` indexes `segments[i]`.
+    pub indexes: Vec<SegIndex>,
+}
+
+impl Snapshot {
+    /// A snapshot of `segments` with their `indexes` (same length).
+    pub fn new(segments: Vec<Arc<Segment>>, indexes: Vec<SegIndex>) -> Snapshot {
+        assert_eq!(segments.len(), indexes.len(), "one index per segment");
+        Snapshot { segments, indexes }
+    }
+
+    /// The index in `segments` of the segment holding `pos` (the last one for positions past
+    /// every base).
+    pub fn segment_of(&self, pos: u64) -> usize {
+        self.segments.partition_point(|s| s.base <= pos).saturating_sub(1)
+    }
+
+    /// Local position range `[lo, hi)` of segment `i` covered by the global inclusive range
+    /// `[first, last]`.
+    fn local_range(&self, i: usize, first: u64, last: u64) -> (u32, u32) {
+        let base = self.segments[i].base;
+        let end = self.segments.get(i + 1).map_or(u64::MAX, |s| s.base - 1).min(last);
+        if end < base || end < first {
+            return (0, 0);
+        }
+        ((first.max(base) - base) as u32, (end - base + 1) as u32)
+    }
+}
+
 /// State the writer publishes to every reader.
 pub struct Shared {
-    segments: RwLock<Arc<Vec<Arc<Segment>>>>,
+    snapshot: RwLock<Arc<Snapshot>>,
     watermark: AtomicU64,
     changed: event_listener::Event,
     closed: AtomicBool,
     failure: Mutex<Option<String>>,
     subscribers: AtomicU64,
+    scan_bias: u32,
 }
 
 impl Shared {
-    pub(crate) fn new(segments: Vec<Arc<Segment>>, watermark: u64) -> Shared {
+    pub(crate) fn new(snapshot: Snapshot, watermark: u64, scan_bias: u32) -> Shared {
         Shared {
-            segments: RwLock::new(Arc::new(segments)),
+            snapshot: RwLock::new(Arc::new(snapshot)),
             watermark: AtomicU64::new(watermark),
             changed: event_listener::Event::new(),
             closed: AtomicBool::new(false),
             failure: Mutex::new(None),
             subscribers: AtomicU64::new(0),
+            scan_bias: scan_bias.max(1),
         }
     }
 
@@ -56,22 +95,29 @@ impl Shared {
     }
 
     /// Pins a watermark and the snapshot that covers it.
-    pub fn pin(&self) -> (u64, Arc<Vec<Arc<Segment>>>) {
+    pub fn pin(&self) -> (u64, Arc<Snapshot>) {
         let w = self.watermark.load(Ordering::SeqCst);
-        let s = self.segments.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let s = self.snapshot.read().unwrap_or_else(|e| e.into_inner()).clone();
         (w, s)
     }
 
     /// Number of segments in the current snapshot.
     pub fn segment_count(&self) -> usize {
-        self.segments.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.snapshot.read().unwrap_or_else(|e| e.into_inner()).segments.len()
     }
 
-    pub(crate) fn push_segment(&self, seg: Arc<Segment>) {
-        let mut g = self.segments.write().unwrap_or_else(|e| e.into_inner());
-        let mut v: Vec<Arc<Segment>> = (**g).clone();
-        v.push(seg);
-        *g = Arc::new(v);
+    /// Publishes a rollover: `sealed` replaces the last segment's index (when given) and `seg`
+    /// is appended with `index`. Readers holding the old snapshot keep it.
+    pub(crate) fn roll(&self, sealed: Option<SegIndex>, seg: Arc<Segment>, index: SegIndex) {
+        let mut g = self.snapshot.write().unwrap_or_else(|e| e.into_inner());
+        let mut segments = g.segments.clone();
+        let mut indexes = g.indexes.clone();
+        if let (Some(s), Some(last)) = (sealed, indexes.last_mut()) {
+            *last = s;
+        }
+        segments.push(seg);
+        indexes.push(index);
+        *g = Arc::new(Snapshot::new(segments, indexes));
     }
 
     pub(crate) fn publish(&self, watermark: u64) {
@@ -102,10 +148,14 @@ impl Shared {
 }
 
 const WINDOW: usize = 256 * 1024;
+/// Bytes read ahead of a record fetched by position (an indexed read's random access).
+const FETCH: u64 = 2048;
+/// An indexed read stretches one read to cover the next planned record when it is this close.
+const FETCH_SPAN: u64 = 64 * 1024;
 
 /// Positional access to records of a pinned snapshot, through one reusable read window.
 pub struct Cursor {
-    segs: Arc<Vec<Arc<Segment>>>,
+    snap: Arc<Snapshot>,
     buf: Vec<u8>,
     win_seg: usize,
     win_start: u64,
@@ -113,20 +163,16 @@ pub struct Cursor {
 }
 
 impl Cursor {
-    /// A cursor over `segs`.
-    pub fn new(segs: Arc<Vec<Arc<Segment>>>) -> Cursor {
-        Cursor { segs, buf: Vec::new(), win_seg: usize::MAX, win_start: 0, win_len: 0 }
-    }
-
-    fn segment_index(&self, pos: u64) -> usize {
-        self.segs.partition_point(|s| s.base <= pos).saturating_sub(1)
+    /// A cursor over `snap`.
+    pub fn new(snap: Arc<Snapshot>) -> Cursor {
+        Cursor { snap, buf: Vec::new(), win_seg: usize::MAX, win_start: 0, win_len: 0 }
     }
 
     fn ensure(&mut self, si: usize, start: u64, len: usize, lo: u64, hi: u64) -> Result<(), ReadError> {
         if self.win_seg == si && start >= self.win_start && start + len as u64 <= self.win_start + self.win_len as u64 {
             return Ok(());
         }
-        let seg = &self.segs[si];
+        let seg = &self.snap.segments[si];
         let (lo, hi) = (lo.min(start), hi.max(start + len as u64));
         let n = (hi - lo) as usize;
         if self.buf.len() < n {
@@ -142,13 +188,36 @@ impl Cursor {
         Ok(())
     }
 
+    fn offset(&self, pos: u64) -> (usize, u64) {
+        let si = self.snap.segment_of(pos);
+        let seg = &self.snap.segments[si];
+        (si, seg.offsets.get((pos - seg.base) as usize) as u64)
+    }
+
     /// Loads the event at `pos` (which must be durable) and returns its byte range in the
-    /// window; `forward` picks the read-ahead direction.
+    /// window; `forward` picks the read-ahead direction of a sequential walk.
     fn load(&mut self, pos: u64, forward: bool) -> Result<std::ops::Range<usize>, ReadError> {
-        let si = self.segment_index(pos);
-        let seg = &self.segs[si];
-        let off = seg.offsets.get((pos - seg.base) as usize) as u64;
+        let (_, off) = self.offset(pos);
         let (lo, hi) = if forward { (off, off + WINDOW as u64) } else { ((off + WINDOW as u64 / 4).saturating_sub(WINDOW as u64).max(64), off + WINDOW as u64 / 4) };
+        self.load_within(pos, lo, hi)
+    }
+
+    /// Loads the event at `pos` for an indexed read: a small read, stretched to cover `then`
+    /// (the next planned position) when it lies close by in the same segment.
+    fn fetch(&mut self, pos: u64, then: Option<u64>) -> Result<std::ops::Range<usize>, ReadError> {
+        let (si, off) = self.offset(pos);
+        let (mut lo, mut hi) = (off, off + FETCH);
+        if let Some((sj, o2)) = then.map(|p| self.offset(p)) {
+            if sj == si && o2.abs_diff(off) < FETCH_SPAN {
+                lo = lo.min(o2);
+                hi = hi.max(o2 + FETCH);
+            }
+        }
+        self.load_within(pos, lo, hi)
+    }
+
+    fn load_within(&mut self, pos: u64, lo: u64, hi: u64) -> Result<std::ops::Range<usize>, ReadError> {
+        let (si, off) = self.offset(pos);
         self.ensure(si, off, RECORD_HEAD, lo, hi)?;
         let h = (off - self.win_start) as usize;
         let len_field = u32::from_le_bytes(self.buf[h..h + 4].try_into().unwrap());
@@ -161,7 +230,7 @@ impl Cursor {
         hasher.update(&rec[0..4]);
         hasher.update(&rec[RECORD_HEAD..]);
         if len_field & !LENGTH_MASK != 0 || hasher.finalize() != crc {
-            let seg = &self.segs[si];
+            let seg = &self.snap.segments[si];
             return Err(ReadError::Corrupt { path: seg.path.clone(), offset: off, detail: "record checksum mismatch".into() });
         }
         Ok(h + RECORD_HEAD..h + RECORD_HEAD + len)
@@ -178,13 +247,14 @@ impl Cursor {
 
     fn decode(&self, r: std::ops::Range<usize>) -> Result<EventRef<'_>, ReadError> {
         EventRef::from_bytes(&self.buf[r.clone()]).map_err(|e| ReadError::Corrupt {
-            path: self.segs[self.win_seg].path.clone(),
+            path: self.snap.segments[self.win_seg].path.clone(),
             offset: self.win_start + r.start as u64 - RECORD_HEAD as u64,
             detail: e.to_string(),
         })
     }
 
-    /// The lowest position in `(after, hi]` whose event matches `q`.
+    /// The lowest position in `(after, hi]` whose event matches `q`, by decoding every event
+    /// (the oracle the index is checked against).
     ///
     /// # Errors
     /// [`ReadError`].
@@ -199,11 +269,56 @@ impl Cursor {
         }
         Ok(None)
     }
+
+    /// Matches of `q` in the inclusive range `[first, last]` by decoding every event, in walk
+    /// order, at most `limit` (a segment without an index inside an indexed read).
+    fn scan_matches(&mut self, q: &Query, first: u64, last: u64, dir: Direction, limit: usize, out: &mut VecDeque<u64>) -> Result<(), ReadError> {
+        let mut n = 0;
+        let forward = dir == Direction::Forward;
+        let mut walk = |pos: u64, c: &mut Cursor| -> Result<bool, ReadError> {
+            if q.matches(&c.event(pos, forward)?) {
+                out.push_back(pos);
+                n += 1;
+            }
+            Ok(n >= limit)
+        };
+        if forward {
+            for pos in first..=last {
+                if walk(pos, self)? {
+                    break;
+                }
+            }
+        } else {
+            for pos in (first..=last).rev() {
+                if walk(pos, self)? {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a read finds its events (reference engine §5.2): decode every position in range, or
+/// take the positions from the indexes and fetch only those.
+enum Plan {
+    Scan,
+    Indexed {
+        /// Planned positions not yet returned, in walk order.
+        queue: VecDeque<u64>,
+        /// The next segment to plan, in walk order; `None` when every segment is planned.
+        next_seg: Option<usize>,
+    },
 }
 
 /// A read pinned to the watermark loaded when it started: forward over `(after, watermark]`
 /// ascending, or backward over `[1, before)` ∩ `[1, watermark]` descending, at most `limit`
 /// matches. A lending iterator: each event borrows the read's buffer.
+///
+/// The planner picks, once per read, between a scan and the indexes: the index when
+/// `estimate × scan_bias ≤ range width` (the estimate sums, over the segments in range, each
+/// query item's shortest tag posting list, or the width for a tagless item). Either way the
+/// answer is the same.
 pub struct Reads {
     cursor: Cursor,
     query: Query,
@@ -212,18 +327,57 @@ pub struct Reads {
     forward: bool,
     remaining: Option<u64>,
     watermark: u64,
+    plan: Plan,
 }
 
 impl Reads {
     pub(crate) fn forward(shared: &Shared, query: Query, after: Position, limit: Option<u64>) -> Reads {
-        let (w, segs) = shared.pin();
-        Reads { cursor: Cursor::new(segs), query, next: after.get().saturating_add(1), last: w, forward: true, remaining: limit, watermark: w }
+        let (w, snap) = shared.pin();
+        let mut r = Reads { cursor: Cursor::new(snap), query, next: after.get().saturating_add(1), last: w, forward: true, remaining: limit, watermark: w, plan: Plan::Scan };
+        r.plan = r.choose(shared.scan_bias);
+        r
     }
 
     pub(crate) fn backward(shared: &Shared, query: Query, before: Position, limit: Option<u64>) -> Reads {
-        let (w, segs) = shared.pin();
+        let (w, snap) = shared.pin();
         let start = before.get().saturating_sub(1).min(w);
-        Reads { cursor: Cursor::new(segs), query, next: start, last: 1, forward: false, remaining: limit, watermark: w }
+        let mut r = Reads { cursor: Cursor::new(snap), query, next: start, last: 1, forward: false, remaining: limit, watermark: w, plan: Plan::Scan };
+        r.plan = r.choose(shared.scan_bias);
+        r
+    }
+
+    /// The inclusive global range still to read, low end first.
+    fn range(&self) -> (u64, u64) {
+        if self.forward {
+            (self.next, self.last)
+        } else {
+            (self.last.max(1), self.next)
+        }
+    }
+
+    fn choose(&self, scan_bias: u32) -> Plan {
+        if self.exhausted() || matches!(self.query, Query::All) {
+            return Plan::Scan;
+        }
+        let (first, last) = self.range();
+        let width = last - first + 1;
+        let snap = &self.cursor.snap;
+        let (a, b) = (snap.segment_of(first), snap.segment_of(last));
+        let mut est = 0u64;
+        for i in a..=b {
+            let (lo, hi) = snap.local_range(i, first, last);
+            est = est.saturating_add(snap.indexes[i].estimate(&self.query, lo, hi));
+        }
+        if est.saturating_mul(scan_bias as u64) <= width {
+            Plan::Indexed { queue: VecDeque::new(), next_seg: Some(if self.forward { a } else { b }) }
+        } else {
+            Plan::Scan
+        }
+    }
+
+    /// True when this read uses the indexes (for tests and diagnostics).
+    pub fn is_indexed(&self) -> bool {
+        matches!(self.plan, Plan::Indexed { .. })
     }
 
     /// The durable tip this read is pinned to.
@@ -233,6 +387,33 @@ impl Reads {
 
     fn exhausted(&self) -> bool {
         self.remaining == Some(0) || self.query.is_none() || if self.forward { self.next > self.last } else { self.next < self.last || self.next == 0 }
+    }
+
+    /// Plans segments (in walk order) until some position is queued or none is left.
+    fn refill(&mut self) -> Result<(), ReadError> {
+        let (first, last) = self.range();
+        let limit = self.remaining.map_or(usize::MAX, |n| n as usize);
+        let dir = if self.forward { Direction::Forward } else { Direction::Backward };
+        let Plan::Indexed { queue, next_seg } = &mut self.plan else { return Ok(()) };
+        while queue.is_empty() {
+            let Some(si) = *next_seg else { return Ok(()) };
+            let snap = self.cursor.snap.clone();
+            *next_seg = if self.forward {
+                (si + 1 < snap.segments.len() && snap.segments[si + 1].base <= last).then_some(si + 1)
+            } else {
+                (si > 0 && snap.segments[si].base > first).then(|| si - 1)
+            };
+            let (lo, hi) = snap.local_range(si, first, last);
+            if lo >= hi {
+                continue;
+            }
+            let base = snap.segments[si].base;
+            match snap.indexes[si].matches(&self.query, lo, hi, dir, limit) {
+                Some(locals) => queue.extend(locals.into_iter().map(|l| base + l as u64)),
+                None => self.cursor.scan_matches(&self.query, base + lo as u64, base + hi as u64 - 1, dir, limit, queue)?,
+            }
+        }
+        Ok(())
     }
 
     /// The next matching event, or `None` at the end.
@@ -245,13 +426,33 @@ impl Reads {
             if self.exhausted() {
                 return None;
             }
-            let pos = self.next;
+            let (pos, loaded) = match &mut self.plan {
+                Plan::Scan => {
+                    let pos = self.next;
+                    (pos, self.cursor.load(pos, self.forward))
+                }
+                Plan::Indexed { queue, .. } => {
+                    if queue.is_empty() {
+                        if let Err(e) = self.refill() {
+                            self.remaining = Some(0);
+                            return Some(Err(e));
+                        }
+                    }
+                    let Plan::Indexed { queue, .. } = &mut self.plan else { unreachable!() };
+                    let Some(pos) = queue.pop_front() else {
+                        self.remaining = Some(0);
+                        return None;
+                    };
+                    let then = queue.front().copied();
+                    (pos, self.cursor.fetch(pos, then))
+                }
+            };
             if self.forward {
-                self.next += 1;
+                self.next = pos + 1;
             } else {
-                self.next -= 1;
+                self.next = pos - 1;
             }
-            let loaded = self.cursor.load(pos, self.forward).and_then(|r| {
+            let loaded = loaded.and_then(|r| {
                 let hit = self.query.matches(&self.cursor.decode(r.clone())?);
                 Ok((r, hit))
             });
@@ -271,7 +472,7 @@ impl Reads {
         }
     }
 
-    /// Collects the remaining events as owned copies.
+/// Collects the remaining events as owned copies.
     ///
     /// # Errors
     /// The first [`ReadError`].

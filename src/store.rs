@@ -11,8 +11,10 @@ use crate::log::lock::DirLock;
 use crate::log::segment::SegmentConfig;
 use crate::log::{open_log, LogError, OpenOutcome};
 use crate::model::{AppendCondition, Position, Query};
-use crate::read::{Reads, Shared, Subscription};
-use crate::index::MemIndex;
+use crate::read::{Reads, Shared, Snapshot, Subscription};
+use crate::index::active::ActiveWriter;
+use crate::index::sealed::SealedIndex;
+use crate::index::SegIndex;
 use crate::writer::{AppendError, AppendResult, PreparedAppend, ReplyTo, Request, Writer, WriterConfig, WriterMetrics, WriterMsg};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -95,7 +97,7 @@ struct WriterInit {
     active: Arc<crate::log::segment::Segment>,
     active_end: u64,
     next: u64,
-    index: MemIndex,
+    index: ActiveWriter,
     metrics: Arc<WriterMetrics>,
 }
 
@@ -141,25 +143,52 @@ impl Store {
     /// As [`Store::open`].
     pub fn open_parts(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<(Store, WriterTask), OpenError> {
         let dir = dir.as_ref().to_path_buf();
-        let mut index = MemIndex::new();
-        let mut undecodable = None;
-        let rec = open_log(&dir, &cfg.segment, |pos, bytes| match crate::event::EventRef::from_bytes(bytes) {
-            Ok(ev) => index.absorb(pos, &ev),
-            Err(e) => {
-                undecodable.get_or_insert((pos, e));
+        let mut indexes = Vec::new();
+        let mut active_index = None;
+        let capacity = cfg.segment.max_records();
+        let rec = open_log(&dir, &cfg.segment, |w| {
+            let base = w.segment.base;
+            let count = w.offsets.len() as u64;
+            if !w.active {
+                match crate::index::load_index_file(&dir, base, count) {
+                    Ok(ix) => {
+                        indexes.push(SegIndex::Sealed(Arc::new(ix)));
+                        return Ok(());
+                    }
+                    Err(why) => tracing::info!(segment = %w.segment.path.display(), %why, "rebuilding the sealed index from the log"),
+                }
             }
+            let mut ix = ActiveWriter::new(base, capacity);
+            for (k, bytes) in w.payloads().enumerate() {
+                let pos = base + k as u64;
+                match crate::event::EventRef::from_bytes(bytes) {
+                    Ok(ev) => ix.absorb(pos, &ev),
+                    // Name the segment file and the record's byte offset, like every other refusal.
+                    Err(e) => {
+                        return Err(LogError::Corrupt {
+                            path: w.segment.path.clone(),
+                            offset: w.offsets[k] as u64,
+                            detail: format!("committed record at position {pos} is not a valid event: {e}"),
+                        })
+                    }
+                }
+            }
+            if w.active {
+                active_index = Some(ix);
+            } else {
+                let bytes = ix.encode_sealed();
+                if let Err(e) = crate::index::write_index_file(&dir, base, &bytes) {
+                    tracing::warn!(segment = %w.segment.path.display(), error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
+                }
+                let sealed = SealedIndex::load(bytes, base, count).expect("a freshly encoded index validates");
+                indexes.push(SegIndex::Sealed(Arc::new(sealed)));
+            }
+            Ok(())
         })?;
-        if let Some((pos, e)) = undecodable {
-            // Name the segment file and the record's byte offset, like every other refusal.
-            let seg = rec.segments.iter().rev().find(|s| s.base <= pos).expect("the position's segment");
-            return Err(OpenError::Log(LogError::Corrupt {
-                path: seg.path.clone(),
-                offset: seg.offsets.get((pos - seg.base) as usize) as u64,
-                detail: format!("committed record at position {pos} is not a valid event: {e}"),
-            }));
-        }
+        let active_index = active_index.expect("open_log walks the active segment last");
+        indexes.push(SegIndex::Active(active_index.shared().clone()));
         let head = rec.next_position - 1;
-        let shared = Arc::new(Shared::new(rec.segments.clone(), head));
+        let shared = Arc::new(Shared::new(Snapshot::new(rec.segments.clone(), indexes), head, cfg.read.scan_bias));
         let metrics = Arc::new(WriterMetrics::default());
         let active = rec.segments.last().expect("open_log returns at least one segment").clone();
         let (tx, rx) = flume::bounded(cfg.writer.queue_capacity.max(1));
@@ -173,7 +202,7 @@ impl Store {
                 active,
                 active_end: rec.active_end,
                 next: rec.next_position,
-                index,
+                index: active_index,
                 metrics: metrics.clone(),
             },
             rx,

@@ -1,99 +1,196 @@
-//! The in-memory index the writer judges conditions with: tag postings and a type column.
+//! Tag and type indexes: what makes selective reads and condition checks cost what they return
+//! rather than the size of the log (reference engine §3.8, §4.3, §5.2; seed `read.scan_bias`,
+//! "A corrupt index is not fatal").
 //!
-//! Tag → ascending positions, and a dense column of segment-independent type ids (types are
-//! low-cardinality, so no type postings). Built from the log at open and fed at each commit,
-//! in position order, before the append is answered. A condition check is then exact and
-//! touches no disk: walk the rarest tag's postings above `after`, confirm the other tags by
-//! binary search and the type through the column (reference engine §4.3 "Index check").
+//! Every log segment has a [`SegIndex`]:
+//! - the active segment an [`active::ActiveIndex`], fed by the writer at each commit, in
+//!   position order, before the append is answered (so a client reads its own write through it);
+//! - each sealed segment a [`sealed::SealedIndex`], encoded at rollover and persisted in
+//!   `tagindex/{base:020}.tix` ([`INDEX_DIR`]), loaded at open when its checksums, base and
+//!   count match the log segment, otherwise rebuilt from the log and rewritten.
 //!
-//! Memory: 8 bytes per tag occurrence plus 4 per event. Sealed per-segment index files that
-//! bound this are the index issue's work.
+//! [`view`] holds the one evaluator both kinds share, and the planner's estimate. [`Tips`] is
+//! the writer's fast reject for conditions. The log scan stays the oracle: the planner and the
+//! index change speed, never answers.
+
+pub mod active;
+pub mod sealed;
+pub mod view;
 
 use crate::event::EventRef;
-use crate::model::{Query, QueryItem};
+use crate::model::Query;
+use active::ActiveIndex;
+use sealed::SealedIndex;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use view::Direction;
 type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 
-/// Tag postings and the type column of the whole log.
-#[derive(Debug, Default)]
-pub struct MemIndex {
-    tags: HashMap<Box<str>, Vec<u64>>,
-    type_ids: HashMap<Box<str>, u32>,
-    /// Type id of position `p` at index `p - 1`.
-    type_col: Vec<u32>,
+/// The folder inside the data directory holding sealed index files. Not the reference's
+/// `index/`: neither server reads the other's index files.
+pub const INDEX_DIR: &str = "tagindex";
+
+/// Path of the sealed index file of the segment starting at `base`:
+/// `{dir}/tagindex/{base:020}.tix`.
+pub fn index_path(dir: &Path, base: u64) -> PathBuf {
+    dir.join(INDEX_DIR).join(format!("{base:020}.tix"))
 }
 
-impl MemIndex {
-    /// An empty index.
-    pub fn new() -> MemIndex {
-        MemIndex::default()
+/// Writes a sealed index file durably: a temporary file, fsync, rename over the final name,
+/// fsync of the folder (creating it, and syncing the data directory, on first use).
+///
+/// # Errors
+/// The I/O error; the caller logs it and carries on (the file is rebuilt at the next open).
+pub fn write_index_file(dir: &Path, base: u64, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let folder = dir.join(INDEX_DIR);
+    if !folder.exists() {
+        std::fs::create_dir_all(&folder)?;
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    crate::fault::io_point("index_write")?;
+    let path = index_path(dir, base);
+    let tmp = path.with_extension("tix.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_data()?;
+    drop(f);
+    std::fs::rename(&tmp, &path)?;
+    std::fs::File::open(&folder)?.sync_all()
+}
+
+/// Loads the sealed index file of the log segment `base` holding `count` events.
+///
+/// # Errors
+/// A description of why the file is unusable (missing, unreadable, or any
+/// [`sealed::IndexFileError`]); the caller rebuilds it from the log.
+pub fn load_index_file(dir: &Path, base: u64, count: u64) -> Result<SealedIndex, String> {
+    let path = index_path(dir, base);
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    SealedIndex::load(bytes, base, count).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Builds the sealed index of a segment from its events, in position order.
+pub fn build_sealed<'a>(base: u64, events: impl Iterator<Item = EventRef<'a>>, capacity: usize) -> SealedIndex {
+    let mut w = active::ActiveWriter::new(base, capacity);
+    let mut pos = base;
+    for ev in events {
+        w.absorb(pos, &ev);
+        pos += 1;
+    }
+    let bytes = w.encode_sealed();
+    SealedIndex::load(bytes, base, pos - base).expect("a freshly encoded index validates")
+}
+
+/// One segment's index as readers and the writer see it.
+#[derive(Clone, Debug)]
+pub enum SegIndex {
+    /// The active segment's live index.
+    Active(Arc<ActiveIndex>),
+    /// A sealed segment's index.
+    Sealed(Arc<SealedIndex>),
+    /// No index (a follower's segments): readers scan this segment.
+    Missing,
+}
+
+impl SegIndex {
+    /// The planner's estimate of matches among local positions `[lo, hi)`.
+    pub fn estimate(&self, q: &Query, lo: u32, hi: u32) -> u64 {
+        let width = hi.saturating_sub(lo) as u64;
+        match self {
+            SegIndex::Active(a) => view::estimate(&a.view(hi), q, width),
+            SegIndex::Sealed(s) => view::estimate(&**s, q, width),
+            SegIndex::Missing => width,
+        }
     }
 
-    /// Number of positions indexed (the head it covers).
-    pub fn head(&self) -> u64 {
-        self.type_col.len() as u64
+    /// Matching local positions in `[lo, hi)` in walk order, at most `limit`; `None` when
+    /// this segment has no index (scan it instead).
+    pub fn matches(&self, q: &Query, lo: u32, hi: u32, dir: Direction, limit: usize) -> Option<Vec<u32>> {
+        match self {
+            SegIndex::Active(a) => Some(view::matches(&a.view(hi), q, lo, hi, dir, limit)),
+            SegIndex::Sealed(s) => Some(view::matches(&**s, q, lo, hi, dir, limit)),
+            SegIndex::Missing => None,
+        }
     }
 
-    /// Feeds the event at `pos`, which must be `head() + 1`.
+    /// The lowest matching local position in `[lo, hi)`; `None` when this segment has no index.
+    pub fn first_match(&self, q: &Query, lo: u32, hi: u32) -> Option<Option<u32>> {
+        match self {
+            SegIndex::Active(a) => Some(view::first_match(&a.view(hi), q, lo)),
+            SegIndex::Sealed(s) => Some(view::first_match(&**s, q, lo).filter(|&p| p < hi)),
+            SegIndex::Missing => None,
+        }
+    }
+}
+
+/// Most entries [`Tips`] keeps before it raises its floor (the reference's `1 << 20`).
+pub const TIPS_MAX_ENTRIES: usize = 1 << 20;
+
+/// The writer's fast reject for conditions: each tag's highest durable position since a floor
+/// (reference engine §4.3 "Fast reject"). A tag absent from the map sits at or below the floor.
+/// An item is ruled out when one of its tags is at or below `after`; a query is ruled out when
+/// every item is. Tagless items and [`Query::All`] are never ruled out. Never a false negative:
+/// anything not ruled out goes to the index.
+pub struct Tips {
+    map: HashMap<Box<str>, u64>,
+    floor: u64,
+    window: u64,
+    max_entries: usize,
+}
+
+impl Tips {
+    /// Cold tips over a log whose head is `head`: every tag sits at or below it.
+    /// `window` is `writer.tips_window`: at eviction the floor rises to `head - window`.
+    pub fn new(head: u64, window: u64) -> Tips {
+        Tips { map: HashMap::default(), floor: head, window, max_entries: TIPS_MAX_ENTRIES }
+    }
+
+    /// Records a committed event at `pos`.
     pub fn absorb(&mut self, pos: u64, ev: &EventRef<'_>) {
-        debug_assert_eq!(pos, self.head() + 1, "index fed out of order");
-        let next_id = self.type_ids.len() as u32;
-        let id = match self.type_ids.get(ev.event_type()) {
-            Some(&id) => id,
-            None => {
-                self.type_ids.insert(ev.event_type().into(), next_id);
-                next_id
-            }
-        };
-        self.type_col.push(id);
         for t in ev.tags() {
-            match self.tags.get_mut(t) {
-                Some(v) => v.push(pos),
+            match self.map.get_mut(t) {
+                Some(p) => *p = pos,
                 None => {
-                    self.tags.insert(t.into(), vec![pos]);
+                    self.map.insert(t.into(), pos);
                 }
             }
         }
     }
 
-    fn postings(&self, tag: &str) -> &[u64] {
-        self.tags.get(tag).map_or(&[][..], |v| &v[..])
-    }
-
-    /// The lowest indexed position above `after` matching `item`.
-    pub fn item_first_match(&self, item: &QueryItem, after: u64) -> Option<u64> {
-        let type_ok: Option<Vec<u32>> = if item.types.is_empty() {
-            None
-        } else {
-            let ids: Vec<u32> = item.types.iter().filter_map(|t| self.type_ids.get(t.as_str()).copied()).collect();
-            if ids.is_empty() {
-                return None;
+    /// After a commit up to `head`: bounds the map by raising the floor.
+    pub fn trim(&mut self, head: u64) {
+        if self.map.len() > self.max_entries {
+            self.floor = self.floor.max(head.saturating_sub(self.window));
+            let floor = self.floor;
+            self.map.retain(|_, p| *p > floor);
+            if self.map.len() > self.max_entries {
+                // The window alone did not bound it: drop everything, the floor is the head.
+                self.floor = head;
+                self.map.clear();
             }
-            Some(ids)
-        };
-        let type_matches = |p: u64| type_ok.as_ref().is_none_or(|ids| ids.contains(&self.type_col[(p - 1) as usize]));
-        if item.tags.is_empty() {
-            return (after + 1..=self.head()).find(|&p| type_matches(p));
         }
-        let lists: Vec<&[u64]> = item.tags.iter().map(|t| self.postings(t.as_str())).collect();
-        let (ri, rarest) = lists.iter().enumerate().min_by_key(|(_, l)| l.len()).map(|(i, l)| (i, *l))?;
-        let start = rarest.partition_point(|&p| p <= after);
-        rarest[start..].iter().copied().find(|&p| {
-            type_matches(p) && lists.iter().enumerate().all(|(i, l)| i == ri || l.binary_search(&p).is_ok())
-        })
     }
 
-    /// The lowest indexed position above `after` matching `q`.
-    pub fn first_match(&self, q: &Query, after: u64) -> Option<u64> {
+    /// True when no event above `after` can match `q`.
+    pub fn rules_out(&self, q: &Query, after: u64) -> bool {
         match q {
-            Query::All => (self.head() > after).then_some(after + 1),
-            Query::Items(items) => items.iter().filter_map(|i| self.item_first_match(i, after)).min(),
+            Query::All => false,
+            Query::Items(items) => items.iter().all(|item| item.tags.iter().any(|t| self.map.get(t.as_str()).copied().unwrap_or(self.floor) <= after)),
         }
+    }
+
+    #[cfg(test)]
+    fn with_max_entries(mut self, n: usize) -> Tips {
+        self.max_entries = n;
+        self
     }
 }
 
 #[cfg(test)]
 mod tests {
-    //! `MemIndex::first_match` against a linear scan with the one predicate, `Query::matches`.
+    //! The evaluator over active and sealed indexes against a linear scan with the one
+    //! predicate, `Query::matches`.
     use super::*;
     use crate::event::Event;
     use proptest::prelude::*;
@@ -104,22 +201,66 @@ mod tests {
 
     use crate::testgen::query;
 
+    fn linear(events: &[Event], q: &Query, lo: u32, hi: u32, dir: Direction, limit: usize) -> Vec<u32> {
+        let hits = (lo..hi.min(events.len() as u32)).filter(|&p| q.matches(&events[p as usize].as_ref()));
+        match dir {
+            Direction::Forward => hits.take(limit).collect(),
+            Direction::Backward => hits.rev().take(limit).collect(),
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
         #[test]
-        fn first_match_equals_a_linear_scan(
+        fn active_and_sealed_equal_a_linear_scan(
+            events in proptest::collection::vec(event(), 0..60),
+            queries in proptest::collection::vec((query(), 0..64u32, 0..64u32, 1..8usize, any::<bool>()), 1..8),
+            visible in 0..64u32,
+        ) {
+            let mut w = active::ActiveWriter::new(10, 1000);
+            for (i, e) in events.iter().enumerate() {
+                w.absorb(10 + i as u64, &e.as_ref());
+            }
+            let sealed = SealedIndex::load(w.encode_sealed(), 10, events.len() as u64).unwrap();
+            let rebuilt = build_sealed(10, events.iter().map(|e| e.as_ref()), 1000);
+            prop_assert_eq!(sealed.bytes(), rebuilt.bytes());
+            let active = SegIndex::Active(w.shared().clone());
+            let sealed = SegIndex::Sealed(Arc::new(sealed));
+            let visible = visible.min(events.len() as u32);
+            for (q, a, b, limit, fwd) in &queries {
+                let dir = if *fwd { Direction::Forward } else { Direction::Backward };
+                let (lo, hi) = ((*a).min(*b), (*a).max(*b));
+                // The active index clamped to what a reader's watermark covers.
+                let want = linear(&events[..visible as usize], q, lo, hi.min(visible), dir, *limit);
+                prop_assert_eq!(active.matches(q, lo, hi.min(visible), dir, *limit), Some(want.clone()), "active {:?}", q);
+                let want = linear(&events, q, lo, hi, dir, *limit);
+                prop_assert_eq!(sealed.matches(q, lo, hi.min(events.len() as u32), dir, *limit), Some(want), "sealed {:?}", q);
+                let first = linear(&events, q, lo, u32::MAX, Direction::Forward, 1).first().copied();
+                let n = events.len() as u32;
+                prop_assert_eq!(active.first_match(q, lo, n), Some(first));
+                prop_assert_eq!(sealed.first_match(q, lo, n), Some(first));
+                prop_assert!(sealed.estimate(q, lo, hi) <= (hi - lo) as u64);
+            }
+        }
+
+        #[test]
+        fn tips_never_rule_out_a_match(
             events in proptest::collection::vec(event(), 0..60),
             queries in proptest::collection::vec((query(), 0..64u64), 1..8),
+            preloaded in 0..20usize,
+            max in 1..8usize,
         ) {
-            let mut ix = MemIndex::new();
-            for (i, e) in events.iter().enumerate() {
-                ix.absorb(i as u64 + 1, &e.as_ref());
+            // The first `preloaded` events are durable before the tips start (cold).
+            let preloaded = preloaded.min(events.len());
+            let mut tips = Tips::new(preloaded as u64, 5).with_max_entries(max);
+            for (i, e) in events.iter().enumerate().skip(preloaded) {
+                tips.absorb(i as u64 + 1, &e.as_ref());
+                tips.trim(i as u64 + 1);
             }
-            prop_assert_eq!(ix.head(), events.len() as u64);
             for (q, after) in &queries {
-                let want = (after + 1..=events.len() as u64).find(|&p| q.matches(&events[(p - 1) as usize].as_ref()));
-                prop_assert_eq!(ix.first_match(q, *after), want, "{:?} after {}", q, after);
+                let any = (*after as usize..events.len()).any(|i| q.matches(&events[i].as_ref()));
+                prop_assert!(!(any && tips.rules_out(q, *after)), "{:?} after {} ruled out", q, after);
             }
         }
     }

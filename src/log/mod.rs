@@ -7,12 +7,12 @@
 
 pub mod header;
 pub mod lock;
-pub mod offsets;
+pub mod column;
 pub mod record;
 pub mod segment;
 
 mod open;
-pub use open::{open_log, OpenOutcome, Recovered};
+pub use open::{open_log, OpenOutcome, Recovered, WalkedSegment};
 
 use std::path::PathBuf;
 

@@ -67,13 +67,37 @@ fn classify(base: u64, path: &Path) -> Result<Class, LogError> {
     }
 }
 
-/// Opens (creating if needed) and recovers the log in `dir`; calls `on_event(position, bytes)`
-/// for every committed event in position order, so derived state can be rebuilt in the same pass.
+/// A segment just walked at open, handed to the caller so derived state (the indexes) can be
+/// loaded or rebuilt without reading the file again.
+pub struct WalkedSegment<'a> {
+    /// The segment (its offsets are filled in).
+    pub segment: &'a Segment,
+    /// The bytes read (the whole file, or the written part of the active segment).
+    pub bytes: &'a [u8],
+    /// Byte offset of each committed record, by local position.
+    pub offsets: &'a [u32],
+    /// True for the last (active) segment.
+    pub active: bool,
+}
+
+impl WalkedSegment<'_> {
+    /// The committed event payloads, in position order.
+    pub fn payloads(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.offsets.iter().map(move |&off| {
+            let o = off as usize;
+            let len = (u32::from_le_bytes(self.bytes[o..o + 4].try_into().unwrap()) & super::record::LENGTH_MASK) as usize;
+            &self.bytes[o + 8..o + 8 + len]
+        })
+    }
+}
+
+/// Opens (creating if needed) and recovers the log in `dir`; calls `on_segment` for each
+/// committed segment in order, so derived state can be rebuilt in the same pass.
 ///
 /// # Errors
 /// Any [`LogError`]: a lock held elsewhere, an unusable header anywhere, a gap, or corruption
-/// that is not a torn tail (refused with the file and byte offset).
-pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &[u8])) -> Result<Recovered, LogError> {
+/// that is not a torn tail (refused with the file and byte offset), or what `on_segment` returns.
+pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(WalkedSegment<'_>) -> Result<(), LogError>) -> Result<Recovered, LogError> {
     cfg.validate()?;
     if !dir.exists() {
         std::fs::create_dir_all(dir).map_err(|source| LogError::Io { path: dir.to_owned(), source })?;
@@ -172,10 +196,8 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_event: impl FnMut(u64, &
         let seg = Segment::open(base, path, cfg)?;
         for (k, &off) in w.offsets.iter().enumerate() {
             seg.offsets.set(k, off);
-            let o = off as usize;
-            let len = (u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) & super::record::LENGTH_MASK) as usize;
-            on_event(base + k as u64, &buf[o + 8..o + 8 + len]);
         }
+        on_segment(WalkedSegment { segment: &seg, bytes: &buf, offsets: &w.offsets, active: i == last })?;
         expected = base + count;
         segments.push(Arc::new(seg));
     }

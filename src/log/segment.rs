@@ -4,7 +4,7 @@
 //! never recycled (reference engine §3.1-§3.2, §3.6 "Rollover").
 
 use super::header::{SegmentHeader, HEADER_LEN};
-use super::offsets::OffsetTable;
+use super::column::AtomicColumn;
 use super::record::{MARKER_LEN, RECORD_HEAD};
 use super::LogError;
 use std::fs::{File, OpenOptions};
@@ -139,7 +139,7 @@ pub struct Segment {
     /// Read-only descriptor used for positional reads from any thread.
     pub file: File,
     /// Byte offset of each record, by local position.
-    pub offsets: OffsetTable,
+    pub offsets: AtomicColumn,
 }
 
 impl Segment {
@@ -149,7 +149,7 @@ impl Segment {
     /// [`LogError::Io`].
     pub fn open(base: u64, path: PathBuf, cfg: &SegmentConfig) -> Result<Segment, LogError> {
         let file = File::open(&path).map_err(|source| LogError::Io { path: path.clone(), source })?;
-        Ok(Segment { base, path, file, offsets: OffsetTable::new(cfg.max_records()) })
+        Ok(Segment { base, path, file, offsets: AtomicColumn::new(cfg.max_records()) })
     }
 
     /// Reads up to `buf.len()` bytes at `off`, returning how many were read (short at EOF).

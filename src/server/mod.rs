@@ -274,6 +274,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         Some(poll) => {
             let mut fc = crate::follow::FollowerConfig::new(cfg.segment);
             fc.poll_interval = poll;
+            fc.scan_bias = cfg.read.scan_bias;
             let f = crate::follow::Follower::open(&settings.data_dir, fc).map_err(|e| StartError::Io(format!("cannot follow {}: {e}", settings.data_dir.display())))?;
             f.start_polling();
             let h = f.handle();

@@ -20,7 +20,9 @@ use condition::{evaluate, ConflictClause, ConflictSite, Staged, Verdict};
 use glommio::io::{DmaFile, OpenOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
-use crate::index::MemIndex;
+use crate::index::active::ActiveWriter;
+use crate::index::{SegIndex, Tips};
+use crate::read::Snapshot;
 
 /// Writer settings (the `[writer]` section of the seed's configuration).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,8 +33,8 @@ pub struct WriterConfig {
     pub max_batch_records: usize,
     /// Byte budget of one group commit (8 MiB); clamped to the segment capacity.
     pub max_batch_bytes: usize,
-    /// Accepted for configuration compatibility (1,000,000); the writer's index is exact, so
-    /// there is no tips window to bound.
+    /// How far below the head the tips' floor rises when the tips map outgrows
+    /// [`crate::index::TIPS_MAX_ENTRIES`] (1,000,000 positions).
     pub tips_window: u64,
     /// Judge every condition by a log scan instead of the tips (false).
     pub condition_force_scan: bool,
@@ -227,7 +229,8 @@ pub struct Writer {
     active_seg: Arc<Segment>,
     active_end: u64,
     next: u64,
-    index: MemIndex,
+    index: ActiveWriter,
+    tips: Tips,
     failed: Option<String>,
     metrics: Arc<WriterMetrics>,
 }
@@ -287,7 +290,7 @@ impl Writer {
         active_seg: Arc<Segment>,
         active_end: u64,
         next: u64,
-        index: MemIndex,
+        index: ActiveWriter,
         metrics: Arc<WriterMetrics>,
     ) -> Writer {
         let cap = (seg_cfg.capacity() as usize).saturating_sub(MARKER_LEN);
@@ -297,7 +300,8 @@ impl Writer {
         }
         cfg.queue_capacity = cfg.queue_capacity.max(1);
         cfg.max_batch_records = cfg.max_batch_records.max(1);
-        Writer { dir, seg_cfg, cfg, shared, active: None, active_seg, active_end, next, index, failed: None, metrics }
+        let tips = Tips::new(next - 1, cfg.tips_window);
+        Writer { dir, seg_cfg, cfg, shared, active: None, active_seg, active_end, next, index, tips, failed: None, metrics }
     }
 
     async fn open_active(seg: Arc<Segment>, end: u64) -> std::io::Result<Active> {
@@ -376,22 +380,48 @@ impl Writer {
         self.failed = Some(reason);
     }
 
-    /// The lowest durable position above `after` matching `q`, from the index (or a scan).
-    fn durable_match(&self, cursor: &mut Cursor, q: &crate::model::Query, after: u64) -> Result<Option<u64>, ReadError> {
+    /// The lowest durable position above `after` matching `q`: the tips' fast reject, then an
+    /// early-terminating probe of each segment's index above `after` (a scan for a segment
+    /// without one); `condition_force_scan` asks the scan instead, `verify_tips` asks both.
+    fn durable_match(&self, cursor: &mut Cursor, snap: &Snapshot, q: &crate::model::Query, after: u64) -> Result<Option<u64>, ReadError> {
         let head = self.next - 1;
         if self.cfg.condition_force_scan {
             return cursor.first_match(q, after, head);
         }
-        let fast = self.index.first_match(q, after);
+        let fast = if self.tips.rules_out(q, after) { None } else { Self::index_first_match(cursor, snap, q, after, head)? };
         if self.cfg.verify_tips {
             let slow = cursor.first_match(q, after, head)?;
             if slow != fast {
-                tracing::error!(?fast, ?slow, "tips disagree with the log scan; using the scan");
-                debug_assert_eq!(fast, slow, "tips verdict differs from the scan");
+                tracing::error!(?fast, ?slow, "index verdict disagrees with the log scan; using the scan");
+                debug_assert_eq!(fast, slow, "index verdict differs from the scan");
                 return Ok(slow);
             }
         }
         Ok(fast)
+    }
+
+    fn index_first_match(cursor: &mut Cursor, snap: &Snapshot, q: &crate::model::Query, after: u64, head: u64) -> Result<Option<u64>, ReadError> {
+        if after >= head {
+            return Ok(None);
+        }
+        // Segments wholly at or below `after` are pruned by their position range.
+        for i in snap.segment_of(after + 1)..snap.segments.len() {
+            let base = snap.segments[i].base;
+            let end = snap.segments.get(i + 1).map_or(head, |s| s.base - 1).min(head);
+            if end < base {
+                continue;
+            }
+            let lo = (after + 1).saturating_sub(base) as u32;
+            let hi = (end - base + 1) as u32;
+            let hit = match snap.indexes[i].first_match(q, lo, hi) {
+                Some(local) => local.map(|l| base + l as u64),
+                None => cursor.first_match(q, base + lo as u64 - 1, end)?,
+            };
+            if hit.is_some() {
+                return Ok(hit);
+            }
+        }
+        Ok(None)
     }
 
     async fn process(&mut self, drain: Vec<Request>) {
@@ -404,7 +434,7 @@ impl Writer {
         let mut decisions = Vec::with_capacity(drain.len());
         let mut staged = Staged::new();
         let mut staged_bytes = 0usize;
-        let mut cursor: Option<Cursor> = None;
+        let mut cursor: Option<(Cursor, Arc<Snapshot>)> = None;
         let (mut conflicts, mut exists) = (0u64, 0u64);
         for req in &drain {
             if let Some(c) = &req.append.condition {
@@ -412,8 +442,11 @@ impl Writer {
                     decisions.push(Decision::Done(Err(AppendError::AfterBeyondTip { after: c.after.get(), tip })));
                     continue;
                 }
-                let cur = cursor.get_or_insert_with(|| Cursor::new(self.shared.pin().1));
-                match evaluate(c, &staged, |q, after| self.durable_match(cur, q, after)) {
+                let (cur, snap) = cursor.get_or_insert_with(|| {
+                    let snap = self.shared.pin().1;
+                    (Cursor::new(snap.clone()), snap)
+                });
+                match evaluate(c, &staged, |q, after| self.durable_match(cur, snap, q, after)) {
                     Ok(Verdict::Pass) => {}
                     Ok(Verdict::Conflict { clause, at }) => {
                         match clause {
@@ -471,7 +504,17 @@ impl Writer {
         let path = create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?;
         crate::fault::crash_point("segment_created_before_commit");
         let seg = Arc::new(Segment::open(base, path, &self.seg_cfg).map_err(|e| e.to_string())?);
-        self.shared.push_segment(seg.clone());
+        // Seal the old segment's index: encode it, persist it (a failure only costs a rebuild
+        // at the next open), and publish it with the new segment in one snapshot.
+        let sealed_base = self.index.shared().base();
+        let bytes = self.index.encode_sealed();
+        let count = self.index.absorbed() as u64;
+        if let Err(e) = crate::index::write_index_file(&self.dir, sealed_base, &bytes) {
+            tracing::warn!(base = sealed_base, error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
+        }
+        let sealed = crate::index::sealed::SealedIndex::load(bytes, sealed_base, count).map_err(|e| format!("sealing the index of segment {sealed_base}: {e}"))?;
+        self.index = ActiveWriter::new(base, self.seg_cfg.max_records());
+        self.shared.roll(Some(SegIndex::Sealed(Arc::new(sealed))), seg.clone(), SegIndex::Active(self.index.shared().clone()));
         let a = Self::open_active(seg.clone(), crate::log::header::HEADER_LEN as u64).await.map_err(|e| e.to_string())?;
         self.active_seg = seg;
         self.active = Some(a);
@@ -566,17 +609,20 @@ impl Writer {
         for (i, off) in offsets.iter().enumerate() {
             seg.offsets.set(local0 + i, *off);
         }
-        // Tips see every committed event, in position order.
+        // The index and the tips see every committed event, in position order.
         let mut pos = self.next;
         for (req, d) in drain.iter().zip(decisions) {
             if let Decision::Staged { .. } = d {
                 for (_, payload) in records(&req.append.records) {
-                    self.index.absorb(pos, &EventRef::trusted(payload));
+                    let ev = EventRef::trusted(payload);
+                    self.index.absorb(pos, &ev);
+                    self.tips.absorb(pos, &ev);
                     pos += 1;
                 }
             }
         }
         self.next = highest + 1;
+        self.tips.trim(highest);
         self.shared.publish(highest);
         let mut m = self.metrics.inner.lock().unwrap_or_else(|e| e.into_inner());
         let _ = m.fsync_us.record((sync_time.as_micros() as u64).max(1));

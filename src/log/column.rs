@@ -1,4 +1,5 @@
-//! An append-only table of record byte offsets, one `u32` per event of a segment.
+//! An append-only column of `u32`, one entry per event of a segment: the record byte offsets
+//! of a segment, and the type ids of the active segment's index.
 //!
 //! The writer is the only appender; readers on other threads look entries up without a lock.
 //! Storage is fixed-size chunks that never move, created on first use, so an entry's address is
@@ -10,17 +11,17 @@ use std::sync::OnceLock;
 
 const CHUNK: usize = 4096;
 
-/// Offsets of one segment's records, indexed by local position (`position - base`).
-pub struct OffsetTable {
+/// One `u32` per event of a segment, indexed by local position (`position - base`).
+pub struct AtomicColumn {
     chunks: Box<[OnceLock<Box<[AtomicU32]>>]>,
     capacity: usize,
 }
 
-impl OffsetTable {
+impl AtomicColumn {
     /// A table able to hold `capacity` entries (the most records a segment can hold).
-    pub fn new(capacity: usize) -> OffsetTable {
+    pub fn new(capacity: usize) -> AtomicColumn {
         let n = capacity.div_ceil(CHUNK).max(1);
-        OffsetTable { chunks: (0..n).map(|_| OnceLock::new()).collect(), capacity: n * CHUNK }
+        AtomicColumn { chunks: (0..n).map(|_| OnceLock::new()).collect(), capacity: n * CHUNK }
     }
 
     /// Most entries the table can hold.
@@ -28,16 +29,16 @@ impl OffsetTable {
         self.capacity
     }
 
-    /// Stores the offset of local position `i` (writer only).
+    /// Stores the entry of local position `i` (writer only).
     ///
     /// # Panics
     /// When `i` is beyond the capacity (a segment cannot hold that many records).
-    pub fn set(&self, i: usize, offset: u32) {
+    pub fn set(&self, i: usize, value: u32) {
         let chunk = self.chunks[i / CHUNK].get_or_init(|| (0..CHUNK).map(|_| AtomicU32::new(0)).collect());
-        chunk[i % CHUNK].store(offset, Ordering::Relaxed);
+        chunk[i % CHUNK].store(value, Ordering::Relaxed);
     }
 
-    /// The offset of local position `i`; only meaningful below the published count.
+    /// The entry of local position `i`; only meaningful below the published count.
     pub fn get(&self, i: usize) -> u32 {
         match self.chunks.get(i / CHUNK).and_then(|c| c.get()) {
             Some(c) => c[i % CHUNK].load(Ordering::Relaxed),
@@ -52,7 +53,7 @@ mod tests {
 
     #[test]
     fn entries_round_trip_across_chunks() {
-        let t = OffsetTable::new(10_000);
+        let t = AtomicColumn::new(10_000);
         for i in 0..10_000 {
             t.set(i, (i * 3) as u32);
         }
