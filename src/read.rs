@@ -317,8 +317,9 @@ enum Plan {
 ///
 /// The planner picks, once per read, between a scan and the indexes: the index when
 /// `estimate × scan_bias ≤ range width` (the estimate sums, over the segments in range, each
-/// query item's shortest tag posting list, or the width for a tagless item). Either way the
-/// answer is the same.
+/// query item's shortest tag posting list, or the width for a tagless item); `scan_bias = 1`
+/// always takes the index, `u32::MAX` always scans, [`Query::All`] is always a scan. Either way
+/// the answer is the same.
 pub struct Reads {
     cursor: Cursor,
     query: Query,
@@ -356,7 +357,8 @@ impl Reads {
     }
 
     fn choose(&self, scan_bias: u32) -> Plan {
-        if self.exhausted() || matches!(self.query, Query::All) {
+        // `u32::MAX` means "always scan", even for a query the indexes say matches nothing.
+        if self.exhausted() || matches!(self.query, Query::All) || scan_bias == u32::MAX {
             return Plan::Scan;
         }
         let (first, last) = self.range();

@@ -2,6 +2,8 @@
 //! not every file uses every helper).
 #![allow(dead_code)]
 
+pub mod history;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tephra::*;
