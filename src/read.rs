@@ -120,6 +120,16 @@ impl Shared {
         *g = Arc::new(Snapshot::new(segments, indexes));
     }
 
+    /// Swaps in the sealed index of the segment starting at `base` (it replaces that segment's
+    /// frozen active index once the sealed form is built).
+    pub(crate) fn seal(&self, base: u64, sealed: SegIndex) {
+        let mut g = self.snapshot.write().unwrap_or_else(|e| e.into_inner());
+        let Some(i) = g.segments.iter().position(|s| s.base == base) else { return };
+        let mut indexes = g.indexes.clone();
+        indexes[i] = sealed;
+        *g = Arc::new(Snapshot::new(g.segments.clone(), indexes));
+    }
+
     pub(crate) fn publish(&self, watermark: u64) {
         self.watermark.store(watermark, Ordering::SeqCst);
         if self.subscribers.load(Ordering::SeqCst) > 0 {

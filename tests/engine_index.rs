@@ -169,12 +169,16 @@ fn unusable_index_files_are_rebuilt_and_answers_do_not_change() {
         }
         let segs = h.stats().segment_count as usize;
         assert!(segs >= 5, "history should span segments, got {segs}");
+        let want = answers(&h);
+        // Sealed files are written off the writer's thread; the shutdown waits for them.
+        drop(h);
+        s.shutdown();
         let files = index_files(d.path());
         // One file per sealed segment, named by its base, written at rollover.
         assert_eq!(files.len(), segs - 1);
         let bases: Vec<String> = segments(d.path()).iter().map(|p| p.file_stem().unwrap().to_string_lossy().into_owned()).collect();
         assert_eq!(files.iter().map(|(n, _)| n.trim_end_matches(".tix").to_string()).collect::<Vec<_>>(), bases[..segs - 1]);
-        (answers(&h), files)
+        (want, files)
     };
     assert_eq!(want[0], vec![7]);
     assert_eq!(want[4], (1..=80).filter(|i| i % 3 == 1).collect::<Vec<u64>>());

@@ -232,12 +232,46 @@ impl ActiveWriter {
 
     /// The sealed index file's bytes for everything absorbed ([`super::sealed::encode`]).
     pub fn encode_sealed(&self) -> Vec<u8> {
-        let n = self.absorbed();
-        let view = self.ix.view(n);
-        let names: Vec<&str> = self.type_names.iter().map(|s| &**s).collect();
+        encode_sealed(&self.ix, &self.type_names)
+    }
+
+    /// Freezes the index (its segment is sealed) into a [`Sealer`] that can encode it on
+    /// another thread while readers keep using the shared index.
+    pub fn into_sealer(self) -> Sealer {
+        Sealer { ix: self.ix, type_names: self.type_names }
+    }
+}
+
+/// A frozen active index on its way to a sealed index file; `Send`.
+pub struct Sealer {
+    ix: Arc<ActiveIndex>,
+    type_names: Vec<Box<str>>,
+}
+
+impl Sealer {
+    /// Base position of the segment.
+    pub fn base(&self) -> u64 {
+        self.ix.base
+    }
+
+    /// Events indexed.
+    pub fn count(&self) -> u64 {
+        self.ix.absorbed() as u64
+    }
+
+    /// The sealed index file's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        encode_sealed(&self.ix, &self.type_names)
+    }
+}
+
+fn encode_sealed(ix: &ActiveIndex, type_names: &[Box<str>]) -> Vec<u8> {
+    {
+        let n = ix.absorbed();
+        let view = ix.view(n);
+        let names: Vec<&str> = type_names.iter().map(|s| &**s).collect();
         let col: Vec<u32> = (0..n).map(|i| view.type_at(i)).collect();
-        let lists: Vec<(Box<str>, Vec<u32>)> = self
-            .ix
+        let lists: Vec<(Box<str>, Vec<u32>)> = ix
             .tags
             .iter()
             .map(|e| {
@@ -246,7 +280,7 @@ impl ActiveWriter {
             })
             .collect();
         let mut tags: Vec<(&str, &[u32])> = lists.iter().map(|(k, v)| (&**k, &v[..])).collect();
-        super::sealed::encode(self.ix.base, &names, &col, &mut tags)
+        super::sealed::encode(ix.base, &names, &col, &mut tags)
     }
 }
 

@@ -231,6 +231,9 @@ pub struct Writer {
     next: u64,
     index: ActiveWriter,
     tips: Tips,
+    /// The last index sealing started (awaited at the next rollover and at shutdown, so every
+    /// sealed file is on disk when the store closes).
+    sealing: Option<glommio::Task<()>>,
     failed: Option<String>,
     metrics: Arc<WriterMetrics>,
 }
@@ -301,7 +304,7 @@ impl Writer {
         cfg.queue_capacity = cfg.queue_capacity.max(1);
         cfg.max_batch_records = cfg.max_batch_records.max(1);
         let tips = Tips::new(next - 1, cfg.tips_window);
-        Writer { dir, seg_cfg, cfg, shared, active: None, active_seg, active_end, next, index, tips, failed: None, metrics }
+        Writer { dir, seg_cfg, cfg, shared, active: None, active_seg, active_end, next, index, tips, sealing: None, failed: None, metrics }
     }
 
     async fn open_active(seg: Arc<Segment>, end: u64) -> std::io::Result<Active> {
@@ -363,10 +366,16 @@ impl Writer {
                 return;
             }
         }
+        if let Some(t) = self.sealing.take() {
+            t.await;
+        }
         self.shared.close();
     }
 
     async fn finish(&mut self, ack: flume::Sender<()>) {
+        if let Some(t) = self.sealing.take() {
+            t.await;
+        }
         if let Some(a) = self.active.take() {
             let _ = a.file.close().await;
         }
@@ -504,17 +513,32 @@ impl Writer {
         let path = create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?;
         crate::fault::crash_point("segment_created_before_commit");
         let seg = Arc::new(Segment::open(base, path, &self.seg_cfg).map_err(|e| e.to_string())?);
-        // Seal the old segment's index: encode it, persist it (a failure only costs a rebuild
-        // at the next open), and publish it with the new segment in one snapshot.
-        let sealed_base = self.index.shared().base();
-        let bytes = self.index.encode_sealed();
-        let count = self.index.absorbed() as u64;
-        if let Err(e) = crate::index::write_index_file(&self.dir, sealed_base, &bytes) {
-            tracing::warn!(base = sealed_base, error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
+        // The old segment's index is frozen; readers and conditions keep using it until its
+        // sealed form is encoded and persisted off this thread (a failed write only costs a
+        // rebuild at the next open).
+        if let Some(prev) = self.sealing.take() {
+            prev.await;
         }
-        let sealed = crate::index::sealed::SealedIndex::load(bytes, sealed_base, count).map_err(|e| format!("sealing the index of segment {sealed_base}: {e}"))?;
-        self.index = ActiveWriter::new(base, self.seg_cfg.max_records());
-        self.shared.roll(Some(SegIndex::Sealed(Arc::new(sealed))), seg.clone(), SegIndex::Active(self.index.shared().clone()));
+        let sealer = std::mem::replace(&mut self.index, ActiveWriter::new(base, self.seg_cfg.max_records())).into_sealer();
+        self.shared.roll(None, seg.clone(), SegIndex::Active(self.index.shared().clone()));
+        let (dir, shared) = (self.dir.clone(), self.shared.clone());
+        self.sealing = Some(glommio::spawn_local(async move {
+            let (sealed_base, count) = (sealer.base(), sealer.count());
+            let built = glommio::executor()
+                .spawn_blocking(move || {
+                    let bytes = sealer.encode();
+                    if let Err(e) = crate::index::write_index_file(&dir, sealed_base, &bytes) {
+                        tracing::warn!(base = sealed_base, error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
+                    }
+                    crate::index::sealed::SealedIndex::load(bytes, sealed_base, count)
+                })
+                .await;
+            match built {
+                Ok(ix) => shared.seal(sealed_base, SegIndex::Sealed(Arc::new(ix))),
+                // Cannot happen (the bytes were just encoded); the frozen index stays in use.
+                Err(e) => tracing::error!(base = sealed_base, error = %e, "sealing an index failed; keeping the in-memory index"),
+            }
+        }));
         let a = Self::open_active(seg.clone(), crate::log::header::HEADER_LEN as u64).await.map_err(|e| e.to_string())?;
         self.active_seg = seg;
         self.active = Some(a);
