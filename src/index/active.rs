@@ -2,7 +2,8 @@
 //! reader shard without a lock held across evaluation and without ever blocking the writer.
 //!
 //! - Type column: an [`AtomicColumn`] of segment-local type ids (fixed chunks that never move).
-//! - Type dictionary: a concurrent map name → id; ids are dense, in order of first appearance.
+//! - Type dictionary: a concurrent map name → id; ids are dense, in order of first appearance;
+//!   with a count of events per id for the planner.
 //! - Tag postings: a concurrent map tag → [`PostingList`], an append-only list of local
 //!   positions (three inline slots, then a chain of chunks doubling in size) with one writer.
 //!
@@ -111,6 +112,8 @@ pub struct ActiveIndex {
     base: u64,
     types: SharedMap<u32>,
     type_col: AtomicColumn,
+    /// Events of each type id (an upper bound for a reader: it may count unpublished events).
+    type_counts: AtomicColumn,
     tags: SharedMap<Arc<PostingList>>,
     /// Events absorbed so far (the writer's count; readers clamp to their watermark).
     absorbed: AtomicU32,
@@ -163,6 +166,10 @@ impl SegmentView for ActiveView<'_> {
         self.ix.type_col.get(local as usize)
     }
 
+    fn type_count(&self, name: &str) -> u64 {
+        self.type_id(name).map_or(0, |id| self.ix.type_counts.get(id as usize) as u64)
+    }
+
     fn postings(&self, tag: &str) -> Option<ActivePostings> {
         let list = self.ix.tags.get(tag).map(|r| r.clone())?;
         let mut p = ActivePostings { len: list.published(), list };
@@ -186,6 +193,7 @@ impl ActiveWriter {
             base,
             types: SharedMap::default(),
             type_col: AtomicColumn::new(capacity),
+            type_counts: AtomicColumn::new(capacity),
             tags: SharedMap::default(),
             absorbed: AtomicU32::new(0),
         });
@@ -217,6 +225,7 @@ impl ActiveWriter {
             }
         };
         self.ix.type_col.set(local as usize, id);
+        self.ix.type_counts.set(id as usize, self.ix.type_counts.get(id as usize) + 1);
         for t in ev.tags() {
             let existing = self.ix.tags.get(t).map(|r| r.clone());
             match existing {

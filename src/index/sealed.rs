@@ -144,6 +144,8 @@ pub struct SealedIndex {
     base: u64,
     count: u32,
     type_ids: HashMap<Box<str>, u32>,
+    /// Events of each type id.
+    type_counts: Vec<u32>,
     n_tags: usize,
     tagtable_off: usize,
     keys_off: usize,
@@ -231,10 +233,14 @@ impl SealedIndex {
         if at != tagtable_off {
             return malformed("type dictionary longer than its type count");
         }
-        if bytes[HEADER_LEN..dict_off].chunks_exact(4).any(|c| u32::from_le_bytes(c.try_into().unwrap()) as usize >= n_types) {
-            return malformed("type id beyond the dictionary");
+        let mut type_counts = vec![0u32; n_types];
+        for c in bytes[HEADER_LEN..dict_off].chunks_exact(4) {
+            match type_counts.get_mut(u32::from_le_bytes(c.try_into().unwrap()) as usize) {
+                Some(n) => *n += 1,
+                None => return malformed("type id beyond the dictionary"),
+            }
         }
-        let ix = SealedIndex { bytes, base, count: count as u32, type_ids, n_tags, tagtable_off, keys_off, postings_off };
+        let ix = SealedIndex { bytes, base, count: count as u32, type_ids, type_counts, n_tags, tagtable_off, keys_off, postings_off };
         let (keys_len, n_postings) = (postings_off - keys_off, (file_len as usize - postings_off) / 4);
         let mut prev: Option<&[u8]> = None;
         for i in 0..n_tags {
@@ -340,6 +346,10 @@ impl SegmentView for SealedIndex {
 
     fn type_at(&self, local: u32) -> u32 {
         u32_at(&self.bytes, HEADER_LEN + 4 * local as usize)
+    }
+
+    fn type_count(&self, name: &str) -> u64 {
+        self.type_id(name).map_or(0, |id| self.type_counts[id as usize] as u64)
     }
 
     fn postings(&self, tag: &str) -> Option<SealedPostings<'_>> {

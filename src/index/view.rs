@@ -58,6 +58,8 @@ pub trait SegmentView {
     fn term_len(&self, tag: &str) -> u64 {
         self.postings(tag).map_or(0, |p| p.len() as u64)
     }
+    /// Upper bound of the events of type `name` (exact for sealed segments).
+    fn type_count(&self, name: &str) -> u64;
 }
 
 /// Which way a search walks its range.
@@ -185,16 +187,21 @@ pub fn first_match<V: SegmentView>(v: &V, q: &Query, lo: u32) -> Option<u32> {
 }
 
 /// The planner's estimate of `q`'s matches in a range of `width` positions of this segment:
-/// per item the shortest of its tags' posting lengths (0 when a tag is absent), the full width
-/// for a tagless item or [`Query::All`]; summed and capped at `width` (reference engine §5.2).
+/// per item the shortest of its tags' posting lengths (0 when a tag is absent); for a tagless
+/// item the events of its types (the reference takes the full width here: counting types is
+/// what lets a read of a rare type use the type column instead of decoding every event); the
+/// full width for an item with neither, or [`Query::All`]; summed and capped at `width`
+/// (reference engine §5.2).
 pub fn estimate<V: SegmentView>(v: &V, q: &Query, width: u64) -> u64 {
     match q {
         Query::All => width,
         Query::Items(items) => items
             .iter()
             .map(|item| {
-                if item.tags.is_empty() {
+                if item.tags.is_empty() && item.types.is_empty() {
                     width
+                } else if item.tags.is_empty() {
+                    item.types.iter().map(|t| v.type_count(t.as_str())).fold(0u64, |a, b| a.saturating_add(b))
                 } else {
                     item.tags.iter().map(|t| v.term_len(t.as_str())).min().unwrap_or(0)
                 }

@@ -233,7 +233,7 @@ pub struct Writer {
     tips: Tips,
     /// The last index sealing started (awaited at the next rollover and at shutdown, so every
     /// sealed file is on disk when the store closes).
-    sealing: Option<glommio::Task<()>>,
+    sealing: Option<std::thread::JoinHandle<()>>,
     failed: Option<String>,
     metrics: Arc<WriterMetrics>,
 }
@@ -366,21 +366,25 @@ impl Writer {
                 return;
             }
         }
-        if let Some(t) = self.sealing.take() {
-            t.await;
-        }
+        self.finish_sealing();
         self.shared.close();
     }
 
     async fn finish(&mut self, ack: flume::Sender<()>) {
-        if let Some(t) = self.sealing.take() {
-            t.await;
-        }
+        self.finish_sealing();
         if let Some(a) = self.active.take() {
             let _ = a.file.close().await;
         }
         self.shared.close();
         let _ = ack.send(());
+    }
+
+    /// Waits for the last index sealing (it had a whole segment's worth of time, or this is
+    /// shutdown).
+    fn finish_sealing(&mut self) {
+        if let Some(h) = self.sealing.take() {
+            let _ = h.join();
+        }
     }
 
     fn fail(&mut self, reason: String) {
@@ -516,29 +520,28 @@ impl Writer {
         // The old segment's index is frozen; readers and conditions keep using it until its
         // sealed form is encoded and persisted off this thread (a failed write only costs a
         // rebuild at the next open).
-        if let Some(prev) = self.sealing.take() {
-            prev.await;
-        }
+        self.finish_sealing();
         let sealer = std::mem::replace(&mut self.index, ActiveWriter::new(base, self.seg_cfg.max_records())).into_sealer();
         self.shared.roll(None, seg.clone(), SegIndex::Active(self.index.shared().clone()));
+        // A plain thread, not the executor's blocking pool: it needs nothing from the executor
+        // (the snapshot is swapped through `Shared`), so no wake-up has to find its way back.
         let (dir, shared) = (self.dir.clone(), self.shared.clone());
-        self.sealing = Some(glommio::spawn_local(async move {
+        let sealing = std::thread::Builder::new().name("tephra-seal".into()).spawn(move || {
             let (sealed_base, count) = (sealer.base(), sealer.count());
-            let built = glommio::executor()
-                .spawn_blocking(move || {
-                    let bytes = sealer.encode();
-                    if let Err(e) = crate::index::write_index_file(&dir, sealed_base, &bytes) {
-                        tracing::warn!(base = sealed_base, error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
-                    }
-                    crate::index::sealed::SealedIndex::load(bytes, sealed_base, count)
-                })
-                .await;
-            match built {
+            let bytes = sealer.encode();
+            if let Err(e) = crate::index::write_index_file(&dir, sealed_base, &bytes) {
+                tracing::warn!(base = sealed_base, error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
+            }
+            match crate::index::sealed::SealedIndex::load(bytes, sealed_base, count) {
                 Ok(ix) => shared.seal(sealed_base, SegIndex::Sealed(Arc::new(ix))),
                 // Cannot happen (the bytes were just encoded); the frozen index stays in use.
                 Err(e) => tracing::error!(base = sealed_base, error = %e, "sealing an index failed; keeping the in-memory index"),
             }
-        }));
+        });
+        match sealing {
+            Ok(h) => self.sealing = Some(h),
+            Err(e) => tracing::warn!(error = %e, "cannot start the index sealing thread; the index stays in memory and is rebuilt at the next open"),
+        }
         let a = Self::open_active(seg.clone(), crate::log::header::HEADER_LEN as u64).await.map_err(|e| e.to_string())?;
         self.active_seg = seg;
         self.active = Some(a);
