@@ -17,7 +17,8 @@
 //! **One run** (one contender, one round):
 //! 1. cold open: everything in the copy that is not a segment file is removed (the
 //!    reference's `index/`, our `tagindex/`, `LOCK`), the server is started and timed from
-//!    spawn to its `listening addr=` line, then stopped. The index files it left are listed.
+//!    spawn to its `listening addr=` line, then, once its index files stop changing (a
+//!    server may write them after it listens), stopped. The index files it left are listed.
 //! 2. warm open: started again on the same copy (its index files present), timed the same.
 //! 3. on that server, one connection, back to back: selective reads (`tag rare-K`, a
 //!    different rare tag each read), type-only reads of the rare type, type-only reads of a
@@ -155,7 +156,7 @@ impl Samples {
 }
 
 /// Index files (anything but segment files) a server left in its copy.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexFiles {
     /// Top-level entry name (`index`, `tagindex`, ...).
     pub name: String,
@@ -298,6 +299,27 @@ pub fn evict_page_cache(dir: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// How long [`settle_index_files`] waits at most.
+pub const SETTLE_MAX: Duration = Duration::from_secs(120);
+
+/// Waits until the index files in `dir` stop changing: the same listing three polls
+/// 200 ms apart, at most [`SETTLE_MAX`].
+fn settle_index_files(dir: &Path, stop: &AtomicBool) {
+    let t0 = Instant::now();
+    let mut last = index_files(dir);
+    let mut same = 0;
+    while same < 3 && t0.elapsed() < SETTLE_MAX && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = index_files(dir);
+        if now == last {
+            same += 1;
+        } else {
+            same = 0;
+            last = now;
+        }
+    }
 }
 
 fn index_files(dir: &Path) -> Vec<IndexFiles> {
@@ -704,6 +726,8 @@ fn one_run(
         }
         let mut s = ServerProcess::start_with_timeout(&spec, cfg.start_timeout)?;
         open_cold_s = Some(s.ready_after.as_secs_f64());
+        // A server may write its index files after it listens: let them settle first.
+        settle_index_files(&work, stop);
         exit_codes.push(s.stop());
         files = index_files(&work);
         progress(&format!(
