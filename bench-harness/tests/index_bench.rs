@@ -289,12 +289,14 @@ fn prepare_and_run_measure_correct_results() {
         assert_eq!(x["rare_type"]["count"], expect.1, "{name}");
         assert_eq!(x["common_type"]["count"], 8, "{name}");
         assert_eq!(x["append_boundary"]["count"], expect.2, "{name}");
+        assert_eq!(x["append_unique"]["count"], expect.2, "{name}");
         assert_eq!(x["append_exists"]["count"], expect.2, "{name}");
         for k in [
             "selective",
             "rare_type",
             "common_type",
             "append_boundary",
+            "append_unique",
             "append_exists",
         ] {
             let s = &x[k];
