@@ -188,6 +188,9 @@ pub struct IndexRunArgs {
     /// Seconds a server may take to open the store.
     #[arg(long, value_name = "S", default_value = "900", value_parser = parse_seconds)]
     pub start_timeout: f64,
+    /// Seconds a request may go without an answer before the run fails as hung.
+    #[arg(long, value_name = "S", default_value = "120", value_parser = parse_seconds)]
+    pub request_timeout: f64,
     /// Print the JSON report on stdout instead of the markdown.
     #[arg(long)]
     pub json: bool,

@@ -492,6 +492,7 @@ fn run_index_run(args: IndexRunArgs) -> i32 {
         budget: Duration::from_secs_f64(args.budget),
         evict: args.evict_page_cache,
         start_timeout: Duration::from_secs_f64(args.start_timeout),
+        request_timeout: Duration::from_secs_f64(args.request_timeout),
     };
     signals::install();
     let rep = match ixrun::run(&cfg, &signals::STOP, &mut progress_line) {

@@ -20,6 +20,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tephra::client::Client;
 
+/// How long one append of `prepare` may go without an answer before it fails as hung.
+pub const APPEND_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Name of the prepare server's log in the prepared directory.
 pub const SERVER_LOG: &str = "prepare-server.log";
 
@@ -249,6 +252,9 @@ fn write_log(
             .map(|_| {
                 s.spawn(|| -> Result<(), String> {
                     let mut client = Client::connect(addr).map_err(|e| format!("connect: {e}"))?;
+                    client
+                        .set_timeout(Some(APPEND_TIMEOUT))
+                        .map_err(|e| format!("set the request timeout: {e}"))?;
                     let mut mine = Vec::new();
                     let r = loop {
                         if stop.load(Ordering::Relaxed) || failed.load(Ordering::Relaxed) {

@@ -102,6 +102,9 @@ pub struct RunConfig {
     pub evict: bool,
     /// How long a server may take to start.
     pub start_timeout: Duration,
+    /// How long a request may go without an answer (socket read/write timeout) before the
+    /// run fails as hung.
+    pub request_timeout: Duration,
 }
 
 /// Latency samples of one operation in one run, µs.
@@ -467,7 +470,22 @@ fn measure(
 }
 
 fn cerr(what: &str) -> impl Fn(ClientError) -> String + '_ {
-    move |e| format!("{what}: {e}")
+    move |e| {
+        match &e {
+        ClientError::Io(io) if is_timeout(io) => format!(
+            "{what}: NO ANSWER within the request timeout (--request-timeout): the server looks hung ({e})"
+        ),
+        _ => format!("{what}: {e}"),
+    }
+    }
+}
+
+/// True for the error a socket read or write timeout gives.
+pub fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 /// The rare tag the `i`-th operation of round `round` uses: different tags across
@@ -492,6 +510,10 @@ fn measure_server(
 ) -> Result<(u64, [Samples; 6]), String> {
     let l = *truth.l();
     let mut client = Client::connect(addr).map_err(|e| format!("connect to {addr}: {e}"))?;
+    // A request that never gets an answer must end the run, not hang it.
+    client
+        .set_timeout(Some(cfg.request_timeout))
+        .map_err(|e| format!("set the request timeout: {e}"))?;
     let head = client.stats().map_err(cerr("stats"))?.event_count;
     if head < l.events {
         return Err(format!(
