@@ -37,6 +37,163 @@ pub enum Command {
     /// Run the same append matrix against our server and the reference server (each
     /// started fresh, alternating A B A B) and write a table, JSON and an SVG chart.
     Compare(CompareArgs),
+    /// The index benchmark: prepare a large log once, then time opening the store,
+    /// selective and type-only reads and conditional appends naming a rare tag on our
+    /// server, the reference and a full-scan baseline, checking every result.
+    Index(IndexArgs),
+}
+
+/// Options of `tephra-bench index`.
+#[derive(Debug, Args)]
+pub struct IndexArgs {
+    /// The step.
+    #[command(subcommand)]
+    pub command: IndexCommand,
+}
+
+/// The steps of `tephra-bench index`.
+#[derive(Debug, Subcommand)]
+pub enum IndexCommand {
+    /// Write the benchmark's log into DIR through our server and record its layout in
+    /// DIR/prepare.json (a directory already prepared the same way is reused).
+    Prepare(IndexPrepareArgs),
+    /// Measure our server, the reference and our server forced to scan on copies of a
+    /// prepared DIR; write index.md and index.json.
+    Run(IndexRunArgs),
+}
+
+/// Options of `tephra-bench index prepare`.
+#[derive(Debug, Args)]
+pub struct IndexPrepareArgs {
+    /// The data directory to fill (created; must be empty or prepared before).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Events in the log.
+    #[arg(long, value_name = "N", default_value_t = 10_000_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub events: u64,
+    /// Bulk tags: every event carries one of them, `bulk-(k % N)`.
+    #[arg(long, value_name = "N", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub tags: u64,
+    /// Rare tags `rare-0..`, each on exactly --rare-tag-events events spread over the log.
+    #[arg(long, value_name = "N", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub rare_tags: u64,
+    /// Events per rare tag (the selective read's matches).
+    #[arg(long, value_name = "N", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub rare_tag_events: u64,
+    /// Common types `type-0..`.
+    #[arg(long, value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub common_types: u64,
+    /// Events of the rare type `type-rare`.
+    #[arg(long, value_name = "N", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub rare_type_events: u64,
+    /// Payload bytes per event (at least 8: the payload starts with the event number).
+    #[arg(long, value_name = "BYTES", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(8..=1 << 20))]
+    pub event_bytes: u64,
+    /// Segment size (`TEPHRA__SEGMENT__SIZE`), bytes; the run uses the same.
+    #[arg(long, value_name = "BYTES", default_value_t = 256 << 20,
+          value_parser = clap::value_parser!(u64).range(4096..=u32::MAX as u64))]
+    pub segment_bytes: u64,
+    /// Seed of the rare placements and of the common types.
+    #[arg(long, value_name = "N", default_value_t = 20_261_129)]
+    pub seed: u64,
+    /// Appending connections.
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub connections: u64,
+    /// Events per append request.
+    #[arg(long, value_name = "N", default_value_t = 2048,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub batch: u64,
+    /// Our `tephra-server` [default: `tephra-server` next to this binary, or $TEPHRA_SERVER].
+    #[arg(long, value_name = "PATH")]
+    pub ours: Option<PathBuf>,
+    /// Replace whatever DIR holds if it is not prepared this way.
+    #[arg(long)]
+    pub force: bool,
+    /// Print the manifest's summary as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `tephra-bench index run`.
+#[derive(Debug, Args)]
+pub struct IndexRunArgs {
+    /// The prepared directory (left unchanged; each server works on its own copy).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Our `tephra-server` [default: `tephra-server` next to this binary, or $TEPHRA_SERVER].
+    #[arg(long, value_name = "PATH")]
+    pub ours: Option<PathBuf>,
+    /// The reference `tephra-server`, or `none` to measure ours only [default:
+    /// $TEPHRA_REFERENCE_SERVER, else ~/.tephra-reference/bin/tephra-server].
+    #[arg(long, value_name = "PATH|none")]
+    pub reference: Option<String>,
+    /// Rounds (ours and the reference alternate: A B, then B A, ...).
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub rounds: u64,
+    /// Rounds that also run the full-scan baseline (the first ones; 0 skips it).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub scan_rounds: u64,
+    /// Where index.md, index.json and the server logs go [default:
+    /// bench-results/<UTC stamp>-index].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Where the servers' copies of DIR go; must be on DIR's filesystem for hard links
+    /// [default: DIR.work]. Removed afterwards unless --keep-work.
+    #[arg(long, value_name = "DIR")]
+    pub work: Option<PathBuf>,
+    /// Keep the copies.
+    #[arg(long)]
+    pub keep_work: bool,
+    /// Selective reads (`tag rare-K`, a different K each) per run.
+    #[arg(long, value_name = "N", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub selective_reads: u64,
+    /// Type-only reads of each kind (rare type; common type with a limit) per run.
+    #[arg(long, value_name = "N", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub type_reads: u64,
+    /// Limit of the common-type reads.
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub type_limit: u64,
+    /// Conditional appends of each kind per run.
+    #[arg(long, value_name = "N", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub appends: u64,
+    /// Reads of each kind on the full-scan baseline.
+    #[arg(long, value_name = "N", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub scan_reads: u64,
+    /// Conditional appends of each kind on the full-scan baseline.
+    #[arg(long, value_name = "N", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub scan_appends: u64,
+    /// Seconds one measurement may take; past it, it stops once it has 3 samples.
+    #[arg(long, value_name = "S", default_value = "30", value_parser = parse_seconds)]
+    pub budget: f64,
+    /// Evict the data files from the page cache before every open (fdatasync +
+    /// POSIX_FADV_DONTNEED), so opens read from the disk.
+    #[arg(long)]
+    pub evict_page_cache: bool,
+    /// Seconds a server may take to open the store.
+    #[arg(long, value_name = "S", default_value = "900", value_parser = parse_seconds)]
+    pub start_timeout: f64,
+    /// Seconds a request may go without an answer before the run fails as hung.
+    #[arg(long, value_name = "S", default_value = "120", value_parser = parse_seconds)]
+    pub request_timeout: f64,
+    /// Print the JSON report on stdout instead of the markdown.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `tephra-bench append`.

@@ -10,6 +10,9 @@
 //! - `read` ([`read`]): full scans, selective reads and subscription fan-out lag.
 //! - `compare` ([`compare`]): the append matrix against our server and the reference
 //!   server side by side ([`server`] starts and stops them), with an SVG chart ([`chart`]).
+//! - `index prepare` / `index run` ([`index`]): the index issue's benchmark on a large
+//!   prepared log: opening the store, selective and type-only reads, conditional appends
+//!   naming a rare tag, on our server, the reference and a full-scan baseline.
 
 #![deny(missing_docs)]
 
@@ -18,6 +21,7 @@ pub mod chart;
 pub mod cli;
 pub mod compare;
 pub mod fsync;
+pub mod index;
 pub mod logcapture;
 pub mod machine;
 pub mod metrics;

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tephra_bench::cli::{
-    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, ReadArgs, EXIT_INTERRUPTED, EXIT_ROW_FAILED,
-    EXIT_USAGE,
+    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs,
+    ReadArgs, EXIT_INTERRUPTED, EXIT_ROW_FAILED, EXIT_USAGE,
 };
 use tephra_bench::fsync::{self, Budget, ProbeConfig};
 use tephra_bench::{append, compare, logcapture, machine, read, report, server, signals, workload};
@@ -20,6 +20,10 @@ fn main() -> ExitCode {
         Command::Append(args) => run_append(args),
         Command::Read(args) => run_read(args),
         Command::Compare(args) => run_compare(args),
+        Command::Index(args) => match args.command {
+            IndexCommand::Prepare(a) => run_index_prepare(a),
+            IndexCommand::Run(a) => run_index_run(a),
+        },
     };
     ExitCode::from(code as u8)
 }
@@ -294,6 +298,231 @@ fn run_compare(args: CompareArgs) -> i32 {
     } else {
         0
     }
+}
+
+/// Our server: `--ours`, else next to this binary / `$TEPHRA_SERVER`; a usage error if missing.
+fn our_server(cmd: &str, ours: &Option<PathBuf>) -> Result<PathBuf, i32> {
+    match ours.clone().or_else(server::default_ours) {
+        Some(p) if p.is_file() => Ok(p),
+        Some(p) => {
+            eprintln!(
+                "tephra-bench {cmd}: error: our server {} does not exist (cargo build --release --bin tephra-server)",
+                p.display()
+            );
+            Err(EXIT_USAGE)
+        }
+        None => {
+            eprintln!(
+                "tephra-bench {cmd}: error: our server not found next to tephra-bench; build it \
+                 (cargo build --release --bin tephra-server) or pass --ours"
+            );
+            Err(EXIT_USAGE)
+        }
+    }
+}
+
+fn progress_line(what: &str) {
+    // Progress must never panic the run (a closed stderr would make eprintln! panic).
+    let _ = writeln!(std::io::stderr(), "{what}");
+}
+
+fn run_index_prepare(args: IndexPrepareArgs) -> i32 {
+    use tephra_bench::index::{layout::Layout, prepare};
+    let server = match our_server("index prepare", &args.ours) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let cfg = prepare::PrepareConfig {
+        dir: args.dir.clone(),
+        layout: Layout {
+            events: args.events,
+            tags: args.tags,
+            rare_tags: args.rare_tags,
+            rare_tag_events: args.rare_tag_events,
+            common_types: args.common_types,
+            rare_type_events: args.rare_type_events,
+            event_bytes: args.event_bytes,
+            seed: args.seed,
+        },
+        segment_bytes: args.segment_bytes,
+        server,
+        connections: args.connections as usize,
+        batch: args.batch,
+        force: args.force,
+        start_timeout: Duration::from_secs(900),
+    };
+    if let Err(e) = cfg.layout.validate() {
+        eprintln!("tephra-bench index prepare: error: {e}");
+        return EXIT_USAGE;
+    }
+    signals::install();
+    let prepared = match prepare::run(&cfg, &signals::STOP, &mut progress_line) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("tephra-bench index prepare: error: {e}");
+            return if signals::stopped() {
+                EXIT_INTERRUPTED
+            } else {
+                EXIT_ROW_FAILED
+            };
+        }
+    };
+    let m = prepared.manifest();
+    let verb = match prepared {
+        prepare::Prepared::Reused(_) => "reused",
+        prepare::Prepared::Written(_) => "wrote",
+    };
+    let summary = serde_json::json!({
+        "dir": args.dir,
+        "action": verb,
+        "events": m.layout.events,
+        "segment_files": m.segments.len(),
+        "log_bytes": m.segments.iter().map(|s| s.bytes).sum::<u64>(),
+        "append_seconds": m.append_seconds,
+        "events_per_sec": m.events_per_sec,
+        "total_seconds": m.total_seconds,
+        "connections": m.connections,
+        "batch_events": m.batch_events,
+        "created": m.created,
+        "layout": m.layout,
+    });
+    if args.json {
+        return print_json("index prepare", &summary);
+    }
+    write_stdout(&format!(
+        "{verb} {}: {} events in {} segment files ({:.2} GB); appended at {} events/s \
+         ({} connections × {} events per append, {:.1} s; {:.1} s in all, {})\n{}\n",
+        args.dir.display(),
+        m.layout.events,
+        m.segments.len(),
+        m.segments.iter().map(|s| s.bytes).sum::<u64>() as f64 / 1e9,
+        report::thousands(m.events_per_sec),
+        m.connections,
+        m.batch_events,
+        m.append_seconds,
+        m.total_seconds,
+        m.created,
+        m.description
+    ));
+    0
+}
+
+fn run_index_run(args: IndexRunArgs) -> i32 {
+    use tephra_bench::index::run::{self as ixrun, Contender, RunConfig, ALWAYS_SCAN};
+    let usage = |msg: String| {
+        eprintln!("tephra-bench index run: error: {msg}");
+        EXIT_USAGE
+    };
+    let ours = match our_server("index run", &args.ours) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let reference = match args.reference.as_deref() {
+        Some("none") => None,
+        Some(p) if std::path::Path::new(p).is_file() => Some(PathBuf::from(p)),
+        Some(p) => return usage(format!("reference server {p} does not exist (scripts/install-reference.sh, or --reference none)")),
+        None => match server::default_reference() {
+            Some(p) => Some(p),
+            None => return usage("reference server not found; run scripts/install-reference.sh, pass --reference PATH, or --reference none".into()),
+        },
+    };
+    if !args
+        .dir
+        .join(tephra_bench::index::layout::MANIFEST_FILE)
+        .is_file()
+    {
+        return usage(format!(
+            "{} is not prepared (tephra-bench index prepare --dir ...)",
+            args.dir.display()
+        ));
+    }
+    let work = args.work.clone().unwrap_or_else(|| {
+        let mut s = args.dir.clone().into_os_string();
+        s.push(".work");
+        PathBuf::from(s)
+    });
+    let out = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from("bench-results").join(format!(
+            "{}-index",
+            tephra_bench::index::prepare::utc_stamp()
+        ))
+    });
+    let mut contenders = vec![Contender {
+        name: "ours".into(),
+        binary: ours.clone(),
+        env: vec![],
+        measure_open: true,
+        baseline: false,
+    }];
+    if let Some(r) = reference {
+        contenders.push(Contender {
+            name: "reference".into(),
+            binary: r,
+            env: vec![],
+            measure_open: true,
+            baseline: false,
+        });
+    }
+    if args.scan_rounds > 0 {
+        contenders.push(Contender {
+            name: "ours-scan".into(),
+            binary: ours,
+            env: vec![
+                ("TEPHRA__READ__SCAN_BIAS".into(), ALWAYS_SCAN.into()),
+                ("TEPHRA__WRITER__CONDITION_FORCE_SCAN".into(), "true".into()),
+            ],
+            measure_open: false,
+            baseline: true,
+        });
+    }
+    let cfg = RunConfig {
+        dir: args.dir.clone(),
+        work,
+        keep_work: args.keep_work,
+        out: out.clone(),
+        contenders,
+        rounds: args.rounds as usize,
+        scan_rounds: args.scan_rounds.min(args.rounds) as usize,
+        selective_reads: args.selective_reads as usize,
+        type_reads: args.type_reads as usize,
+        type_limit: args.type_limit,
+        appends: args.appends as usize,
+        scan_reads: args.scan_reads as usize,
+        scan_appends: args.scan_appends as usize,
+        budget: Duration::from_secs_f64(args.budget),
+        evict: args.evict_page_cache,
+        start_timeout: Duration::from_secs_f64(args.start_timeout),
+        request_timeout: Duration::from_secs_f64(args.request_timeout),
+    };
+    signals::install();
+    let rep = match ixrun::run(&cfg, &signals::STOP, &mut progress_line) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tephra-bench index run: error: {e}");
+            return if signals::stopped() {
+                EXIT_INTERRUPTED
+            } else {
+                EXIT_ROW_FAILED
+            };
+        }
+    };
+    let files = match ixrun::write_outputs(&rep, &out) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("tephra-bench index run: error: {e}");
+            return EXIT_ROW_FAILED;
+        }
+    };
+    let code = if args.json {
+        print_json("index run", &rep)
+    } else {
+        write_stdout(&ixrun::render_markdown(&rep));
+        0
+    };
+    for f in files {
+        eprintln!("wrote {}", f.display());
+    }
+    code
 }
 
 fn run_fsync(args: FsyncArgs) -> i32 {

@@ -13,7 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a server may take to print its readiness line.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -40,6 +40,9 @@ pub struct ServerProcess {
     pub addr: SocketAddr,
     /// Its pid.
     pub pid: u32,
+    /// From just before the process was spawned until its readiness line was read: the
+    /// time it took to open the store and bind.
+    pub ready_after: Duration,
     child: Option<Child>,
     log_file: PathBuf,
 }
@@ -59,6 +62,18 @@ impl ServerProcess {
     /// The process cannot be spawned, exits, or is not ready within [`START_TIMEOUT`]; the
     /// message carries the tail of its log.
     pub fn start(spec: &ServerSpec) -> Result<ServerProcess, String> {
+        ServerProcess::start_with_timeout(spec, START_TIMEOUT)
+    }
+
+    /// [`ServerProcess::start`], waiting up to `timeout` for the readiness line (a large
+    /// store takes a while to open).
+    ///
+    /// # Errors
+    /// As [`ServerProcess::start`].
+    pub fn start_with_timeout(
+        spec: &ServerSpec,
+        timeout: Duration,
+    ) -> Result<ServerProcess, String> {
         std::fs::create_dir_all(&spec.data_dir)
             .map_err(|e| format!("create {}: {e}", spec.data_dir.display()))?;
         let log = std::fs::OpenOptions::new()
@@ -93,6 +108,7 @@ impl ServerProcess {
                 Ok(())
             });
         }
+        let spawned_at = Instant::now();
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("spawn {}: {e}", spec.binary.display()))?;
@@ -109,7 +125,7 @@ impl ServerProcess {
                     let _ = writeln!(log_out, "{line}");
                     if let Some(addr) = parse_listening(&line) {
                         if let Some(tx) = tx.take() {
-                            let _ = tx.send(addr);
+                            let _ = tx.send((addr, Instant::now()));
                         }
                     }
                 }
@@ -118,12 +134,14 @@ impl ServerProcess {
         let mut server = ServerProcess {
             addr: "0.0.0.0:0".parse().expect("addr"),
             pid,
+            ready_after: Duration::ZERO,
             child: Some(child),
             log_file: spec.log_file.clone(),
         };
-        match rx.recv_timeout(START_TIMEOUT) {
-            Ok(addr) => {
+        match rx.recv_timeout(timeout) {
+            Ok((addr, at)) => {
                 server.addr = addr;
+                server.ready_after = at.duration_since(spawned_at);
                 Ok(server)
             }
             Err(_) => {
@@ -131,7 +149,7 @@ impl ServerProcess {
                 Err(format!(
                     "{} did not report `listening addr=` within {} s; log tail:\n{}",
                     spec.binary.display(),
-                    START_TIMEOUT.as_secs(),
+                    timeout.as_secs(),
                     log_tail(&spec.log_file, 20)
                 ))
             }
