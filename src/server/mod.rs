@@ -365,7 +365,8 @@ async fn shard_main(ctx: Arc<Context>, shard: usize, addr: SocketAddr, bound: fl
     let local = listener.local_addr().map_err(|e| e.to_string());
     let _ = bound.send(local);
     let (router, replies) = ReplyRouter::new();
-    glommio::spawn_local(router.clone().dispatch(replies)).detach();
+    // The writer's thread wakes the dispatcher: make that wake-up reach a sleeping shard.
+    glommio::spawn_local(shards::reliable_wakes(router.clone().dispatch(replies))).detach();
     let live = Rc::new(std::cell::Cell::new(0usize));
     let closing = Rc::new(event_listener::Event::new());
     loop {
@@ -397,12 +398,12 @@ async fn shard_main(ctx: Arc<Context>, shard: usize, addr: SocketAddr, bound: fl
         ctx.active_connections.fetch_add(1, Ordering::SeqCst);
         live.set(live.get() + 1);
         let (ctx2, router2, live2, closing2) = (ctx.clone(), router.clone(), live.clone(), closing.clone());
-        glommio::spawn_local(async move {
+        glommio::spawn_local(shards::reliable_wakes(async move {
             conn::serve(ctx2.clone(), router2, stream).await;
             ctx2.active_connections.fetch_sub(1, Ordering::SeqCst);
             live2.set(live2.get() - 1);
             closing2.notify(usize::MAX);
-        })
+        }))
         .detach();
     }
     drop(listener);
