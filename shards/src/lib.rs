@@ -7,7 +7,10 @@
 
 use glommio::{LocalExecutorBuilder, Placement};
 use std::future::Future;
-use std::sync::OnceLock;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll, Wake, Waker};
 
 /// Locked-memory budget glommio registers per executor for fixed I/O buffers, in bytes.
 pub const IO_MEMORY: usize = 4 << 20;
@@ -39,77 +42,177 @@ pub fn prepare_memlock(shards: usize) -> usize {
 /// this window is picked up without a cross-thread wake-up.
 pub const SPIN_BEFORE_PARK_US: u64 = 0;
 
-/// Runs `fut` in a task queue marked latency-sensitive, and everything it spawns with
-/// `glommio::spawn_local` inherits that queue.
-///
-/// This matters for correctness of wake-ups, not just priority: glommio 0.9 writes the
-/// executor's eventfd for a wake-up coming from another thread only when the woken task's queue
-/// is latency-sensitive; otherwise a wake-up that races with the executor going to sleep is
-/// only noticed at the next timer (we measured 1 s stalls of cross-shard append replies).
-///
-/// # Panics
-/// When called outside a glommio executor.
-pub async fn latency_sensitive<F: Future + 'static>(fut: F) -> F::Output
-where
-    F::Output: 'static,
-{
-    let tq = glommio::executor().create_task_queue(
-        glommio::Shares::Static(1000),
-        glommio::Latency::Matters(std::time::Duration::from_millis(LATENCY_MS)),
-        "latency-sensitive",
-    );
-    glommio::spawn_local_into(fut, tq).expect("task queue just created").await
+// Waking a sleeping executor from another thread.
+//
+// glommio 0.9 sleeps in `io_uring_enter` on its *main* ring, linked to its latency ring by a
+// poll on the latency ring's descriptor. Its timers and the eventfd that other threads write to
+// wake it (`Latency::Matters` queues, or any wake while it is about to sleep) complete in the
+// latency ring. On this kernel (6.18) that link sometimes does not fire: the executor sleeps
+// on with a timer due and the eventfd written, until something completes in its main ring
+// (a socket becoming readable, a file write). We measured whole shards asleep for 10 s with
+// replies queued for them (`server_wire` floods), and earlier 1 s stalls and a writer that
+// "never ran again".
+//
+// What always wakes it is a completion in the main ring, and glommio puts a socket's readiness
+// poll there. So each executor reads from its own Unix socket pair, and a [`Nudge`] (one byte
+// written to the other end) wakes it for certain. [`reliable_wakes`] makes every wake-up a task
+// receives from another thread also nudge that task's executor, and a process-wide kicker
+// thread nudges every executor every [`KICK_US`] so timers cannot oversleep by more.
+
+/// A handle that wakes one executor from any thread (see the notes above).
+#[derive(Clone)]
+pub struct Nudge(Arc<NudgeInner>);
+
+struct NudgeInner {
+    /// A byte is on its way (written and not yet drained): no need to write another.
+    armed: AtomicBool,
+    tx: std::os::unix::net::UnixStream,
+    /// The executor's thread; a wake-up on it needs no nudge.
+    thread: std::thread::ThreadId,
 }
 
-/// Interval of the per-executor heartbeat, in microseconds.
-pub const HEARTBEAT_US: u64 = 2_000;
+impl Nudge {
+    /// Wakes the executor (cheap when a wake-up is already on its way).
+    pub fn nudge(&self) {
+        if !self.0.armed.swap(true, Ordering::SeqCst) {
+            // WouldBlock: the socket is full, so the executor has a readable socket already.
+            let _ = (&self.0.tx).write(&[1]);
+        }
+    }
 
-/// Wakes the executor every [`HEARTBEAT_US`]: each wake-up makes glommio drain its queue of
-/// wake-ups from other threads. Under load we measured rare cross-thread wake-ups that glommio
-/// 0.9 left queued while its thread slept in `io_uring_enter` (a request then waited for the
-/// next timer: up to 1 s, or forever on an executor with no timers). The heartbeat bounds that
-/// stall at one interval, for a negligible cost when idle.
-async fn heartbeat() {
-    loop {
-        glommio::timer::sleep(std::time::Duration::from_micros(HEARTBEAT_US)).await;
+    /// The nudge of the executor running on this thread.
+    ///
+    /// # Panics
+    /// Outside an executor started by [`spawn_executor`].
+    pub fn current() -> Nudge {
+        CURRENT.with(|c| c.borrow().clone()).expect("not on an executor started by shards::spawn_executor")
     }
 }
 
-/// Registers this executor with the process-wide kicker thread, which sends it a message every
-/// [`HEARTBEAT_US`]. The message arrives as a wake-up from another thread into a latency-sensitive
-/// task, which glommio signals through the executor's eventfd: a second, independent way out of a
-/// sleep that missed its timer (we also observed whole-executor stalls with a timer pending).
-fn kicker() -> flume::Receiver<()> {
-    use std::sync::Mutex;
-    static KICKS: OnceLock<Mutex<Vec<flume::Sender<()>>>> = OnceLock::new();
-    let (tx, rx) = flume::bounded(1);
+thread_local! {
+    static CURRENT: std::cell::RefCell<Option<Nudge>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Creates this executor's nudge and the task that drains it.
+fn install_nudge() -> std::io::Result<Nudge> {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let (rx, tx) = std::os::unix::net::UnixStream::pair()?;
+    rx.set_nonblocking(true)?;
+    tx.set_nonblocking(true)?;
+    let nudge = Nudge(Arc::new(NudgeInner { armed: AtomicBool::new(false), tx, thread: std::thread::current().id() }));
+    // SAFETY: `rx` is a connected stream socket we own; glommio takes it over.
+    let rx = unsafe { glommio::net::UnixStream::from_raw_fd(rx.into_raw_fd()) };
+    let n = nudge.clone();
+    glommio::spawn_local(async move {
+        use futures_lite::AsyncReadExt;
+        let mut rx = rx;
+        let mut buf = [0u8; 64];
+        // Drain, then disarm: a nudge that found the flag still set was issued before the
+        // disarm, while this executor was awake, and glommio looks at its queue of cross-thread
+        // wake-ups once more before it sleeps.
+        while let Ok(n_read) = rx.read(&mut buf).await {
+            if n_read == 0 {
+                break;
+            }
+            n.0.armed.store(false, Ordering::SeqCst);
+        }
+    })
+    .detach();
+    CURRENT.with(|c| *c.borrow_mut() = Some(nudge.clone()));
+    Ok(nudge)
+}
+
+/// A waker that wakes `inner` and, from another thread, nudges its executor.
+struct NudgingWaker {
+    inner: Waker,
+    nudge: Nudge,
+}
+
+impl Wake for NudgingWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.inner.wake_by_ref();
+        if std::thread::current().id() != self.nudge.0.thread {
+            self.nudge.nudge();
+        }
+    }
+}
+
+/// Runs `fut` so that every wake-up it receives from another thread (a channel message from
+/// the writer, a reply from a shard) also [nudges](Nudge) this executor: the wake-up cannot be
+/// missed by a sleeping executor. Wake-ups from this thread cost nothing extra.
+///
+/// Outside an executor started by [`spawn_executor`] it is a plain pass-through.
+pub fn reliable_wakes<F: Future>(fut: F) -> ReliableWakes<F> {
+    ReliableWakes { fut, waker: None }
+}
+
+/// The future returned by [`reliable_wakes`].
+pub struct ReliableWakes<F> {
+    fut: F,
+    waker: Option<(Arc<NudgingWaker>, Waker)>,
+}
+
+impl<F: Future> Future for ReliableWakes<F> {
+    type Output = F::Output;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: `fut` is structurally pinned; `waker` is never pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        let fresh = match &this.waker {
+            Some((w, _)) => !w.inner.will_wake(cx.waker()),
+            None => true,
+        };
+        if fresh {
+            let Some(nudge) = CURRENT.with(|c| c.borrow().clone()) else {
+                // No nudge on this thread (it could not be created): plain wake-ups.
+                // SAFETY: as below.
+                return unsafe { std::pin::Pin::new_unchecked(&mut this.fut) }.poll(cx);
+            };
+            let w = Arc::new(NudgingWaker { inner: cx.waker().clone(), nudge });
+            this.waker = Some((w.clone(), Waker::from(w)));
+        }
+        let waker = &this.waker.as_ref().expect("set above").1;
+        let mut cx2 = Context::from_waker(waker);
+        // SAFETY: `this.fut` is never moved out of the pinned `ReliableWakes`.
+        unsafe { std::pin::Pin::new_unchecked(&mut this.fut) }.poll(&mut cx2)
+    }
+}
+
+/// How often the kicker thread nudges every executor, in microseconds: the longest a timer can
+/// oversleep (see the notes above), and the backstop for any cross-thread wake-up that was not
+/// made reliable with [`reliable_wakes`].
+pub const KICK_US: u64 = 2_000;
+
+/// Registers `nudge` with the process-wide kicker thread.
+fn register_kick(nudge: Nudge) {
+    static KICKS: OnceLock<Mutex<Vec<std::sync::Weak<NudgeInner>>>> = OnceLock::new();
     let list = KICKS.get_or_init(|| {
         std::thread::Builder::new()
             .name("tephra-kicker".into())
             .spawn(|| loop {
-                std::thread::sleep(std::time::Duration::from_micros(HEARTBEAT_US));
+                std::thread::sleep(std::time::Duration::from_micros(KICK_US));
                 if let Some(l) = KICKS.get() {
                     let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
-                    l.retain(|tx| !matches!(tx.try_send(()), Err(flume::TrySendError::Disconnected(_))));
+                    l.retain(|w| match w.upgrade() {
+                        Some(n) => {
+                            Nudge(n).nudge();
+                            true
+                        }
+                        None => false,
+                    });
                 }
             })
             .expect("kicker thread");
         Mutex::new(Vec::new())
     });
-    list.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
-    rx
+    list.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&nudge.0));
 }
-
-async fn kicked(rx: flume::Receiver<()>) {
-    while rx.recv_async().await.is_ok() {}
-}
-
-/// The latency target of [`latency_sensitive`] queues, in milliseconds.
-pub const LATENCY_MS: u64 = 1;
 
 /// Spawns one glommio executor thread named `name`, optionally pinned to `cpu`, running the
-/// future built by `make` on it, with a [`heartbeat`] and the kicker beside it.
-/// Returns the thread's join handle.
+/// future built by `make` on it with [`reliable_wakes`], its [`Nudge`] installed and registered
+/// with the kicker. Returns the thread's join handle.
 ///
 /// # Errors
 /// The I/O error glommio reports when the executor cannot start (no io_uring, memlock).
@@ -129,17 +232,13 @@ where
         .io_memory(io_memory)
         .spin_before_park(std::time::Duration::from_micros(SPIN_BEFORE_PARK_US))
         .spawn(move || async move {
-            // The work itself runs in the default queue (in a latency-sensitive queue glommio
-            // 0.9 sometimes never ran the writer again after a cross-shard append); the
-            // heartbeat and the kicker run in a latency-sensitive one, so the kicker's
-            // cross-thread wake-ups always reach the executor's eventfd.
-            let rx = kicker();
-            glommio::spawn_local(latency_sensitive(async move {
-                glommio::spawn_local(heartbeat()).detach();
-                kicked(rx).await
-            }))
-            .detach();
-            make().await
+            // Everything runs in the default task queue (in a latency-sensitive queue glommio
+            // 0.9 once never ran the writer again after a cross-shard append).
+            match install_nudge() {
+                Ok(nudge) => register_kick(nudge),
+                Err(e) => tracing::error!(error = %e, "cannot create the executor's wake-up socket; cross-thread wake-ups may be late"),
+            }
+            reliable_wakes(make()).await
         })
         .map_err(|e| std::io::Error::other(e.to_string()))
 }

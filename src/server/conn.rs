@@ -626,12 +626,13 @@ impl Conn {
         self.ctx.active_subscriptions.fetch_add(1, Ordering::SeqCst);
         let cancel = self.register_cancel(id);
         let me = self.clone();
-        glommio::spawn_local(async move {
+        // Woken by the writer's thread when new events are published.
+        glommio::spawn_local(shards::reliable_wakes(async move {
             me.run_subscription(id, query, crate::model::Position(s.after), &cancel).await;
             me.unregister_cancel(id, &cancel);
             me.subscriptions.set(me.subscriptions.get() - 1);
             me.ctx.active_subscriptions.fetch_sub(1, Ordering::SeqCst);
-        })
+        }))
         .detach();
     }
 

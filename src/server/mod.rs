@@ -2,9 +2,11 @@
 //!
 //! One pinned glommio executor per shard (`server.reads.worker_threads`, 0 = one per CPU), each
 //! with its own `SO_REUSEPORT` listener on the same address, so the kernel spreads connections
-//! and a connection lives and dies on the shard that accepted it. Shard 0 is also the writer
-//! shard: it runs the store's group-commit task in its own task queue. Appends cross to it over
-//! the bounded writer queue; results come back grouped per shard per commit. Reads and
+//! and a connection lives and dies on the shard that accepted it. The store's group-commit
+//! writer runs on an executor of its own (`tephra-writer`, not pinned): it blocks in `pwrite`
+//! and `fdatasync` the way the reference's writer thread does, so a commit costs no io_uring
+//! worker hand-offs and no shard's connections wait behind it. Appends cross to it over the
+//! bounded writer queue; results come back grouped per shard per commit. Reads and
 //! subscriptions run on the connection's shard. (DESIGN "Shape", seed "Backpressure".)
 
 mod conn;
@@ -184,6 +186,7 @@ pub struct Running {
     ctx: Arc<Context>,
     shards: Vec<glommio::ExecutorJoinHandle<()>>,
     store: Option<Store>,
+    writer: Option<glommio::ExecutorJoinHandle<()>>,
 }
 
 impl Running {
@@ -195,11 +198,16 @@ impl Running {
     /// Blocks until shutdown is requested, then stops accepting, ends connections, flushes
     /// and joins the writer, and returns.
     pub fn wait(mut self) {
+        // Every shard returns once all of its connections are done, so no append can still be
+        // on its way to the writer when the store is shut down below.
         for s in self.shards.drain(..) {
             let _ = s.join();
         }
         if let Some(store) = self.store.take() {
             store.shutdown();
+        }
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
         }
         if let Some(f) = self.follower.take() {
             f.close();
@@ -307,14 +315,18 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let (addr_tx, addr_rx) = flume::bounded::<Result<SocketAddr, String>>(n);
     let mut shards = Vec::with_capacity(n);
-    let mut writer_task = writer_task;
+    // The writer's own executor, unpinned: it mostly sleeps in fdatasync, and the scheduler may
+    // run it on whichever CPU is free.
+    let writer = match writer_task {
+        Some(task) => Some(shards::spawn_executor("tephra-writer", None, n + 1, move || task.run()).map_err(|e| StartError::Io(format!("cannot start the writer: {e}")))?),
+        None => None,
+    };
     let mut addr = bind;
     for shard in 0..n {
         let ctx2 = ctx.clone();
         let tx = addr_tx.clone();
-        let task = writer_task.take();
         let cpu = (n <= cpus).then_some(shard);
-        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n, move || shard_main(ctx2, shard, addr, task, tx))
+        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, addr, tx))
             .map_err(|e| StartError::Io(format!("cannot start shard {shard}: {e}")))?;
         shards.push(h);
         // Shard 0 binds first so `--bind host:0` resolves to one port every shard shares.
@@ -340,24 +352,10 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         None => None,
     };
     tracing::info!(addr = %addr, shards = n, tls = ctx.tls.is_some(), follower = follower.is_some(), "tephra server listening");
-    Ok(Running { addr, metrics_addr, ctx, shards, store, follower })
+    Ok(Running { addr, metrics_addr, ctx, shards, store, follower, writer })
 }
 
-async fn shard_main(
-    ctx: Arc<Context>,
-    shard: usize,
-    addr: SocketAddr,
-    writer: Option<crate::store::WriterTask>,
-    bound: flume::Sender<Result<SocketAddr, String>>,
-) {
-    let writer = writer.map(|w| {
-        // In the default task queue. In its own `Latency::Matters` queue (as before) the writer
-        // under glommio 0.9.0 sometimes never ran again after an append was queued for it from
-        // another shard: the append was never committed, while the connection kept answering
-        // (tests/server_stall_repro.rs; the pipelined floods in tests/server_wire.rs stalled
-        // the same way). Group commit does the batching; a latency class buys nothing here.
-        glommio::spawn_local(w.run())
-    });
+async fn shard_main(ctx: Arc<Context>, shard: usize, addr: SocketAddr, bound: flume::Sender<Result<SocketAddr, String>>) {
     let listener = match glommio::net::TcpListener::bind(addr) {
         Ok(l) => l,
         Err(e) => {
@@ -368,7 +366,8 @@ async fn shard_main(
     let local = listener.local_addr().map_err(|e| e.to_string());
     let _ = bound.send(local);
     let (router, replies) = ReplyRouter::new();
-    glommio::spawn_local(router.clone().dispatch(replies)).detach();
+    // The writer's thread wakes the dispatcher: make that wake-up reach a sleeping shard.
+    glommio::spawn_local(shards::reliable_wakes(router.clone().dispatch(replies))).detach();
     let live = Rc::new(std::cell::Cell::new(0usize));
     let closing = Rc::new(event_listener::Event::new());
     loop {
@@ -400,12 +399,12 @@ async fn shard_main(
         ctx.active_connections.fetch_add(1, Ordering::SeqCst);
         live.set(live.get() + 1);
         let (ctx2, router2, live2, closing2) = (ctx.clone(), router.clone(), live.clone(), closing.clone());
-        glommio::spawn_local(async move {
+        glommio::spawn_local(shards::reliable_wakes(async move {
             conn::serve(ctx2.clone(), router2, stream).await;
             ctx2.active_connections.fetch_sub(1, Ordering::SeqCst);
             live2.set(live2.get() - 1);
             closing2.notify(usize::MAX);
-        })
+        }))
         .detach();
     }
     drop(listener);
@@ -416,17 +415,5 @@ async fn shard_main(
             break;
         }
         futures_lite::future::or(l, glommio::timer::sleep(std::time::Duration::from_millis(100))).await;
-    }
-    if let Some(w) = writer {
-        // Every other shard's connections may still have appends queued or in flight: wait
-        // until the connections of all shards are done, then let the writer drain and stop.
-        // (Closing on this shard's count alone stopped the writer under other shards' live
-        // connections: their pipelined appends got SHUTDOWN and their subscriptions ended
-        // early, depending on which shard the kernel had picked.)
-        while ctx.active_connections.load(Ordering::SeqCst) > 0 {
-            glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        ctx.store.close_async().await;
-        w.await;
     }
 }
