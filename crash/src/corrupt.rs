@@ -57,7 +57,11 @@ fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
     }
 }
 
@@ -232,6 +236,36 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
     }
     lines.push(format!("header bit flips: {refused} of {refused} refused naming the segment ({} and {}, every byte)", name(&sealed.path), name(&active.path)));
     s.remove();
+
+    // Damaged sealed index files are derived data: the store opens, rebuilds them and serves
+    // every acknowledged event (reads go through the rebuilt indexes).
+    {
+        let mut s = clone_site(&base, run_dir.join("corrupt-index"), binary, seed);
+        let ix = s.data.join("tagindex");
+        let files: Vec<PathBuf> = std::fs::read_dir(&ix).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+        if files.is_empty() {
+            return Err(s.fail("index damage".into(), vec![format!("no sealed index files in {}", ix.display())]));
+        }
+        for (i, f) in files.iter().enumerate() {
+            match i % 3 {
+                0 => flip(f, 100 % std::fs::metadata(f).unwrap().len() as usize, 0x04),
+                1 => std::fs::write(f, b"").unwrap(),
+                _ => std::fs::remove_file(f).unwrap(),
+            }
+        }
+        let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail("index damage".into(), vec![format!("the server refused a store whose index files were damaged: {e}")]))?;
+        let c = s.check(&mut srv, "index damage", &mut rng).map_err(|v| s.fail("index damage".into(), v))?;
+        // One file per sealed segment once the store has opened (the base store was killed, so
+        // the last sealing may never have finished: count the segments, not the files).
+        let sealed_segments = segments(&s.data).len() - 1;
+        let rebuilt = std::fs::read_dir(&ix).map(|d| d.filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "tix"))).count()).unwrap_or(0);
+        if rebuilt != sealed_segments {
+            return Err(s.fail("index damage".into(), vec![format!("{rebuilt} index files after the rebuild for {sealed_segments} sealed segments")]));
+        }
+        lines.push(format!("{} sealed index files flipped, emptied or deleted: opened, rebuilt all, {} events intact", files.len(), c.recovered_head));
+        drop(srv);
+        s.remove();
+    }
 
     // The undamaged store still opens whole.
     let mut srv = base.spec.start_ok(&base.data, None).map_err(|e| base.fail("corruption: reopen".into(), vec![e]))?;
