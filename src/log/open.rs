@@ -133,6 +133,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
     }
 
     let mut segments = Vec::with_capacity(listed.len());
+    let mut buf = Vec::new();
     let mut expected = 1u64;
     let last = listed.len() - 1;
     let next_bases: Vec<Option<u64>> = (0..listed.len()).map(|i| listed.get(i + 1).map(|(b, _)| *b)).collect();
@@ -143,7 +144,14 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         if base != expected {
             return Err(LogError::NonContiguous { path, found: base, expected });
         }
-        let buf = read_written(&path, i == last).map_err(|source| LogError::Io { path: path.clone(), source })?;
+        let mapped;
+        let buf: &[u8] = if i == last {
+            read_active(&path, &mut buf).map_err(|source| LogError::Io { path: path.clone(), source })?;
+            &buf
+        } else {
+            mapped = map_sealed(&path).map_err(|source| LogError::Io { path: path.clone(), source })?;
+            &mapped
+        };
         let w = walk(&buf, HEADER_LEN);
         let count = w.offsets.len() as u64;
         if let Some(highest) = w.last_marker {
@@ -225,15 +233,23 @@ fn remove_unwritten(dir: &Path, files: &[PathBuf]) -> Result<(), LogError> {
 /// unless the disk lost more than this much of it.
 const ZERO_RUN: usize = 32 << 20;
 
-/// Reads a segment: sealed ones whole; the active one only up to [`ZERO_RUN`] zero bytes past
-/// its last non-zero byte, so opening does not page in a mostly empty, preallocated file.
-fn read_written(path: &Path, active: bool) -> std::io::Result<Vec<u8>> {
-    if !active {
-        return std::fs::read(path);
-    }
+/// Maps a sealed segment read-only for the walk at open: the page cache is read in place,
+/// with no copy and no fresh memory to fault in and clear (a copy took a third of a warm open).
+///
+/// Safety of the mapping: sealed segments are never written or truncated, and this process
+/// holds the directory's `LOCK`, so no writer changes the file while it is mapped.
+fn map_sealed(path: &Path) -> std::io::Result<memmap2::Mmap> {
+    let f = std::fs::File::open(path)?;
+    // SAFETY: see above; the map is dropped before `open_log` returns.
+    unsafe { memmap2::MmapOptions::new().populate().map(&f) }
+}
+
+/// Reads the active segment into `buf`, only up to [`ZERO_RUN`] zero bytes past its last
+/// non-zero byte, so opening does not page in a mostly empty, preallocated file.
+fn read_active(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    buf.clear();
     const CHUNK: usize = 1 << 20;
     let f = std::fs::File::open(path)?;
-    let mut buf = Vec::new();
     let mut last_nonzero = 0usize;
     loop {
         let start = buf.len();
@@ -252,7 +268,7 @@ fn read_written(path: &Path, active: bool) -> std::io::Result<Vec<u8>> {
             last_nonzero = start + p + 1;
         }
         if n < CHUNK || buf.len() - last_nonzero >= ZERO_RUN {
-            return Ok(buf);
+            return Ok(());
         }
     }
 }
