@@ -174,7 +174,8 @@ impl Follower {
             // the file, a follower writes nothing).
             let sealed = t.index.take().map(|w| {
                 let (b, n) = (w.shared().base(), w.absorbed() as u64);
-                SegIndex::Sealed(Arc::new(SealedIndex::load(w.encode_sealed(), b, n).expect("a freshly encoded index validates")))
+                // Never persisted, so no fingerprint is needed to tie it to the segment.
+                SegIndex::Sealed(Arc::new(SealedIndex::load(w.encode_sealed(0), b, n, 0).expect("a freshly encoded index validates")))
             });
             let index = ActiveWriter::new(base, self.cfg.segment.max_records());
             let shared_index = SegIndex::Active(index.shared().clone());

@@ -98,6 +98,7 @@ struct WriterInit {
     active_end: u64,
     next: u64,
     index: ActiveWriter,
+    fingerprint: crate::log::segment::Fingerprint,
     metrics: Arc<WriterMetrics>,
 }
 
@@ -105,7 +106,7 @@ impl WriterTask {
     /// Runs the group-commit loop until the store shuts down.
     pub async fn run(self) {
         let i = self.init;
-        Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.metrics).run(self.rx).await;
+        Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.fingerprint, i.metrics).run(self.rx).await;
         let _ = self.done.send(());
     }
 }
@@ -145,12 +146,14 @@ impl Store {
         let dir = dir.as_ref().to_path_buf();
         let mut indexes = Vec::new();
         let mut active_index = None;
+        let mut active_fingerprint = None;
         let capacity = cfg.segment.max_records();
         let rec = open_log(&dir, &cfg.segment, |w| {
             let base = w.segment.base;
             let count = w.offsets.len() as u64;
+            let fingerprint = w.fingerprint();
             if !w.active {
-                match crate::index::load_index_file(&dir, base, count) {
+                match crate::index::load_index_file(&dir, base, count, fingerprint.value()) {
                     Ok(ix) => {
                         indexes.push(SegIndex::Sealed(Arc::new(ix)));
                         return Ok(());
@@ -175,12 +178,13 @@ impl Store {
             }
             if w.active {
                 active_index = Some(ix);
+                active_fingerprint = Some(fingerprint);
             } else {
-                let bytes = ix.encode_sealed();
+                let bytes = ix.encode_sealed(fingerprint.value());
                 if let Err(e) = crate::index::write_index_file(&dir, base, &bytes) {
                     tracing::warn!(segment = %w.segment.path.display(), error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
                 }
-                let sealed = SealedIndex::load(bytes, base, count).expect("a freshly encoded index validates");
+                let sealed = SealedIndex::load(bytes, base, count, fingerprint.value()).expect("a freshly encoded index validates");
                 indexes.push(SegIndex::Sealed(Arc::new(sealed)));
             }
             Ok(())
@@ -203,6 +207,7 @@ impl Store {
                 active_end: rec.active_end,
                 next: rec.next_position,
                 index: active_index,
+                fingerprint: active_fingerprint.unwrap_or_default(),
                 metrics: metrics.clone(),
             },
             rx,

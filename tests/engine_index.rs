@@ -267,3 +267,37 @@ fn an_acknowledged_append_is_readable_through_the_index_at_once() {
     });
     assert!(s.handle().stats().segment_count > 3);
 }
+
+/// An index file from another log whose segments have the same bases and event counts (a
+/// restored or reused directory) is not trusted: the fingerprint of the segment's content
+/// differs, so it is rebuilt, and reads and conditions answer from this log.
+#[test]
+fn another_logs_index_files_are_rebuilt_not_trusted() {
+    let (a, b) = (dir(), dir());
+    for (d, name) in [(&a, "alpha"), (&b, "bravo")] {
+        let s = Store::open(d.path(), biased(1)).unwrap();
+        let h = s.handle();
+        for i in 1..=40u64 {
+            h.append(vec![ev("Ev", &[&format!("{name}:{}", i % 10)], b"0123456789")], None).unwrap();
+        }
+        assert!(h.stats().segment_count >= 3);
+    }
+    // Same layout, other content: swap in alpha's index files while bravo is closed.
+    let (ia, ib) = (a.path().join("tagindex"), b.path().join("tagindex"));
+    std::fs::remove_dir_all(&ib).unwrap();
+    std::fs::create_dir(&ib).unwrap();
+    for e in std::fs::read_dir(&ia).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), ib.join(e.file_name())).unwrap();
+    }
+    let s = Store::open(b.path(), biased(1)).unwrap();
+    let h = s.handle();
+    let found: Vec<u64> = h.read(tag_query(&["bravo:3"]), Position::ZERO, None).collect_owned().unwrap().into_iter().map(|(p, _)| p.get()).collect();
+    assert_eq!(found, vec![3, 13, 23, 33]);
+    assert!(h.read(tag_query(&["alpha:3"]), Position::ZERO, None).collect_owned().unwrap().is_empty());
+    let guard = AppendCondition::exists_only(tag_query(&["bravo:3"]));
+    assert_eq!(
+        h.append(vec![ev("X", &["x"], b"")], Some(guard)),
+        Err(AppendError::Conflict { clause: ConflictClause::Existence, at: ConflictSite::Durable(3) })
+    );
+}

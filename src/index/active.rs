@@ -239,15 +239,16 @@ impl ActiveWriter {
         self.ix.absorbed.store(local + 1, Ordering::Release);
     }
 
-    /// The sealed index file's bytes for everything absorbed ([`super::sealed::encode`]).
-    pub fn encode_sealed(&self) -> Vec<u8> {
-        encode_sealed(&self.ix, &self.type_names)
+    /// The sealed index file's bytes for everything absorbed ([`super::sealed::encode`]), tied
+    /// to the segment by its `fingerprint`.
+    pub fn encode_sealed(&self, fingerprint: u32) -> Vec<u8> {
+        encode_sealed(&self.ix, &self.type_names, fingerprint)
     }
 
     /// Freezes the index (its segment is sealed) into a [`Sealer`] that can encode it on
     /// another thread while readers keep using the shared index.
-    pub fn into_sealer(self) -> Sealer {
-        Sealer { ix: self.ix, type_names: self.type_names }
+    pub fn into_sealer(self, fingerprint: u32) -> Sealer {
+        Sealer { ix: self.ix, type_names: self.type_names, fingerprint }
     }
 }
 
@@ -255,6 +256,7 @@ impl ActiveWriter {
 pub struct Sealer {
     ix: Arc<ActiveIndex>,
     type_names: Vec<Box<str>>,
+    fingerprint: u32,
 }
 
 impl Sealer {
@@ -268,13 +270,18 @@ impl Sealer {
         self.ix.absorbed() as u64
     }
 
+    /// The log segment's fingerprint.
+    pub fn fingerprint(&self) -> u32 {
+        self.fingerprint
+    }
+
     /// The sealed index file's bytes.
     pub fn encode(&self) -> Vec<u8> {
-        encode_sealed(&self.ix, &self.type_names)
+        encode_sealed(&self.ix, &self.type_names, self.fingerprint)
     }
 }
 
-fn encode_sealed(ix: &ActiveIndex, type_names: &[Box<str>]) -> Vec<u8> {
+fn encode_sealed(ix: &ActiveIndex, type_names: &[Box<str>], fingerprint: u32) -> Vec<u8> {
     {
         let n = ix.absorbed();
         let view = ix.view(n);
@@ -289,7 +296,7 @@ fn encode_sealed(ix: &ActiveIndex, type_names: &[Box<str>]) -> Vec<u8> {
             })
             .collect();
         let mut tags: Vec<(&str, &[u32])> = lists.iter().map(|(k, v)| (&**k, &v[..])).collect();
-        super::sealed::encode(ix.base, &names, &col, &mut tags)
+        super::sealed::encode(ix.base, fingerprint, &names, &col, &mut tags)
     }
 }
 

@@ -59,27 +59,28 @@ pub fn write_index_file(dir: &Path, base: u64, bytes: &[u8]) -> std::io::Result<
     std::fs::File::open(&folder)?.sync_all()
 }
 
-/// Loads the sealed index file of the log segment `base` holding `count` events.
+/// Loads the sealed index file of the log segment `base` holding `count` events with
+/// `fingerprint` ([`crate::log::segment::Fingerprint`]).
 ///
 /// # Errors
 /// A description of why the file is unusable (missing, unreadable, or any
 /// [`sealed::IndexFileError`]); the caller rebuilds it from the log.
-pub fn load_index_file(dir: &Path, base: u64, count: u64) -> Result<SealedIndex, String> {
+pub fn load_index_file(dir: &Path, base: u64, count: u64, fingerprint: u32) -> Result<SealedIndex, String> {
     let path = index_path(dir, base);
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    SealedIndex::load(bytes, base, count).map_err(|e| format!("{}: {e}", path.display()))
+    SealedIndex::load(bytes, base, count, fingerprint).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Builds the sealed index of a segment from its events, in position order.
-pub fn build_sealed<'a>(base: u64, events: impl Iterator<Item = EventRef<'a>>, capacity: usize) -> SealedIndex {
+pub fn build_sealed<'a>(base: u64, fingerprint: u32, events: impl Iterator<Item = EventRef<'a>>, capacity: usize) -> SealedIndex {
     let mut w = active::ActiveWriter::new(base, capacity);
     let mut pos = base;
     for ev in events {
         w.absorb(pos, &ev);
         pos += 1;
     }
-    let bytes = w.encode_sealed();
-    SealedIndex::load(bytes, base, pos - base).expect("a freshly encoded index validates")
+    let bytes = w.encode_sealed(fingerprint);
+    SealedIndex::load(bytes, base, pos - base, fingerprint).expect("a freshly encoded index validates")
 }
 
 /// One segment's index as readers and the writer see it.
@@ -222,8 +223,8 @@ mod tests {
             for (i, e) in events.iter().enumerate() {
                 w.absorb(10 + i as u64, &e.as_ref());
             }
-            let sealed = SealedIndex::load(w.encode_sealed(), 10, events.len() as u64).unwrap();
-            let rebuilt = build_sealed(10, events.iter().map(|e| e.as_ref()), 1000);
+            let sealed = SealedIndex::load(w.encode_sealed(7), 10, events.len() as u64, 7).unwrap();
+            let rebuilt = build_sealed(10, 7, events.iter().map(|e| e.as_ref()), 1000);
             prop_assert_eq!(sealed.bytes(), rebuilt.bytes());
             let active = SegIndex::Active(w.shared().clone());
             let sealed = SegIndex::Sealed(Arc::new(sealed));

@@ -6,7 +6,9 @@
 //!
 //! ```text
 //! [0..64)                 header
-//! [64 .. 64+4*count)      type column: u32 segment-local type id of each event, by local position
+//! [64..68)                the log segment's fingerprint ([`crate::log::segment::Fingerprint`])
+//! [68..72)                zero
+//! [72 .. 72+4*count)      type column: u32 segment-local type id of each event, by local position
 //! [.. tagtable_off)       type dictionary: per id, in id order, u16 length + UTF-8 name
 //! [tagtable_off ..)       tag table: n_tags entries of 16 bytes, sorted by tag bytes:
 //!                         key_off u32 (into the key blob), key_len u32,
@@ -20,7 +22,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `TGIX` |
-//! | 4 | 2 | version, 1 |
+//! | 4 | 2 | version, 2 (version 1 had no fingerprint and is rebuilt) |
 //! | 6 | 2 | reserved, 0 |
 //! | 8 | 8 | base position of the log segment |
 //! | 16 | 8 | event count of the log segment |
@@ -32,7 +34,9 @@
 //! | 56 | 4 | body CRC-32 over `[64..file_len)` |
 //! | 60 | 4 | header CRC-32 over `[0..60)` |
 //!
-//! `keys_off = tagtable_off + 16 * n_tags`; the type dictionary starts at `64 + 4 * count`.
+//! `keys_off = tagtable_off + 16 * n_tags`; the type dictionary starts at `72 + 4 * count`.
+//! The fingerprint ties the file to the segment's content, not just its base and count: an index
+//! left over from another log (restored segments, a directory reused) is rebuilt, never trusted.
 //! Postings are fixed-width so a reader binary-searches them in place without decoding.
 //! Every structural rule is checked at load ([`SealedIndex::load`]); any failure means
 //! "rebuild from the log", never "refuse to open" (seed: "A corrupt index is not fatal").
@@ -43,9 +47,11 @@ type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 /// File magic.
 pub const MAGIC: [u8; 4] = *b"TGIX";
 /// Format version written and accepted.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Header length in bytes.
 pub const HEADER_LEN: usize = 64;
+/// Start of the type column: the header, the fingerprint and 4 zero bytes.
+const TYPECOL_OFF: usize = 72;
 const TAG_ENTRY: usize = 16;
 
 /// Why a sealed index file was not usable (each one means: rebuild it from the log).
@@ -69,6 +75,9 @@ pub enum IndexFileError {
     /// The file describes a different log segment (base or count differ).
     #[error("index describes base {found_base} with {found_count} events, the log segment has base {base} with {count}")]
     Mismatch { base: u64, count: u64, found_base: u64, found_count: u64 },
+    /// Same base and count, but the segment's content differs (another log's index).
+    #[error("index fingerprint {found:08x} does not match the log segment's {expected:08x}")]
+    Stale { expected: u32, found: u32 },
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -81,22 +90,25 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 /// Encodes the index of a sealed segment.
 ///
-/// `type_names[id]` names type id `id`; `type_col[i]` is the type id of local position `i`
-/// (so `count = type_col.len()`); `tags` holds each distinct tag once with its ascending local
-/// positions, in any order (they are sorted here). `created` is not stored: the bytes depend
-/// only on the content, so a rebuilt file is byte-identical to the one written at rollover.
-pub fn encode(base: u64, type_names: &[&str], type_col: &[u32], tags: &mut [(&str, &[u32])]) -> Vec<u8> {
+/// `fingerprint` is the log segment's [`crate::log::segment::Fingerprint`]; `type_names[id]`
+/// names type id `id`; `type_col[i]` is the type id of local position `i` (so `count =
+/// type_col.len()`); `tags` holds each distinct tag once with its ascending local positions, in
+/// any order (they are sorted here). No creation time is stored: the bytes depend only on the
+/// content, so a rebuilt file is byte-identical to the one written at rollover.
+pub fn encode(base: u64, fingerprint: u32, type_names: &[&str], type_col: &[u32], tags: &mut [(&str, &[u32])]) -> Vec<u8> {
     tags.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     let count = type_col.len();
     let dict_len: usize = type_names.iter().map(|n| 2 + n.len()).sum();
     let keys_len: usize = tags.iter().map(|(k, _)| k.len()).sum();
     let post_len: usize = tags.iter().map(|(_, p)| p.len()).sum();
-    let tagtable_off = HEADER_LEN + 4 * count + dict_len;
+    let tagtable_off = TYPECOL_OFF + 4 * count + dict_len;
     let keys_off = tagtable_off + TAG_ENTRY * tags.len();
     let postings_off = keys_off + keys_len;
     let file_len = postings_off + 4 * post_len;
     let mut out = Vec::with_capacity(file_len);
     out.resize(HEADER_LEN, 0);
+    out.extend_from_slice(&fingerprint.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
     for &t in type_col {
         out.extend_from_slice(&t.to_le_bytes());
     }
@@ -159,16 +171,17 @@ impl std::fmt::Debug for SealedIndex {
 }
 
 impl SealedIndex {
-    /// Validates `bytes` as the index of the log segment with `base` and `count` events.
+    /// Validates `bytes` as the index of the log segment with `base`, `count` events and
+    /// `fingerprint`.
     ///
     /// Checks, in order: length, header CRC, magic and version, reserved bytes, `file_len`,
-    /// body CRC, base and count, section bounds, the type dictionary, every type id, the tag
-    /// table (keys strictly ascending, ranges in bounds, non-empty lists) and every posting
-    /// (strictly ascending within its tag, below `count`).
+    /// body CRC, base and count, the fingerprint, section bounds, the type dictionary, every
+    /// type id, the tag table (keys strictly ascending, ranges in bounds, non-empty lists) and
+    /// every posting (strictly ascending within its tag, below `count`).
     ///
     /// # Errors
     /// The first [`IndexFileError`] found.
-    pub fn load(bytes: Vec<u8>, base: u64, count: u64) -> Result<SealedIndex, IndexFileError> {
+    pub fn load(bytes: Vec<u8>, base: u64, count: u64, fingerprint: u32) -> Result<SealedIndex, IndexFileError> {
         let malformed = |s: &str| Err(IndexFileError::Malformed(s.to_string()));
         if bytes.len() < HEADER_LEN {
             return Err(IndexFileError::Truncated(format!("{} bytes, the header alone is {HEADER_LEN}", bytes.len())));
@@ -197,6 +210,13 @@ impl SealedIndex {
         if found_base != base || found_count != count {
             return Err(IndexFileError::Mismatch { base, count, found_base, found_count });
         }
+        if bytes.len() < TYPECOL_OFF || bytes[68..72] != [0; 4] {
+            return malformed("no fingerprint");
+        }
+        let found = u32_at(&bytes, 64);
+        if found != fingerprint {
+            return Err(IndexFileError::Stale { expected: fingerprint, found });
+        }
         if count > u32::MAX as u64 {
             return malformed("event count above u32::MAX");
         }
@@ -204,7 +224,7 @@ impl SealedIndex {
         let n_tags = u32_at(&bytes, 28) as usize;
         let tagtable_off = u64_at(&bytes, 32);
         let postings_off = u64_at(&bytes, 40);
-        let dict_off = HEADER_LEN as u64 + 4 * count;
+        let dict_off = TYPECOL_OFF as u64 + 4 * count;
         let keys_off = tagtable_off.checked_add(TAG_ENTRY as u64 * n_tags as u64);
         let Some(keys_off) = keys_off.filter(|&k| dict_off <= tagtable_off && k <= postings_off && postings_off <= file_len) else {
             return malformed("sections out of order or out of bounds");
@@ -234,7 +254,7 @@ impl SealedIndex {
             return malformed("type dictionary longer than its type count");
         }
         let mut type_counts = vec![0u32; n_types];
-        for c in bytes[HEADER_LEN..dict_off].chunks_exact(4) {
+        for c in bytes[TYPECOL_OFF..dict_off].chunks_exact(4) {
             match type_counts.get_mut(u32::from_le_bytes(c.try_into().unwrap()) as usize) {
                 Some(n) => *n += 1,
                 None => return malformed("type id beyond the dictionary"),
@@ -345,7 +365,7 @@ impl SegmentView for SealedIndex {
     }
 
     fn type_at(&self, local: u32) -> u32 {
-        u32_at(&self.bytes, HEADER_LEN + 4 * local as usize)
+        u32_at(&self.bytes, TYPECOL_OFF + 4 * local as usize)
     }
 
     fn type_count(&self, name: &str) -> u64 {
@@ -366,10 +386,11 @@ mod tests {
     #[test]
     fn golden_bytes() {
         let mut tags = [("course:c1", &[1u32, 2][..]), ("a", &[0u32][..])];
-        let b = encode(7, &["A", "Enrolled"], &[0, 1, 1], &mut tags);
+        let b = encode(7, 0xDEAD_BEEF, &["A", "Enrolled"], &[0, 1, 1], &mut tags);
         let want = concat!(
-            "54474958", "0100", "0000", "0700000000000000", "0300000000000000", "02000000", "02000000",
-            "5900000000000000", "8300000000000000", "8f00000000000000", "8e3effd2", "f1fb8bc5",
+            "54474958", "0200", "0000", "0700000000000000", "0300000000000000", "02000000", "02000000",
+            "6100000000000000", "8b00000000000000", "9700000000000000", "af893a6d", "78b57861",
+            "efbeadde", "00000000",
             "00000000", "01000000", "01000000",
             "0100", "41", "0800456e726f6c6c6564",
             "00000000", "01000000", "00000000", "01000000",
@@ -379,7 +400,7 @@ mod tests {
         );
         let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
         assert_eq!(hex, want);
-        let ix = SealedIndex::load(b, 7, 3).unwrap();
+        let ix = SealedIndex::load(b, 7, 3, 0xDEAD_BEEF).unwrap();
         assert_eq!(ix.type_id("Enrolled"), Some(1));
         assert_eq!(ix.type_at(2), 1);
         let p = ix.postings("course:c1").unwrap();
@@ -389,18 +410,18 @@ mod tests {
 
     fn sample() -> Vec<u8> {
         let mut tags = [("x", &[0u32, 2][..]), ("y", &[1u32][..]), ("zz", &[0u32, 1, 2][..])];
-        encode(1, &["T", "U"], &[0, 1, 0], &mut tags)
+        encode(1, 42, &["T", "U"], &[0, 1, 0], &mut tags)
     }
 
     #[test]
     fn every_single_byte_change_is_refused() {
         let good = sample();
-        SealedIndex::load(good.clone(), 1, 3).unwrap();
+        SealedIndex::load(good.clone(), 1, 3, 42).unwrap();
         for i in 0..good.len() {
             for bit in [0x01u8, 0x80] {
                 let mut b = good.clone();
                 b[i] ^= bit;
-                assert!(SealedIndex::load(b, 1, 3).is_err(), "flip of bit {bit:#x} at byte {i} accepted");
+                assert!(SealedIndex::load(b, 1, 3, 42).is_err(), "flip of bit {bit:#x} at byte {i} accepted");
             }
         }
     }
@@ -409,15 +430,17 @@ mod tests {
     fn every_truncation_is_refused() {
         let good = sample();
         for n in 0..good.len() {
-            assert!(SealedIndex::load(good[..n].to_vec(), 1, 3).is_err(), "truncation to {n} bytes accepted");
+            assert!(SealedIndex::load(good[..n].to_vec(), 1, 3, 42).is_err(), "truncation to {n} bytes accepted");
         }
     }
 
     #[test]
     fn a_file_for_another_segment_is_refused() {
-        assert!(matches!(SealedIndex::load(sample(), 2, 3), Err(IndexFileError::Mismatch { .. })));
-        assert!(matches!(SealedIndex::load(sample(), 1, 4), Err(IndexFileError::Mismatch { .. })));
-        assert!(matches!(SealedIndex::load(vec![0; 64], 1, 3), Err(IndexFileError::HeaderChecksum)));
+        assert!(matches!(SealedIndex::load(sample(), 2, 3, 42), Err(IndexFileError::Mismatch { .. })));
+        assert!(matches!(SealedIndex::load(sample(), 1, 4, 42), Err(IndexFileError::Mismatch { .. })));
+        // Same base and count, another segment's content.
+        assert_eq!(SealedIndex::load(sample(), 1, 3, 43).unwrap_err(), IndexFileError::Stale { expected: 43, found: 42 });
+        assert!(matches!(SealedIndex::load(vec![0; 64], 1, 3, 42), Err(IndexFileError::HeaderChecksum)));
     }
 
     /// A file whose checksums match but whose content breaks the rules (a bug, not a disk
@@ -435,15 +458,15 @@ mod tests {
         let mut b = sample();
         let keys = u64_at(&b, 32) as usize + 3 * TAG_ENTRY;
         b.swap(keys, keys + 1);
-        assert!(matches!(SealedIndex::load(reseal(b), 1, 3), Err(IndexFileError::Malformed(_))));
+        assert!(matches!(SealedIndex::load(reseal(b), 1, 3, 42), Err(IndexFileError::Malformed(_))));
         // A posting beyond the count.
         let mut b = sample();
         let last = b.len() - 4;
         b[last..].copy_from_slice(&9u32.to_le_bytes());
-        assert!(matches!(SealedIndex::load(reseal(b), 1, 3), Err(IndexFileError::Malformed(_))));
+        assert!(matches!(SealedIndex::load(reseal(b), 1, 3, 42), Err(IndexFileError::Malformed(_))));
         // A type id beyond the dictionary.
         let mut b = sample();
-        b[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&5u32.to_le_bytes());
-        assert!(matches!(SealedIndex::load(reseal(b), 1, 3), Err(IndexFileError::Malformed(_))));
+        b[TYPECOL_OFF..TYPECOL_OFF + 4].copy_from_slice(&5u32.to_le_bytes());
+        assert!(matches!(SealedIndex::load(reseal(b), 1, 3, 42), Err(IndexFileError::Malformed(_))));
     }
 }

@@ -81,6 +81,15 @@ pub struct WalkedSegment<'a> {
 }
 
 impl WalkedSegment<'_> {
+    /// The segment's [`super::segment::Fingerprint`] over its committed records.
+    pub fn fingerprint(&self) -> super::segment::Fingerprint {
+        let mut f = super::segment::Fingerprint::new(&self.bytes[..HEADER_LEN]);
+        for &off in self.offsets {
+            f.record(&self.bytes[off as usize..off as usize + 8]);
+        }
+        f
+    }
+
     /// The committed event payloads, in position order.
     pub fn payloads(&self) -> impl Iterator<Item = &[u8]> + '_ {
         self.offsets.iter().map(move |&off| {

@@ -130,6 +130,32 @@ pub fn create_segment(dir: &Path, base: u64, cfg: &SegmentConfig) -> Result<Path
     Ok(path)
 }
 
+/// What ties a derived file (a sealed index) to one segment's content: CRC-32 over the
+/// segment's 64-byte header (its base and creation time) followed by the 4-byte CRC field of
+/// each committed data record, in position order. Cheap to keep (4 bytes per record, no payload
+/// read) and different for a segment of another log, or one recreated with the same base.
+#[derive(Clone, Default)]
+pub struct Fingerprint(crc32fast::Hasher);
+
+impl Fingerprint {
+    /// Starts from the segment's header bytes.
+    pub fn new(header: &[u8]) -> Fingerprint {
+        let mut h = crc32fast::Hasher::new();
+        h.update(header);
+        Fingerprint(h)
+    }
+
+    /// Adds a committed data record, given its framed bytes (`len`, `crc`, data).
+    pub fn record(&mut self, framed: &[u8]) {
+        self.0.update(&framed[4..8]);
+    }
+
+    /// The fingerprint so far.
+    pub fn value(&self) -> u32 {
+        self.0.clone().finalize()
+    }
+}
+
 /// One segment as readers see it: its base, a read-only handle and its record offsets.
 pub struct Segment {
     /// First position stored in the segment.

@@ -13,7 +13,7 @@ pub mod condition;
 
 use crate::event::{Event, EventRef};
 use crate::log::record::{frame_data, frame_marker, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
-use crate::log::segment::{create_segment, Segment, SegmentConfig};
+use crate::log::segment::{create_segment, Fingerprint, Segment, SegmentConfig};
 use crate::model::AppendCondition;
 use crate::read::{Cursor, ReadError, Shared};
 use condition::{evaluate, ConflictClause, ConflictSite, Staged, Verdict};
@@ -230,6 +230,9 @@ pub struct Writer {
     active_end: u64,
     next: u64,
     index: ActiveWriter,
+    /// The active segment's fingerprint, fed with each committed record (ties its sealed index
+    /// file to its content).
+    fingerprint: Fingerprint,
     tips: Tips,
     /// The last index sealing started (awaited at the next rollover and at shutdown, so every
     /// sealed file is on disk when the store closes).
@@ -294,6 +297,7 @@ impl Writer {
         active_end: u64,
         next: u64,
         index: ActiveWriter,
+        fingerprint: Fingerprint,
         metrics: Arc<WriterMetrics>,
     ) -> Writer {
         let cap = (seg_cfg.capacity() as usize).saturating_sub(MARKER_LEN);
@@ -304,7 +308,7 @@ impl Writer {
         cfg.queue_capacity = cfg.queue_capacity.max(1);
         cfg.max_batch_records = cfg.max_batch_records.max(1);
         let tips = Tips::new(next - 1, cfg.tips_window);
-        Writer { dir, seg_cfg, cfg, shared, active: None, active_seg, active_end, next, index, tips, sealing: None, failed: None, metrics }
+        Writer { dir, seg_cfg, cfg, shared, active: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, failed: None, metrics }
     }
 
     async fn open_active(seg: Arc<Segment>, end: u64) -> std::io::Result<Active> {
@@ -521,7 +525,13 @@ impl Writer {
         // sealed form is encoded and persisted off this thread (a failed write only costs a
         // rebuild at the next open).
         self.finish_sealing();
-        let sealer = std::mem::replace(&mut self.index, ActiveWriter::new(base, self.seg_cfg.max_records())).into_sealer();
+        let mut header = [0u8; crate::log::header::HEADER_LEN];
+        let got = seg.read_at(&mut header, 0).map_err(|e| format!("reading the new segment's header: {e}"))?;
+        if got != header.len() {
+            return Err("short read of the new segment's header".into());
+        }
+        let fingerprint = std::mem::replace(&mut self.fingerprint, Fingerprint::new(&header)).value();
+        let sealer = std::mem::replace(&mut self.index, ActiveWriter::new(base, self.seg_cfg.max_records())).into_sealer(fingerprint);
         self.shared.roll(None, seg.clone(), SegIndex::Active(self.index.shared().clone()));
         // A plain thread, not the executor's blocking pool: it needs nothing from the executor
         // (the snapshot is swapped through `Shared`), so no wake-up has to find its way back.
@@ -532,7 +542,7 @@ impl Writer {
             if let Err(e) = crate::index::write_index_file(&dir, sealed_base, &bytes) {
                 tracing::warn!(base = sealed_base, error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
             }
-            match crate::index::sealed::SealedIndex::load(bytes, sealed_base, count) {
+            match crate::index::sealed::SealedIndex::load(bytes, sealed_base, count, fingerprint) {
                 Ok(ix) => shared.seal(sealed_base, SegIndex::Sealed(Arc::new(ix))),
                 // Cannot happen (the bytes were just encoded); the frozen index stays in use.
                 Err(e) => tracing::error!(base = sealed_base, error = %e, "sealing an index failed; keeping the in-memory index"),
@@ -640,7 +650,8 @@ impl Writer {
         let mut pos = self.next;
         for (req, d) in drain.iter().zip(decisions) {
             if let Decision::Staged { .. } = d {
-                for (_, payload) in records(&req.append.records) {
+                for (off, payload) in records(&req.append.records) {
+                    self.fingerprint.record(&req.append.records[off..off + RECORD_HEAD]);
                     let ev = EventRef::trusted(payload);
                     self.index.absorb(pos, &ev);
                     self.tips.absorb(pos, &ev);
