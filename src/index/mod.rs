@@ -159,13 +159,15 @@ impl Tips {
         }
     }
 
-    /// After a commit up to `head`: bounds the map by raising the floor.
+    /// After a commit up to `head`: bounds the map by raising the floor. Each trim leaves at
+    /// most half the maximum, so its O(entries) pass is paid at most once per `max / 2` new
+    /// tags (amortised O(1) per commit).
     pub fn trim(&mut self, head: u64) {
         if self.map.len() > self.max_entries {
             self.floor = self.floor.max(head.saturating_sub(self.window));
             let floor = self.floor;
             self.map.retain(|_, p| *p > floor);
-            if self.map.len() > self.max_entries {
+            if self.map.len() > self.max_entries / 2 {
                 // The window alone did not bound it: drop everything, the floor is the head.
                 self.floor = head;
                 self.map.clear();
