@@ -55,7 +55,7 @@ impl Snapshot {
 
     /// Local position range `[lo, hi)` of segment `i` covered by the global inclusive range
     /// `[first, last]`.
-    fn local_range(&self, i: usize, first: u64, last: u64) -> (u32, u32) {
+    pub(crate) fn local_range(&self, i: usize, first: u64, last: u64) -> (u32, u32) {
         let base = self.segments[i].base;
         let end = self.segments.get(i + 1).map_or(u64::MAX, |s| s.base - 1).min(last);
         if end < base || end < first {

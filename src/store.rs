@@ -13,7 +13,6 @@ use crate::log::{open_log, LogError, OpenOutcome};
 use crate::model::{AppendCondition, Position, Query};
 use crate::read::{Reads, Shared, Snapshot, Subscription};
 use crate::index::active::ActiveWriter;
-use crate::index::sealed::SealedIndex;
 use crate::index::SegIndex;
 use crate::writer::{AppendError, AppendResult, PreparedAppend, ReplyTo, Request, Writer, WriterConfig, WriterMetrics, WriterMsg};
 use std::path::{Path, PathBuf};
@@ -181,10 +180,7 @@ impl Store {
                 active_fingerprint = Some(fingerprint);
             } else {
                 let bytes = ix.encode_sealed(fingerprint.value());
-                if let Err(e) = crate::index::write_index_file(&dir, base, &bytes) {
-                    tracing::warn!(segment = %w.segment.path.display(), error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
-                }
-                let sealed = SealedIndex::load(bytes, base, count, fingerprint.value()).expect("a freshly encoded index validates");
+                let sealed = crate::index::persist_sealed(&dir, base, count, fingerprint.value(), bytes).expect("a freshly encoded index validates");
                 indexes.push(SegIndex::Sealed(Arc::new(sealed)));
             }
             Ok(())

@@ -71,16 +71,16 @@ pub fn load_index_file(dir: &Path, base: u64, count: u64, fingerprint: u32) -> R
     SealedIndex::load(bytes, base, count, fingerprint).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Builds the sealed index of a segment from its events, in position order.
-pub fn build_sealed<'a>(base: u64, fingerprint: u32, events: impl Iterator<Item = EventRef<'a>>, capacity: usize) -> SealedIndex {
-    let mut w = active::ActiveWriter::new(base, capacity);
-    let mut pos = base;
-    for ev in events {
-        w.absorb(pos, &ev);
-        pos += 1;
+/// Persists the bytes of a sealed index ([`write_index_file`]; a failed write is only logged:
+/// the file is rebuilt at the next open) and loads them for readers.
+///
+/// # Errors
+/// The [`sealed::IndexFileError`] of the load (not expected: the bytes were just encoded).
+pub fn persist_sealed(dir: &Path, base: u64, count: u64, fingerprint: u32, bytes: Vec<u8>) -> Result<SealedIndex, sealed::IndexFileError> {
+    if let Err(e) = write_index_file(dir, base, &bytes) {
+        tracing::warn!(base, error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
     }
-    let bytes = w.encode_sealed(fingerprint);
-    SealedIndex::load(bytes, base, pos - base, fingerprint).expect("a freshly encoded index validates")
+    SealedIndex::load(bytes, base, count, fingerprint)
 }
 
 /// One segment's index as readers and the writer see it.
@@ -203,6 +203,18 @@ mod tests {
     }
 
     use crate::testgen::query;
+
+    /// Builds the sealed index of a segment from its events, in position order.
+    fn build_sealed<'a>(base: u64, fingerprint: u32, events: impl Iterator<Item = EventRef<'a>>, capacity: usize) -> SealedIndex {
+        let mut w = active::ActiveWriter::new(base, capacity);
+        let mut pos = base;
+        for ev in events {
+            w.absorb(pos, &ev);
+            pos += 1;
+        }
+        let bytes = w.encode_sealed(fingerprint);
+        SealedIndex::load(bytes, base, pos - base, fingerprint).expect("a freshly encoded index validates")
+    }
 
     fn linear(events: &[Event], q: &Query, lo: u32, hi: u32, dir: Direction, limit: usize) -> Vec<u32> {
         let hits = (lo..hi.min(events.len() as u32)).filter(|&p| q.matches(&events[p as usize].as_ref()));

@@ -423,16 +423,14 @@ impl Writer {
         }
         // Segments wholly at or below `after` are pruned by their position range.
         for i in snap.segment_of(after + 1)..snap.segments.len() {
-            let base = snap.segments[i].base;
-            let end = snap.segments.get(i + 1).map_or(head, |s| s.base - 1).min(head);
-            if end < base {
+            let (lo, hi) = snap.local_range(i, after + 1, head);
+            if lo >= hi {
                 continue;
             }
-            let lo = (after + 1).saturating_sub(base) as u32;
-            let hi = (end - base + 1) as u32;
+            let base = snap.segments[i].base;
             let hit = match snap.indexes[i].first_match(q, lo, hi) {
                 Some(local) => local.map(|l| base + l as u64),
-                None => cursor.first_match(q, base + lo as u64 - 1, end)?,
+                None => cursor.first_match(q, base + lo as u64 - 1, base + hi as u64 - 1)?,
             };
             if hit.is_some() {
                 return Ok(hit);
@@ -538,11 +536,7 @@ impl Writer {
         let (dir, shared) = (self.dir.clone(), self.shared.clone());
         let sealing = std::thread::Builder::new().name("tephra-seal".into()).spawn(move || {
             let (sealed_base, count) = (sealer.base(), sealer.count());
-            let bytes = sealer.encode();
-            if let Err(e) = crate::index::write_index_file(&dir, sealed_base, &bytes) {
-                tracing::warn!(base = sealed_base, error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
-            }
-            match crate::index::sealed::SealedIndex::load(bytes, sealed_base, count, fingerprint) {
+            match crate::index::persist_sealed(&dir, sealed_base, count, fingerprint, sealer.encode()) {
                 Ok(ix) => shared.seal(sealed_base, SegIndex::Sealed(Arc::new(ix))),
                 // Cannot happen (the bytes were just encoded); the frozen index stays in use.
                 Err(e) => tracing::error!(base = sealed_base, error = %e, "sealing an index failed; keeping the in-memory index"),
