@@ -227,6 +227,12 @@ impl<'a> EventRef<'a> {
         &self.buf[self.data_offset..]
     }
 
+    /// The encoded type and tags (everything before the payload): two events name the same
+    /// type and tags exactly when these bytes are equal.
+    pub fn names(&self) -> &'a [u8] {
+        &self.buf[..self.data_offset]
+    }
+
     /// The whole encoded event.
     pub fn as_bytes(&self) -> &'a [u8] {
         self.buf

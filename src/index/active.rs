@@ -212,6 +212,12 @@ impl ActiveWriter {
 
     /// Feeds the event at `pos`, which must be `base + absorbed()`.
     pub fn absorb(&mut self, pos: u64, ev: &EventRef<'_>) {
+        self.absorb_run(pos, 1, ev);
+    }
+
+    /// Feeds `n` events with `ev`'s type and tags at `pos .. pos + n`; `pos` must be
+    /// `base + absorbed()`. One lookup per name for the whole run.
+    pub fn absorb_run(&mut self, pos: u64, n: u32, ev: &EventRef<'_>) {
         let local = self.absorbed();
         debug_assert_eq!(pos, self.ix.base + local as u64, "index fed out of order");
         let id = match self.type_ids.get(ev.event_type()) {
@@ -224,19 +230,26 @@ impl ActiveWriter {
                 id
             }
         };
-        self.ix.type_col.set(local as usize, id);
-        self.ix.type_counts.set(id as usize, self.ix.type_counts.get(id as usize) + 1);
+        for l in local..local + n {
+            self.ix.type_col.set(l as usize, id);
+        }
+        self.ix.type_counts.set(id as usize, self.ix.type_counts.get(id as usize) + n);
         for t in ev.tags() {
             let existing = self.ix.tags.get(t).map(|r| r.clone());
-            match existing {
-                // An event names a tag at most once (tags are a set), so entries stay ascending.
-                Some(list) => list.push(local),
+            // An event names a tag at most once (tags are a set), so entries stay ascending.
+            let (list, from) = match existing {
+                Some(list) => (list, local),
                 None => {
-                    self.ix.tags.insert(t.into(), Arc::new(PostingList::with_first(local)));
+                    let list = Arc::new(PostingList::with_first(local));
+                    self.ix.tags.insert(t.into(), list.clone());
+                    (list, local + 1)
                 }
+            };
+            for l in from..local + n {
+                list.push(l);
             }
         }
-        self.ix.absorbed.store(local + 1, Ordering::Release);
+        self.ix.absorbed.store(local + n, Ordering::Release);
     }
 
     /// The sealed index file's bytes for everything absorbed ([`super::sealed::encode`]), tied

@@ -128,17 +128,32 @@ impl SegIndex {
 /// Most entries [`Tips`] keeps before it raises its floor (the reference's `1 << 20`).
 pub const TIPS_MAX_ENTRIES: usize = 1 << 20;
 
-/// The writer's fast reject for conditions: each tag's highest durable position since a floor
-/// (reference engine §4.3 "Fast reject"). A tag absent from the map sits at or below the floor.
-/// An item is ruled out when one of its tags is at or below `after`; a query is ruled out when
-/// every item is. Tagless items and [`Query::All`] are never ruled out. Never a false negative:
-/// anything not ruled out goes to the index.
+/// The writer's fast reject for conditions: for each tag, the span of positions it occurs at
+/// since a floor (reference engine §4.3 "Fast reject", extended with each tag's first
+/// occurrence). A tag absent from the map occurs only at or below the floor. An item can only
+/// match at or below the lowest last occurrence of its tags, and never inside a gap where one of
+/// its tags is known to be absent; a query can only match where one of its items can. Tagless
+/// items and [`Query::All`] are never narrowed below the head. Never a false negative: every
+/// position that could match stays in [`Tips::candidates`], and the index decides there.
 pub struct Tips {
-    map: HashMap<Box<str>, u64>,
+    map: HashMap<Box<str>, TagSpan>,
     floor: u64,
     window: u64,
     max_entries: usize,
 }
+
+/// Where one tag occurs: only at or below `since` (the floor when the entry was made, where
+/// the tips know nothing) and inside `[first, last]`.
+#[derive(Clone, Copy, Debug)]
+struct TagSpan {
+    since: u64,
+    first: u64,
+    last: u64,
+}
+
+/// Inclusive position ranges, ascending and disjoint: where a query can match
+/// ([`Tips::candidates`]). Empty when the tips rule the query out.
+pub type Candidates = smallvec::SmallVec<[(u64, u64); 2]>;
 
 impl Tips {
     /// Cold tips over a log whose head is `head`: every tag sits at or below it.
@@ -147,13 +162,18 @@ impl Tips {
         Tips { map: HashMap::default(), floor: head, window, max_entries: TIPS_MAX_ENTRIES }
     }
 
-    /// Records a committed event at `pos`.
+    /// Records an event at `pos` (positions only ever rise).
     pub fn absorb(&mut self, pos: u64, ev: &EventRef<'_>) {
+        self.absorb_run(pos, pos, ev);
+    }
+
+    /// Records events with `ev`'s tags at every position of `first ..= last`.
+    pub fn absorb_run(&mut self, first: u64, last: u64, ev: &EventRef<'_>) {
         for t in ev.tags() {
             match self.map.get_mut(t) {
-                Some(p) => *p = pos,
+                Some(span) => span.last = last,
                 None => {
-                    self.map.insert(t.into(), pos);
+                    self.map.insert(t.into(), TagSpan { since: self.floor, first, last });
                 }
             }
         }
@@ -166,7 +186,7 @@ impl Tips {
         if self.map.len() > self.max_entries {
             self.floor = self.floor.max(head.saturating_sub(self.window));
             let floor = self.floor;
-            self.map.retain(|_, p| *p > floor);
+            self.map.retain(|_, s| s.last > floor);
             if self.map.len() > self.max_entries / 2 {
                 // The window alone did not bound it: drop everything, the floor is the head.
                 self.floor = head;
@@ -175,12 +195,52 @@ impl Tips {
         }
     }
 
-    /// True when no event above `after` can match `q`.
-    pub fn rules_out(&self, q: &Query, after: u64) -> bool {
-        match q {
-            Query::All => false,
-            Query::Items(items) => items.iter().all(|item| item.tags.iter().any(|t| self.map.get(t.as_str()).copied().unwrap_or(self.floor) <= after)),
+    /// True when no event in `(after, head]` can match `q`.
+    pub fn rules_out(&self, q: &Query, after: u64, head: u64) -> bool {
+        self.candidates(q, after, head).is_empty()
+    }
+
+    /// The positions in `(after, head]` where `q` can match, as ascending disjoint inclusive
+    /// ranges; every matching position lies in one of them.
+    pub fn candidates(&self, q: &Query, after: u64, head: u64) -> Candidates {
+        let mut out = Candidates::new();
+        if after >= head {
+            return out;
         }
+        let items = match q {
+            Query::All => {
+                out.push((after + 1, head));
+                return out;
+            }
+            Query::Items(items) => items,
+        };
+        let mut all: Candidates = Candidates::new();
+        for item in items {
+            let mut ranges: Candidates = Candidates::new();
+            let mut hi = head;
+            for t in item.tags.iter() {
+                hi = hi.min(self.map.get(t.as_str()).map_or(self.floor, |s| s.last));
+            }
+            if hi <= after {
+                continue;
+            }
+            ranges.push((after + 1, hi));
+            for t in item.tags.iter() {
+                if let Some(s) = self.map.get(t.as_str()) {
+                    // The tag does not occur in (since, first).
+                    subtract(&mut ranges, s.since + 1, s.first.saturating_sub(1));
+                }
+            }
+            all.extend(ranges);
+        }
+        all.sort_unstable();
+        for (lo, hi) in all {
+            match out.last_mut() {
+                Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+                _ => out.push((lo, hi)),
+            }
+        }
+        out
     }
 
     #[cfg(test)]
@@ -188,6 +248,28 @@ impl Tips {
         self.max_entries = n;
         self
     }
+}
+
+/// Removes the inclusive range `[lo, hi]` (nothing when `lo > hi`) from ascending disjoint
+/// inclusive `ranges`.
+fn subtract(ranges: &mut Candidates, lo: u64, hi: u64) {
+    if lo > hi {
+        return;
+    }
+    let mut out = Candidates::new();
+    for &(a, b) in ranges.iter() {
+        if b < lo || a > hi {
+            out.push((a, b));
+            continue;
+        }
+        if a < lo {
+            out.push((a, lo - 1));
+        }
+        if b > hi {
+            out.push((hi + 1, b));
+        }
+    }
+    *ranges = out;
 }
 
 #[cfg(test)]
@@ -229,13 +311,21 @@ mod tests {
 
         #[test]
         fn active_and_sealed_equal_a_linear_scan(
-            events in proptest::collection::vec(event(), 0..60),
+            runs in proptest::collection::vec((event(), 1..4u32), 0..30),
             queries in proptest::collection::vec((query(), 0..64u32, 0..64u32, 1..8usize, any::<bool>()), 1..8),
             visible in 0..64u32,
         ) {
+            // Runs of one event repeated are fed as runs (one append's shape), singles one by one.
+            let events: Vec<Event> = runs.iter().flat_map(|(e, n)| std::iter::repeat_n(e.clone(), *n as usize)).collect();
             let mut w = active::ActiveWriter::new(10, 1000);
-            for (i, e) in events.iter().enumerate() {
-                w.absorb(10 + i as u64, &e.as_ref());
+            let mut pos = 10;
+            for (e, n) in &runs {
+                if *n == 1 {
+                    w.absorb(pos, &e.as_ref());
+                } else {
+                    w.absorb_run(pos, *n, &e.as_ref());
+                }
+                pos += *n as u64;
             }
             let sealed = SealedIndex::load(w.encode_sealed(7), 10, events.len() as u64, 7).unwrap();
             let rebuilt = build_sealed(10, 7, events.iter().map(|e| e.as_ref()), 1000);
@@ -273,9 +363,20 @@ mod tests {
                 tips.absorb(i as u64 + 1, &e.as_ref());
                 tips.trim(i as u64 + 1);
             }
+            let head = events.len() as u64;
             for (q, after) in &queries {
-                let any = (*after as usize..events.len()).any(|i| q.matches(&events[i].as_ref()));
-                prop_assert!(!(any && tips.rules_out(q, *after)), "{:?} after {} ruled out", q, after);
+                let cands = tips.candidates(q, *after, head);
+                for w in cands.windows(2) {
+                    prop_assert!(w[0].1 + 1 < w[1].0, "ranges not ascending and disjoint: {:?}", cands);
+                }
+                for i in *after as usize..events.len() {
+                    let pos = i as u64 + 1;
+                    if q.matches(&events[i].as_ref()) {
+                        prop_assert!(cands.iter().any(|&(lo, hi)| lo <= pos && pos <= hi), "{:?} after {}: match at {} outside {:?}", q, after, pos, cands);
+                    }
+                }
+                prop_assert!(cands.iter().all(|&(lo, hi)| *after < lo && lo <= hi && hi <= head), "{:?} outside ({}, {}]", cands, after, head);
+                prop_assert_eq!(tips.rules_out(q, *after, head), cands.is_empty());
             }
         }
     }

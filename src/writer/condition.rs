@@ -9,6 +9,7 @@
 use crate::event::EventRef;
 use crate::model::{AppendCondition, Query};
 type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, ahash::RandomState>;
 
 /// Which clause of the condition fired.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,8 +43,14 @@ pub enum Verdict {
 #[derive(Default)]
 pub struct Staged<'a> {
     events: Vec<EventRef<'a>>,
-    by_tag: HashMap<&'a str, Vec<u32>>,
-    by_type: HashMap<&'a str, Vec<u32>>,
+    /// Tag → slot in `lists`.
+    by_tag: HashMap<&'a str, u32>,
+    /// Per tag slot: the staged events naming it, ascending.
+    lists: Vec<Vec<u32>>,
+    types: HashSet<&'a str>,
+    /// The last event's type and tags (encoded) and its tags' slots: a run of events with the
+    /// same names (the common case inside one append) is indexed without hashing.
+    prev: Option<(&'a [u8], smallvec::SmallVec<[u32; 4]>)>,
 }
 
 impl<'a> Staged<'a> {
@@ -65,11 +72,27 @@ impl<'a> Staged<'a> {
     /// Stages one event.
     pub fn push(&mut self, ev: EventRef<'a>) {
         let i = self.events.len() as u32;
-        self.by_type.entry(ev.event_type()).or_default().push(i);
-        for t in ev.tags() {
-            self.by_tag.entry(t).or_default().push(i);
-        }
         self.events.push(ev);
+        if let Some((names, slots)) = &self.prev {
+            if *names == ev.names() {
+                for &slot in slots {
+                    self.lists[slot as usize].push(i);
+                }
+                return;
+            }
+        }
+        self.types.insert(ev.event_type());
+        let mut slots = smallvec::SmallVec::new();
+        for t in ev.tags() {
+            let next = self.lists.len() as u32;
+            let slot = *self.by_tag.entry(t).or_insert(next);
+            if slot == next {
+                self.lists.push(Vec::new());
+            }
+            self.lists[slot as usize].push(i);
+            slots.push(slot);
+        }
+        self.prev = Some((ev.names(), slots));
     }
 
     /// Does any staged event match `q`?
@@ -80,12 +103,12 @@ impl<'a> Staged<'a> {
         match q {
             Query::All => true,
             Query::Items(items) => items.iter().any(|item| {
-                if let Some(rarest) = item.tags.iter().map(|t| self.by_tag.get(t.as_str()).map_or(&[][..], |v| &v[..])).min_by_key(|v| v.len()) {
+                if let Some(rarest) = item.tags.iter().map(|t| self.by_tag.get(t.as_str()).map_or(&[][..], |&slot| &self.lists[slot as usize][..])).min_by_key(|v| v.len()) {
                     rarest.iter().any(|&i| item.matches(&self.events[i as usize]))
                 } else if item.types.is_empty() {
                     true
                 } else {
-                    item.types.iter().any(|t| self.by_type.contains_key(t.as_str()))
+                    item.types.iter().any(|t| self.types.contains(t.as_str()))
                 }
             }),
         }
@@ -154,7 +177,9 @@ mod tests {
         #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
         #[test]
-        fn staged_matches_equals_a_linear_scan(staged in proptest::collection::vec(event(), 0..12), q in query()) {
+        fn staged_matches_equals_a_linear_scan(runs in proptest::collection::vec((event(), 1..4usize), 0..12), q in query()) {
+            // Runs of one event repeated, as inside one append (the staging area's fast path).
+            let staged: Vec<Event> = runs.iter().flat_map(|(e, n)| std::iter::repeat_n(e.clone(), *n)).collect();
             let mut s = Staged::new();
             for e in &staged {
                 s.push(e.as_ref());

@@ -397,15 +397,22 @@ impl Writer {
         self.failed = Some(reason);
     }
 
-    /// The lowest durable position above `after` matching `q`: the tips' fast reject, then an
-    /// early-terminating probe of each segment's index above `after` (a scan for a segment
-    /// without one); `condition_force_scan` asks the scan instead, `verify_tips` asks both.
+    /// The lowest position above `after` matching `q` among the committed and staged events:
+    /// the tips narrow `(after, head]` to the ranges where a match can lie, then each segment's
+    /// index is probed over them in order with early termination (a scan for a segment without
+    /// one); `condition_force_scan` asks the scan instead, `verify_tips` asks both.
     fn durable_match(&self, cursor: &mut Cursor, snap: &Snapshot, q: &crate::model::Query, after: u64) -> Result<Option<u64>, ReadError> {
         let head = self.next - 1;
         if self.cfg.condition_force_scan {
             return cursor.first_match(q, after, head);
         }
-        let fast = if self.tips.rules_out(q, after) { None } else { Self::index_first_match(cursor, snap, q, after, head)? };
+        let mut fast = None;
+        for (lo, hi) in self.tips.candidates(q, after, head) {
+            fast = Self::index_first_match(cursor, snap, q, lo - 1, hi)?;
+            if fast.is_some() {
+                break;
+            }
+        }
         if self.cfg.verify_tips {
             let slow = cursor.first_match(q, after, head)?;
             if slow != fast {
@@ -417,12 +424,16 @@ impl Writer {
         Ok(fast)
     }
 
+    /// The lowest position in `(after, head]` matching `q`, by the segments' indexes.
     fn index_first_match(cursor: &mut Cursor, snap: &Snapshot, q: &crate::model::Query, after: u64, head: u64) -> Result<Option<u64>, ReadError> {
         if after >= head {
             return Ok(None);
         }
-        // Segments wholly at or below `after` are pruned by their position range.
+        // Segments wholly outside the range are pruned by their position range.
         for i in snap.segment_of(after + 1)..snap.segments.len() {
+            if snap.segments[i].base > head {
+                break;
+            }
             let (lo, hi) = snap.local_range(i, after + 1, head);
             if lo >= hi {
                 continue;
@@ -641,17 +652,31 @@ impl Writer {
             seg.offsets.set(local0 + i, *off);
         }
         // The index and the tips see every committed event, in position order.
+        // Runs of events naming the same type and tags (the usual shape of one append) are
+        // fed with one lookup per name.
         let mut pos = self.next;
+        let mut run: Option<(u64, u32, EventRef<'_>)> = None;
         for (req, d) in drain.iter().zip(decisions) {
             if let Decision::Staged { .. } = d {
                 for (off, payload) in records(&req.append.records) {
                     self.fingerprint.record(&req.append.records[off..off + RECORD_HEAD]);
                     let ev = EventRef::trusted(payload);
-                    self.index.absorb(pos, &ev);
-                    self.tips.absorb(pos, &ev);
+                    match &mut run {
+                        Some((_, n, prev)) if prev.names() == ev.names() => *n += 1,
+                        _ => {
+                            if let Some((first, n, prev)) = run.replace((pos, 1, ev)) {
+                                self.index.absorb_run(first, n, &prev);
+                                self.tips.absorb_run(first, first + n as u64 - 1, &prev);
+                            }
+                        }
+                    }
                     pos += 1;
                 }
             }
+        }
+        if let Some((first, n, prev)) = run {
+            self.index.absorb_run(first, n, &prev);
+            self.tips.absorb_run(first, first + n as u64 - 1, &prev);
         }
         self.next = highest + 1;
         self.tips.trim(highest);
