@@ -9,6 +9,12 @@
 //! 143 on a second signal, 1 on a configuration or start-up error or a failed healthcheck.
 
 use clap::Parser;
+
+// mimalloc: per-thread free lists without glibc's arena locking and consolidation passes
+// (measured with perf at 16 connections x batch 64: glibc malloc/free were ~9% of all CPU in
+// the load generator and ~2% in the server's writer).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
 use std::time::Duration;
 use tephra::config::{self, ServerArgs, Settings};

@@ -1,23 +1,26 @@
 //! The writer: the one task that owns the active segment, assigns positions, judges conditions
-//! and runs group commit (reference engine §4, seed "Durability", DESIGN "Storage").
+//! and feeds group commit (reference engine §4, seed "Durability", DESIGN "Storage").
 //!
-//! It runs on a glommio executor (the writer shard). Appends arrive over one bounded queue;
-//! each round takes one request, drains whatever else is queued (up to
-//! `max_batch_records` requests and `max_batch_bytes` bytes), judges every condition in arrival
-//! order, writes the staged records and one commit marker through O_DIRECT (rewriting the
-//! partial last block from an aligned buffer), and makes the batch durable with one
-//! `fdatasync`. Nobody is answered before the sync returns. A failed write or sync is
-//! fail-stop: that batch and every later append get an error; reads go on.
+//! It runs on an executor of its own. Appends arrive over one bounded queue; each round takes
+//! one request, drains whatever else is queued (up to `max_batch_records` requests and
+//! `max_batch_bytes` bytes), judges every condition in arrival order against the log, the
+//! events staged before it and the rest of the round, assigns positions, feeds the index and
+//! the tips, and copies the framed records into the open batch of [`commit`]'s pipeline, whose
+//! committer thread writes each batch with one commit marker through O_DIRECT and makes it
+//! durable with one `fdatasync` while the writer stages the next. Nobody is answered before
+//! the sync returns. A failed write or sync is fail-stop: that batch and every later append get
+//! an error; reads go on.
 
+mod commit;
 pub mod condition;
 
 use crate::event::{Event, EventRef};
-use crate::log::record::{frame_data, frame_marker, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
+use crate::log::record::{frame_data, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
+use commit::{AlignedBuf, Batch, GroupCommit, Reply, BLOCK};
 use crate::log::segment::{create_segment, Fingerprint, Segment, SegmentConfig};
 use crate::model::AppendCondition;
 use crate::read::{Cursor, ReadError, Shared};
 use condition::{evaluate, ConflictClause, ConflictSite, Staged, Verdict};
-use glommio::io::{DmaFile, OpenOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
 use crate::index::active::ActiveWriter;
@@ -208,24 +211,15 @@ fn records(buf: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
     })
 }
 
-const BLOCK: u64 = 4096;
-
-struct Active {
-    file: DmaFile,
-    seg: Arc<Segment>,
-    /// Byte offset just past the last commit marker.
-    end: u64,
-    /// Bytes `[align_down(end), end)`: the partial last block, rewritten with each batch.
-    tail: Vec<u8>,
-}
-
 /// The writer's state; created by [`crate::store`] from a recovered log.
 pub struct Writer {
     dir: PathBuf,
     seg_cfg: SegmentConfig,
     cfg: WriterConfig,
     shared: Arc<Shared>,
-    active: Option<Active>,
+    /// The pipeline to the committer thread (none when the active segment could not be opened).
+    line: Option<Arc<GroupCommit>>,
+    committer: Option<std::thread::JoinHandle<()>>,
     active_seg: Arc<Segment>,
     active_end: u64,
     next: u64,
@@ -308,25 +302,43 @@ impl Writer {
         cfg.queue_capacity = cfg.queue_capacity.max(1);
         cfg.max_batch_records = cfg.max_batch_records.max(1);
         let tips = Tips::new(next - 1, cfg.tips_window);
-        Writer { dir, seg_cfg, cfg, shared, active: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, failed: None, metrics }
+        Writer { dir, seg_cfg, cfg, shared, line: None, committer: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, failed: None, metrics }
     }
 
-    async fn open_active(seg: Arc<Segment>, end: u64) -> std::io::Result<Active> {
-        let file = OpenOptions::new().read(true).write(true).dma_open(&seg.path).await.map_err(std::io::Error::from)?;
-        let start = end & !(BLOCK - 1);
+    /// Opens the active segment for O_DIRECT writes at byte `end`: the file and its partial
+    /// last block.
+    fn open_active(seg: &Segment, end: u64) -> std::io::Result<(Arc<std::fs::File>, Vec<u8>)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(&seg.path)?;
+        let start = end & !(BLOCK as u64 - 1);
         let mut tail = vec![0u8; (end - start) as usize];
         let got = seg.read_at(&mut tail, start)?;
         if got != tail.len() {
             return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "short read of the active segment's last block"));
         }
-        Ok(Active { file, seg, end, tail })
+        Ok((Arc::new(file), tail))
     }
 
-    /// Runs the group-commit loop until shutdown or until every sender is gone.
+    /// A fresh buffer for an open batch.
+    fn batch_buffer(&self) -> AlignedBuf {
+        AlignedBuf::with_capacity(self.cfg.max_batch_bytes.min(1 << 20) + 2 * BLOCK)
+    }
+
+    /// Starts the committer thread over the active segment.
+    fn start_committer(&mut self) -> Result<(), String> {
+        let (file, tail) = Self::open_active(&self.active_seg, self.active_end).map_err(|e| format!("cannot open the active segment {}: {e}", self.active_seg.path.display()))?;
+        let line = GroupCommit::new(Batch::new(self.active_seg.clone(), file, self.active_end, &tail, self.batch_buffer()));
+        let (l, shared, metrics) = (line.clone(), self.shared.clone(), self.metrics.clone());
+        let h = std::thread::Builder::new().name("tephra-commit".into()).spawn(move || l.run_committer(&shared, &metrics)).map_err(|e| format!("cannot start the commit thread: {e}"))?;
+        self.line = Some(line);
+        self.committer = Some(h);
+        Ok(())
+    }
+
+    /// Runs the writer loop until shutdown or until every sender is gone.
     pub async fn run(mut self, rx: flume::Receiver<WriterMsg>) {
-        match Self::open_active(self.active_seg.clone(), self.active_end).await {
-            Ok(a) => self.active = Some(a),
-            Err(e) => self.fail(format!("cannot open the active segment {}: {e}", self.active_seg.path.display())),
+        if let Err(reason) = self.start_committer() {
+            self.fail(reason);
         }
         let mut pushback: Option<Request> = None;
         loop {
@@ -335,7 +347,7 @@ impl Writer {
                 None => match rx.recv_async().await {
                     Ok(WriterMsg::Append(r)) => r,
                     Ok(WriterMsg::Shutdown(ack)) => {
-                        self.finish(ack).await;
+                        self.finish(Some(ack));
                         return;
                     }
                     Err(_) => break,
@@ -361,26 +373,33 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.process(drain).await;
+            self.process(drain);
             if let Some(ack) = shutdown {
                 if let Some(r) = pushback.take() {
-                    self.process(vec![r]).await;
+                    self.process(vec![r]);
                 }
-                self.finish(ack).await;
+                self.finish(Some(ack));
                 return;
             }
         }
-        self.finish_sealing();
-        self.shared.close();
+        self.finish(None);
     }
 
-    async fn finish(&mut self, ack: flume::Sender<()>) {
-        self.finish_sealing();
-        if let Some(a) = self.active.take() {
-            let _ = a.file.close().await;
+    /// Makes everything staged durable and answered, stops the committer, waits for the last
+    /// index sealing and closes the store.
+    fn finish(&mut self, ack: Option<flume::Sender<()>>) {
+        if let Some(line) = self.line.take() {
+            line.quiesce(|_| ());
+            line.stop();
         }
+        if let Some(h) = self.committer.take() {
+            let _ = h.join();
+        }
+        self.finish_sealing();
         self.shared.close();
-        let _ = ack.send(());
+        if let Some(ack) = ack {
+            let _ = ack.send(());
+        }
     }
 
     /// Waits for the last index sealing (it had a whole segment's worth of time, or this is
@@ -394,6 +413,9 @@ impl Writer {
     fn fail(&mut self, reason: String) {
         tracing::error!(%reason, "writer stopped: appends are refused until restart, reads continue");
         self.shared.fail(reason.clone());
+        if let Some(line) = &self.line {
+            line.fail(reason.clone());
+        }
         self.failed = Some(reason);
     }
 
@@ -450,12 +472,15 @@ impl Writer {
         Ok(None)
     }
 
-    async fn process(&mut self, drain: Vec<Request>) {
-        if let Some(reason) = &self.failed {
-            let reason = reason.clone();
+    fn process(&mut self, drain: Vec<Request>) {
+        let failed = self.failed.clone().or_else(|| self.line.as_ref().and_then(|l| l.failed()));
+        let (Some(line), None) = (self.line.clone(), failed.clone()) else {
+            let reason = failed.unwrap_or_else(|| "no active segment".into());
             deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
             return;
-        }
+        };
+        // Positions up to the head are committed or staged in a batch on its way to the disk:
+        // conditions see both (a batch that then fails takes every later one down with it).
         let tip = self.next - 1;
         let mut decisions = Vec::with_capacity(drain.len());
         let mut staged = Staged::new();
@@ -499,159 +524,55 @@ impl Writer {
         drop(cursor);
         let n_staged = staged.len() as u64;
         drop(staged);
-
-        let mut outcome: Result<(), String> = Ok(());
-        if n_staged > 0 {
-            outcome = self.commit(&drain, &decisions, staged_bytes, n_staged).await;
-        }
-        {
+        if conflicts + exists > 0 {
             let mut m = self.metrics.inner.lock().unwrap_or_else(|e| e.into_inner());
             m.conflicts += conflicts;
             m.already_exists += exists;
         }
-        let results = drain.into_iter().zip(decisions).map(|(r, d)| {
-            let res = match d {
-                Decision::Done(res) => res,
-                Decision::Staged { first, count } => match &outcome {
-                    Ok(()) => Ok(PositionRange { first: first.into(), last: (first + count as u64 - 1).into() }),
-                    Err(reason) => Err(AppendError::Failed(reason.clone())),
-                },
-            };
-            (r.reply, res)
-        });
-        deliver(results);
-    }
 
-    async fn rollover(&mut self) -> Result<(), String> {
-        if let Some(old) = self.active.take() {
-            let _ = old.file.close().await;
-        }
-        let base = self.next;
-        let path = create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?;
-        crate::fault::crash_point("segment_created_before_commit");
-        let seg = Arc::new(Segment::open(base, path, &self.seg_cfg).map_err(|e| e.to_string())?);
-        // The old segment's index is frozen; readers and conditions keep using it until its
-        // sealed form is encoded and persisted off this thread (a failed write only costs a
-        // rebuild at the next open).
-        self.finish_sealing();
-        let mut header = [0u8; crate::log::header::HEADER_LEN];
-        let got = seg.read_at(&mut header, 0).map_err(|e| format!("reading the new segment's header: {e}"))?;
-        if got != header.len() {
-            return Err("short read of the new segment's header".into());
-        }
-        let fingerprint = std::mem::replace(&mut self.fingerprint, Fingerprint::new(&header)).value();
-        let sealer = std::mem::replace(&mut self.index, ActiveWriter::new(base, self.seg_cfg.max_records())).into_sealer(fingerprint);
-        self.shared.roll(None, seg.clone(), SegIndex::Active(self.index.shared().clone()));
-        // A plain thread, not the executor's blocking pool: it needs nothing from the executor
-        // (the snapshot is swapped through `Shared`), so no wake-up has to find its way back.
-        let (dir, shared) = (self.dir.clone(), self.shared.clone());
-        let sealing = std::thread::Builder::new().name("tephra-seal".into()).spawn(move || {
-            let (sealed_base, count) = (sealer.base(), sealer.count());
-            match crate::index::persist_sealed(&dir, sealed_base, count, fingerprint, sealer.encode()) {
-                Ok(ix) => shared.seal(sealed_base, SegIndex::Sealed(Arc::new(ix))),
-                // Cannot happen (the bytes were just encoded); the frozen index stays in use.
-                Err(e) => tracing::error!(base = sealed_base, error = %e, "sealing an index failed; keeping the in-memory index"),
-            }
-        });
-        match sealing {
-            Ok(h) => self.sealing = Some(h),
-            Err(e) => tracing::warn!(error = %e, "cannot start the index sealing thread; the index stays in memory and is rebuilt at the next open"),
-        }
-        let a = Self::open_active(seg.clone(), crate::log::header::HEADER_LEN as u64).await.map_err(|e| e.to_string())?;
-        self.active_seg = seg;
-        self.active = Some(a);
-        Ok(())
-    }
-
-    async fn commit(&mut self, drain: &[Request], decisions: &[Decision], staged_bytes: usize, n_staged: u64) -> Result<(), String> {
-        let total = (staged_bytes + MARKER_LEN) as u64;
-        let end = self.active.as_ref().map(|a| a.end).unwrap_or(u64::MAX);
-        if end.saturating_add(total) > self.seg_cfg.segment_size {
-            if let Err(e) = self.rollover().await {
-                self.fail(format!("cannot create a new segment: {e}"));
-                return Err(self.failed.clone().unwrap_or_default());
-            }
-        }
-        let Some(active) = self.active.as_mut() else {
-            let reason = "no active segment".to_string();
-            self.fail(reason.clone());
-            return Err(reason);
-        };
-        let start = active.end & !(BLOCK - 1);
-        let prefix = active.tail.len();
-        let data_end = prefix + total as usize;
-        let buf_len = (data_end as u64).div_ceil(BLOCK) * BLOCK;
-        let mut buf = active.file.alloc_dma_buffer(buf_len as usize);
-        let bytes = buf.as_bytes_mut();
-        bytes[..prefix].copy_from_slice(&active.tail);
-        let mut at = prefix;
-        let mut offsets = Vec::with_capacity(n_staged as usize);
-        for (req, d) in drain.iter().zip(decisions) {
-            if let Decision::Staged { .. } = d {
-                let recs = &req.append.records;
-                for (off, _) in records(recs) {
-                    offsets.push((start as usize + at + off) as u32);
+        if n_staged > 0 {
+            let fits = line.with_room(0, usize::MAX, |b| b.end() + (staged_bytes + MARKER_LEN) as u64 <= self.seg_cfg.segment_size);
+            if !fits {
+                // Everything staged goes to the old segment first; its index is then complete.
+                line.quiesce(|_| ());
+                if let Err(e) = self.rollover(&line) {
+                    self.fail(format!("cannot create a new segment: {e}"));
+                    let reason = self.failed.clone().unwrap_or_default();
+                    deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
+                    return;
                 }
-                bytes[at..at + recs.len()].copy_from_slice(recs);
-                at += recs.len();
             }
+            self.absorb(&drain, &decisions, n_staged);
         }
-        let highest = self.next + n_staged - 1;
-        let mut marker = Vec::with_capacity(MARKER_LEN);
-        frame_marker(highest, &mut marker);
-        bytes[at..at + MARKER_LEN].copy_from_slice(&marker);
-        at += MARKER_LEN;
-        // Crash harness: a marker torn mid-write keeps its head and kind byte only.
-        let torn_marker = crate::fault::fires("torn_marker");
-        if torn_marker {
-            bytes[at - 8..at].fill(0);
+        let max_bytes = self.cfg.max_batch_bytes;
+        let seg = self.active_seg.clone();
+        line.with_room(staged_bytes, max_bytes, |batch| {
+            let mut local = (self.next - n_staged - seg.base) as usize;
+            for (req, d) in drain.into_iter().zip(decisions) {
+                match d {
+                    Decision::Done(res) => batch.answer(req.reply, Reply::Done(res)),
+                    Decision::Staged { first, count } => {
+                        let at = batch.end();
+                        for (off, _) in records(&req.append.records) {
+                            seg.offsets.set(local, (at + off as u64) as u32);
+                            local += 1;
+                        }
+                        let range = PositionRange { first: first.into(), last: (first + count as u64 - 1).into() };
+                        batch.stage(&req.append.records, range);
+                        batch.answer(req.reply, Reply::Staged(range));
+                    }
+                }
+            }
+        });
+        if self.cfg.condition_force_scan || self.cfg.verify_tips {
+            // The scan oracle reads the file: let every staged batch reach it first.
+            line.quiesce(|_| ());
         }
-        bytes[at..].fill(0);
-        let new_tail_start = ((start + at as u64) & !(BLOCK - 1)) - start;
-        let new_tail = bytes[new_tail_start as usize..at].to_vec();
+    }
 
-        let written = async {
-            if let Err(e) = crate::fault::io_point("commit_shortwrite") {
-                // An injected short write puts the first half of the batch on disk, then fails.
-                let half = prefix + total as usize / 2;
-                let mut part = active.file.alloc_dma_buffer(buf_len as usize);
-                part.as_bytes_mut()[..half].copy_from_slice(&buf.as_bytes()[..half]);
-                part.as_bytes_mut()[half..].fill(0);
-                let _ = active.file.write_at(part, start).await;
-                return Err(e);
-            }
-            let n = pwrite_blocking(&active.file, buf.as_bytes(), start)?;
-            if (n as u64) < buf_len {
-                return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write: {n} of {buf_len} bytes")));
-            }
-            if torn_marker {
-                let _ = active.file.fdatasync().await;
-                crate::fault::abort_at("torn_marker");
-            }
-            crate::fault::crash_point("commit_before_fsync");
-            crate::fault::io_point("commit_fsync")?;
-            let t = std::time::Instant::now();
-            fdatasync_blocking(&active.file)?;
-            Ok::<_, std::io::Error>(t.elapsed())
-        }
-        .await;
-        let sync_time = match written {
-            Ok(t) => t,
-            Err(e) => {
-                let reason = format!("{}: {e}", active.seg.path.display());
-                self.fail(reason.clone());
-                return Err(reason);
-            }
-        };
-        crate::fault::crash_point("after_fsync_before_ack");
-        active.end = start + at as u64;
-        active.tail = new_tail;
-        let seg = active.seg.clone();
-        let local0 = (self.next - seg.base) as usize;
-        for (i, off) in offsets.iter().enumerate() {
-            seg.offsets.set(local0 + i, *off);
-        }
-        // The index and the tips see every committed event, in position order.
+    /// Feeds the staged events of a round to the fingerprint, the index and the tips, and
+    /// moves the head past them.
+    fn absorb(&mut self, drain: &[Request], decisions: &[Decision], n_staged: u64) {
         // Runs of events naming the same type and tags (the usual shape of one append) are
         // fed with one lookup per name.
         let mut pos = self.next;
@@ -678,53 +599,46 @@ impl Writer {
             self.index.absorb_run(first, n, &prev);
             self.tips.absorb_run(first, first + n as u64 - 1, &prev);
         }
-        self.next = highest + 1;
-        self.tips.trim(highest);
-        self.shared.publish(highest);
-        let mut m = self.metrics.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = m.fsync_us.record((sync_time.as_micros() as u64).max(1));
-        let _ = m.batch_events.record(n_staged.max(1));
-        m.commits += 1;
+        self.next += n_staged;
+        self.tips.trim(self.next - 1);
+    }
+
+    /// Starts a new segment at the head; the pipeline must be quiet (everything staged is
+    /// durable). The old segment's index is sealed on a thread of its own.
+    fn rollover(&mut self, line: &GroupCommit) -> Result<(), String> {
+        let base = self.next;
+        let path = create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?;
+        crate::fault::crash_point("segment_created_before_commit");
+        let seg = Arc::new(Segment::open(base, path, &self.seg_cfg).map_err(|e| e.to_string())?);
+        // The old segment's index is frozen; readers and conditions keep using it until its
+        // sealed form is encoded and persisted off this thread (a failed write only costs a
+        // rebuild at the next open).
+        self.finish_sealing();
+        let header_len = crate::log::header::HEADER_LEN as u64;
+        let (file, header) = Self::open_active(&seg, header_len).map_err(|e| format!("opening the new segment: {e}"))?;
+        let fingerprint = std::mem::replace(&mut self.fingerprint, Fingerprint::new(&header)).value();
+        let sealer = std::mem::replace(&mut self.index, ActiveWriter::new(base, self.seg_cfg.max_records())).into_sealer(fingerprint);
+        self.shared.roll(None, seg.clone(), SegIndex::Active(self.index.shared().clone()));
+        // A plain thread, not the executor's blocking pool: it needs nothing from the executor
+        // (the snapshot is swapped through `Shared`), so no wake-up has to find its way back.
+        let (dir, shared) = (self.dir.clone(), self.shared.clone());
+        let sealing = std::thread::Builder::new().name("tephra-seal".into()).spawn(move || {
+            let (sealed_base, count) = (sealer.base(), sealer.count());
+            match crate::index::persist_sealed(&dir, sealed_base, count, fingerprint, sealer.encode()) {
+                Ok(ix) => shared.seal(sealed_base, SegIndex::Sealed(Arc::new(ix))),
+                // Cannot happen (the bytes were just encoded); the frozen index stays in use.
+                Err(e) => tracing::error!(base = sealed_base, error = %e, "sealing an index failed; keeping the in-memory index"),
+            }
+        });
+        match sealing {
+            Ok(h) => self.sealing = Some(h),
+            Err(e) => tracing::warn!(error = %e, "cannot start the index sealing thread; the index stays in memory and is rebuilt at the next open"),
+        }
+        let buf = self.batch_buffer();
+        line.quiesce(|open| *open = Batch::new(seg.clone(), file, header_len, &header, buf));
+        self.active_seg = seg;
+        self.active_end = header_len;
         Ok(())
-    }
-}
-
-// The commit's write and sync are plain blocking system calls, not glommio's io_uring ones.
-// The writer runs alone on its executor (`Store::open`'s `tephra-writer`, and the server's), so
-// blocking it stalls nothing else. Through io_uring both operations are punted to an io-wq
-// kernel worker (ext4 does not complete an O_DIRECT write without blocking, and fsync always
-// blocks): two extra thread hand-offs per commit, each a wake-up that waits for a CPU. With
-// 16 writers × batch 1 on 2 CPUs that made the write take ~240 µs at p50 instead of ~150 µs
-// (and the whole commit ~420 µs), the dominant cost of an unbatched append.
-
-/// `pwrite(2)` of the aligned `buf` at `pos` on `file` (O_DIRECT), retried on EINTR.
-fn pwrite_blocking(file: &DmaFile, buf: &[u8], pos: u64) -> std::io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    loop {
-        // SAFETY: `buf` is a live, initialised slice for the whole call.
-        let n = unsafe { libc::pwrite(file.as_raw_fd(), buf.as_ptr().cast(), buf.len(), pos as libc::off_t) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-/// `fdatasync(2)` of `file`, retried on EINTR.
-fn fdatasync_blocking(file: &DmaFile) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    loop {
-        // SAFETY: a plain system call on a descriptor `file` owns.
-        if unsafe { libc::fdatasync(file.as_raw_fd()) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
     }
 }
 
