@@ -2,11 +2,12 @@
 //!
 //! One pinned glommio executor per shard (`server.reads.worker_threads`, 0 = one per CPU), each
 //! with its own `SO_REUSEPORT` listener on the same address, so the kernel spreads connections
-//! and a connection lives and dies on the shard that accepted it. The store's group-commit
-//! writer runs on an executor of its own (`tephra-writer`, not pinned): it blocks in `pwrite`
-//! and `fdatasync` the way the reference's writer thread does, so a commit costs no io_uring
-//! worker hand-offs and no shard's connections wait behind it. Appends cross to it over the
-//! bounded writer queue; results come back grouped per shard per commit. Reads and
+//! and a connection lives and dies on the shard that accepted it. The store's writer runs on a
+//! thread of its own (`tephra-writer`, not pinned) and hands each batch to its committer thread
+//! (`tephra-commit`), which blocks in `pwrite` and `fdatasync` the way the reference's writer
+//! thread does, so a commit costs no io_uring worker hand-offs and no shard's connections wait
+//! behind it. Appends cross to it over the bounded writer queue; results come back grouped per
+//! shard per commit. Reads and
 //! subscriptions run on the connection's shard. (DESIGN "Shape", seed "Backpressure".)
 
 mod conn;
@@ -186,7 +187,7 @@ pub struct Running {
     ctx: Arc<Context>,
     shards: Vec<glommio::ExecutorJoinHandle<()>>,
     store: Option<Store>,
-    writer: Option<glommio::ExecutorJoinHandle<()>>,
+    writer: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Running {
@@ -315,10 +316,9 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let (addr_tx, addr_rx) = flume::bounded::<Result<SocketAddr, String>>(n);
     let mut shards = Vec::with_capacity(n);
-    // The writer's own executor, unpinned: it mostly sleeps in fdatasync, and the scheduler may
-    // run it on whichever CPU is free.
+    // The writer's own thread, unpinned: the scheduler may run it on whichever CPU is free.
     let writer = match writer_task {
-        Some(task) => Some(shards::spawn_executor("tephra-writer", None, n + 1, move || task.run()).map_err(|e| StartError::Io(format!("cannot start the writer: {e}")))?),
+        Some(task) => Some(task.spawn().map_err(|e| StartError::Io(format!("cannot start the writer: {e}")))?),
         None => None,
     };
     let mut addr = bind;
