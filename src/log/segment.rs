@@ -130,6 +130,100 @@ pub fn create_segment(dir: &Path, base: u64, cfg: &SegmentConfig) -> Result<Path
     Ok(path)
 }
 
+/// Name of the spare segment file [`prepare_segment`] writes, in the data directory. Neither
+/// server treats it as a segment (discovery matches only `{base:020}.log`, reference engine
+/// §3.1); our writer removes a stale one when it opens the log.
+pub const PREPARED_NAME: &str = "segment.prep";
+
+/// Writes a spare segment file ahead of a rollover: `segment_size` bytes of zeros, written and
+/// synced, so its blocks are allocated *and initialised*. Appends into it are plain overwrites:
+/// on ext4 an O_DIRECT write into a fallocated (unwritten) extent must convert the extent when
+/// it completes and `fdatasync` must then persist the extent tree, while an overwrite needs
+/// neither (measured on this machine's virtio disk, 96 KiB commits: write 66 vs 161 µs, sync
+/// 44 vs 91 µs at p50). The zeros are written in 1 MiB O_DIRECT chunks; `cancel` stops it
+/// between chunks (the file is then removed). The file carries no header until
+/// [`adopt_prepared`] gives it one.
+///
+/// # Errors
+/// [`LogError::Io`] naming the file (ENOSPC at the `fallocate` first); the partial file is
+/// removed. [`LogError::InvalidConfig`] when cancelled.
+pub fn prepare_segment(dir: &Path, cfg: &SegmentConfig, cancel: &std::sync::atomic::AtomicBool) -> Result<PathBuf, LogError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(PREPARED_NAME);
+    let io = |source: std::io::Error| LogError::Io { path: path.clone(), source };
+    let _ = std::fs::remove_file(&path);
+    let result = (|| {
+        let f = OpenOptions::new().read(true).write(true).create_new(true).custom_flags(libc::O_DIRECT).open(&path).map_err(io)?;
+        crate::fault::io_point("segment_extend").map_err(io)?;
+        nix::fcntl::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), nix::fcntl::FallocateFlags::empty(), 0, cfg.segment_size as i64).map_err(|e| io(e.into()))?;
+        const CHUNK: usize = 1 << 20;
+        let layout = std::alloc::Layout::from_size_align(CHUNK, 4096).expect("a valid layout");
+        // SAFETY: a non-zero size; freed below with the same layout.
+        let zeros = unsafe { std::alloc::alloc_zeroed(layout) };
+        if zeros.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: `zeros` holds CHUNK initialised bytes until the dealloc below.
+        let chunk = unsafe { std::slice::from_raw_parts(zeros, CHUNK) };
+        let size = cfg.segment_size;
+        // O_DIRECT needs whole blocks: the last chunk is rounded up (the file keeps its size,
+        // a write past the end would extend it, so the final partial block is written buffered).
+        let direct_end = size & !4095;
+        let mut off = 0u64;
+        let mut outcome = Ok(());
+        while off < direct_end {
+            if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                outcome = Err(LogError::InvalidConfig { reason: "segment preparation cancelled".into() });
+                break;
+            }
+            let n = (direct_end - off).min(CHUNK as u64) as usize;
+            if let Err(e) = f.write_all_at(&chunk[..n], off) {
+                outcome = Err(io(e));
+                break;
+            }
+            off += n as u64;
+        }
+        // SAFETY: allocated above with `layout`; `chunk` is not used after this.
+        unsafe { std::alloc::dealloc(zeros, layout) };
+        outcome?;
+        if direct_end < size {
+            let b = OpenOptions::new().write(true).open(&path).map_err(io)?;
+            b.write_all_at(&vec![0u8; (size - direct_end) as usize], direct_end).map_err(io)?;
+            b.sync_data().map_err(io)?;
+        }
+        f.sync_all().map_err(io)?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
+    Ok(path)
+}
+
+/// Turns a file from [`prepare_segment`] into segment `base` durably: write the header, fsync,
+/// rename it to `{base:020}.log` (never over an existing file), fsync the directory. A crash
+/// before the rename leaves only the spare file; after it, a complete segment.
+///
+/// # Errors
+/// [`LogError::Io`] naming the file: wrong size, or any failed step (the spare file is then
+/// left for the caller to remove or reuse).
+pub fn adopt_prepared(dir: &Path, prepared: &Path, base: u64, cfg: &SegmentConfig) -> Result<PathBuf, LogError> {
+    let path = dir.join(segment_name(base));
+    let io = |source: std::io::Error| LogError::Io { path: prepared.to_owned(), source };
+    let f = OpenOptions::new().read(true).write(true).open(prepared).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    if len != cfg.segment_size {
+        return Err(io(std::io::Error::other(format!("prepared segment has {len} bytes, expected {}", cfg.segment_size))));
+    }
+    let h = SegmentHeader { created_at_nanos: now_nanos(), base_position: base };
+    f.write_all_at(&h.encode(), 0).map_err(io)?;
+    f.sync_data().map_err(io)?;
+    nix::fcntl::renameat2(None, prepared, None, &path, nix::fcntl::RenameFlags::RENAME_NOREPLACE).map_err(|e| io(e.into()))?;
+    sync_dir(dir)?;
+    Ok(path)
+}
+
 /// What ties a derived file (a sealed index) to one segment's content: CRC-32 over the
 /// segment's 64-byte header (its base and creation time) followed by the 4-byte CRC field of
 /// each committed data record, in position order. Cheap to keep (4 bytes per record, no payload

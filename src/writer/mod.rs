@@ -17,7 +17,7 @@ pub mod condition;
 use crate::event::{Event, EventRef};
 use crate::log::record::{frame_data, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
 use commit::{AlignedBuf, Batch, GroupCommit, Reply, BLOCK};
-use crate::log::segment::{create_segment, Fingerprint, Segment, SegmentConfig};
+use crate::log::segment::{adopt_prepared, create_segment, prepare_segment, Fingerprint, Segment, SegmentConfig, PREPARED_NAME};
 use crate::model::AppendCondition;
 use crate::read::{Cursor, ReadError, Shared};
 use condition::{evaluate, ConflictClause, ConflictSite, Staged, Verdict};
@@ -231,6 +231,10 @@ pub struct Writer {
     /// The last index sealing started (awaited at the next rollover and at shutdown, so every
     /// sealed file is on disk when the store closes).
     sealing: Option<std::thread::JoinHandle<()>>,
+    /// The spare segment being written for the next rollover, and the base of the active
+    /// segment it was started for (one attempt per segment).
+    preparing: Option<Preparation>,
+    prepared_for: u64,
     failed: Option<String>,
     metrics: Arc<WriterMetrics>,
 }
@@ -275,6 +279,12 @@ impl WriterMetrics {
     }
 }
 
+/// A spare segment on its way ([`prepare_segment`] on a thread of its own).
+struct Preparation {
+    thread: std::thread::JoinHandle<Result<PathBuf, crate::log::LogError>>,
+    cancel: Arc<std::sync::atomic::AtomicBool>,
+}
+
 enum Decision {
     Staged { first: u64, count: u32 },
     Done(AppendResult),
@@ -302,7 +312,7 @@ impl Writer {
         cfg.queue_capacity = cfg.queue_capacity.max(1);
         cfg.max_batch_records = cfg.max_batch_records.max(1);
         let tips = Tips::new(next - 1, cfg.tips_window);
-        Writer { dir, seg_cfg, cfg, shared, line: None, committer: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, failed: None, metrics }
+        Writer { dir, seg_cfg, cfg, shared, line: None, committer: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, preparing: None, prepared_for: 0, failed: None, metrics }
     }
 
     /// Opens the active segment for O_DIRECT writes at byte `end`: the file and its partial
@@ -326,6 +336,8 @@ impl Writer {
 
     /// Starts the committer thread over the active segment.
     fn start_committer(&mut self) -> Result<(), String> {
+        // A spare segment left by an earlier run (its preparation may not have finished).
+        let _ = std::fs::remove_file(self.dir.join(PREPARED_NAME));
         let (file, tail) = Self::open_active(&self.active_seg, self.active_end).map_err(|e| format!("cannot open the active segment {}: {e}", self.active_seg.path.display()))?;
         let line = GroupCommit::new(Batch::new(self.active_seg.clone(), file, self.active_end, &tail, self.batch_buffer()));
         let (l, shared, metrics) = (line.clone(), self.shared.clone(), self.metrics.clone());
@@ -396,6 +408,12 @@ impl Writer {
             let _ = h.join();
         }
         self.finish_sealing();
+        if let Some(p) = self.preparing.take() {
+            p.cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Ok(Ok(path)) = p.thread.join() {
+                let _ = std::fs::remove_file(path);
+            }
+        }
         self.shared.close();
         if let Some(ack) = ack {
             let _ = ack.send(());
@@ -546,7 +564,7 @@ impl Writer {
         }
         let max_bytes = self.cfg.max_batch_bytes;
         let seg = self.active_seg.clone();
-        line.with_room(staged_bytes, max_bytes, |batch| {
+        let end = line.with_room(staged_bytes, max_bytes, |batch| {
             let mut local = (self.next - n_staged - seg.base) as usize;
             for (req, d) in drain.into_iter().zip(decisions) {
                 match d {
@@ -563,7 +581,11 @@ impl Writer {
                     }
                 }
             }
+            batch.end()
         });
+        if end > self.seg_cfg.segment_size / 2 && self.preparing.is_none() && self.prepared_for != self.active_seg.base {
+            self.start_preparing();
+        }
         if self.cfg.condition_force_scan || self.cfg.verify_tips {
             // The scan oracle reads the file: let every staged batch reach it first.
             line.quiesce(|_| ());
@@ -603,11 +625,49 @@ impl Writer {
         self.tips.trim(self.next - 1);
     }
 
+    /// Starts writing a spare segment for the next rollover (once the active segment is half
+    /// full; one attempt per active segment).
+    fn start_preparing(&mut self) {
+        self.prepared_for = self.active_seg.base;
+        let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (dir, cfg, c) = (self.dir.clone(), self.seg_cfg, cancel.clone());
+        match std::thread::Builder::new().name("tephra-prepare".into()).spawn(move || prepare_segment(&dir, &cfg, &c)) {
+            Ok(thread) => self.preparing = Some(Preparation { thread, cancel }),
+            Err(e) => tracing::warn!(error = %e, "cannot start preparing the next segment; it will be created at rollover"),
+        }
+    }
+
+    /// The spare segment, when its preparation has finished and succeeded. One still being
+    /// written is left to finish (for the rollover after this one).
+    fn take_prepared(&mut self) -> Option<PathBuf> {
+        if !self.preparing.as_ref()?.thread.is_finished() {
+            return None;
+        }
+        match self.preparing.take()?.thread.join() {
+            Ok(Ok(path)) => Some(path),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "preparing the next segment failed; creating it at rollover");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
     /// Starts a new segment at the head; the pipeline must be quiet (everything staged is
     /// durable). The old segment's index is sealed on a thread of its own.
     fn rollover(&mut self, line: &GroupCommit) -> Result<(), String> {
         let base = self.next;
-        let path = create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?;
+        let path = match self.take_prepared() {
+            Some(spare) => match adopt_prepared(&self.dir, &spare, base, &self.seg_cfg) {
+                Ok(path) => path,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot use the prepared segment; creating one");
+                    let _ = std::fs::remove_file(&spare);
+                    create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?
+                }
+            },
+            None => create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?,
+        };
         crate::fault::crash_point("segment_created_before_commit");
         let seg = Arc::new(Segment::open(base, path, &self.seg_cfg).map_err(|e| e.to_string())?);
         // The old segment's index is frozen; readers and conditions keep using it until its
