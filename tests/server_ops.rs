@@ -717,3 +717,62 @@ fn sigint_is_graceful_too() {
     srv.restart(&bin(), &[]);
     assert_eq!(Client::connect(srv.addr).unwrap().stats().unwrap().event_count, 1);
 }
+
+/// Drop-in replacement: stop the reference (or ourselves) with clients connected, start ours on
+/// the same port at once. The killed server's side of each connection sits in TIME_WAIT on the
+/// port; binding succeeds only when both listeners set `SO_REUSEADDR` (the reference's does),
+/// so this failed for a minute with glommio's own `bind` after the reference.
+#[test]
+fn a_restart_binds_the_port_while_the_killed_servers_connections_sit_in_time_wait() {
+    let mut firsts = vec![bin()];
+    firsts.extend(support::reference_binary());
+    for first in firsts {
+        restart_on_the_same_port_after(&first);
+    }
+}
+
+fn restart_on_the_same_port_after(first: &std::path::Path) {
+    use std::io::BufRead;
+    let mut srv = Server::start(first, &[]);
+    let port = srv.addr.port();
+    // An established connection that has appended, then the server dies first: its side of
+    // the connection (port `port`) goes to TIME_WAIT once the client closes too.
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append([ev("A", &["t"], b"x")], None).unwrap();
+    srv.signal(libc::SIGKILL);
+    assert!(srv.wait_exit(Duration::from_secs(10)).is_some(), "the server did not die");
+    drop(c);
+    thread::sleep(Duration::from_millis(100));
+    let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut child = std::process::Command::new(bin())
+        .args(["--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(data.path())
+        .env("NO_COLOR", "1")
+        .env("TEPHRA__SEGMENT__SIZE", "16777216")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    for out in [Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, Box::new(child.stderr.take().unwrap())] {
+        let tx = tx.clone();
+        thread::spawn(move || {
+            for line in io::BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = String::new();
+    let ready = loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains("listening") => break true,
+            Ok(line) => seen.push_str(&format!("{line}\n")),
+            Err(_) => break false,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(ready, "our server did not listen on port {port} after {}:\n{seen}", first.display());
+}

@@ -355,8 +355,24 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     Ok(Running { addr, metrics_addr, ctx, shards, store, follower, writer })
 }
 
+/// This shard's listener on `addr`: `SO_REUSEPORT` (every shard binds the same address) and
+/// `SO_REUSEADDR` (a restart binds at once even while connections of the previous process sit
+/// in TIME_WAIT on the port, as the reference's listener does; glommio's own `bind` sets only
+/// the first), backlog 1024.
+fn listen(addr: SocketAddr) -> std::io::Result<glommio::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let sk = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sk.set_reuse_address(true)?;
+    sk.set_reuse_port(true)?;
+    sk.bind(&addr.into())?;
+    sk.listen(1024)?;
+    // SAFETY: a bound, listening TCP socket whose descriptor is handed over exactly once.
+    Ok(unsafe { glommio::net::TcpListener::from_raw_fd(sk.into_raw_fd()) })
+}
+
 async fn shard_main(ctx: Arc<Context>, shard: usize, addr: SocketAddr, bound: flume::Sender<Result<SocketAddr, String>>) {
-    let listener = match glommio::net::TcpListener::bind(addr) {
+    let listener = match listen(addr) {
         Ok(l) => l,
         Err(e) => {
             let _ = bound.send(Err(format!("cannot bind {addr}: {e}")));
