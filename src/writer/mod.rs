@@ -641,6 +641,7 @@ impl Writer {
     /// written is left to finish (for the rollover after this one).
     fn take_prepared(&mut self) -> Option<PathBuf> {
         if !self.preparing.as_ref()?.thread.is_finished() {
+            tracing::debug!("rollover before the spare segment was ready; creating one");
             return None;
         }
         match self.preparing.take()?.thread.join() {
