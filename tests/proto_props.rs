@@ -137,6 +137,35 @@ proptest! {
     }
 
     #[test]
+    fn append_frame_encoder_agrees_with_prost(
+        id in any::<u64>(),
+        runs in vec((valid_event(), 1..4usize), 0..6),
+        cond in proptest::option::of((pb_query(), any::<u64>())),
+        cap in proptest::option::of(0u32..2000),
+    ) {
+        // Runs of one event repeated (the encoder copies a repeat instead of re-encoding it),
+        // by reference and as separate equal values.
+        let owned: Vec<Event> = runs.iter().flat_map(|(e, n)| std::iter::repeat_n(e.clone(), *n)).collect();
+        let refs: Vec<&Event> = owned.iter().collect();
+        let condition = cond.map(|(q, after)| proto::AppendCondition { fail_if_events_match: Some(q), after, fail_if_exists: None });
+        let req = Request::new(id, request::Kind::Append(proto::AppendRequest {
+            events: owned.iter().map(convert::event_to_proto).collect(),
+            condition: condition.clone(),
+        }));
+        let max = cap.unwrap_or(u32::MAX);
+        let mut want = Vec::new();
+        let want_res = proto::encode_frame(&req, max, &mut want);
+        let mut got = vec![7u8];
+        let got_res = proto::append::encode_append_frame(id, &refs, condition.as_ref(), max, &mut got);
+        prop_assert_eq!(got_res.is_ok(), want_res.is_ok());
+        if want_res.is_ok() {
+            prop_assert_eq!(&got[1..], &want[..]);
+        } else {
+            prop_assert_eq!(got, vec![7u8], "a refused frame appends nothing");
+        }
+    }
+
+    #[test]
     fn events_round_trip_through_the_wire(e in valid_event()) {
         let wire = convert::event_to_proto(&e);
         let bytes = wire.encode_to_vec();

@@ -534,9 +534,9 @@ fn async_group(
                             tally.err("encode".into());
                             break;
                         };
-                        let n = req.events.len() as u64;
+                        let n = req.count as u64;
                         let sent = Instant::now();
-                        match client.append(req.events, req.condition).await {
+                        match client.append(std::iter::repeat_n(req.event, req.count), req.condition).await {
                             Ok(_) => tally.ok(&clock, sent, Instant::now(), n),
                             Err(e) => {
                                 tally.err(metrics::error_name(&e));
@@ -691,9 +691,9 @@ fn blocking_writer(
                 break;
             }
         };
-        let n = req.events.len() as u64;
+        let n = req.count as u64;
         let sent = Instant::now();
-        match client.append(req.events, req.condition) {
+        match client.append(std::iter::repeat_n(&req.event, req.count), req.condition) {
             Ok(_) => tally.ok(clock, sent, Instant::now(), n),
             Err(e) => {
                 tally.err(metrics::error_name(&e));

@@ -6,7 +6,6 @@
 //! `{tag, type}` with `after = 0`. That pair has never been written before, so the guard
 //! never fires: the run measures the guarded path without conflicts.
 
-use prost::Message;
 use tephra::proto::{self, convert};
 use tephra::{AppendCondition, Event, EventType, Query, QueryItem, Tags};
 
@@ -30,8 +29,10 @@ pub struct WorkloadSpec {
 /// One ready-to-send append request.
 #[derive(Debug, Clone)]
 pub struct AppendRequest {
-    /// The events (one tag, one type).
-    pub events: Vec<Event>,
+    /// The event, repeated `count` times (one tag, one type).
+    pub event: Event,
+    /// Events in the request (the batch size).
+    pub count: usize,
     /// The condition, for a conditional workload.
     pub condition: Option<AppendCondition>,
 }
@@ -45,6 +46,13 @@ pub struct Generator {
     payload: Vec<u8>,
     tags: Option<Tags>,
     n: u64,
+}
+
+impl AppendRequest {
+    /// The request's events, by reference.
+    pub fn events(&self) -> impl Iterator<Item = &Event> {
+        std::iter::repeat_n(&self.event, self.count)
+    }
 }
 
 impl Generator {
@@ -100,14 +108,10 @@ impl Generator {
     }
 
     fn build(&self, ty: usize, tags: &Tags) -> Result<AppendRequest, tephra::EncodeError> {
-        let first = Event::new(&self.types[ty], tags, &self.payload)?;
-        let mut events = Vec::with_capacity(self.spec.batch);
-        for _ in 1..self.spec.batch {
-            events.push(first.clone());
-        }
-        events.push(first);
+        let event = Event::new(&self.types[ty], tags, &self.payload)?;
         Ok(AppendRequest {
-            events,
+            event,
+            count: self.spec.batch,
             condition: self.condition(ty, tags),
         })
     }
@@ -123,57 +127,17 @@ impl Generator {
     }
 
     fn frame(&self, ty: usize, tags: &Tags, id: u64, out: &mut Vec<u8>) {
-        use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
-        let event = proto::Event {
-            r#type: self.types[ty].as_str().to_owned(),
-            tags: tags.iter().map(|t| t.as_str().to_owned()).collect(),
-            payload: self.payload.clone(),
-        };
-        let event_len = event.encoded_len();
-        // AppendRequest field 1 (events), repeated; field 2 (condition).
-        let entry_len = key_len(1) + encoded_len_varint(event_len as u64) + event_len;
-        let condition = self
-            .condition(ty, tags)
-            .map(|c| convert::condition_to_proto(&c));
-        let cond_len = condition.as_ref().map_or(0, |c| {
-            let l = c.encoded_len();
-            key_len(2) + encoded_len_varint(l as u64) + l
-        });
-        let body_len = entry_len * self.spec.batch + cond_len;
-        // Request: field 1 request_id (varint), field 2 append (message).
-        let id_len = if id == 0 {
-            0
-        } else {
-            key_len(1) + encoded_len_varint(id)
-        };
-        let request_len = id_len + key_len(2) + encoded_len_varint(body_len as u64) + body_len;
-        out.reserve(4 + request_len);
-        out.extend_from_slice(&(request_len as u32).to_be_bytes());
-        if id != 0 {
-            encode_key(1, WireType::Varint, out);
-            encode_varint(id, out);
-        }
-        encode_key(2, WireType::LengthDelimited, out);
-        encode_varint(body_len as u64, out);
-        let first = out.len();
-        encode_key(1, WireType::LengthDelimited, out);
-        encode_varint(event_len as u64, out);
-        event.encode_raw(out);
-        debug_assert_eq!(out.len() - first, entry_len);
-        for _ in 1..self.spec.batch {
-            out.extend_from_within(first..first + entry_len);
-        }
-        if let Some(c) = condition {
-            encode_key(2, WireType::LengthDelimited, out);
-            encode_varint(c.encoded_len() as u64, out);
-            c.encode_raw(out);
-        }
+        let event = Event::new(&self.types[ty], tags, &self.payload).expect("the fixed workload event encodes");
+        let events = vec![&event; self.spec.batch];
+        let condition = self.condition(ty, tags).map(|c| convert::condition_to_proto(&c));
+        proto::append::encode_append_frame(id, &events, condition.as_ref(), u32::MAX, out).expect("no frame cap");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
 
     #[test]
     fn tags_renew_every_ten_appends_and_types_rotate() {
@@ -185,8 +149,8 @@ mod tests {
         let mut tags = Vec::new();
         for i in 0..25 {
             let r = g.next_request().unwrap();
-            assert_eq!(r.events.len(), 3);
-            let e = &r.events[0];
+            assert_eq!(r.events().count(), 3);
+            let e = &r.event;
             assert_eq!(e.event_type(), format!("test-{}", i % 10));
             assert_eq!(e.data().len(), 256);
             assert!(e.data().iter().all(|b| *b == 0));
@@ -215,7 +179,7 @@ mod tests {
             let expected = proto::Request::new(
                 77,
                 proto::request::Kind::Append(proto::AppendRequest {
-                    events: model.events.iter().map(convert::event_to_proto).collect(),
+                    events: model.events().map(convert::event_to_proto).collect(),
                     condition: model.condition.as_ref().map(convert::condition_to_proto),
                 }),
             );

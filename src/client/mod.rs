@@ -477,16 +477,25 @@ impl Client {
     /// `AFTER_BEYOND_TIP`, `EMPTY` (no events), `TOO_LARGE`, `BAD_REQUEST`, `INTERNAL`,
     /// `SHUTDOWN`; [`ClientError::Frame`] when the request exceeds the frame cap; transport
     /// and protocol errors.
-    pub fn append(
-        &mut self,
-        events: impl IntoIterator<Item = Event>,
-        condition: Option<AppendCondition>,
-    ) -> Result<AppendResult, ClientError> {
-        let append = proto::AppendRequest {
-            events: events.into_iter().map(|e| convert::event_to_proto(&e)).collect(),
-            condition: condition.as_ref().map(convert::condition_to_proto),
-        };
-        match self.call(request::Kind::Append(append))? {
+    ///
+    /// `events` may yield owned [`Event`]s or references; the request is encoded straight from
+    /// their bytes ([`proto::append::encode_append_frame`]).
+    pub fn append<I>(&mut self, events: I, condition: Option<AppendCondition>) -> Result<AppendResult, ClientError>
+    where
+        I: IntoIterator,
+        I::Item: std::borrow::Borrow<Event>,
+    {
+        use std::borrow::Borrow;
+        let events: Vec<I::Item> = events.into_iter().collect();
+        let refs: Vec<&Event> = events.iter().map(Borrow::borrow).collect();
+        let condition = condition.as_ref().map(convert::condition_to_proto);
+        let id = self.next_id;
+        self.out.clear();
+        proto::append::encode_append_frame(id, &refs, condition.as_ref(), self.max_frame_len, &mut self.out)?;
+        self.next_id += 1;
+        self.io.write_all(&self.out)?;
+        self.io.flush()?;
+        match self.recv(id)? {
             response::Kind::Append(r) => Ok(AppendResult { first: Position(r.first), last: Position(r.last) }),
             other => Err(ClientError::unexpected(&other, "append")),
         }

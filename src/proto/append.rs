@@ -211,6 +211,101 @@ fn encode_event<'a>(mut ev: &'a [u8], out: &mut FramedAppend, tags: &mut Vec<&'a
     Ok(())
 }
 
+/// Bytes of a protobuf length-delimited field `tag` holding `len` bytes (key, length, body).
+fn ld_len(tag: u32, len: usize) -> usize {
+    prost::encoding::key_len(tag) + prost::encoding::encoded_len_varint(len as u64) + len
+}
+
+/// Body length of the wire `Event` (reference protocol §1.3) for `ev`: field 1 the type, field
+/// 2 each tag, field 3 the payload (omitted when empty, as proto3 does).
+fn event_len(ev: &crate::event::Event) -> usize {
+    let mut n = ld_len(1, ev.event_type().len());
+    for t in ev.tags() {
+        n += ld_len(2, t.len());
+    }
+    if !ev.data().is_empty() {
+        n += ld_len(3, ev.data().len());
+    }
+    n
+}
+
+/// Appends one frame (4-byte big-endian length, then the body) holding
+/// `Request { request_id, append: AppendRequest { events, condition } }` (reference protocol
+/// §1.3: `Request` field 1 and oneof field 2; `AppendRequest` fields 1 and 2; `Event` fields
+/// 1-3), written straight from the encoded `events`: no wire `Event` values, so no `String`
+/// or `Vec` per type, tag and payload. Byte for byte what prost encodes for the same message
+/// (a property test holds it to that). A run of identical events is encoded once and copied.
+///
+/// # Errors
+/// [`super::FrameError::TooLong`] when the body exceeds `max_frame_len`; nothing is appended.
+pub fn encode_append_frame(
+    request_id: u64,
+    events: &[&crate::event::Event],
+    condition: Option<&pb::AppendCondition>,
+    max_frame_len: u32,
+    out: &mut Vec<u8>,
+) -> Result<(), super::FrameError> {
+    use prost::encoding::{encode_key, encode_varint, key_len, encoded_len_varint};
+    let mut body = 0usize;
+    let mut prev: Option<(&crate::event::Event, usize)> = None;
+    let mut lens = Vec::with_capacity(events.len());
+    for ev in events {
+        let len = match prev {
+            Some((p, l)) if std::ptr::eq(p, *ev) || p.as_bytes() == ev.as_bytes() => l,
+            _ => event_len(ev),
+        };
+        prev = Some((ev, len));
+        lens.push(len);
+        body += ld_len(1, len);
+    }
+    if let Some(c) = condition {
+        body += ld_len(2, c.encoded_len());
+    }
+    let request = if request_id == 0 { 0 } else { key_len(1) + encoded_len_varint(request_id) } + ld_len(2, body);
+    if request as u64 > u64::from(max_frame_len) {
+        return Err(super::FrameError::TooLong { len: request as u64, max: max_frame_len });
+    }
+    out.reserve(4 + request);
+    out.extend_from_slice(&(request as u32).to_be_bytes());
+    if request_id != 0 {
+        encode_key(1, WireType::Varint, out);
+        encode_varint(request_id, out);
+    }
+    encode_key(2, WireType::LengthDelimited, out);
+    encode_varint(body as u64, out);
+    let mut last: Option<(&crate::event::Event, std::ops::Range<usize>)> = None;
+    for (ev, len) in events.iter().zip(lens) {
+        if let Some((p, r)) = &last {
+            if std::ptr::eq(*p, *ev) || p.as_bytes() == ev.as_bytes() {
+                out.extend_from_within(r.clone());
+                continue;
+            }
+        }
+        let at = out.len();
+        encode_key(1, WireType::LengthDelimited, out);
+        encode_varint(len as u64, out);
+        let s = |tag: u32, b: &[u8], out: &mut Vec<u8>| {
+            encode_key(tag, WireType::LengthDelimited, out);
+            encode_varint(b.len() as u64, out);
+            out.extend_from_slice(b);
+        };
+        s(1, ev.event_type().as_bytes(), out);
+        for t in ev.tags() {
+            s(2, t.as_bytes(), out);
+        }
+        if !ev.data().is_empty() {
+            s(3, ev.data(), out);
+        }
+        last = Some((ev, at..out.len()));
+    }
+    if let Some(c) = condition {
+        encode_key(2, WireType::LengthDelimited, out);
+        encode_varint(c.encoded_len() as u64, out);
+        c.encode_raw(out);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
