@@ -693,7 +693,7 @@ fn blocking_writer(
         };
         let n = req.count as u64;
         let sent = Instant::now();
-        match client.append(std::iter::repeat_n(&req.event, req.count), req.condition) {
+        match client.append_refs(std::iter::repeat_n(&req.event, req.count), req.condition) {
             Ok(_) => tally.ok(clock, sent, Instant::now(), n),
             Err(e) => {
                 tally.err(metrics::error_name(&e));

@@ -477,17 +477,18 @@ impl Client {
     /// `AFTER_BEYOND_TIP`, `EMPTY` (no events), `TOO_LARGE`, `BAD_REQUEST`, `INTERNAL`,
     /// `SHUTDOWN`; [`ClientError::Frame`] when the request exceeds the frame cap; transport
     /// and protocol errors.
+    pub fn append(&mut self, events: impl IntoIterator<Item = Event>, condition: Option<AppendCondition>) -> Result<AppendResult, ClientError> {
+        let events: Vec<Event> = events.into_iter().collect();
+        self.append_refs(&events, condition)
+    }
+
+    /// [`append`](Self::append) for events the caller keeps: the request is encoded straight
+    /// from their bytes ([`proto::append::encode_append_frame`]), nothing is copied first.
     ///
-    /// `events` may yield owned [`Event`]s or references; the request is encoded straight from
-    /// their bytes ([`proto::append::encode_append_frame`]).
-    pub fn append<I>(&mut self, events: I, condition: Option<AppendCondition>) -> Result<AppendResult, ClientError>
-    where
-        I: IntoIterator,
-        I::Item: std::borrow::Borrow<Event>,
-    {
-        use std::borrow::Borrow;
-        let events: Vec<I::Item> = events.into_iter().collect();
-        let refs: Vec<&Event> = events.iter().map(Borrow::borrow).collect();
+    /// # Errors
+    /// As [`append`](Self::append).
+    pub fn append_refs<'e>(&mut self, events: impl IntoIterator<Item = &'e Event>, condition: Option<AppendCondition>) -> Result<AppendResult, ClientError> {
+        let refs: Vec<&Event> = events.into_iter().collect();
         let condition = condition.as_ref().map(convert::condition_to_proto);
         let id = self.next_id;
         self.out.clear();
