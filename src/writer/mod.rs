@@ -23,7 +23,7 @@ use crate::read::{Cursor, ReadError, Shared};
 use condition::{evaluate, ConflictClause, ConflictSite, Staged, Verdict};
 use std::path::PathBuf;
 use std::sync::Arc;
-use crate::index::active::ActiveWriter;
+use crate::index::active::{ActiveWriter, Sealer};
 use crate::index::{SegIndex, Tips};
 use crate::read::Snapshot;
 
@@ -228,9 +228,10 @@ pub struct Writer {
     /// file to its content).
     fingerprint: Fingerprint,
     tips: Tips,
-    /// The last index sealing started (awaited at the next rollover and at shutdown, so every
-    /// sealed file is on disk when the store closes).
-    sealing: Option<std::thread::JoinHandle<()>>,
+    /// The sealing thread's queue of frozen indexes, and the thread (started at the first
+    /// rollover, joined at shutdown so every sealed file is on disk when the store closes).
+    /// A rollover never waits for an earlier sealing.
+    sealing: Option<(std::sync::mpsc::Sender<Sealer>, std::thread::JoinHandle<()>)>,
     /// The spare segment being written for the next rollover, and the base of the active
     /// segment it was started for (one attempt per segment).
     preparing: Option<Preparation>,
@@ -276,6 +277,18 @@ impl WriterMetrics {
     /// A copy of the current values.
     pub fn snapshot(&self) -> MetricsInner {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Lowers the calling thread's CPU priority (nice +10) and, for its I/O, to the idle class:
+/// for background work (index sealing, spare segments) that must not compete with the append
+/// path on a busy machine. Best effort: refusals are ignored.
+fn lower_priority() {
+    // SAFETY: plain system calls on the calling thread (who = 0).
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+        // ioprio_set(IOPRIO_WHO_PROCESS, this thread, IOPRIO_CLASS_IDLE << 13)
+        libc::syscall(libc::SYS_ioprio_set, 1, 0, 3 << 13);
     }
 }
 
@@ -420,11 +433,43 @@ impl Writer {
         }
     }
 
-    /// Waits for the last index sealing (it had a whole segment's worth of time, or this is
-    /// shutdown).
+    /// Waits for every queued index sealing (shutdown).
     fn finish_sealing(&mut self) {
-        if let Some(h) = self.sealing.take() {
+        if let Some((tx, h)) = self.sealing.take() {
+            drop(tx);
             let _ = h.join();
+        }
+    }
+
+    /// Queues a frozen index for sealing: encoded, persisted and swapped into the snapshot on
+    /// the `tephra-seal` thread, at a lower CPU priority than the append path (the frozen
+    /// index serves reads and conditions meanwhile). A plain thread, not an executor's
+    /// blocking pool: it needs nothing from an executor, so no wake-up has to find its way back.
+    fn seal(&mut self, sealer: Sealer) {
+        if self.sealing.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<Sealer>();
+            let (dir, shared) = (self.dir.clone(), self.shared.clone());
+            let spawned = std::thread::Builder::new().name("tephra-seal".into()).spawn(move || {
+                lower_priority();
+                for sealer in rx {
+                    let (base, count, fingerprint) = (sealer.base(), sealer.count(), sealer.fingerprint());
+                    match crate::index::persist_sealed(&dir, base, count, fingerprint, sealer.encode()) {
+                        Ok(ix) => shared.seal(base, SegIndex::Sealed(Arc::new(ix))),
+                        // Cannot happen (the bytes were just encoded); the frozen index stays in use.
+                        Err(e) => tracing::error!(base, error = %e, "sealing an index failed; keeping the in-memory index"),
+                    }
+                }
+            });
+            match spawned {
+                Ok(h) => self.sealing = Some((tx, h)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start the index sealing thread; the index stays in memory and is rebuilt at the next open");
+                    return;
+                }
+            }
+        }
+        if let Some((tx, _)) = &self.sealing {
+            let _ = tx.send(sealer);
         }
     }
 
@@ -583,7 +628,7 @@ impl Writer {
             }
             batch.end()
         });
-        if end > self.seg_cfg.segment_size / 2 && self.preparing.is_none() && self.prepared_for != self.active_seg.base {
+        if end > self.seg_cfg.segment_size / 8 && self.preparing.is_none() && self.prepared_for != self.active_seg.base {
             self.start_preparing();
         }
         if self.cfg.condition_force_scan || self.cfg.verify_tips {
@@ -625,13 +670,17 @@ impl Writer {
         self.tips.trim(self.next - 1);
     }
 
-    /// Starts writing a spare segment for the next rollover (once the active segment is half
-    /// full; one attempt per active segment).
+    /// Starts writing a spare segment for the next rollover (once an eighth of the active
+    /// segment is used, so a store that writes little never pays for one; one attempt per
+    /// active segment).
     fn start_preparing(&mut self) {
         self.prepared_for = self.active_seg.base;
         let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (dir, cfg, c) = (self.dir.clone(), self.seg_cfg, cancel.clone());
-        match std::thread::Builder::new().name("tephra-prepare".into()).spawn(move || prepare_segment(&dir, &cfg, &c)) {
+        match std::thread::Builder::new().name("tephra-prepare".into()).spawn(move || {
+            lower_priority();
+            prepare_segment(&dir, &cfg, &c)
+        }) {
             Ok(thread) => self.preparing = Some(Preparation { thread, cancel }),
             Err(e) => tracing::warn!(error = %e, "cannot start preparing the next segment; it will be created at rollover"),
         }
@@ -671,30 +720,15 @@ impl Writer {
         };
         crate::fault::crash_point("segment_created_before_commit");
         let seg = Arc::new(Segment::open(base, path, &self.seg_cfg).map_err(|e| e.to_string())?);
-        // The old segment's index is frozen; readers and conditions keep using it until its
-        // sealed form is encoded and persisted off this thread (a failed write only costs a
-        // rebuild at the next open).
-        self.finish_sealing();
         let header_len = crate::log::header::HEADER_LEN as u64;
         let (file, header) = Self::open_active(&seg, header_len).map_err(|e| format!("opening the new segment: {e}"))?;
         let fingerprint = std::mem::replace(&mut self.fingerprint, Fingerprint::new(&header)).value();
         let sealer = std::mem::replace(&mut self.index, ActiveWriter::new(base, self.seg_cfg.max_records())).into_sealer(fingerprint);
         self.shared.roll(None, seg.clone(), SegIndex::Active(self.index.shared().clone()));
-        // A plain thread, not the executor's blocking pool: it needs nothing from the executor
-        // (the snapshot is swapped through `Shared`), so no wake-up has to find its way back.
-        let (dir, shared) = (self.dir.clone(), self.shared.clone());
-        let sealing = std::thread::Builder::new().name("tephra-seal".into()).spawn(move || {
-            let (sealed_base, count) = (sealer.base(), sealer.count());
-            match crate::index::persist_sealed(&dir, sealed_base, count, fingerprint, sealer.encode()) {
-                Ok(ix) => shared.seal(sealed_base, SegIndex::Sealed(Arc::new(ix))),
-                // Cannot happen (the bytes were just encoded); the frozen index stays in use.
-                Err(e) => tracing::error!(base = sealed_base, error = %e, "sealing an index failed; keeping the in-memory index"),
-            }
-        });
-        match sealing {
-            Ok(h) => self.sealing = Some(h),
-            Err(e) => tracing::warn!(error = %e, "cannot start the index sealing thread; the index stays in memory and is rebuilt at the next open"),
-        }
+        // The old segment's index is frozen; readers and conditions keep using it until its
+        // sealed form is encoded and persisted off this thread (a failed write only costs a
+        // rebuild at the next open).
+        self.seal(sealer);
         let buf = self.batch_buffer();
         line.quiesce(|open| *open = Batch::new(seg.clone(), file, header_len, &header, buf));
         self.active_seg = seg;
