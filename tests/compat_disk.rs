@@ -83,6 +83,11 @@ fn a_directory_written_here_is_served_completely_by_the_reference() {
         }
         store.shutdown();
     }
+    // Shutdown leaves no spare segment behind; plant one as a crash mid-preparation would:
+    // the reference must ignore it (discovery matches only `{base:020}.log`).
+    let spare = data.join(tephra::log::segment::PREPARED_NAME);
+    assert!(!spare.exists(), "a spare segment survived shutdown");
+    std::fs::write(&spare, vec![0u8; SEGMENT as usize]).unwrap();
     let seg = SEGMENT.to_string();
     let srv = Server::start_on(&bin, Some(&data), &[("TEPHRA__SEGMENT__SIZE", &seg)], None);
     let mut c = Client::connect(srv.addr).unwrap();
@@ -95,4 +100,12 @@ fn a_directory_written_here_is_served_completely_by_the_reference() {
     }
     let r = c.append(vec![ev(9999)], None).unwrap();
     assert_eq!(r.first.get(), sent.len() as u64 + 1);
+    drop(c);
+    drop(srv);
+    // Back here: the stale spare is removed when our writer opens the log, and nothing is lost.
+    let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(SEGMENT))).unwrap();
+    let got = store.handle().read(Query::all(), Position::ZERO, None).collect_owned().unwrap();
+    assert_eq!(got.len(), sent.len() + 1);
+    store.shutdown();
+    assert!(!spare.exists(), "the stale spare segment was not removed at open");
 }

@@ -294,6 +294,59 @@ impl Segment {
 mod tests {
     use super::*;
 
+    /// A scratch directory on the disk the build uses (spares are written with O_DIRECT, which
+    /// a tmpfs `/tmp` may refuse).
+    fn scratch() -> tempfile::TempDir {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/target");
+        std::fs::create_dir_all(root).unwrap();
+        tempfile::tempdir_in(root).unwrap()
+    }
+
+    #[test]
+    fn a_spare_segment_becomes_exactly_what_create_segment_makes() {
+        let d = scratch();
+        let cfg = SegmentConfig::new(3 * 4096 + 100);
+        let cancel = std::sync::atomic::AtomicBool::new(false);
+        let spare = prepare_segment(d.path(), &cfg, &cancel).unwrap();
+        assert_eq!(spare, d.path().join(PREPARED_NAME));
+        assert_eq!(parse_segment_name(PREPARED_NAME), None, "the spare must never look like a segment");
+        let bytes = std::fs::read(&spare).unwrap();
+        assert_eq!(bytes.len() as u64, cfg.segment_size);
+        assert!(bytes.iter().all(|&b| b == 0));
+        let adopted = adopt_prepared(d.path(), &spare, 7, &cfg).unwrap();
+        assert_eq!(adopted, d.path().join(segment_name(7)));
+        assert!(!spare.exists());
+        let created = create_segment(d.path(), 8, &cfg).unwrap();
+        let (a, c) = (std::fs::read(&adopted).unwrap(), std::fs::read(&created).unwrap());
+        assert_eq!(a.len(), c.len());
+        // Same layout: a header naming the base, then zeros (the creation time differs).
+        let (ha, hc) = (SegmentHeader::decode(&a[..HEADER_LEN]).unwrap(), SegmentHeader::decode(&c[..HEADER_LEN]).unwrap());
+        assert_eq!((ha.base_position, hc.base_position), (7, 8));
+        assert_eq!(a[HEADER_LEN..], c[HEADER_LEN..]);
+    }
+
+    #[test]
+    fn adopting_refuses_a_wrong_size_and_never_replaces_a_segment() {
+        let d = scratch();
+        let cfg = SegmentConfig::new(8192);
+        let cancel = std::sync::atomic::AtomicBool::new(false);
+        let spare = prepare_segment(d.path(), &cfg, &cancel).unwrap();
+        assert!(adopt_prepared(d.path(), &spare, 1, &SegmentConfig::new(16384)).is_err());
+        let existing = create_segment(d.path(), 1, &cfg).unwrap();
+        let before = std::fs::read(&existing).unwrap();
+        assert!(adopt_prepared(d.path(), &spare, 1, &cfg).is_err(), "adopted over an existing segment");
+        assert_eq!(std::fs::read(&existing).unwrap(), before);
+        assert!(spare.exists(), "a refused spare stays for the caller");
+    }
+
+    #[test]
+    fn a_cancelled_preparation_leaves_nothing() {
+        let d = scratch();
+        let cancel = std::sync::atomic::AtomicBool::new(true);
+        assert!(prepare_segment(d.path(), &SegmentConfig::new(1 << 22), &cancel).is_err());
+        assert!(!d.path().join(PREPARED_NAME).exists());
+    }
+
     #[test]
     fn names() {
         assert_eq!(segment_name(1), "00000000000000000001.log");
