@@ -221,13 +221,17 @@ impl GroupCommit {
     pub(super) fn with_room<R>(&self, bytes: usize, max_bytes: usize, f: impl FnOnce(&mut Batch) -> R) -> R {
         let mut st = self.lock();
         while st.open.events > 0 && st.open.staged_bytes() + bytes > max_bytes && st.failed.is_none() {
+            // A full batch goes to the committer thread, however small the batch limit.
+            self.work.notify_one();
             st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        let r = f(&mut st.open);
-        if !st.open.replies.is_empty() {
-            self.work.notify_one();
-        }
-        r
+        f(&mut st.open)
+    }
+
+    /// Hands the open batch to the committer thread, which takes it once the batch before it
+    /// is durable; meanwhile the caller may stage more into it.
+    pub(super) fn hand_off(&self) {
+        self.work.notify_one();
     }
 
     /// Waits until everything staged so far is durable (or failed) and answered, then runs `f`
@@ -257,6 +261,30 @@ impl GroupCommit {
             if st.open.replies.is_empty() {
                 return;
             }
+            self.commit(st, shared, metrics);
+        }
+    }
+
+    /// Commits the open batch on the calling thread (the writer's, when group commit runs
+    /// inline), if it has anyone to answer.
+    pub(super) fn commit_now(&self, shared: &Shared, metrics: &WriterMetrics) {
+        let st = self.lock();
+        if !st.open.replies.is_empty() {
+            self.commit(st, shared, metrics);
+        }
+    }
+
+    /// Takes the open batch (`st` holds the lock) once no other batch is being committed,
+    /// writes, syncs, publishes and answers it. Batches are taken one at a time and in order:
+    /// a batch's write rewrites the last block of the one before it.
+    fn commit(&self, mut st: MutexGuard<'_, State>, shared: &Shared, metrics: &WriterMetrics) {
+        while st.busy {
+            st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.open.replies.is_empty() {
+            return;
+        }
+        {
             let failed = st.failed.clone();
             if st.open.events == 0 {
                 // Only verdicts: whatever they were judged against is already durable (the
@@ -267,7 +295,7 @@ impl GroupCommit {
                 answer(replies, failed.as_deref());
                 self.lock().busy = false;
                 self.progress.notify_all();
-                continue;
+                return;
             }
             // Seal the batch with its commit marker; the next one starts in its last block.
             let mut marker = Vec::with_capacity(MARKER_LEN);

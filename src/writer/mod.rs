@@ -292,6 +292,10 @@ fn lower_priority() {
     }
 }
 
+/// Open batches with fewer staged bytes than this are committed on the writer's thread; larger
+/// ones by the committer thread, overlapped with staging the next.
+const INLINE_COMMIT_MAX: usize = 32 << 10;
+
 /// A spare segment on its way ([`prepare_segment`] on a thread of its own).
 struct Preparation {
     thread: std::thread::JoinHandle<Result<PathBuf, crate::log::LogError>>,
@@ -355,8 +359,8 @@ impl Writer {
         let line = GroupCommit::new(Batch::new(self.active_seg.clone(), file, self.active_end, &tail, self.batch_buffer()));
         let (l, shared, metrics) = (line.clone(), self.shared.clone(), self.metrics.clone());
         let h = std::thread::Builder::new().name("tephra-commit".into()).spawn(move || l.run_committer(&shared, &metrics)).map_err(|e| format!("cannot start the commit thread: {e}"))?;
-        self.line = Some(line);
         self.committer = Some(h);
+        self.line = Some(line);
         Ok(())
     }
 
@@ -609,7 +613,7 @@ impl Writer {
         }
         let max_bytes = self.cfg.max_batch_bytes;
         let seg = self.active_seg.clone();
-        let end = line.with_room(staged_bytes, max_bytes, |batch| {
+        let (end, staged_total) = line.with_room(staged_bytes, max_bytes, |batch| {
             let mut local = (self.next - n_staged - seg.base) as usize;
             for (req, d) in drain.into_iter().zip(decisions) {
                 match d {
@@ -626,10 +630,19 @@ impl Writer {
                     }
                 }
             }
-            batch.end()
+            (batch.end(), batch.staged_bytes())
         });
         if end > self.seg_cfg.segment_size / 8 && self.preparing.is_none() && self.prepared_for != self.active_seg.base {
             self.start_preparing();
+        }
+        // A large batch goes to the committer thread, so staging the next one overlaps its
+        // write and sync; a small one is committed here, since handing it over costs a thread
+        // wake-up, more than its write (16 writers x batch 1: 24.0k events/s inline vs 21.2k
+        // handed over; 16 x 64: 1.03M vs 1.11M, medians of 3 alternated runs).
+        if staged_total >= INLINE_COMMIT_MAX {
+            line.hand_off();
+        } else {
+            line.commit_now(&self.shared, &self.metrics);
         }
         if self.cfg.condition_force_scan || self.cfg.verify_tips {
             // The scan oracle reads the file: let every staged batch reach it first.
