@@ -2,12 +2,14 @@
 //! reference engine §4, DESIGN "Storage").
 //!
 //! The writer judges conditions, assigns positions, feeds the index and the tips, and copies
-//! the framed records into the **open batch**. A committer thread (`tephra-commit`) takes the
-//! open batch whenever it is idle: it seals it with one commit marker, writes it with one
-//! O_DIRECT `pwrite` (rewriting the partial last block from the buffer) and makes it durable
-//! with one `fdatasync`, then publishes the watermark and answers every request in the batch.
-//! While it writes and syncs, the writer already judges and stages the next batch, so the disk
-//! never waits for the CPU work of the next round and the CPU work never waits for the disk.
+//! the framed records into the **open batch**. Committing takes the open batch, seals it with
+//! one commit marker, writes it with one O_DIRECT `pwrite` (rewriting the partial last block
+//! from the buffer) and makes it durable with one `fdatasync`, then publishes the watermark and
+//! answers every request in it. A large batch is handed to a committer thread
+//! (`tephra-commit`), and while it writes and syncs, the writer already judges and stages the
+//! next batch; a small one is committed on the writer's own thread, where a hand-over would
+//! cost more (a thread wake-up) than it overlaps. Either way one batch is committed at a time,
+//! in order.
 //!
 //! Nobody is answered before the batch holding their events (and every batch before it) is
 //! durable, including conflict verdicts, which may have been judged against staged events.

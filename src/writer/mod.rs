@@ -1,14 +1,14 @@
 //! The writer: the one task that owns the active segment, assigns positions, judges conditions
 //! and feeds group commit (reference engine §4, seed "Durability", DESIGN "Storage").
 //!
-//! It runs on an executor of its own. Appends arrive over one bounded queue; each round takes
+//! It runs on a thread of its own. Appends arrive over one bounded queue; each round takes
 //! one request, drains whatever else is queued (up to `max_batch_records` requests and
 //! `max_batch_bytes` bytes), judges every condition in arrival order against the log, the
 //! events staged before it and the rest of the round, assigns positions, feeds the index and
-//! the tips, and copies the framed records into the open batch of [`commit`]'s pipeline, whose
-//! committer thread writes each batch with one commit marker through O_DIRECT and makes it
-//! durable with one `fdatasync` while the writer stages the next. Nobody is answered before
-//! the sync returns. A failed write or sync is fail-stop: that batch and every later append get
+//! the tips, and copies the framed records into the open batch of [`commit`]'s pipeline, which
+//! writes each batch with one commit marker through O_DIRECT and makes it durable with one
+//! `fdatasync` (a large batch on the committer thread while the writer stages the next, a
+//! small one on the writer's thread). Nobody is answered before the sync returns. A failed write or sync is fail-stop: that batch and every later append get
 //! an error; reads go on.
 
 mod commit;
@@ -217,7 +217,8 @@ pub struct Writer {
     seg_cfg: SegmentConfig,
     cfg: WriterConfig,
     shared: Arc<Shared>,
-    /// The pipeline to the committer thread (none when the active segment could not be opened).
+    /// The open batch and the committer thread (none when the active segment could not be
+    /// opened).
     line: Option<Arc<GroupCommit>>,
     committer: Option<std::thread::JoinHandle<()>>,
     active_seg: Arc<Segment>,
