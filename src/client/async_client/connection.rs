@@ -309,9 +309,23 @@ impl ConnHandle {
         Ok(InFlight { registration, _permit: permit })
     }
 
+    /// An append's id and frame, encoded straight from the events' bytes
+    /// ([`proto::append::encode_append_frame`]).
+    pub(super) fn prepare_append(&self, events: &[&crate::event::Event], condition: Option<&proto::AppendCondition>) -> Result<(u64, Vec<u8>), ClientError> {
+        let id = self.shared.next_id();
+        let mut frame = Vec::new();
+        proto::append::encode_append_frame(id, events, condition, self.shared.max_frame_len, &mut frame)?;
+        Ok((id, frame))
+    }
+
     /// Sends a request expecting exactly one response frame and waits for it.
     pub(super) fn call(&self, kind: request::Kind) -> impl Future<Output = Delivery> + Send + 'static {
-        let prepared = self.prepare(kind);
+        self.call_prepared(self.prepare(kind))
+    }
+
+    /// [`call`](Self::call) with a frame already encoded (by [`prepare`](Self::prepare) or
+    /// [`prepare_append`](Self::prepare_append)).
+    pub(super) fn call_prepared(&self, prepared: Result<(u64, Vec<u8>), ClientError>) -> impl Future<Output = Delivery> + Send + 'static {
         let conn = self.clone();
         async move {
             let (id, frame) = prepared?;

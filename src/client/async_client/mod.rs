@@ -344,11 +344,10 @@ impl AsyncClient {
         events: impl IntoIterator<Item = Event>,
         condition: Option<AppendCondition>,
     ) -> impl Future<Output = Result<AppendResult, ClientError>> + Send + 'static {
-        let append = proto::AppendRequest {
-            events: events.into_iter().map(|e| convert::event_to_proto(&e)).collect(),
-            condition: condition.as_ref().map(convert::condition_to_proto),
-        };
-        let call = self.inner.control.call(request::Kind::Append(append));
+        let events: Vec<Event> = events.into_iter().collect();
+        let refs: Vec<&Event> = events.iter().collect();
+        let condition = condition.as_ref().map(convert::condition_to_proto);
+        let call = self.inner.control.call_prepared(self.inner.control.prepare_append(&refs, condition.as_ref()));
         async move {
             match call.await? {
                 response::Kind::Append(r) => Ok(AppendResult { first: Position(r.first), last: Position(r.last) }),
