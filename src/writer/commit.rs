@@ -136,17 +136,20 @@ pub(super) struct Batch {
     highest: u64,
     /// Who to answer, in arrival order.
     replies: Vec<(ReplyTo, Reply)>,
+    /// The segment's configured size: the file never grows past it.
+    limit: u64,
 }
 
 impl Batch {
     /// An empty batch that continues `seg` at byte `end`; `tail` holds the file's bytes
     /// `[end rounded down to BLOCK, end)`.
-    pub(super) fn new(seg: Arc<Segment>, file: Arc<File>, end: u64, tail: &[u8], mut buf: AlignedBuf) -> Batch {
+    /// `limit` is the segment's size in bytes.
+    pub(super) fn new(seg: Arc<Segment>, file: Arc<File>, limit: u64, end: u64, tail: &[u8], mut buf: AlignedBuf) -> Batch {
         let start = end & !(BLOCK as u64 - 1);
         debug_assert_eq!(tail.len() as u64, end - start);
         buf.clear();
         buf.extend_from_slice(tail);
-        Batch { seg, file, start, prefix: tail.len(), buf, events: 0, highest: 0, replies: Vec::new() }
+        Batch { seg, file, start, prefix: tail.len(), buf, events: 0, highest: 0, replies: Vec::new(), limit }
     }
 
     /// File offset where the next staged record goes.
@@ -157,6 +160,11 @@ impl Batch {
     /// Bytes of records staged.
     pub(super) fn staged_bytes(&self) -> usize {
         self.buf.len() - self.prefix
+    }
+
+    /// True when events are staged in it.
+    pub(super) fn has_events(&self) -> bool {
+        self.events > 0
     }
 
     /// Appends one request's framed records, which hold the events at positions `range`.
@@ -308,7 +316,7 @@ impl GroupCommit {
             let end = st.open.end();
             let tail_at = ((end & !(BLOCK as u64 - 1)) - st.open.start) as usize;
             let spare = st.spare.take().unwrap_or_else(|| AlignedBuf::with_capacity(st.open.buf.len()));
-            let next = Batch::new(st.open.seg.clone(), st.open.file.clone(), end, &st.open.buf.as_slice()[tail_at..], spare);
+            let next = Batch::new(st.open.seg.clone(), st.open.file.clone(), st.open.limit, end, &st.open.buf.as_slice()[tail_at..], spare);
             let mut batch = std::mem::replace(&mut st.open, next);
             st.busy = true;
             drop(st);
@@ -382,6 +390,11 @@ fn write_and_sync(batch: &mut Batch) -> std::io::Result<Duration> {
     let n = pwrite(&batch.file, batch.buf.as_slice(), batch.start)?;
     if n < batch.buf.len() {
         return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write: {n} of {} bytes", batch.buf.len())));
+    }
+    if batch.start + n as u64 > batch.limit {
+        // A segment size that is not a multiple of the block: the padded last block ran past
+        // the end of the file. Cut the padding (zeros) off again; the sync below persists it.
+        batch.file.set_len(batch.limit)?;
     }
     if torn_marker {
         let _ = fdatasync(&batch.file);

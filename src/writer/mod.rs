@@ -357,7 +357,7 @@ impl Writer {
         // A spare segment left by an earlier run (its preparation may not have finished).
         let _ = std::fs::remove_file(self.dir.join(PREPARED_NAME));
         let (file, tail) = Self::open_active(&self.active_seg, self.active_end).map_err(|e| format!("cannot open the active segment {}: {e}", self.active_seg.path.display()))?;
-        let line = GroupCommit::new(Batch::new(self.active_seg.clone(), file, self.active_end, &tail, self.batch_buffer()));
+        let line = GroupCommit::new(Batch::new(self.active_seg.clone(), file, self.seg_cfg.segment_size, self.active_end, &tail, self.batch_buffer()));
         let (l, shared, metrics) = (line.clone(), self.shared.clone(), self.metrics.clone());
         let h = std::thread::Builder::new().name("tephra-commit".into()).spawn(move || l.run_committer(&shared, &metrics)).map_err(|e| format!("cannot start the commit thread: {e}"))?;
         self.committer = Some(h);
@@ -599,7 +599,12 @@ impl Writer {
         }
 
         if n_staged > 0 {
-            let fits = line.with_room(0, usize::MAX, |b| b.end() + (staged_bytes + MARKER_LEN) as u64 <= self.seg_cfg.segment_size);
+            // When the open batch already holds events, these may land in the next batch
+            // (the open one full, or taken meanwhile): then both need a commit marker.
+            let fits = line.with_room(0, usize::MAX, |b| {
+                let markers = if b.has_events() { 2 } else { 1 };
+                b.end() + (staged_bytes + markers * MARKER_LEN) as u64 <= self.seg_cfg.segment_size
+            });
             if !fits {
                 // Everything staged goes to the old segment first; its index is then complete.
                 line.quiesce(|_| ());
@@ -744,7 +749,8 @@ impl Writer {
         // rebuild at the next open).
         self.seal(sealer);
         let buf = self.batch_buffer();
-        line.quiesce(|open| *open = Batch::new(seg.clone(), file, header_len, &header, buf));
+        let limit = self.seg_cfg.segment_size;
+        line.quiesce(|open| *open = Batch::new(seg.clone(), file, limit, header_len, &header, buf));
         self.active_seg = seg;
         self.active_end = header_len;
         Ok(())
