@@ -732,7 +732,6 @@ fn a_restart_binds_the_port_while_the_killed_servers_connections_sit_in_time_wai
 }
 
 fn restart_on_the_same_port_after(first: &std::path::Path) {
-    use std::io::BufRead;
     let mut srv = Server::start(first, &[]);
     let port = srv.addr.port();
     // An established connection that has appended, then the server dies first: its side of
@@ -743,6 +742,15 @@ fn restart_on_the_same_port_after(first: &std::path::Path) {
     assert!(srv.wait_exit(Duration::from_secs(10)).is_some(), "the server did not die");
     drop(c);
     thread::sleep(Duration::from_millis(100));
+    let (ready, seen) = ours_on_port(port);
+    assert!(ready, "our server did not listen on port {port} after {}:\n{seen}", first.display());
+}
+
+/// Starts our server on `127.0.0.1:port` with a fresh data directory; returns whether it
+/// printed its readiness line (it is then stopped) and everything else it printed (until it
+/// exited, or for 20 s).
+fn ours_on_port(port: u16) -> (bool, String) {
+    use std::io::BufRead;
     let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let mut child = std::process::Command::new(bin())
         .args(["--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
@@ -763,6 +771,7 @@ fn restart_on_the_same_port_after(first: &std::path::Path) {
             }
         });
     }
+    drop(tx);
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen = String::new();
     let ready = loop {
@@ -774,5 +783,24 @@ fn restart_on_the_same_port_after(first: &std::path::Path) {
     };
     let _ = child.kill();
     let _ = child.wait();
-    assert!(ready, "our server did not listen on port {port} after {}:\n{seen}", first.display());
+    (ready, seen)
+}
+
+/// A second server on an address a listener already holds exits with "Address already in
+/// use", as the reference does, instead of sharing the port through `SO_REUSEPORT` (the kernel
+/// then split connections between the two stores).
+#[test]
+fn a_second_server_on_a_port_in_use_refuses_to_start() {
+    let mut firsts = vec![bin()];
+    firsts.extend(support::reference_binary());
+    for first in firsts {
+        let srv = Server::start(&first, &[]);
+        let port = srv.addr.port();
+        let (ready, seen) = ours_on_port(port);
+        assert!(!ready, "a second server started on port {port} held by {}", first.display());
+        assert!(seen.contains("Address already in use"), "no clear error:\n{seen}");
+        // The first one still serves.
+        let mut c = Client::connect(srv.addr).unwrap();
+        c.append([ev("A", &["t"], b"x")], None).unwrap();
+    }
 }

@@ -321,6 +321,15 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         Some(task) => Some(task.spawn().map_err(|e| StartError::Io(format!("cannot start the writer: {e}")))?),
         None => None,
     };
+    // Every shard's listener sets SO_REUSEPORT, which lets any process of the same user bind
+    // the same address too (and take half the connections). Like the reference, refuse to
+    // start on an address another listener holds: probe it with a plain socket first.
+    if bind.port() != 0 {
+        if let Err(e) = probe_exclusive(bind) {
+            ctx.shutdown();
+            return Err(StartError::Io(format!("cannot bind {bind}: {e}")));
+        }
+    }
     let mut addr = bind;
     for shard in 0..n {
         let ctx2 = ctx.clone();
@@ -353,6 +362,15 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     };
     tracing::info!(addr = %addr, shards = n, tls = ctx.tls.is_some(), follower = follower.is_some(), "tephra server listening");
     Ok(Running { addr, metrics_addr, ctx, shards, store, follower, writer })
+}
+
+/// Binds `addr` with `SO_REUSEADDR` only (no `SO_REUSEPORT`) and lets it go: fails with
+/// `AddrInUse` when any listener (ours or another server's) holds the address.
+fn probe_exclusive(addr: SocketAddr) -> std::io::Result<()> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let sk = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sk.set_reuse_address(true)?;
+    sk.bind(&addr.into())
 }
 
 /// This shard's listener on `addr`: `SO_REUSEPORT` (every shard binds the same address) and
