@@ -636,3 +636,31 @@ fn an_append_ack_overtakes_a_large_read_over_tls() {
     let mut tls = tls_raw(srv.addr, &cert, None);
     ack_overtakes_read(&mut tls, LANE_BATCHES as u64 * 16, || c.stats().unwrap().event_count);
 }
+
+/// A small event followed by one near the frame cap: each fits a frame on its own, so a
+/// forward read and a subscription split them into two `ReadEvents` frames instead of failing
+/// with "event too large to send" (the split check compared the event count, not the frame's
+/// bytes; found by a fresh-user review).
+#[test]
+fn an_event_near_the_frame_cap_after_a_small_one_is_read_and_delivered() {
+    let srv = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "65536")]);
+    let mut c = Client::connect(srv.addr).unwrap();
+    let small = ev("A", &["t"], &vec![1u8; 10_000]);
+    let big = ev("B", &["t"], &vec![2u8; 65_000]);
+    c.append([small.clone()], None).unwrap();
+    c.append([big.clone()], None).unwrap();
+    let (all, wm) = c.read_all(tephra::Query::all(), tephra::Position::ZERO).unwrap();
+    assert_eq!(wm.get(), 2);
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].event().data(), small.data());
+    assert_eq!(all[1].event().data(), big.data());
+    let (mut sub, _cancel) = c.subscribe(tephra::Query::all(), tephra::Position::ZERO).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        match sub.next().expect("the subscription ended").unwrap() {
+            tephra::client::SubEvent::Event(e) => got.push(e.event.data().len()),
+            tephra::client::SubEvent::CaughtUp(_) => {}
+        }
+    }
+    assert_eq!(got, vec![10_000, 65_000]);
+}

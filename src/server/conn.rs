@@ -353,6 +353,10 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
 /// re-polling the socket).
 const READ_TICK: Duration = Duration::from_millis(100);
 
+/// Bytes a `ReadEvents` frame spends around its events (the response's request id and the
+/// `kind` field's key and length): kept free when deciding whether one more event fits.
+const FRAME_HEAD_ROOM: usize = 24;
+
 /// How long a closing connection may take to deliver its queued frames.
 const CLOSE_DRAIN: Duration = Duration::from_secs(5);
 /// The same during a graceful shutdown.
@@ -578,7 +582,7 @@ impl Conn {
                 }
                 Some(Ok((p, ev))) => {
                     let body = crate::proto::batch::event_body_len(&ev) + 24;
-                    if !enc.is_empty() && enc.len() + body > self.lanes.max_frame_len as usize {
+                    if !enc.is_empty() && enc.events_len() + body + FRAME_HEAD_ROOM > self.lanes.max_frame_len as usize {
                         // Keep every frame within max_frame_len: send what we have first.
                         if !self.flush_batch(id, &mut enc, &mut count).await {
                             return;
@@ -654,7 +658,7 @@ impl Conn {
                     return;
                 }
                 let body = crate::proto::batch::event_body_len(&ev) + 24;
-                if !enc.is_empty() && enc.len() + body > self.lanes.max_frame_len as usize {
+                if !enc.is_empty() && enc.events_len() + body + FRAME_HEAD_ROOM > self.lanes.max_frame_len as usize {
                     match enc.finish(id, self.lanes.max_frame_len) {
                         Ok(f) => frames.push(f.to_vec()),
                         Err(e) => failed = Some(e.to_string()),
