@@ -5,6 +5,7 @@
 //! file ([`lock`]). [`open`] runs the recovery sequence and returns one of the three outcomes
 //! as a value.
 
+pub(crate) mod aligned;
 pub mod header;
 pub mod lock;
 pub mod column;

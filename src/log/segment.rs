@@ -157,35 +157,20 @@ pub fn prepare_segment(dir: &Path, cfg: &SegmentConfig, cancel: &std::sync::atom
         crate::fault::io_point("segment_extend").map_err(io)?;
         nix::fcntl::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), nix::fcntl::FallocateFlags::empty(), 0, cfg.segment_size as i64).map_err(|e| io(e.into()))?;
         const CHUNK: usize = 1 << 20;
-        let layout = std::alloc::Layout::from_size_align(CHUNK, 4096).expect("a valid layout");
-        // SAFETY: a non-zero size; freed below with the same layout.
-        let zeros = unsafe { std::alloc::alloc_zeroed(layout) };
-        if zeros.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        // SAFETY: `zeros` holds CHUNK initialised bytes until the dealloc below.
-        let chunk = unsafe { std::slice::from_raw_parts(zeros, CHUNK) };
+        let zeros = super::aligned::AlignedBuf::zeroed(CHUNK);
         let size = cfg.segment_size;
         // O_DIRECT needs whole blocks: the last chunk is rounded up (the file keeps its size,
         // a write past the end would extend it, so the final partial block is written buffered).
-        let direct_end = size & !4095;
+        let direct_end = size & !(super::aligned::BLOCK as u64 - 1);
         let mut off = 0u64;
-        let mut outcome = Ok(());
         while off < direct_end {
             if cancel.load(std::sync::atomic::Ordering::Relaxed) {
-                outcome = Err(LogError::InvalidConfig { reason: "segment preparation cancelled".into() });
-                break;
+                return Err(LogError::InvalidConfig { reason: "segment preparation cancelled".into() });
             }
             let n = (direct_end - off).min(CHUNK as u64) as usize;
-            if let Err(e) = f.write_all_at(&chunk[..n], off) {
-                outcome = Err(io(e));
-                break;
-            }
+            f.write_all_at(&zeros.as_slice()[..n], off).map_err(io)?;
             off += n as u64;
         }
-        // SAFETY: allocated above with `layout`; `chunk` is not used after this.
-        unsafe { std::alloc::dealloc(zeros, layout) };
-        outcome?;
         if direct_end < size {
             let b = OpenOptions::new().write(true).open(&path).map_err(io)?;
             b.write_all_at(&vec![0u8; (size - direct_end) as usize], direct_end).map_err(io)?;

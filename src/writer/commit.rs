@@ -17,97 +17,13 @@
 //! append get an error; reads go on.
 
 use super::{deliver, AppendError, AppendResult, PositionRange, ReplyTo, WriterMetrics};
+use crate::log::aligned::{AlignedBuf, BLOCK};
 use crate::log::record::{frame_marker, MARKER_LEN};
 use crate::log::segment::Segment;
 use crate::read::Shared;
-use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
 use std::fs::File;
-use std::ptr::NonNull;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
-
-/// The O_DIRECT alignment of buffers, offsets and lengths, in bytes.
-pub(super) const BLOCK: usize = 4096;
-
-/// A heap buffer aligned to [`BLOCK`] whose capacity is a multiple of it, for O_DIRECT writes.
-pub(super) struct AlignedBuf {
-    ptr: NonNull<u8>,
-    cap: usize,
-    len: usize,
-}
-
-// SAFETY: the buffer owns its allocation exclusively, like a `Vec<u8>`.
-unsafe impl Send for AlignedBuf {}
-
-impl AlignedBuf {
-    /// An empty buffer holding at least `cap` bytes.
-    pub(super) fn with_capacity(cap: usize) -> AlignedBuf {
-        let cap = cap.max(BLOCK).next_multiple_of(BLOCK);
-        let layout = Layout::from_size_align(cap, BLOCK).expect("a block-aligned layout");
-        // SAFETY: `layout` has a non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).unwrap_or_else(|| handle_alloc_error(layout));
-        AlignedBuf { ptr, cap, len: 0 }
-    }
-
-    /// Bytes held.
-    pub(super) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The bytes held.
-    pub(super) fn as_slice(&self) -> &[u8] {
-        // SAFETY: `len <= cap` bytes from `ptr` are initialised (allocated zeroed).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as `as_slice`, and `&mut self` is exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-
-    /// Empties the buffer, keeping its allocation.
-    pub(super) fn clear(&mut self) {
-        self.len = 0;
-    }
-
-    fn reserve(&mut self, extra: usize) {
-        let need = self.len + extra;
-        if need <= self.cap {
-            return;
-        }
-        let mut grown = AlignedBuf::with_capacity(need.max(self.cap * 2));
-        grown.extend_from_slice(self.as_slice());
-        *self = grown;
-    }
-
-    /// Appends `bytes`, growing the allocation when needed.
-    pub(super) fn extend_from_slice(&mut self, bytes: &[u8]) {
-        self.reserve(bytes.len());
-        // SAFETY: `reserve` made room for `bytes.len()` more bytes; the regions are distinct
-        // allocations.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(self.len), bytes.len()) };
-        self.len += bytes.len();
-    }
-
-    /// Zero-fills up to the next multiple of [`BLOCK`].
-    fn pad_to_block(&mut self) {
-        let to = self.len.next_multiple_of(BLOCK);
-        self.reserve(to - self.len);
-        // SAFETY: `reserve` made room; the bytes are initialised (allocated zeroed, and
-        // possibly reused, so they are overwritten here).
-        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(self.len), 0, to - self.len) };
-        self.len = to;
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.cap, BLOCK).expect("a block-aligned layout");
-        // SAFETY: allocated in `with_capacity` with this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), layout) };
-    }
-}
 
 /// What a request in a batch is answered once the batch is durable.
 pub(super) enum Reply {

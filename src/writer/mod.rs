@@ -16,7 +16,8 @@ pub mod condition;
 
 use crate::event::{Event, EventRef};
 use crate::log::record::{frame_data, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
-use commit::{AlignedBuf, Batch, GroupCommit, Reply, BLOCK};
+use commit::{Batch, GroupCommit, Reply};
+use crate::log::aligned::{AlignedBuf, BLOCK};
 use crate::log::segment::{adopt_prepared, create_segment, prepare_segment, Fingerprint, Segment, SegmentConfig, PREPARED_NAME};
 use crate::model::AppendCondition;
 use crate::read::{Cursor, ReadError, Shared};
