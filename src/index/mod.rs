@@ -195,11 +195,6 @@ impl Tips {
         }
     }
 
-    /// True when no event in `(after, head]` can match `q`.
-    pub fn rules_out(&self, q: &Query, after: u64, head: u64) -> bool {
-        self.candidates(q, after, head).is_empty()
-    }
-
     /// The positions in `(after, head]` where `q` can match, as ascending disjoint inclusive
     /// ranges; every matching position lies in one of them.
     pub fn candidates(&self, q: &Query, after: u64, head: u64) -> Candidates {
@@ -376,7 +371,6 @@ mod tests {
                     }
                 }
                 prop_assert!(cands.iter().all(|&(lo, hi)| *after < lo && lo <= hi && hi <= head), "{:?} outside ({}, {}]", cands, after, head);
-                prop_assert_eq!(tips.rules_out(q, *after, head), cands.is_empty());
             }
         }
     }

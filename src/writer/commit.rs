@@ -212,63 +212,61 @@ impl GroupCommit {
         if st.open.replies.is_empty() {
             return;
         }
-        {
-            let failed = st.failed.clone();
-            if st.open.events == 0 {
-                // Only verdicts: whatever they were judged against is already durable (the
-                // committer finished every earlier batch before taking this one).
-                let replies = std::mem::take(&mut st.open.replies);
-                st.busy = true;
-                drop(st);
-                answer(replies, failed.as_deref());
-                self.lock().busy = false;
-                self.progress.notify_all();
-                return;
-            }
-            // Seal the batch with its commit marker; the next one starts in its last block.
-            let mut marker = Vec::with_capacity(MARKER_LEN);
-            frame_marker(st.open.highest, &mut marker);
-            st.open.buf.extend_from_slice(&marker);
-            let end = st.open.end();
-            let tail_at = ((end & !(BLOCK as u64 - 1)) - st.open.start) as usize;
-            let spare = st.spare.take().unwrap_or_else(|| AlignedBuf::with_capacity(st.open.buf.len()));
-            let next = Batch::new(st.open.seg.clone(), st.open.file.clone(), st.open.limit, end, &st.open.buf.as_slice()[tail_at..], spare);
-            let mut batch = std::mem::replace(&mut st.open, next);
+        let failed = st.failed.clone();
+        if st.open.events == 0 {
+            // Only verdicts: whatever they were judged against is already durable (the
+            // committer finished every earlier batch before taking this one).
+            let replies = std::mem::take(&mut st.open.replies);
             st.busy = true;
             drop(st);
-            self.progress.notify_all();
-
-            let outcome = match &failed {
-                Some(reason) => Err(reason.clone()),
-                None => write_and_sync(&mut batch).map_err(|e| format!("{}: {e}", batch.seg.path.display())),
-            };
-            let failed = match outcome {
-                Ok(sync_time) => {
-                    crate::fault::crash_point("after_fsync_before_ack");
-                    shared.publish(batch.highest);
-                    let mut m = metrics.inner.lock().unwrap_or_else(|e| e.into_inner());
-                    let _ = m.fsync_us.record((sync_time.as_micros() as u64).max(1));
-                    let _ = m.batch_events.record(batch.events.max(1));
-                    m.commits += 1;
-                    None
-                }
-                Err(reason) => {
-                    if failed.is_none() {
-                        tracing::error!(%reason, "writer stopped: appends are refused until restart, reads continue");
-                        shared.fail(reason.clone());
-                        self.fail(reason.clone());
-                    }
-                    Some(reason)
-                }
-            };
-            let Batch { buf, replies, .. } = batch;
             answer(replies, failed.as_deref());
-            let mut st = self.lock();
-            st.busy = false;
-            st.spare = Some(buf);
-            drop(st);
+            self.lock().busy = false;
             self.progress.notify_all();
+            return;
         }
+        // Seal the batch with its commit marker; the next one starts in its last block.
+        let mut marker = Vec::with_capacity(MARKER_LEN);
+        frame_marker(st.open.highest, &mut marker);
+        st.open.buf.extend_from_slice(&marker);
+        let end = st.open.end();
+        let tail_at = ((end & !(BLOCK as u64 - 1)) - st.open.start) as usize;
+        let spare = st.spare.take().unwrap_or_else(|| AlignedBuf::with_capacity(st.open.buf.len()));
+        let next = Batch::new(st.open.seg.clone(), st.open.file.clone(), st.open.limit, end, &st.open.buf.as_slice()[tail_at..], spare);
+        let mut batch = std::mem::replace(&mut st.open, next);
+        st.busy = true;
+        drop(st);
+        self.progress.notify_all();
+
+        let outcome = match &failed {
+            Some(reason) => Err(reason.clone()),
+            None => write_and_sync(&mut batch).map_err(|e| format!("{}: {e}", batch.seg.path.display())),
+        };
+        let failed = match outcome {
+            Ok(sync_time) => {
+                crate::fault::crash_point("after_fsync_before_ack");
+                shared.publish(batch.highest);
+                let mut m = metrics.inner.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = m.fsync_us.record((sync_time.as_micros() as u64).max(1));
+                let _ = m.batch_events.record(batch.events.max(1));
+                m.commits += 1;
+                None
+            }
+            Err(reason) => {
+                if failed.is_none() {
+                    tracing::error!(%reason, "writer stopped: appends are refused until restart, reads continue");
+                    shared.fail(reason.clone());
+                    self.fail(reason.clone());
+                }
+                Some(reason)
+            }
+        };
+        let Batch { buf, replies, .. } = batch;
+        answer(replies, failed.as_deref());
+        let mut st = self.lock();
+        st.busy = false;
+        st.spare = Some(buf);
+        drop(st);
+        self.progress.notify_all();
     }
 }
 

@@ -8,8 +8,8 @@
 //! the tips, and copies the framed records into the open batch of [`commit`]'s pipeline, which
 //! writes each batch with one commit marker through O_DIRECT and makes it durable with one
 //! `fdatasync` (a large batch on the committer thread while the writer stages the next, a
-//! small one on the writer's thread). Nobody is answered before the sync returns. A failed write or sync is fail-stop: that batch and every later append get
-//! an error; reads go on.
+//! small one on the writer's thread). Nobody is answered before the sync returns. A failed
+//! write or sync is fail-stop: that batch and every later append get an error; reads go on.
 
 mod commit;
 pub mod condition;
@@ -223,6 +223,7 @@ pub struct Writer {
     line: Option<Arc<GroupCommit>>,
     committer: Option<std::thread::JoinHandle<()>>,
     active_seg: Arc<Segment>,
+    /// Where the recovered active segment ends (the open batch carries the end afterwards).
     active_end: u64,
     next: u64,
     index: ActiveWriter,
@@ -673,8 +674,7 @@ impl Writer {
                         Some((_, n, prev)) if prev.names() == ev.names() => *n += 1,
                         _ => {
                             if let Some((first, n, prev)) = run.replace((pos, 1, ev)) {
-                                self.index.absorb_run(first, n, &prev);
-                                self.tips.absorb_run(first, first + n as u64 - 1, &prev);
+                                self.absorb_run(first, n, &prev);
                             }
                         }
                     }
@@ -683,11 +683,16 @@ impl Writer {
             }
         }
         if let Some((first, n, prev)) = run {
-            self.index.absorb_run(first, n, &prev);
-            self.tips.absorb_run(first, first + n as u64 - 1, &prev);
+            self.absorb_run(first, n, &prev);
         }
         self.next += n_staged;
         self.tips.trim(self.next - 1);
+    }
+
+    /// Feeds `n` events named like `ev` at `first ..` to the index and the tips.
+    fn absorb_run(&mut self, first: u64, n: u32, ev: &EventRef<'_>) {
+        self.index.absorb_run(first, n, ev);
+        self.tips.absorb_run(first, first + n as u64 - 1, ev);
     }
 
     /// Starts writing a spare segment for the next rollover (once an eighth of the active
@@ -753,7 +758,6 @@ impl Writer {
         let limit = self.seg_cfg.segment_size;
         line.quiesce(|open| *open = Batch::new(seg.clone(), file, limit, header_len, &header, buf));
         self.active_seg = seg;
-        self.active_end = header_len;
         Ok(())
     }
 }
