@@ -111,10 +111,6 @@ fn run_ops(stores: &[(&str, Store)], history: &mut Vec<EvSpec>, ops: &[Op]) -> R
     })
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(16)
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
 

@@ -82,10 +82,6 @@ fn check_reads(name: &str, h: &StoreHandle, bias: u32, history: &[EvSpec], reads
     Ok(())
 }
 
-fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(16)
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 200, ..ProptestConfig::default() })]
 

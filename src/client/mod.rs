@@ -417,9 +417,15 @@ impl Client {
 
     /// Sends one request under a fresh id and returns the id.
     fn send(&mut self, kind: request::Kind) -> Result<u64, ClientError> {
+        self.send_with(|id, max, out| proto::encode_frame(&Request::new(id, kind), max, out))
+    }
+
+    /// Sends one frame that `encode(request_id, max_frame_len, out)` appends to `out`; returns
+    /// its request id.
+    fn send_with(&mut self, encode: impl FnOnce(u64, u32, &mut Vec<u8>) -> Result<(), FrameError>) -> Result<u64, ClientError> {
         let id = self.next_id;
         self.out.clear();
-        proto::encode_frame(&Request::new(id, kind), self.max_frame_len, &mut self.out)?;
+        encode(id, self.max_frame_len, &mut self.out)?;
         self.next_id += 1;
         self.io.write_all(&self.out)?;
         self.io.flush()?;
@@ -490,12 +496,7 @@ impl Client {
     pub fn append_refs<'e>(&mut self, events: impl IntoIterator<Item = &'e Event>, condition: Option<AppendCondition>) -> Result<AppendResult, ClientError> {
         let refs: Vec<&Event> = events.into_iter().collect();
         let condition = condition.as_ref().map(convert::condition_to_proto);
-        let id = self.next_id;
-        self.out.clear();
-        proto::append::encode_append_frame(id, &refs, condition.as_ref(), self.max_frame_len, &mut self.out)?;
-        self.next_id += 1;
-        self.io.write_all(&self.out)?;
-        self.io.flush()?;
+        let id = self.send_with(|id, max, out| proto::append::encode_append_frame(id, &refs, condition.as_ref(), max, out))?;
         match self.recv(id)? {
             response::Kind::Append(r) => Ok(AppendResult { first: Position(r.first), last: Position(r.last) }),
             other => Err(ClientError::unexpected(&other, "append")),

@@ -8,6 +8,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tephra::*;
 
+/// Proptest cases for the store-level property tests: `PROPTEST_CASES`, else 16 (each case
+/// opens real stores on disk).
+pub fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(16)
+}
+
 /// An event from string slices.
 pub fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
     Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()

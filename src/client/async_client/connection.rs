@@ -293,9 +293,14 @@ pub(super) struct ConnHandle {
 impl ConnHandle {
     /// Allocates an id and encodes the request frame.
     pub(super) fn prepare(&self, kind: request::Kind) -> Result<(u64, Vec<u8>), ClientError> {
+        self.prepare_with(|id, max, out| proto::encode_frame(&Request::new(id, kind), max, out))
+    }
+
+    /// Allocates an id and encodes a frame with `encode(request_id, max_frame_len, out)`.
+    fn prepare_with(&self, encode: impl FnOnce(u64, u32, &mut Vec<u8>) -> Result<(), FrameError>) -> Result<(u64, Vec<u8>), ClientError> {
         let id = self.shared.next_id();
         let mut frame = Vec::new();
-        proto::encode_frame(&Request::new(id, kind), self.shared.max_frame_len, &mut frame)?;
+        encode(id, self.shared.max_frame_len, &mut frame)?;
         Ok((id, frame))
     }
 
@@ -312,10 +317,7 @@ impl ConnHandle {
     /// An append's id and frame, encoded straight from the events' bytes
     /// ([`proto::append::encode_append_frame`]).
     pub(super) fn prepare_append(&self, events: &[&crate::event::Event], condition: Option<&proto::AppendCondition>) -> Result<(u64, Vec<u8>), ClientError> {
-        let id = self.shared.next_id();
-        let mut frame = Vec::new();
-        proto::append::encode_append_frame(id, events, condition, self.shared.max_frame_len, &mut frame)?;
-        Ok((id, frame))
+        self.prepare_with(|id, max, out| proto::append::encode_append_frame(id, events, condition, max, out))
     }
 
     /// Sends a request expecting exactly one response frame and waits for it.
