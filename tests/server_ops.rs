@@ -384,6 +384,33 @@ fn the_readiness_line_names_the_bound_port_on_stdout() {
     Client::connect(srv.addr).unwrap().stats().unwrap();
 }
 
+#[test]
+fn a_batch_budget_over_the_segment_is_clamped_with_one_warning_and_zero_with_its_own() {
+    // 64 KiB segments: the default 8 MiB budget is clamped (reference §2.1, startup order),
+    // and said once, not once by the binary and again by the writer.
+    let srv = Server::start(&bin(), &[("TEPHRA__SEGMENT__SIZE", "65536")]);
+    let mut c = Client::connect(srv.addr).unwrap();
+    for i in 0..40 {
+        // 40 x 2 KiB crosses a few segments at the clamped budget.
+        c.append(vec![ev("E", &["k:1"], &[i as u8; 2048])], None).unwrap();
+    }
+    let log = srv.log();
+    let clamps: Vec<&str> = log.lines().filter(|l| l.contains("max_batch_bytes") && l.contains("clamped")).collect();
+    assert_eq!(clamps.len(), 1, "one clamp warning: {log}");
+    assert!(clamps[0].contains("WARN") && clamps[0].contains("effective=65472"), "{}", clamps[0]);
+    assert!(!log.contains("group commit is off"), "{log}");
+
+    // A zero budget is accepted (as by the reference) and every request commits alone.
+    let srv = Server::start(&bin(), &[("TEPHRA__WRITER__MAX_BATCH_BYTES", "0")]);
+    let mut c = Client::connect(srv.addr).unwrap();
+    let first = c.append(vec![ev("E", &["k:1"], b"a")], None).unwrap();
+    let second = c.append(vec![ev("E", &["k:1"], b"b"), ev("E", &["k:2"], b"c")], None).unwrap();
+    assert_eq!((first.first.get(), second.first.get(), second.last.get()), (1, 2, 3));
+    let log = srv.log();
+    assert!(log.lines().any(|l| l.contains("WARN") && l.contains("group commit is off")), "{log}");
+    assert!(!log.contains("clamped"), "{log}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Monitoring
 // ---------------------------------------------------------------------------------------------

@@ -52,6 +52,10 @@ fn main() -> ExitCode {
             "writer.max_batch_bytes exceeds the segment capacity and is clamped"
         );
     }
+    if settings.writer.max_batch_bytes == 0 {
+        // Accepted, as by the reference: every request is then over budget and commits alone.
+        tracing::warn!("writer.max_batch_bytes = 0: group commit is off, every append request is synced on its own");
+    }
     // Block the termination signals in every thread; one thread takes them with sigwait.
     let mut set = nix::sys::signal::SigSet::empty();
     set.add(nix::sys::signal::Signal::SIGINT);

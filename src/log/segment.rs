@@ -135,13 +135,21 @@ pub fn create_segment(dir: &Path, base: u64, cfg: &SegmentConfig) -> Result<Path
 /// §3.1); our writer removes a stale one when it opens the log.
 pub const PREPARED_NAME: &str = "segment.prep";
 
+/// Size of one zeroing write of [`prepare_segment`], in bytes. Small, because a commit's
+/// `fdatasync` waits behind whatever zeros are queued at the disk: on this machine's virtio
+/// disk, 96 KiB write+sync commits beside a zeroing thread had a p99 of 921 µs with 1 MiB
+/// chunks, 439 µs with 128 KiB ones and 230 µs with no zeroing; the zeros still go out at
+/// about 500 MB/s, ahead of any append rate the disk sustains. At 16 writers x batch 64 the
+/// server's append p99 went from 2.88-3.16 ms to 2.45-2.47 ms (3 alternated rounds each).
+pub const PREPARE_CHUNK: usize = 128 << 10;
+
 /// Writes a spare segment file ahead of a rollover: `segment_size` bytes of zeros, written and
 /// synced, so its blocks are allocated *and initialised*. Appends into it are plain overwrites:
 /// on ext4 an O_DIRECT write into a fallocated (unwritten) extent must convert the extent when
 /// it completes and `fdatasync` must then persist the extent tree, while an overwrite needs
 /// neither (measured on this machine's virtio disk, 96 KiB commits: write 66 vs 161 µs, sync
-/// 44 vs 91 µs at p50). The zeros are written in 1 MiB O_DIRECT chunks; `cancel` stops it
-/// between chunks (the file is then removed). The file carries no header until
+/// 44 vs 91 µs at p50). The zeros are written in [`PREPARE_CHUNK`] O_DIRECT chunks; `cancel`
+/// stops it between chunks (the file is then removed). The file carries no header until
 /// [`adopt_prepared`] gives it one.
 ///
 /// # Errors
@@ -156,8 +164,7 @@ pub fn prepare_segment(dir: &Path, cfg: &SegmentConfig, cancel: &std::sync::atom
         let f = OpenOptions::new().read(true).write(true).create_new(true).custom_flags(libc::O_DIRECT).open(&path).map_err(io)?;
         crate::fault::io_point("segment_extend").map_err(io)?;
         nix::fcntl::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), nix::fcntl::FallocateFlags::empty(), 0, cfg.segment_size as i64).map_err(|e| io(e.into()))?;
-        const CHUNK: usize = 1 << 20;
-        let zeros = super::aligned::AlignedBuf::zeroed(CHUNK);
+        let zeros = super::aligned::AlignedBuf::zeroed(PREPARE_CHUNK);
         let size = cfg.segment_size;
         // O_DIRECT needs whole blocks: the last chunk is rounded up (the file keeps its size,
         // a write past the end would extend it, so the final partial block is written buffered).
@@ -167,7 +174,7 @@ pub fn prepare_segment(dir: &Path, cfg: &SegmentConfig, cancel: &std::sync::atom
             if cancel.load(std::sync::atomic::Ordering::Relaxed) {
                 return Err(LogError::InvalidConfig { reason: "segment preparation cancelled".into() });
             }
-            let n = (direct_end - off).min(CHUNK as u64) as usize;
+            let n = (direct_end - off).min(PREPARE_CHUNK as u64) as usize;
             f.write_all_at(&zeros.as_slice()[..n], off).map_err(io)?;
             off += n as u64;
         }

@@ -267,7 +267,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         writer: WriterConfig {
             queue_capacity: settings.writer.queue_capacity,
             max_batch_records: settings.writer.max_batch_records,
-            max_batch_bytes: settings.writer.max_batch_bytes,
+            max_batch_bytes: settings.effective_max_batch_bytes(),
             tips_window: settings.writer.tips_window,
             condition_force_scan: settings.writer.condition_force_scan,
             verify_tips: false,

@@ -324,9 +324,14 @@ impl Writer {
         fingerprint: Fingerprint,
         metrics: Arc<WriterMetrics>,
     ) -> Writer {
+        // A batch and its commit marker must fit a segment. A budget over the segment capacity
+        // is a configuration worth a warning (the server has already given it, with the
+        // reference's clamp to the capacity); the marker's few bytes on top are not.
         let cap = (seg_cfg.capacity() as usize).saturating_sub(MARKER_LEN);
         if cfg.max_batch_bytes > cap {
-            tracing::warn!(max_batch_bytes = cfg.max_batch_bytes, clamped = cap, "writer.max_batch_bytes clamped to the segment capacity");
+            if cfg.max_batch_bytes > seg_cfg.capacity() as usize {
+                tracing::warn!(max_batch_bytes = cfg.max_batch_bytes, clamped = cap, "writer.max_batch_bytes clamped to the segment capacity");
+            }
             cfg.max_batch_bytes = cap;
         }
         cfg.queue_capacity = cfg.queue_capacity.max(1);
