@@ -144,8 +144,7 @@ impl GroupCommit {
     /// Runs `f` on the open batch once it has room for `bytes` more bytes of records (an
     /// empty batch always has room; a full one is handed to the committer thread meanwhile).
     /// Waiting here is the writer's backpressure: while it waits it takes no new requests.
-    /// The caller then commits the batch ([`commit_now`](Self::commit_now)) or hands it off
-    /// ([`hand_off`](Self::hand_off)).
+    /// The caller then has the batch committed ([`commit`](Self::commit_or_hand_off)).
     pub(super) fn with_room<R>(&self, bytes: usize, max_bytes: usize, f: impl FnOnce(&mut Batch) -> R) -> R {
         let mut st = self.lock();
         while st.open.events > 0 && st.open.staged_bytes() + bytes > max_bytes && st.failed.is_none() {
@@ -154,12 +153,6 @@ impl GroupCommit {
             st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         f(&mut st.open)
-    }
-
-    /// Hands the open batch to the committer thread, which takes it once the batch before it
-    /// is durable; meanwhile the caller may stage more into it.
-    pub(super) fn hand_off(&self) {
-        self.work.notify_one();
     }
 
     /// Waits until everything staged so far is durable (or failed) and answered, then runs `f`
@@ -193,12 +186,22 @@ impl GroupCommit {
         }
     }
 
-    /// Commits the open batch on the calling thread (the writer's, when group commit runs
-    /// inline), if it has anyone to answer.
-    pub(super) fn commit_now(&self, shared: &Shared, metrics: &WriterMetrics) {
+    /// Has the open batch committed, if it has anyone to answer. A `small` one is committed on
+    /// the calling thread (the writer's) when the committer thread is idle: a hand-over would
+    /// cost a thread wake-up, more than the write overlaps. Otherwise the committer thread
+    /// takes it (once the batch before it is durable) and the writer goes on staging the next
+    /// one into the open batch meanwhile. Committing inline behind a busy committer would keep
+    /// the writer waiting for two commits with nothing staged.
+    pub(super) fn commit_or_hand_off(&self, small: bool, shared: &Shared, metrics: &WriterMetrics) {
         let st = self.lock();
-        if !st.open.replies.is_empty() {
+        if st.open.replies.is_empty() {
+            return;
+        }
+        if small && !st.busy {
             self.commit(st, shared, metrics);
+        } else {
+            drop(st);
+            self.work.notify_one();
         }
     }
 
