@@ -24,7 +24,7 @@ pub mod writer;
 pub use event::{DecodeError, EncodeError, Event, EventRef};
 pub use follow::{Follower, FollowerConfig};
 pub use log::segment::SegmentConfig;
-pub use read::{ReadError, Reads, Subscription, WaitOutcome};
+pub use read::{Polled, ReadError, Reads, Step, Subscription, WaitOutcome};
 pub use store::{OpenError, ReadConfig, Store, StoreConfig, StoreHandle, StoreStats};
 pub use writer::condition::{ConflictClause, ConflictSite};
 pub use writer::{AppendError, PositionRange, WriterConfig};

@@ -321,6 +321,18 @@ enum Plan {
     },
 }
 
+/// What one bounded [`Reads::step`] found.
+pub enum Step<'a> {
+    /// The next match, borrowed from the read's buffer.
+    Event(Position, EventRef<'a>),
+    /// The step's budget of examined positions ran out before a match; call again.
+    Pending,
+    /// No more matches.
+    End,
+    /// The read failed (and is over).
+    Failed(ReadError),
+}
+
 /// A read pinned to the watermark loaded when it started: forward over `(after, watermark]`
 /// ascending, or backward over `[1, before)` ∩ `[1, watermark]` descending, at most `limit`
 /// matches. A lending iterator: each event borrows the read's buffer.
@@ -434,9 +446,30 @@ impl Reads {
     /// A [`ReadError`] ends the read.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Option<Result<(Position, EventRef<'_>), ReadError>> {
+        let mut unlimited = usize::MAX;
+        match self.step(&mut unlimited) {
+            Step::Event(p, ev) => Some(Ok((p, ev))),
+            Step::Failed(e) => Some(Err(e)),
+            Step::End | Step::Pending => None,
+        }
+    }
+
+    /// Like [`next`](Self::next), but a scan takes one unit of `budget` per position it
+    /// examines and returns [`Step::Pending`] once the budget is spent without a match;
+    /// calling again (with more budget) resumes where it stopped. An index-planned read
+    /// examines only matching positions and does not draw on the budget. A server serves
+    /// reads in such steps so that one read over a long stretch of non-matching events cannot
+    /// hold up the other requests of its thread.
+    pub fn step(&mut self, budget: &mut usize) -> Step<'_> {
         loop {
             if self.exhausted() {
-                return None;
+                return Step::End;
+            }
+            if matches!(self.plan, Plan::Scan) {
+                if *budget == 0 {
+                    return Step::Pending;
+                }
+                *budget -= 1;
             }
             let (pos, loaded) = match &mut self.plan {
                 Plan::Scan => {
@@ -447,13 +480,13 @@ impl Reads {
                     if queue.is_empty() {
                         if let Err(e) = self.refill() {
                             self.remaining = Some(0);
-                            return Some(Err(e));
+                            return Step::Failed(e);
                         }
                     }
                     let Plan::Indexed { queue, .. } = &mut self.plan else { unreachable!() };
                     let Some(pos) = queue.pop_front() else {
                         self.remaining = Some(0);
-                        return None;
+                        return Step::End;
                     };
                     let then = queue.front().copied();
                     (pos, self.cursor.fetch(pos, then))
@@ -473,15 +506,24 @@ impl Reads {
                     if let Some(n) = &mut self.remaining {
                         *n -= 1;
                     }
-                    return Some(self.cursor.decode(r).map(|ev| (Position(pos), ev)));
+                    return match self.cursor.decode(r) {
+                        Ok(ev) => Step::Event(Position(pos), ev),
+                        Err(e) => Step::Failed(e),
+                    };
                 }
                 Ok((_, false)) => {}
                 Err(e) => {
                     self.remaining = Some(0);
-                    return Some(Err(e));
+                    return Step::Failed(e);
                 }
             }
         }
+    }
+
+    /// For a forward read: every position at or below this one has been examined (and each
+    /// match among them returned).
+    fn examined_through(&self) -> u64 {
+        self.next - 1
     }
 
 /// Collects the remaining events as owned copies.
@@ -496,6 +538,15 @@ impl Reads {
         }
         Ok(v)
     }
+}
+
+/// How a bounded subscription poll ([`Subscription::poll_within`]) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Polled {
+    /// Events handed to the callback.
+    pub delivered: usize,
+    /// The cursor reached the watermark the poll was pinned to.
+    pub caught_up: bool,
 }
 
 /// How a wait for new events ended.
@@ -533,19 +584,41 @@ impl Subscription {
     ///
     /// # Errors
     /// [`ReadError`].
-    pub fn poll_batch(&mut self, max_events: usize, mut f: impl FnMut(Position, EventRef<'_>)) -> Result<usize, ReadError> {
+    pub fn poll_batch(&mut self, max_events: usize, f: impl FnMut(Position, EventRef<'_>)) -> Result<usize, ReadError> {
+        let mut unlimited = usize::MAX;
+        Ok(self.poll_within(max_events, &mut unlimited, f)?.delivered)
+    }
+
+    /// [`poll_batch`](Self::poll_batch) that examines at most `budget` positions when it has
+    /// to scan (each examined position takes one unit): when the budget runs out first, the
+    /// cursor stops at the last position examined and the poll is not caught up.
+    ///
+    /// # Errors
+    /// [`ReadError`].
+    pub fn poll_within(&mut self, max_events: usize, budget: &mut usize, mut f: impl FnMut(Position, EventRef<'_>)) -> Result<Polled, ReadError> {
         let mut reads = Reads::forward(&self.shared, self.query.clone(), Position(self.cursor), Some(max_events as u64));
         let w = reads.watermark;
-        let mut n = 0;
+        let mut delivered = 0;
         let mut last = self.cursor;
-        while let Some(r) = reads.next() {
-            let (p, e) = r?;
-            f(p, e);
-            last = p.get();
-            n += 1;
+        loop {
+            match reads.step(budget) {
+                Step::Event(p, e) => {
+                    f(p, e);
+                    last = p.get();
+                    delivered += 1;
+                }
+                Step::Failed(e) => return Err(e),
+                Step::Pending => {
+                    self.cursor = reads.examined_through().max(self.cursor);
+                    return Ok(Polled { delivered, caught_up: false });
+                }
+                Step::End => {
+                    let caught_up = delivered < max_events;
+                    self.cursor = if caught_up { w.max(self.cursor) } else { last };
+                    return Ok(Polled { delivered, caught_up });
+                }
+            }
         }
-        self.cursor = if n < max_events { w.max(self.cursor) } else { last };
-        Ok(n)
     }
 
     /// True when events past the cursor are already durable.

@@ -38,6 +38,76 @@ pub fn prepare_memlock(shards: usize) -> usize {
     (per as usize).clamp(64 << 10, IO_MEMORY)
 }
 
+/// Scheduler shares of an executor's bulk queue ([`spawn_bulk`]) against the 1000 of its
+/// default queue: when both have work, bulk tasks get a fifth of the executor.
+pub const BULK_SHARES: usize = 250;
+
+thread_local! {
+    static BULK_QUEUE: std::cell::Cell<Option<glommio::TaskQueueHandle>> = const { std::cell::Cell::new(None) };
+}
+
+/// Spawns `fut` on this executor's **bulk** task queue (created on first use, with
+/// [`BULK_SHARES`]), detached. Long-running streaming work (reads, subscription catch-up) goes
+/// there and calls [`bulk_yield`] between steps, so that the default queue, where connections
+/// read requests and answer appends, gets the executor back within about one [`BULK_SLICE_US`]
+/// however many bulk tasks are busy. Tasks that `fut` spawns stay in the bulk queue.
+/// Cross-thread wake-ups of a bulk task need [`reliable_wakes`] as anywhere else.
+///
+/// # Panics
+/// Outside a glommio executor.
+pub fn spawn_bulk(fut: impl Future<Output = ()> + 'static) {
+    let queue = BULK_QUEUE.with(|q| match q.get() {
+        Some(h) => h,
+        None => {
+            let h = glommio::executor().create_task_queue(glommio::Shares::Static(BULK_SHARES), glommio::Latency::NotImportant, "bulk");
+            q.set(Some(h));
+            h
+        }
+    });
+    // The handle was created by this thread's executor, the only one it ever runs.
+    glommio::spawn_local_into(fut, queue).expect("the bulk queue belongs to this executor").detach();
+}
+
+/// How long the bulk tasks of an executor may run, together, before they step aside for its
+/// I/O and its default queue ([`bulk_yield`]), in microseconds.
+pub const BULK_SLICE_US: u64 = 500;
+
+/// The timer a bulk task waits on when its slice is used up, in microseconds: long enough not
+/// to be due already when it is first polled (glommio then returns at once), short enough to
+/// be due by the time the executor has looked at its I/O.
+const BULK_PAUSE_US: u64 = 20;
+
+thread_local! {
+    /// The bulk tasks' current slice: a number that changes with each slice, and when the
+    /// slice began (`None` before the first).
+    static BULK_SLICE: std::cell::Cell<(u64, Option<std::time::Instant>)> = const { std::cell::Cell::new((0, None)) };
+}
+
+/// Called by a bulk task between steps of its work: once the bulk tasks of this executor have
+/// used up a slice of [`BULK_SLICE_US`] together, each of them waits on a timer that is due
+/// almost at once. glommio 0.9 runs its task queues back to back and looks at I/O only when no
+/// task is runnable (or after its 100 ms preemption timer; a shorter one lost wake-ups here),
+/// so the bulk tasks must all stop being runnable for the executor to take in new requests:
+/// every one of them stops at its next step. The first to resume starts the next slice, which
+/// the others then share.
+pub async fn bulk_yield() {
+    let now = std::time::Instant::now();
+    let (slice, start) = BULK_SLICE.with(|s| s.get());
+    let Some(start) = start else {
+        BULK_SLICE.with(|s| s.set((slice, Some(now))));
+        return;
+    };
+    if now.duration_since(start) < std::time::Duration::from_micros(BULK_SLICE_US) {
+        return;
+    }
+    glommio::timer::sleep(std::time::Duration::from_micros(BULK_PAUSE_US)).await;
+    BULK_SLICE.with(|s| {
+        if s.get().0 == slice {
+            s.set((slice.wrapping_add(1), Some(std::time::Instant::now())));
+        }
+    });
+}
+
 /// How long an idle executor spins before parking, in microseconds: a request arriving within
 /// this window is picked up without a cross-thread wake-up.
 pub const SPIN_BEFORE_PARK_US: u64 = 0;
