@@ -10,3 +10,63 @@ fn server_binary() -> Option<std::path::PathBuf> {
 const SERVER_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 include!("cli/cases.rs");
+
+/// `--timeout` bounds the connect and the Hello too: a server that accepts but never answers
+/// fails the command (exit 4) instead of hanging it.
+#[test]
+fn the_timeout_covers_a_server_that_never_answers_the_hello() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = silent.local_addr().unwrap();
+    for args in [&["--timeout", "1", "stats"][..], &["--timeout", "1", "subscribe"]] {
+        let mut cmd = cli(a);
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let started = Instant::now();
+        let mut child = cmd.spawn().unwrap();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > Duration::from_secs(20) {
+                child.kill().unwrap();
+                panic!("tephra {args:?} still waiting after 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_code(&o, 4);
+        assert!(stderr(&o).contains("cannot connect to"), "{}", stderr(&o));
+    }
+    drop(silent);
+}
+
+/// A plaintext client at a TLS server is told so, not given a frame-length error.
+#[test]
+fn plaintext_at_a_tls_server_says_to_use_tls() {
+    let Some(bin) = server_binary() else { return };
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let toml = format!("[tls]\ncert = {:?}\nkey = {:?}\n", cert.display().to_string(), key.display().to_string());
+    let srv = Server::start_with(&bin, &[], Some(&toml));
+    let o = tephra(srv.addr, &["stats"]);
+    assert_code(&o, 4);
+    assert!(stderr(&o).contains("the server answered with TLS"), "{}", stderr(&o));
+}
+
+/// Import into a server whose segments are smaller than an import batch: the refused batch is
+/// sent again in halves, and every event arrives once, in order.
+#[test]
+fn import_halves_batches_the_server_finds_too_large() {
+    let Some(srv) = start(&[("TEPHRA__SEGMENT__SIZE", "1048576")]) else { return };
+    let file = srv.dir.path().join("big.jsonl");
+    let payload = "x".repeat(2000);
+    let lines: String = (0..1000).map(|i| format!("{{\"type\":\"Big\",\"tags\":[\"n:{i}\"],\"payload\":{payload:?}}}\n")).collect();
+    std::fs::write(&file, lines).unwrap();
+    let o = tephra(srv.addr, &["import", file.to_str().unwrap()]);
+    assert_code(&o, 0);
+    assert!(stdout(&o).starts_with("imported 1000 events in "), "{}", stdout(&o));
+    let got = read_everything(srv.addr);
+    assert_eq!(got.len(), 1000);
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(e.event.tags().collect::<Vec<_>>(), [format!("n:{i}")]);
+    }
+}

@@ -157,6 +157,16 @@ fn host_of(addr: &str) -> &str {
 /// Connects and performs the Hello; `timeout` applies the global `--timeout`.
 pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
     let token = g.token.as_deref();
+    // Checked before connecting: the timeout bounds the connect and the Hello too.
+    let limit = match g.timeout {
+        Some(secs) => Some(
+            Duration::try_from_secs_f64(secs)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| CliError::usage(format!("--timeout {secs}: expected a positive number of seconds")))?,
+        ),
+        None => None,
+    };
     let use_tls = g.tls || g.tls_ca.is_some() || g.tls_server_name.is_some();
     let result = if use_tls {
         let config = match &g.tls_ca {
@@ -165,9 +175,15 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
             None => tls::config_with_native_roots().map_err(|e| CliError::other(format!("TLS roots: {e}")))?,
         };
         let name = g.tls_server_name.clone().unwrap_or_else(|| host_of(&g.addr).to_owned());
-        Client::connect_tls_with(g.addr.as_str(), &name, config, token)
+        match limit {
+            Some(d) => Client::connect_tls_within(g.addr.as_str(), &name, config, token, d),
+            None => Client::connect_tls_with(g.addr.as_str(), &name, config, token),
+        }
     } else {
-        Client::connect_with(g.addr.as_str(), token)
+        match limit {
+            Some(d) => Client::connect_within(g.addr.as_str(), token, d),
+            None => Client::connect_with(g.addr.as_str(), token),
+        }
     };
     let mut client = result.map_err(|e| {
         let what = match e.kind() {
@@ -177,12 +193,9 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
         let code = if e.kind() == io::ErrorKind::InvalidInput { 2 } else { 4 };
         CliError { code, message: format!("{what} {}: {e}", g.addr), server: None }
     })?;
-    if let (true, Some(secs)) = (timeout, g.timeout) {
-        let d = Duration::try_from_secs_f64(secs)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| CliError::usage(format!("--timeout {secs}: expected a positive number of seconds")))?;
-        client.set_timeout(Some(d)).map_err(|e| CliError::other(format!("setting the timeout: {e}")))?;
+    if !timeout && limit.is_some() {
+        // A long-lived command (subscribe): the timeout covered only the connect.
+        client.set_timeout(None).map_err(|e| CliError::other(format!("setting the timeout: {e}")))?;
     }
     Ok(client)
 }

@@ -152,6 +152,11 @@ impl ClientError {
             e @ (ClientError::UnexpectedEof | ClientError::Frame(FrameError::Torn { .. })) => {
                 io::Error::new(io::ErrorKind::UnexpectedEof, e)
             }
+            // A TLS record header (content type 21 = alert or 22 = handshake, version 3.x)
+            // read as a frame length: a TLS server answering a plaintext Hello.
+            ClientError::Frame(FrameError::TooLong { len, .. }) if matches!(len >> 24, 21 | 22) && (len >> 16) & 0xff == 3 => {
+                io::Error::new(io::ErrorKind::InvalidData, "the server answered with TLS: connect with TLS (the server has tls.cert and tls.key set)")
+            }
             e => io::Error::new(io::ErrorKind::InvalidData, e),
         }
     }
@@ -282,6 +287,24 @@ fn dial(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
     Ok(tcp)
 }
 
+/// [`dial`] where each address tried gets `timeout` to connect, and the socket's reads and
+/// writes are then bounded by `timeout` too.
+fn dial_within(addr: impl ToSocketAddrs, timeout: Duration) -> io::Result<TcpStream> {
+    let mut last = None;
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(tcp) => {
+                tcp.set_nodelay(true)?;
+                tcp.set_read_timeout(Some(timeout))?;
+                tcp.set_write_timeout(Some(timeout))?;
+                return Ok(tcp);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the address resolved to nothing")))
+}
+
 impl Client {
     /// Connects over plain TCP and performs the Hello without a token.
     ///
@@ -302,6 +325,34 @@ impl Client {
     /// mismatch) or a malformed answer.
     pub fn connect_with(addr: impl ToSocketAddrs, auth_token: Option<&str>) -> io::Result<Client> {
         Client::handshake(Transport::Plain(dial(addr)?), auth_token)
+    }
+
+    /// [`connect_with`](Self::connect_with) bounded by `timeout`: the TCP connect (per
+    /// address), the Hello's write and its answer each get `timeout`, and the client keeps it
+    /// for every later call ([`set_timeout`](Self::set_timeout)). A server that accepts but
+    /// never answers fails the connect instead of hanging it.
+    ///
+    /// # Errors
+    /// As [`connect_with`](Self::connect_with); a timeout is `TimedOut` or `WouldBlock`. A
+    /// zero `timeout` is refused (`InvalidInput`).
+    pub fn connect_within(addr: impl ToSocketAddrs, auth_token: Option<&str>, timeout: Duration) -> io::Result<Client> {
+        Client::handshake(Transport::Plain(dial_within(addr, timeout)?), auth_token)
+    }
+
+    /// [`connect_tls_with`](Self::connect_tls_with) bounded by `timeout` as
+    /// [`connect_within`](Self::connect_within) is; the TLS handshake gets at most `timeout`
+    /// (and never more than its usual 10 s).
+    ///
+    /// # Errors
+    /// As [`connect_tls_with`](Self::connect_tls_with) and [`connect_within`](Self::connect_within).
+    pub fn connect_tls_within(
+        addr: impl ToSocketAddrs,
+        server_name: &str,
+        tls_config: Arc<rustls::ClientConfig>,
+        auth_token: Option<&str>,
+        timeout: Duration,
+    ) -> io::Result<Client> {
+        Client::tls(dial_within(addr, timeout)?, server_name, tls_config, auth_token, Some(timeout))
     }
 
     /// Connects over TLS (implicit: the TLS handshake comes first, spec §1.1), verifying
@@ -329,11 +380,23 @@ impl Client {
         tls_config: Arc<rustls::ClientConfig>,
         auth_token: Option<&str>,
     ) -> io::Result<Client> {
+        Client::tls(dial(addr)?, server_name, tls_config, auth_token, None)
+    }
+
+    /// The TLS handshake over `tcp` (at most `timeout`, capped at 10 s), then the Hello; the
+    /// socket's timeouts end as `timeout` (none when `None`).
+    fn tls(
+        mut tcp: TcpStream,
+        server_name: &str,
+        tls_config: Arc<rustls::ClientConfig>,
+        auth_token: Option<&str>,
+        timeout: Option<Duration>,
+    ) -> io::Result<Client> {
         let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let mut tcp = dial(addr)?;
         let mut conn = rustls::ClientConnection::new(tls_config, name).map_err(io::Error::other)?;
-        let deadline = Instant::now() + TLS_HANDSHAKE_LIMIT;
+        let limit = timeout.map_or(TLS_HANDSHAKE_LIMIT, |t| t.min(TLS_HANDSHAKE_LIMIT));
+        let deadline = Instant::now() + limit;
         tcp.set_read_timeout(Some(TLS_HANDSHAKE_POLL))?;
         tcp.set_write_timeout(Some(TLS_HANDSHAKE_POLL))?;
         while conn.is_handshaking() {
@@ -347,11 +410,11 @@ impl Client {
                 Err(e) => return Err(e),
             }
             if conn.is_handshaking() && Instant::now() >= deadline {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "TLS handshake did not finish within 10 s"));
+                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("TLS handshake did not finish within {limit:?}")));
             }
         }
-        tcp.set_read_timeout(None)?;
-        tcp.set_write_timeout(None)?;
+        tcp.set_read_timeout(timeout)?;
+        tcp.set_write_timeout(timeout)?;
         Client::handshake(Transport::Tls(Box::new(rustls::StreamOwned::new(conn, tcp))), auth_token)
     }
 

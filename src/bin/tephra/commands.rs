@@ -419,7 +419,7 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
         serde_json::json!({ "exported": count, "first": first, "last": last }).to_string()
     } else {
         match (first, last) {
-            (Some(a), Some(b)) => format!("exported {count} events (positions {a}..={b})"),
+            (Some(a), Some(b)) => format!("exported {} (positions {a}..={b})", events_word(count as u64)),
             _ => "exported 0 events".to_owned(),
         }
     };
@@ -444,9 +444,19 @@ pub struct ImportArgs {
     /// The JSON-lines file (`-` or none: stdin).
     #[arg(value_name = "FILE")]
     file: Option<PathBuf>,
-    /// Events per append (at most; batches also stay under 8 MiB).
+    /// Events per append (at most; batches also stay under 8 MiB, and one the server refuses
+    /// as too large for its segments is sent again in halves).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     batch: usize,
+}
+
+/// "1 event", "2 events".
+fn events_word(n: u64) -> String {
+    if n == 1 {
+        "1 event".to_owned()
+    } else {
+        format!("{n} events")
+    }
 }
 
 /// Splits `events` into batches of at most `max` events and about [`MAX_BATCH_BYTES`].
@@ -483,9 +493,20 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
     let mut client = connect(g, true)?;
     let bar = progress(total, "events");
     let (mut done, mut first, mut last, mut count) = (0u64, None::<Position>, None::<Position>, 0usize);
-    for batch in batches(events, args.batch) {
+    let mut queue: std::collections::VecDeque<Vec<Event>> = batches(events, args.batch).into();
+    while let Some(mut batch) = queue.pop_front() {
         let n = batch.len() as u64;
-        let r = client.append(batch, None).map_err(|e| {
+        let r = client.append_refs(&batch, None);
+        if let Err(tephra::client::ClientError::Server { code: tephra::proto::ErrorCode::TooLarge, .. }) = &r {
+            if batch.len() > 1 {
+                // Nothing of it was appended: a store with small segments takes it in halves.
+                let back = batch.split_off(batch.len() / 2);
+                queue.push_front(back);
+                queue.push_front(batch);
+                continue;
+            }
+        }
+        let r = r.map_err(|e| {
             bar.abandon();
             let so_far = match (first, last) {
                 (Some(a), Some(b)) => format!("{done} of {total} events were appended (positions {a}..={b})"),
@@ -512,7 +533,7 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
         .to_string()
     } else {
         match (first, last) {
-            (Some(a), Some(b)) => format!("imported {done} events in {count} batches (positions {a}..={b})"),
+            (Some(a), Some(b)) => format!("imported {} in {count} batch{} (positions {a}..={b})", events_word(done), if count == 1 { "" } else { "es" }),
             _ => "imported 0 events".to_owned(),
         }
     };
