@@ -10,8 +10,8 @@
 //!   then sends a `CancelRequest` and ends, and the connection stays usable (frames that
 //!   still arrive for an abandoned request id are skipped, spec §1.5);
 //! - dropping an unfinished [`SubscribeStream`] also sends a `CancelRequest`;
-//! - dropping an unfinished [`ReadStream`] reads and discards up to its `ReadEnd` (no
-//!   cancel), as the reference does.
+//! - dropping an unfinished [`ReadStream`] sends a `CancelRequest` too (the reference's
+//!   client reads on to the `ReadEnd`, however long the read).
 //!
 //! There are no automatic retries and no reconnects. After an I/O or framing error the
 //! connection should be discarded.

@@ -14,8 +14,10 @@ use crate::proto::{self, response};
 /// `Result<SequencedEvent, ClientError>` that borrows the client.
 ///
 /// After the last event, [`watermark`](Self::watermark) gives the durable tip the read was
-/// pinned to. An error ends the stream. Dropping it before the end reads and discards the
-/// rest of the read's frames (up to its `ReadEnd`) so the connection stays aligned.
+/// pinned to. An error ends the stream. Dropping it before the end sends a `CancelRequest`
+/// for the read (spec §1.5): the server stops streaming it, and whatever of it is still on its
+/// way is skipped by the client's next call (frames of an abandoned request id are), so the
+/// connection stays usable without reading the rest of a long read.
 pub struct ReadStream<'a> {
     client: &'a mut Client,
     id: u64,
@@ -104,11 +106,9 @@ impl Iterator for ReadStream<'_> {
 
 impl Drop for ReadStream<'_> {
     fn drop(&mut self) {
-        // Keep the connection frame-aligned: consume the rest of this read.
-        while !self.finished {
-            if self.pull().is_err() {
-                break;
-            }
+        if !self.finished {
+            self.finished = true;
+            let _ = self.client.send_cancel(self.id);
         }
     }
 }

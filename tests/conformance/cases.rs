@@ -674,3 +674,25 @@ fn a_client_timeout_is_reported_and_the_subscription_resumes() {
     assert!(matches!(sub.next().unwrap().unwrap(), SubEvent::Event(e) if e.position == Position(1)));
     assert!(matches!(sub.next().unwrap().unwrap(), SubEvent::CaughtUp(Position(1))));
 }
+
+/// Dropping a read stream before its end cancels the read: the connection goes on at once
+/// with the next call, the late frames of the dropped read are skipped, and answers stay right.
+#[test]
+fn dropping_a_long_read_cancels_it_and_the_connection_goes_on() {
+    let Some(srv) = start(&[("TEPHRA__SERVER__READS__BATCH_EVENTS", "16")]) else { return };
+    let mut c = Client::connect(srv.addr).unwrap();
+    for b in 0..20 {
+        c.append((0..1000).map(|i| ev("Bulk", &[&format!("n:{}", b * 1000 + i)], &[1u8; 100])).collect::<Vec<_>>(), None).unwrap();
+    }
+    for round in 0..3 {
+        let mut r = c.read(Query::all(), Position::ZERO, None).unwrap();
+        let first: Vec<u64> = r.by_ref().take(5).map(|e| e.unwrap().position.get()).collect();
+        assert_eq!(first, [1, 2, 3, 4, 5]);
+        drop(r);
+        let a = c.append(vec![ev("After", &[], b"")], None).unwrap();
+        assert_eq!(a.first.get(), 20_001 + round);
+        let (tail, _) = c.read_all(Query::item(QueryItem::new(vec![EventType::new("After").unwrap()], Tags::empty())), Position(20_000)).unwrap();
+        assert_eq!(tail.len() as u64, round + 1);
+    }
+    assert_eq!(c.stats().unwrap().event_count, 20_003);
+}
