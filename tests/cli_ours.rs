@@ -39,14 +39,7 @@ fn the_timeout_covers_a_server_that_never_answers_the_hello() {
 /// A plaintext client at a TLS server is told so, not given a frame-length error.
 #[test]
 fn plaintext_at_a_tls_server_says_to_use_tls() {
-    let Some(bin) = server_binary() else { return };
-    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let toml = format!("[tls]\ncert = {:?}\nkey = {:?}\n", cert.display().to_string(), key.display().to_string());
-    let srv = Server::start_with(&bin, &[], Some(&toml));
+    let Some((srv, _cert, _certs)) = tls_server() else { return };
     let o = tephra(srv.addr, &["stats"]);
     assert_code(&o, 4);
     assert!(stderr(&o).contains("the server answered with TLS"), "{}", stderr(&o));

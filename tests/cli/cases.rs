@@ -363,16 +363,22 @@ fn tokens_from_the_flag_or_the_environment() {
     assert_code(&tephra(a, &["read"]), 4);
 }
 
-#[test]
-fn tls_with_a_custom_ca() {
-    let Some(bin) = server_binary() else { return };
+/// A server with TLS on, its certificate (self-signed for `localhost`) in a scratch directory
+/// that lives as long as the returned guard; `None` skips.
+fn tls_server() -> Option<(Server, std::path::PathBuf, tempfile::TempDir)> {
+    let bin = server_binary()?;
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
     let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
     std::fs::write(&cert, ck.cert.pem()).unwrap();
     std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
     let toml = format!("[tls]\ncert = {:?}\nkey = {:?}\n", cert.display().to_string(), key.display().to_string());
-    let srv = Server::start_with(&bin, &[], Some(&toml));
+    Some((Server::start_with(&bin, &[], Some(&toml)), cert, certs))
+}
+
+#[test]
+fn tls_with_a_custom_ca() {
+    let Some((srv, cert, _certs)) = tls_server() else { return };
     let ca = cert.to_str().unwrap();
     let tls = ["--tls-ca", ca, "--tls-server-name", "localhost"];
     let mut args = tls.to_vec();
