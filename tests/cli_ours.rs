@@ -31,7 +31,7 @@ fn the_timeout_covers_a_server_that_never_answers_the_hello() {
         }
         let o = child.wait_with_output().unwrap();
         assert_code(&o, 4);
-        assert!(stderr(&o).contains("cannot connect to"), "{}", stderr(&o));
+        assert!(stderr(&o).contains("cannot connect to") && stderr(&o).contains("no answer within 1s (--timeout)"), "{}", stderr(&o));
     }
     drop(silent);
 }

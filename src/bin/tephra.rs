@@ -118,7 +118,11 @@ impl CliError {
             ClientError::Frame(FrameError::TooLong { .. }) => (2, None),
             ClientError::Frame(_) | ClientError::Protocol(_) => (1, None),
         };
-        CliError { code, message: format!("{context}: {err}"), server }
+        let message = match &err {
+            ClientError::Io(e) if timed_out(e) => format!("{context}: the server did not answer within --timeout"),
+            _ => format!("{context}: {err}"),
+        };
+        CliError { code, message, server }
     }
 
     /// A local write failed: a closed pipe (`tephra read | head`) stops quietly.
@@ -146,6 +150,11 @@ impl CliError {
             eprintln!("tephra: {}", self.message);
         }
     }
+}
+
+/// A socket timeout (`--timeout` ran out): blocking sockets report it as `WouldBlock`.
+fn timed_out(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
 /// The host part of `HOST:PORT` or `[V6]:PORT`, for certificate verification.
@@ -191,7 +200,11 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
             _ => "cannot connect to",
         };
         let code = if e.kind() == io::ErrorKind::InvalidInput { 2 } else { 4 };
-        CliError { code, message: format!("{what} {}: {e}", g.addr), server: None }
+        let message = match limit {
+            Some(d) if timed_out(&e) => format!("{what} {}: no answer within {d:?} (--timeout)", g.addr),
+            _ => format!("{what} {}: {e}", g.addr),
+        };
+        CliError { code, message, server: None }
     })?;
     if !timeout && limit.is_some() {
         // A long-lived command (subscribe): the timeout covered only the connect.

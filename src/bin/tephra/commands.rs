@@ -510,7 +510,7 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
             bar.abandon();
             let so_far = match (first, last) {
                 (Some(a), Some(b)) => format!("{done} of {total} events were appended (positions {a}..={b})"),
-                _ => format!("nothing was appended ({total} events to go)"),
+                _ => format!("nothing was appended ({} to go)", events_word(total)),
             };
             let mut err = CliError::client("import failed", e);
             err.message = format!("{}; {so_far}", err.message);
