@@ -547,6 +547,9 @@ impl Conn {
                     p
                 }
             };
+            // Planning a read costs something too: a burst of new reads takes its turn with
+            // the running ones rather than all planning before the executor looks at I/O.
+            shards::bulk_yield().await;
             if permit.is_some() && !cancel.get() {
                 let reads = if r.reverse {
                     me.ctx.store.read_back(query, crate::model::Position(r.after), r.limit)
@@ -650,6 +653,7 @@ impl Conn {
     }
 
     async fn run_subscription(&self, id: u64, query: crate::model::Query, after: crate::model::Position, cancel: &Cell<bool>) {
+        shards::bulk_yield().await;
         let mut sub = self.ctx.store.subscribe(query, after);
         let cfg = &self.ctx.settings.server.reads;
         let tick = self.ctx.settings.server.subscriptions.wait_tick();
