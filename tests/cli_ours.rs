@@ -63,3 +63,16 @@ fn import_halves_batches_the_server_finds_too_large() {
         assert_eq!(e.event.tags().collect::<Vec<_>>(), [format!("n:{i}")]);
     }
 }
+
+/// And a TLS client at a plaintext server is told the server does not speak TLS.
+#[test]
+fn tls_at_a_plaintext_server_says_so() {
+    let Some(srv) = start(&[]) else { return };
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let ca = certs.path().join("ca.pem");
+    std::fs::write(&ca, ck.cert.pem()).unwrap();
+    let o = tephra(srv.addr, &["--tls-ca", ca.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
+    assert_code(&o, 4);
+    assert!(stderr(&o).contains("the server does not speak TLS here"), "{}", stderr(&o));
+}

@@ -281,6 +281,19 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// A TLS handshake error, with a hint where the usual cause is known: a server that answers
+/// in plaintext makes rustls see an unknown record type.
+fn tls_hint(e: io::Error) -> io::Error {
+    let plaintext = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|r| matches!(r, rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)));
+    if plaintext {
+        return io::Error::new(io::ErrorKind::InvalidData, format!("{e}: the server does not speak TLS here (connect without TLS?)"));
+    }
+    e
+}
+
 fn dial(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
     let tcp = TcpStream::connect(addr)?;
     tcp.set_nodelay(true)?;
@@ -407,7 +420,7 @@ impl Client {
                         e.kind(),
                         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
                     ) => {}
-                Err(e) => return Err(e),
+                Err(e) => return Err(tls_hint(e)),
             }
             if conn.is_handshaking() && Instant::now() >= deadline {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, format!("TLS handshake did not finish within {limit:?}")));
