@@ -67,6 +67,14 @@ struct Lanes {
 }
 
 impl Lanes {
+    /// True when `ev` must go into a new `ReadEvents` frame: `enc` already holds events and
+    /// one more (its body plus up to 24 bytes of position and field framing) would push the
+    /// frame past `max_frame_len`.
+    fn needs_new_frame(&self, enc: &ReadEventsEncoder, ev: &crate::event::EventRef<'_>) -> bool {
+        let body = crate::proto::batch::event_body_len(ev) + 24;
+        !enc.is_empty() && enc.events_len() + body + FRAME_HEAD_ROOM > self.max_frame_len as usize
+    }
+
     fn encode(&self, id: u64, kind: response::Kind) -> Option<Vec<u8>> {
         let mut out = Vec::new();
         match pb::encode_frame(&pb::Response::new(id, kind), self.max_frame_len, &mut out) {
@@ -594,8 +602,7 @@ impl Conn {
                     return;
                 }
                 Step::Event(p, ev) => {
-                    let body = crate::proto::batch::event_body_len(&ev) + 24;
-                    if !enc.is_empty() && enc.events_len() + body + FRAME_HEAD_ROOM > self.lanes.max_frame_len as usize {
+                    if self.lanes.needs_new_frame(&enc, &ev) {
                         // Keep every frame within max_frame_len: send what we have first.
                         if !self.flush_batch(id, &mut enc, &mut count).await {
                             return;
@@ -671,8 +678,7 @@ impl Conn {
                 if failed.is_some() {
                     return;
                 }
-                let body = crate::proto::batch::event_body_len(&ev) + 24;
-                if !enc.is_empty() && enc.events_len() + body + FRAME_HEAD_ROOM > self.lanes.max_frame_len as usize {
+                if self.lanes.needs_new_frame(&enc, &ev) {
                     match enc.finish(id, self.lanes.max_frame_len) {
                         Ok(f) => frames.push(f.to_vec()),
                         Err(e) => failed = Some(e.to_string()),

@@ -144,7 +144,7 @@ impl GroupCommit {
     /// Runs `f` on the open batch once it has room for `bytes` more bytes of records (an
     /// empty batch always has room; a full one is handed to the committer thread meanwhile).
     /// Waiting here is the writer's backpressure: while it waits it takes no new requests.
-    /// The caller then has the batch committed ([`commit`](Self::commit_or_hand_off)).
+    /// The caller then has the batch committed ([`commit_or_hand_off`](Self::commit_or_hand_off)).
     pub(super) fn with_room<R>(&self, bytes: usize, max_bytes: usize, f: impl FnOnce(&mut Batch) -> R) -> R {
         let mut st = self.lock();
         while st.open.events > 0 && st.open.staged_bytes() + bytes > max_bytes && st.failed.is_none() {

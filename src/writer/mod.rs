@@ -733,15 +733,16 @@ impl Writer {
     /// durable). The old segment's index is sealed on a thread of its own.
     fn rollover(&mut self, line: &GroupCommit) -> Result<(), String> {
         let base = self.next;
-        let path = match self.take_prepared() {
-            Some(spare) => match adopt_prepared(&self.dir, &spare, base, &self.seg_cfg) {
-                Ok(path) => path,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot use the prepared segment; creating one");
-                    let _ = std::fs::remove_file(&spare);
-                    create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?
-                }
-            },
+        let adopted = self.take_prepared().and_then(|spare| match adopt_prepared(&self.dir, &spare, base, &self.seg_cfg) {
+            Ok(path) => Some(path),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot use the prepared segment; creating one");
+                let _ = std::fs::remove_file(&spare);
+                None
+            }
+        });
+        let path = match adopted {
+            Some(path) => path,
             None => create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?,
         };
         crate::fault::crash_point("segment_created_before_commit");

@@ -419,7 +419,7 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
         serde_json::json!({ "exported": count, "first": first, "last": last }).to_string()
     } else {
         match (first, last) {
-            (Some(a), Some(b)) => format!("exported {} (positions {a}..={b})", events_word(count as u64)),
+            (Some(a), Some(b)) => format!("exported {} (positions {a}..={b})", events_word(count)),
             _ => "exported 0 events".to_owned(),
         }
     };
