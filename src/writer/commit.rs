@@ -115,6 +115,13 @@ pub(super) struct GroupCommit {
     work: Condvar,
     /// Signalled when the committer takes a batch or finishes one.
     progress: Condvar,
+    /// The last commit's write + sync time, microseconds, and the bytes it wrote.
+    last_commit: std::sync::atomic::AtomicU64,
+}
+
+/// Packs a commit's duration (µs, low 40 bits) and size (KiB, high 24 bits) into one word.
+fn pack_commit(took: Duration, bytes: usize) -> u64 {
+    (took.as_micros() as u64).min((1 << 40) - 1) | (((bytes >> 10) as u64).min((1 << 24) - 1) << 40)
 }
 
 impl GroupCommit {
@@ -124,6 +131,7 @@ impl GroupCommit {
             state: Mutex::new(State { open, busy: false, failed: None, stop: false, spare: None }),
             work: Condvar::new(),
             progress: Condvar::new(),
+            last_commit: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -164,6 +172,14 @@ impl GroupCommit {
             st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         f(&mut st.open)
+    }
+
+    /// True when the last commit's write + sync took longer than `base` plus `per_mib` for each
+    /// MiB it wrote: the disk is slow right now.
+    pub(super) fn last_commit_slow(&self, base: Duration, per_mib: Duration) -> bool {
+        let v = self.last_commit.load(std::sync::atomic::Ordering::Relaxed);
+        let (took_us, kib) = (v & ((1 << 40) - 1), v >> 40);
+        took_us as u128 > base.as_micros() + per_mib.as_micros() * kib as u128 / 1024
     }
 
     /// Lets the committer finish what is open and exit.
@@ -242,7 +258,12 @@ impl GroupCommit {
 
         let outcome = match &failed {
             Some(reason) => Err(reason.clone()),
-            None => write_and_sync(&mut batch).map_err(|e| format!("{}: {e}", batch.seg.path.display())),
+            None => {
+                let t = std::time::Instant::now();
+                let r = write_and_sync(&mut batch).map_err(|e| format!("{}: {e}", batch.seg.path.display()));
+                self.last_commit.store(pack_commit(t.elapsed(), batch.buf.len()), std::sync::atomic::Ordering::Relaxed);
+                r
+            }
         };
         let failed = match outcome {
             Ok(sync_time) => {

@@ -18,7 +18,7 @@ use crate::event::{Event, EventRef};
 use crate::log::record::{frame_data, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
 use commit::{Batch, GroupCommit, Reply};
 use crate::log::aligned::{AlignedBuf, BLOCK};
-use crate::log::segment::{adopt_prepared, create_segment, prepare_segment, Fingerprint, Segment, SegmentConfig, PREPARED_NAME};
+use crate::log::segment::{adopt_prepared, create_segment, prepare_segment, zero_prepared, Fingerprint, Segment, SegmentConfig, PREPARED_NAME};
 use crate::model::AppendCondition;
 use crate::read::{Cursor, ReadError, Shared};
 use condition::{evaluate, ConflictClause, ConflictSite, Staged, Verdict};
@@ -299,10 +299,19 @@ fn lower_priority() {
 /// ones by the committer thread, overlapped with staging the next.
 const INLINE_COMMIT_MAX: usize = 32 << 10;
 
-/// A spare segment on its way ([`prepare_segment`] on a thread of its own).
+/// A commit (write + sync) slower than this plus [`SLOW_COMMIT_PER_MIB`] per MiB written says
+/// the disk is struggling: zeroing the spare then holds off for [`ZERO_HOLD`], since the
+/// zeros would sit in the same queues as the commits.
+const SLOW_COMMIT: std::time::Duration = std::time::Duration::from_millis(10);
+const SLOW_COMMIT_PER_MIB: std::time::Duration = std::time::Duration::from_millis(2);
+const ZERO_HOLD: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// A spare segment on its way: reserved by [`prepare_segment`], then zeroed by
+/// [`zero_prepared`], on a thread of its own; `stop` ends the zeroing (the spare is usable
+/// either way).
 struct Preparation {
     thread: std::thread::JoinHandle<Result<PathBuf, crate::log::LogError>>,
-    cancel: Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 enum Decision {
@@ -410,7 +419,11 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            let t0 = std::time::Instant::now();
+            let n = drain.len();
             self.process(drain);
+            let el = t0.elapsed();
+            if el.as_millis() >= 20 { eprintln!("STALL process {n} reqs took {:?}", el); }
             if let Some(ack) = shutdown {
                 if let Some(r) = pushback.take() {
                     self.process(vec![r]);
@@ -434,7 +447,7 @@ impl Writer {
         }
         self.finish_sealing();
         if let Some(p) = self.preparing.take() {
-            p.cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            p.stop.store(true, std::sync::atomic::Ordering::Relaxed);
             if let Ok(Ok(path)) = p.thread.join() {
                 let _ = std::fs::remove_file(path);
             }
@@ -614,8 +627,12 @@ impl Writer {
             });
             if !fits {
                 // Everything staged goes to the old segment first; its index is then complete.
+                let t0 = std::time::Instant::now();
                 line.quiesce(|_| ());
-                if let Err(e) = self.rollover(&line) {
+                let t1 = t0.elapsed();
+                let r = self.rollover(&line);
+                eprintln!("ROLL quiesce {:?} rollover {:?}", t1, t0.elapsed() - t1);
+                if let Err(e) = r {
                     self.fail(format!("cannot create a new segment: {e}"));
                     let reason = self.failed.clone().unwrap_or_default();
                     deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
@@ -696,30 +713,42 @@ impl Writer {
         self.tips.absorb_run(first, first + n as u64 - 1, ev);
     }
 
-    /// Starts writing a spare segment for the next rollover (once an eighth of the active
+    /// Starts preparing a spare segment for the next rollover (once an eighth of the active
     /// segment is used, so a store that writes little never pays for one; one attempt per
-    /// active segment).
+    /// active segment): reserve it, then zero it, holding off while commits are slow.
     fn start_preparing(&mut self) {
         self.prepared_for = self.active_seg.base;
-        let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (dir, cfg, c) = (self.dir.clone(), self.seg_cfg, cancel.clone());
+        let Some(line) = self.line.clone() else { return };
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (dir, cfg, halt) = (self.dir.clone(), self.seg_cfg, stop.clone());
         match std::thread::Builder::new().name("tephra-prepare".into()).spawn(move || {
             lower_priority();
-            prepare_segment(&dir, &cfg, &c)
+            let path = prepare_segment(&dir, &cfg)?;
+            let mut held_until = std::time::Instant::now();
+            let mut allowance = || {
+                let now = std::time::Instant::now();
+                if line.last_commit_slow(SLOW_COMMIT, SLOW_COMMIT_PER_MIB) {
+                    held_until = now + ZERO_HOLD;
+                }
+                if now < held_until { 0 } else { u64::MAX }
+            };
+            if let Err(e) = zero_prepared(&path, &cfg, &halt, &mut allowance) {
+                tracing::debug!(error = %e, "zeroing the spare segment failed; it stays usable");
+            }
+            Ok(path)
         }) {
-            Ok(thread) => self.preparing = Some(Preparation { thread, cancel }),
+            Ok(thread) => self.preparing = Some(Preparation { thread, stop }),
             Err(e) => tracing::warn!(error = %e, "cannot start preparing the next segment; it will be created at rollover"),
         }
     }
 
-    /// The spare segment, when its preparation has finished and succeeded. One still being
-    /// written is left to finish (for the rollover after this one).
+    /// The spare segment, once reserved: its zeroing is stopped wherever it got to (a reserved
+    /// file is usable as it is, and the rollover is waiting). `None` when there is none or its
+    /// reservation failed.
     fn take_prepared(&mut self) -> Option<PathBuf> {
-        if !self.preparing.as_ref()?.thread.is_finished() {
-            tracing::debug!("rollover before the spare segment was ready; creating one");
-            return None;
-        }
-        match self.preparing.take()?.thread.join() {
+        let p = self.preparing.take()?;
+        p.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        match p.thread.join() {
             Ok(Ok(path)) => Some(path),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "preparing the next segment failed; creating it at rollover");
