@@ -249,6 +249,38 @@ fn invalid_utf8_anywhere_is_a_frame_level_bad_request_then_close() {
     raw.expect_closed();
 }
 
+/// A client still writing a frame over the cap when the server gives up on it: the server
+/// half-closes and discards the rest, so the client finishes its write and reads the TOO_LARGE
+/// error and then end-of-stream (a close with the body unread would be a reset, and a reset
+/// makes the client's kernel drop the error frame before the client reads it).
+#[test]
+fn a_client_writing_an_oversized_frame_reads_the_error_not_a_reset() {
+    let srv = Server::start_with(&bin(), &[], Some("[server]\nmax_frame_len = 1048576\n"));
+    for attempt in 0..5 {
+        let mut raw = RawConn::connect_hello(srv.addr);
+        let body = vec![0x5au8; 24 << 20];
+        let mut f = (body.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(&body);
+        // The whole frame goes out: the server keeps reading (and discarding) after its error.
+        raw.stream.write_all(&f).unwrap_or_else(|e| panic!("attempt {attempt}: writing the frame failed: {e}"));
+        let r = match raw.dec.read_next(&mut raw.stream) {
+            Ok(Some(b)) => <Response as prost::Message>::decode(b).unwrap(),
+            other => panic!("attempt {attempt}: expected the error frame, got {other:?}"),
+        };
+        assert_eq!(r.request_id, 0);
+        let e = error_of(&r);
+        assert_eq!((e.code(), e.message.as_str()), (ErrorCode::TooLarge, convert::text::frame_too_long(24 << 20, 1 << 20).as_str()));
+        // Then a clean end of stream, not a reset.
+        match raw.dec.read_next(&mut raw.stream) {
+            Ok(None) => {}
+            other => panic!("attempt {attempt}: expected a clean close, got {other:?}"),
+        }
+    }
+    // The server goes on serving.
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append([ev("E", &["t"], b"x")], None).unwrap();
+}
+
 #[test]
 fn a_read_past_the_inflight_and_overflow_budgets_is_rejected() {
     let srv = start(&[

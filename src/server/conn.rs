@@ -115,7 +115,10 @@ impl Lanes {
 /// Only consecutive *control* frames count toward the 64: counting every frame (as this did)
 /// made bulk the preferred lane for the rest of any long read, so an append ack queued behind
 /// the whole multi-megabyte read (tests/server_wire.rs, an_append_ack_overtakes_a_large_read_*).
-async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8>>, bulk: flume::Receiver<Vec<u8>>) {
+///
+/// Returns the writer once both lanes are closed and everything was written (`None` after a
+/// failed write), so the connection can be half-closed.
+async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8>>, bulk: flume::Receiver<Vec<u8>>) -> Option<W> {
     let mut control_run = 0u32;
     let mut pending = false;
     loop {
@@ -128,7 +131,7 @@ async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8
             Some(f) => f,
             None => {
                 if std::mem::take(&mut pending) && w.flush().await.is_err() {
-                    return;
+                    return None;
                 }
                 control_run = 0;
                 let got = futures_lite::future::or(async { control.recv_async().await.ok().map(|f| (true, f)) }, async {
@@ -141,24 +144,23 @@ async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8
                         // One lane closed: drain the other, then stop.
                         while let Ok(f) = control.try_recv().or_else(|_| bulk.try_recv()) {
                             if w.write_all(&f).await.is_err() {
-                                return;
+                                return None;
                             }
                         }
-                        let _ = w.flush().await;
-                        return;
+                        return w.flush().await.ok().map(|_| w);
                     }
                 }
             }
         };
         control_run = if is_control { control_run + 1 } else { 0 };
         if w.write_all(&frame).await.is_err() {
-            return;
+            return None;
         }
         pending = true;
         // The end of a control run: push it out (TLS buffers records until flushed).
         if is_control && control.is_empty() && !bulk.is_empty() {
             if w.flush().await.is_err() {
-                return;
+                return None;
             }
             pending = false;
         }
@@ -240,6 +242,8 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
     let mut established = false;
     let mut partial_since: Option<Instant> = None;
     let mut last_activity = Instant::now();
+    // The client ended the stream (or it failed): nothing to linger for at the close.
+    let mut client_closed = false;
     'conn: loop {
         // Serve every complete frame already buffered.
         loop {
@@ -332,31 +336,71 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
         .await;
         match got {
             None => continue,
-            Some(Ok(0)) => break 'conn,
+            Some(Ok(0)) => {
+                client_closed = true;
+                break 'conn;
+            }
             Some(Ok(_)) => {
                 if !dec.has_partial() || partial_since.is_none() {
                     last_activity = Instant::now();
                 }
             }
-            Some(Err(_)) => break 'conn,
+            Some(Err(_)) => {
+                client_closed = true;
+                break 'conn;
+            }
         }
     }
     for flag in conn.cancels.borrow().values() {
         flag.set(true);
     }
-    drop(reader);
     // Let queued frames go out (they may be an error telling the client why), then close. A
     // client that stopped reading gets a bounded grace, shorter during a shutdown; dropping the
     // egress task then closes the socket and fails any producer still waiting on a lane.
     let lanes = conn.lanes.clone();
     drop(conn);
     drop(lanes);
-    let grace = if ctx.is_shutting_down() { SHUTDOWN_DRAIN } else { CLOSE_DRAIN };
-    let _ = futures_lite::future::or(egress_task, async {
+    let shutting_down = ctx.is_shutting_down();
+    let grace = if shutting_down { SHUTDOWN_DRAIN } else { CLOSE_DRAIN };
+    let sent = futures_lite::future::or(egress_task, async {
         glommio::timer::sleep(grace).await;
+        None
     })
     .await;
+    if let (Some(writer), false) = (sent, shutting_down || client_closed) {
+        linger(reader, writer).await;
+    }
 }
+
+/// Closes a connection the server gave up on while its client may still be sending (a frame
+/// over the cap, a bad Hello, an undecodable frame, a timeout): half-close (the client reads
+/// the error and then end-of-stream), then read and discard what keeps arriving until the
+/// client closes too, for at most [`LINGER`] and [`LINGER_BYTES`]. Closing a socket with
+/// unread bytes in it sends a reset instead, and a reset makes the client's kernel drop the
+/// error frame it had not read yet: a client that was writing a 20 MiB frame would see
+/// "connection reset" instead of `TOO_LARGE`.
+async fn linger<R: futures_lite::AsyncRead + Unpin, W: AsyncWrite + Unpin>(mut reader: R, mut writer: W) {
+    use futures_lite::{AsyncReadExt, AsyncWriteExt};
+    if writer.close().await.is_err() {
+        return;
+    }
+    let discard = async {
+        let mut buf = vec![0u8; 64 << 10];
+        let mut total = 0usize;
+        while total < LINGER_BYTES {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    futures_lite::future::or(discard, glommio::timer::sleep(LINGER)).await;
+}
+
+/// Longest a closing connection keeps discarding what its client still sends.
+const LINGER: Duration = Duration::from_secs(2);
+/// Most bytes a closing connection discards before it closes regardless.
+const LINGER_BYTES: usize = 64 << 20;
 
 /// Positions a read or a subscription's catch-up may scan without a match before it checks
 /// whether the shard's other work is due (each costs about 0.1 µs: ~50 µs per step).
