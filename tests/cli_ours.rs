@@ -64,6 +64,26 @@ fn import_halves_batches_the_server_finds_too_large() {
     }
 }
 
+/// Import into a server whose frame cap is smaller than an import batch: the server refuses the
+/// frame and closes; the import reconnects once, learns the cap from the error and sends
+/// every batch in halves under it.
+#[test]
+fn import_splits_batches_over_the_servers_frame_cap() {
+    let Some(srv) = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "65536")]) else { return };
+    let file = srv.dir.path().join("many.jsonl");
+    let payload = "y".repeat(200);
+    let lines: String = (0..3000).map(|i| format!("{{\"type\":\"E\",\"tags\":[\"n:{i}\"],\"payload\":{payload:?}}}\n")).collect();
+    std::fs::write(&file, lines).unwrap();
+    let o = tephra(srv.addr, &["import", file.to_str().unwrap()]);
+    assert_code(&o, 0);
+    assert!(stdout(&o).starts_with("imported 3000 events in "), "{}", stdout(&o));
+    let got = read_everything(srv.addr);
+    assert_eq!(got.len(), 3000);
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(e.event.tags().collect::<Vec<_>>(), [format!("n:{i}")]);
+    }
+}
+
 /// And a TLS client at a plaintext server is told the server does not speak TLS.
 #[test]
 fn tls_at_a_plaintext_server_says_so() {

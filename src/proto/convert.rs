@@ -326,6 +326,15 @@ pub mod text {
         format!("frame length {len} exceeds the maximum of {max}")
     }
 
+    /// The cap named by a [`frame_too_long`] text (the server's `server.max_frame_len`, bytes);
+    /// `None` for any other text.
+    pub fn frame_cap_of(message: &str) -> Option<u32> {
+        let rest = message.strip_prefix("frame length ")?;
+        let (len, max) = rest.split_once(" exceeds the maximum of ")?;
+        len.parse::<u64>().ok()?;
+        max.parse().ok()
+    }
+
     /// A frame body that does not parse, including invalid UTF-8 in a string field
     /// (`BAD_REQUEST`, id 0, then close). The reference sends this fixed text whatever the
     /// parse failure was (65 bytes: the `2a 45 08 05 12 41 ...` example of spec §1.3); the
@@ -412,6 +421,15 @@ mod tests {
 
     fn pev(ty: &str, tags: &[&str], payload: &[u8]) -> pb::Event {
         pb::Event { r#type: ty.into(), tags: tags.iter().map(|s| s.to_string()).collect(), payload: payload.to_vec() }
+    }
+
+    #[test]
+    fn the_frame_cap_is_read_back_from_its_refusal_text_only() {
+        assert_eq!(text::frame_cap_of(&text::frame_too_long(25_165_824, 1_048_576)), Some(1_048_576));
+        assert_eq!(text::frame_cap_of(&text::frame_too_long(u32::MAX as u64, 16_777_216)), Some(16_777_216));
+        for other in ["append of 9 bytes exceeds the segment capacity", "frame length x exceeds the maximum of 5", "frame length 9 exceeds the maximum of", ""] {
+            assert_eq!(text::frame_cap_of(other), None, "{other:?}");
+        }
     }
 
     #[test]

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tephra::client::{SequencedEvent, SubEvent};
+use tephra::client::{ClientError, SequencedEvent, SubEvent};
+use tephra::proto::ErrorCode;
 use tephra::{AppendCondition, Event, EventType, Position, Query, QueryItem, Tags};
 
 use crate::{connect, jsonl, CliError, Global};
@@ -445,7 +446,7 @@ pub struct ImportArgs {
     #[arg(value_name = "FILE")]
     file: Option<PathBuf>,
     /// Events per append (at most; batches also stay under 8 MiB, and one the server refuses
-    /// as too large for its segments is sent again in halves).
+    /// as too large, for its segments or its frame cap, is sent again in halves).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     batch: usize,
 }
@@ -497,9 +498,24 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
     while let Some(mut batch) = queue.pop_front() {
         let n = batch.len() as u64;
         let r = client.append_refs(&batch, None);
-        if let Err(tephra::client::ClientError::Server { code: tephra::proto::ErrorCode::TooLarge, .. }) = &r {
-            if batch.len() > 1 {
-                // Nothing of it was appended: a store with small segments takes it in halves.
+        if batch.len() > 1 {
+            // Nothing of a batch refused as too large was appended: it goes again in halves.
+            let refused = match &r {
+                // Too large for the store's segments (the connection stays open).
+                Err(ClientError::Server { code: ErrorCode::TooLarge, message, .. }) => {
+                    // Or over the server's frame cap: it closed the connection. Reconnect, and
+                    // let the client refuse later batches over that cap before sending them.
+                    if let Some(cap) = tephra::proto::convert::text::frame_cap_of(message) {
+                        client = connect(g, true)?;
+                        client.set_max_frame_len(cap);
+                    }
+                    true
+                }
+                // Over the cap learned above: refused before anything was sent.
+                Err(ClientError::Frame(tephra::proto::FrameError::TooLong { .. })) => true,
+                _ => false,
+            };
+            if refused {
                 let back = batch.split_off(batch.len() / 2);
                 queue.push_front(back);
                 queue.push_front(batch);
