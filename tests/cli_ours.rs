@@ -84,6 +84,24 @@ fn import_splits_batches_over_the_servers_frame_cap() {
     }
 }
 
+/// A server whose own certificate is a CA certificate: the client names the mistake.
+#[test]
+fn a_ca_certificate_used_as_the_servers_is_named() {
+    let Some(bin) = server_binary() else { return };
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let ca = params.self_signed(&key).unwrap();
+    let (cert_path, key_path) = (certs.path().join("ca.pem"), certs.path().join("ca-key.pem"));
+    std::fs::write(&cert_path, ca.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let srv = Server::start_with(&bin, &[], Some(&support::tls_toml(&cert_path, &key_path)));
+    let o = tephra(srv.addr, &["--tls-ca", cert_path.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
+    assert_code(&o, 4);
+    assert!(stderr(&o).contains("the server presents a CA certificate as its own"), "{}", stderr(&o));
+}
+
 /// And a TLS client at a plaintext server is told the server does not speak TLS.
 #[test]
 fn tls_at_a_plaintext_server_says_so() {

@@ -282,7 +282,8 @@ impl std::fmt::Debug for Client {
 }
 
 /// A TLS handshake error, with a hint where the usual cause is known: a server that answers
-/// in plaintext makes rustls see an unknown record type.
+/// in plaintext makes rustls see an unknown record type; a server whose certificate is a CA
+/// certificate is refused as `CaUsedAsEndEntity`.
 fn tls_hint(e: io::Error) -> io::Error {
     let plaintext = e
         .get_ref()
@@ -290,6 +291,14 @@ fn tls_hint(e: io::Error) -> io::Error {
         .is_some_and(|r| matches!(r, rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)));
     if plaintext {
         return io::Error::new(io::ErrorKind::InvalidData, format!("{e}: the server does not speak TLS here (connect without TLS?)"));
+    }
+    // webpki's CaUsedAsEndEntity reaches us only inside rustls's catch-all
+    // `CertificateError::Other`, so its name is all there is to match.
+    if e.to_string().contains("CaUsedAsEndEntity") {
+        return io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{e}: the server presents a CA certificate as its own; give the server a certificate issued by that CA (tls.cert) and trust the CA here"),
+        );
     }
     e
 }
