@@ -419,11 +419,7 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let t0 = std::time::Instant::now();
-            let n = drain.len();
             self.process(drain);
-            let el = t0.elapsed();
-            if el.as_millis() >= 20 { eprintln!("STALL process {n} reqs took {:?}", el); }
             if let Some(ack) = shutdown {
                 if let Some(r) = pushback.take() {
                     self.process(vec![r]);
@@ -627,12 +623,12 @@ impl Writer {
             });
             if !fits {
                 // Everything staged goes to the old segment first; its index is then complete.
-                let t0 = std::time::Instant::now();
+                let started = std::time::Instant::now();
                 line.quiesce(|_| ());
-                let t1 = t0.elapsed();
-                let r = self.rollover(&line);
-                eprintln!("ROLL quiesce {:?} rollover {:?}", t1, t0.elapsed() - t1);
-                if let Err(e) = r {
+                let quiet = started.elapsed();
+                let rolled = self.rollover(&line);
+                tracing::debug!(base = self.next, quiesce_us = quiet.as_micros() as u64, total_us = started.elapsed().as_micros() as u64, "rollover");
+                if let Err(e) = rolled {
                     self.fail(format!("cannot create a new segment: {e}"));
                     let reason = self.failed.clone().unwrap_or_default();
                     deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
