@@ -281,6 +281,43 @@ fn a_client_writing_an_oversized_frame_reads_the_error_not_a_reset() {
     c.append([ev("E", &["t"], b"x")], None).unwrap();
 }
 
+/// An event that fits the inbound frame cap but whose read frame would not (a read adds the
+/// position and framing) is refused with TOO_LARGE, not stored to fail every read that
+/// reaches it; the largest event that can be read back is stored and read back.
+#[test]
+fn an_event_that_could_not_be_read_back_is_refused() {
+    let cap = 65_536u32;
+    let srv = Server::start_with(&bin(), &[], Some(&format!("[server]\nmax_frame_len = {cap}\n")));
+    let mut c = Client::connect(srv.addr).unwrap();
+    let body_of = |n: usize| proto::batch::event_body_len(&ev("E", &["t"], &vec![1u8; n]).as_ref());
+    let fits = (1..cap as usize).rev().find(|&n| proto::batch::lone_event_frame_len(body_of(n)) <= cap as usize).unwrap();
+    // One byte more: the append frame itself is still under the cap.
+    let over = ev("E", &["t"], &vec![1u8; fits + 1]);
+    let mut frame = Vec::new();
+    proto::encode_frame(&append_req(9, "t", &vec![1u8; fits + 1]), u32::MAX, &mut frame).unwrap();
+    assert!(frame.len() - 4 <= cap as usize, "the append frame must pass the inbound cap");
+    match c.append([over], None) {
+        Err(tephra::client::ClientError::Server { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::TooLarge);
+            assert!(message.starts_with("event too large to read back"), "{message}");
+        }
+        other => panic!("expected TOO_LARGE, got {other:?}"),
+    }
+    // The same through the raw fast path, and the connection stays usable.
+    let mut raw = RawConn::connect_hello(srv.addr);
+    raw.send_bytes(&frame);
+    let r = raw.recv().unwrap();
+    assert_eq!((r.request_id, error_of(&r).code()), (9, ErrorCode::TooLarge));
+    raw.send(&stats_req(10));
+    assert_eq!(raw.recv().unwrap().request_id, 10);
+    // The largest readable event is stored and comes back whole.
+    let at = c.append([ev("E", &["t"], &vec![2u8; fits])], None).unwrap();
+    assert_eq!((at.first.get(), at.last.get()), (1, 1));
+    let got: Vec<_> = c.read(tephra::Query::all(), tephra::Position::ZERO, None).unwrap().collect::<Result<_, _>>().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].event.data().len(), fits);
+}
+
 #[test]
 fn a_read_past_the_inflight_and_overflow_budgets_is_rejected() {
     let srv = start(&[

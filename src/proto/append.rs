@@ -33,6 +33,9 @@ pub struct FramedAppend {
     pub count: u32,
     /// The largest framed record, in bytes.
     pub largest_record: usize,
+    /// The largest event's wire `Event` body, in bytes, as a read sends it back
+    /// ([`crate::proto::batch::event_body_len`]).
+    pub largest_event: usize,
     /// The condition, still in wire form.
     pub condition: Option<pb::AppendCondition>,
     /// The first validation refusal, if any (answer `BAD_REQUEST`, append nothing).
@@ -115,7 +118,7 @@ pub fn decode(frame: &[u8]) -> Result<Option<FramedAppend>, DecodeError> {
         return Ok(None);
     }
     let mut body = append_body.unwrap_or(&[]);
-    let mut out = FramedAppend { request_id, records: Vec::with_capacity(body.len() + body.len() / 8), count: 0, largest_record: 0, condition: None, invalid: None };
+    let mut out = FramedAppend { request_id, records: Vec::with_capacity(body.len() + body.len() / 8), count: 0, largest_record: 0, largest_event: 0, condition: None, invalid: None };
     let mut conditions = 0;
     let mut tags: Vec<&str> = Vec::new();
     while !body.is_empty() {
@@ -208,6 +211,8 @@ fn encode_event<'a>(mut ev: &'a [u8], out: &mut FramedAppend, tags: &mut Vec<&'a
     let crc = h.finalize().to_le_bytes();
     r[start + 4..start + 8].copy_from_slice(&crc);
     out.largest_record = out.largest_record.max(RECORD_HEAD + size);
+    let body = ld_len(1, ty.len()) + tags.iter().map(|t| ld_len(2, t.len())).sum::<usize>() + if payload.is_empty() { 0 } else { ld_len(3, payload.len()) };
+    out.largest_event = out.largest_event.max(body);
     Ok(())
 }
 

@@ -33,6 +33,19 @@ pub fn event_body_len(event: &EventRef<'_>) -> usize {
     n
 }
 
+/// The longest `ReadEvents` frame body (bytes, without the 4-byte length prefix) a read may
+/// need to send one event whose `tephra.v1.Event` body is `event_body` bytes
+/// ([`event_body_len`]) on its own: `Response{request_id, read_events{events:
+/// [SequencedEvent{position, event}]}}` with the id and the position at their longest
+/// (10-byte varints). An event for which this exceeds the connection's `max_frame_len` could
+/// be stored but never read back over it (reference protocol §1.2 caps frames both ways; its
+/// open question 3 notes the reference has no such guard).
+pub fn lone_event_frame_len(event_body: usize) -> usize {
+    let seq = 11 + 1 + encoded_len_varint(event_body as u64) + event_body;
+    let events = 1 + encoded_len_varint(seq as u64) + seq;
+    11 + 1 + encoded_len_varint(events as u64) + events
+}
+
 /// Builds one `ReadEvents` response frame incrementally. Typical use: [`push`](Self::push)
 /// events until a batch threshold is reached, then [`finish`](Self::finish) to get the frame
 /// bytes, write them, and [`clear`](Self::clear) to reuse the buffer.
@@ -150,6 +163,28 @@ impl ReadEventsEncoder {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_lone_event_bound_is_the_longest_frame_one_event_makes() {
+        use crate::event::Event;
+        use crate::model::{EventType, Tags};
+        for (payload, tags) in [(0usize, 0usize), (1, 1), (127, 3), (128, 0), (16_383, 2), (16_384, 9), (2_097_152, 1)] {
+            let tag_names: Vec<String> = (0..tags).map(|i| format!("tag-{i}")).collect();
+            let ev = Event::new(&EventType::new("Type").unwrap(), &Tags::new(tag_names.iter().map(String::as_str)).unwrap(), &vec![7u8; payload]).unwrap();
+            let body = event_body_len(&ev.as_ref());
+            let bound = lone_event_frame_len(body);
+            for (id, pos) in [(u64::MAX, u64::MAX), (1, 1), (300, 1 << 40)] {
+                let mut enc = ReadEventsEncoder::new();
+                enc.push(Position(pos), &ev.as_ref());
+                let frame_body = enc.finish(id, u32::MAX).unwrap().len() - 4;
+                if id == u64::MAX {
+                    assert_eq!(frame_body, bound, "payload {payload}, {tags} tags");
+                } else {
+                    assert!(frame_body < bound, "payload {payload}, {tags} tags, id {id}");
+                }
+            }
+        }
+    }
+
     use super::*;
     use crate::event::Event;
     use crate::model::{EventType, Tags};

@@ -284,6 +284,13 @@ pub mod text {
         format!("event batch of {size} bytes exceeds the segment capacity")
     }
 
+    /// An event a read could never send back: its lone `ReadEvents` frame would be `len`
+    /// bytes, over the connection's cap `max` (`TOO_LARGE`; ours only, the reference stores
+    /// such an event and then fails every read that reaches it).
+    pub fn unreadable_event(len: usize, max: u32) -> String {
+        format!("event too large to read back: a read frame holding it would be {len} bytes, over the maximum of {max} (server.max_frame_len)")
+    }
+
     /// A failed log write (`INTERNAL`).
     pub fn log_write_failed(detail: impl std::fmt::Display) -> String {
         format!("log write failed: {detail}")
@@ -371,6 +378,11 @@ pub fn empty_append_error() -> pb::ErrorResponse {
 /// `TOO_LARGE`: a batch of `size` bytes that cannot fit an empty segment.
 pub fn batch_too_large_error(size: usize) -> pb::ErrorResponse {
     pb::ErrorResponse::new(ErrorCode::TooLarge, text::batch_too_large(size))
+}
+
+/// `TOO_LARGE`: an event whose read frame (`len` bytes) would exceed the cap `max`.
+pub fn unreadable_event_error(len: usize, max: u32) -> pb::ErrorResponse {
+    pb::ErrorResponse::new(ErrorCode::TooLarge, text::unreadable_event(len, max))
 }
 
 /// `INTERNAL`: the log write failed.

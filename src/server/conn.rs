@@ -492,6 +492,9 @@ impl Conn {
         if fa.count == 0 {
             return self.append_error(id, convert::empty_append_error()).await;
         }
+        if let Some(e) = self.unreadable(fa.largest_event) {
+            return self.append_error(id, e).await;
+        }
         // The reader waits here while the append budget is spent (backpressure).
         let Ok(permit) = self.append_budget.acquire_static_permit(1).await else { return };
         let prepared = match PreparedAppend::from_framed(fa.records, fa.count, fa.largest_record, condition, self.ctx.store.segment_config()) {
@@ -510,6 +513,10 @@ impl Conn {
         if events.is_empty() {
             return self.append_error(id, convert::empty_append_error()).await;
         }
+        let largest = events.iter().map(|e| crate::proto::batch::event_body_len(&e.as_ref())).max().unwrap_or(0);
+        if let Some(e) = self.unreadable(largest) {
+            return self.append_error(id, e).await;
+        }
         // The reader waits here while the append budget is spent (backpressure).
         let Ok(permit) = self.append_budget.acquire_static_permit(1).await else { return };
         let prepared = match PreparedAppend::new(&events, condition, self.ctx.store.segment_config()) {
@@ -518,6 +525,14 @@ impl Conn {
         };
         drop(events);
         self.submit(id, prepared, permit, started).await;
+    }
+
+    /// `TOO_LARGE` when an event whose wire body is `largest_event` bytes could not be sent
+    /// back by a read on this connection's frame cap: stored, it would fail every read that
+    /// reaches it.
+    fn unreadable(&self, largest_event: usize) -> Option<pb::ErrorResponse> {
+        let len = crate::proto::batch::lone_event_frame_len(largest_event);
+        (len > self.lanes.max_frame_len as usize).then(|| convert::unreadable_event_error(len, self.lanes.max_frame_len))
     }
 
     /// Queues a prepared append on the writer and answers it when its batch is durable.
