@@ -318,6 +318,21 @@ fn an_event_that_could_not_be_read_back_is_refused() {
     assert_eq!(got[0].event.data().len(), fits);
 }
 
+/// A reply over a tiny `server.max_frame_len` cannot be sent: the connection is closed instead
+/// of leaving the client waiting for it (here the HelloAck itself does not fit).
+#[test]
+fn a_reply_over_a_tiny_frame_cap_closes_the_connection_instead_of_hanging() {
+    let srv = Server::start_with(&bin(), &[], Some("[server]\nmax_frame_len = 10\n"));
+    let mut raw = RawConn::connect(srv.addr);
+    raw.send(&Request::hello(1, None));
+    let started = Instant::now();
+    raw.expect_closed();
+    assert!(started.elapsed() < Duration::from_secs(5), "closed only after {:?}", started.elapsed());
+    let e = Client::connect(srv.addr).err().expect("the Hello cannot be answered");
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+    assert!(srv.log().contains("response frame not sent"), "{}", srv.log());
+}
+
 #[test]
 fn a_read_past_the_inflight_and_overflow_budgets_is_rejected() {
     let srv = start(&[

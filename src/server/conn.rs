@@ -64,6 +64,10 @@ struct Lanes {
     control: flume::Sender<Vec<u8>>,
     bulk: flume::Sender<Vec<u8>>,
     max_frame_len: u32,
+    /// Set (and the reader woken through `abandon_tx`) when a control frame could not be
+    /// sent: its request would wait forever, so the connection is closed.
+    abandoned: Rc<Cell<bool>>,
+    abandon_tx: flume::Sender<()>,
 }
 
 impl Lanes {
@@ -86,9 +90,19 @@ impl Lanes {
         }
     }
 
+    /// Queues a control frame. One over `max_frame_len` (a HelloAck, an ack or an error under
+    /// a tiny `server.max_frame_len`) cannot be sent and its client would wait for it forever:
+    /// the connection is closed instead, as the reference does (its protocol §1.2 and open
+    /// question 3).
     async fn control(&self, id: u64, kind: response::Kind) {
-        if let Some(f) = self.encode(id, kind) {
-            let _ = self.control.send_async(f).await;
+        match self.encode(id, kind) {
+            Some(f) => {
+                let _ = self.control.send_async(f).await;
+            }
+            None => {
+                self.abandoned.set(true);
+                let _ = self.abandon_tx.try_send(());
+            }
         }
     }
 
@@ -225,9 +239,10 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
     let bp = &ctx.settings.server.backpressure;
     let (ctl_tx, ctl_rx) = flume::bounded(bp.max_inflight_per_conn.max(64));
     let (bulk_tx, bulk_rx) = flume::bounded(bp.frame_queue_depth.max(1));
+    let (abandon_tx, abandon_rx) = flume::bounded(1);
     let egress_task = glommio::spawn_local(egress(writer, ctl_rx, bulk_rx));
     let conn = Rc::new(Conn {
-        lanes: Lanes { control: ctl_tx, bulk: bulk_tx, max_frame_len: ctx.settings.server.max_frame_len },
+        lanes: Lanes { control: ctl_tx, bulk: bulk_tx, max_frame_len: ctx.settings.server.max_frame_len, abandoned: Rc::new(Cell::new(false)), abandon_tx },
         append_budget: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
         read_budget: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
         read_overflow: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
@@ -294,6 +309,9 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 break 'conn;
             }
         }
+        if conn.lanes.abandoned.get() {
+            break 'conn;
+        }
         partial_since = if dec.has_partial() { partial_since.or(Some(Instant::now())) } else { None };
         let now = Instant::now();
         let mut deadline: Option<Instant> = None;
@@ -324,7 +342,12 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
             async { Some(dec.fill_from_async(&mut reader).await) },
             futures_lite::future::or(
                 async {
-                    glommio::timer::sleep(wait).await;
+                    // Ends with the wait, or when a reply could not be sent (checked above).
+                    let _ = futures_lite::future::or(async { abandon_rx.recv_async().await.ok() }, async {
+                        glommio::timer::sleep(wait).await;
+                        None
+                    })
+                    .await;
                     None
                 },
                 async {
