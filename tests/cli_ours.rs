@@ -45,23 +45,29 @@ fn plaintext_at_a_tls_server_says_to_use_tls() {
     assert!(stderr(&o).contains("the server answered with TLS"), "{}", stderr(&o));
 }
 
-/// Import into a server whose segments are smaller than an import batch: the refused batch is
-/// sent again in halves, and every event arrives once, in order.
-#[test]
-fn import_halves_batches_the_server_finds_too_large() {
-    let Some(srv) = start(&[("TEPHRA__SEGMENT__SIZE", "1048576")]) else { return };
-    let file = srv.dir.path().join("big.jsonl");
-    let payload = "x".repeat(2000);
-    let lines: String = (0..1000).map(|i| format!("{{\"type\":\"Big\",\"tags\":[\"n:{i}\"],\"payload\":{payload:?}}}\n")).collect();
+/// Imports `n` events tagged `n:0`, `n:1`, ... with `payload_len`-byte payloads into `srv` and
+/// checks every one arrived once, in order.
+fn import_in_order(srv: &Server, n: usize, payload_len: usize) {
+    let file = srv.dir.path().join("import.jsonl");
+    let payload = "x".repeat(payload_len);
+    let lines: String = (0..n).map(|i| format!("{{\"type\":\"E\",\"tags\":[\"n:{i}\"],\"payload\":{payload:?}}}\n")).collect();
     std::fs::write(&file, lines).unwrap();
     let o = tephra(srv.addr, &["import", file.to_str().unwrap()]);
     assert_code(&o, 0);
-    assert!(stdout(&o).starts_with("imported 1000 events in "), "{}", stdout(&o));
+    assert!(stdout(&o).starts_with(&format!("imported {n} events in ")), "{}", stdout(&o));
     let got = read_everything(srv.addr);
-    assert_eq!(got.len(), 1000);
+    assert_eq!(got.len(), n);
     for (i, e) in got.iter().enumerate() {
         assert_eq!(e.event.tags().collect::<Vec<_>>(), [format!("n:{i}")]);
     }
+}
+
+/// Import into a server whose segments are smaller than an import batch: the refused batch is
+/// sent again in halves.
+#[test]
+fn import_halves_batches_the_server_finds_too_large() {
+    let Some(srv) = start(&[("TEPHRA__SEGMENT__SIZE", "1048576")]) else { return };
+    import_in_order(&srv, 1000, 2000);
 }
 
 /// Import into a server whose frame cap is smaller than an import batch: the server refuses the
@@ -70,18 +76,7 @@ fn import_halves_batches_the_server_finds_too_large() {
 #[test]
 fn import_splits_batches_over_the_servers_frame_cap() {
     let Some(srv) = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "65536")]) else { return };
-    let file = srv.dir.path().join("many.jsonl");
-    let payload = "y".repeat(200);
-    let lines: String = (0..3000).map(|i| format!("{{\"type\":\"E\",\"tags\":[\"n:{i}\"],\"payload\":{payload:?}}}\n")).collect();
-    std::fs::write(&file, lines).unwrap();
-    let o = tephra(srv.addr, &["import", file.to_str().unwrap()]);
-    assert_code(&o, 0);
-    assert!(stdout(&o).starts_with("imported 3000 events in "), "{}", stdout(&o));
-    let got = read_everything(srv.addr);
-    assert_eq!(got.len(), 3000);
-    for (i, e) in got.iter().enumerate() {
-        assert_eq!(e.event.tags().collect::<Vec<_>>(), [format!("n:{i}")]);
-    }
+    import_in_order(&srv, 3000, 200);
 }
 
 /// A server whose own certificate is a CA certificate: the client names the mistake.
