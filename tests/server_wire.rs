@@ -333,6 +333,42 @@ fn a_reply_over_a_tiny_frame_cap_closes_the_connection_instead_of_hanging() {
     assert!(srv.log().contains("response frame not sent"), "{}", srv.log());
 }
 
+/// A store holding an event over the current frame cap (the cap was lowered): a subscription
+/// delivers every event before it, like a read, then fails with INTERNAL; nothing readable is
+/// skipped.
+#[test]
+fn a_subscription_delivers_everything_before_an_event_too_large_to_send() {
+    let mut srv = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "65536")]);
+    seed(srv.addr, 30, 100, 200);
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append([ev("E", &["big"], &vec![3u8; 40_000])], None).unwrap();
+    drop(c);
+    srv.restart(&bin(), &[("TEPHRA__SERVER__MAX_FRAME_LEN", "4096")]);
+    for after in [0u64, 1000, 2500] {
+        let mut raw = RawConn::connect_hello(srv.addr);
+        raw.send(&subscribe_all_req(2, after));
+        let mut next = after + 1;
+        loop {
+            let r = raw.recv().expect("the subscription ends with an error frame");
+            match r.kind {
+                Some(response::Kind::ReadEvents(b)) => {
+                    for e in b.events {
+                        assert_eq!(e.position, next);
+                        next += 1;
+                    }
+                }
+                Some(response::Kind::Error(e)) => {
+                    assert_eq!(e.code(), ErrorCode::Internal);
+                    assert!(e.message.starts_with("event too large to send"), "{}", e.message);
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(next, 3001, "every event before the large one arrives (subscribed after {after})");
+    }
+}
+
 #[test]
 fn a_read_past_the_inflight_and_overflow_budgets_is_rejected() {
     let srv = start(&[

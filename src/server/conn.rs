@@ -787,6 +787,13 @@ impl Conn {
                 enc.clear();
                 count = 0;
             }
+            // The frames built before a failure go out first: the subscriber gets every event
+            // up to the one that failed, as a read does.
+            for f in frames {
+                if !self.lanes.bulk_frame(f).await {
+                    return;
+                }
+            }
             let polled = match (polled, failed) {
                 (Ok(p), None) => p,
                 (Err(e), _) => {
@@ -798,11 +805,6 @@ impl Conn {
                     return;
                 }
             };
-            for f in frames {
-                if !self.lanes.bulk_frame(f).await {
-                    return;
-                }
-            }
             if polled.delivered > 0 || !polled.caught_up {
                 if polled.delivered > 0 {
                     announced = false;
