@@ -312,6 +312,9 @@ impl Cursor {
 /// How a read finds its events (reference engine §5.2): decode every position in range, or
 /// take the positions from the indexes and fetch only those.
 enum Plan {
+    /// Not chosen yet: the first step chooses (with this scan bias), so a read pins its
+    /// watermark when it is created and pays for planning only when it is first served.
+    Unplanned { scan_bias: u32 },
     Scan,
     Indexed {
         /// Planned positions not yet returned, in walk order.
@@ -356,17 +359,20 @@ pub struct Reads {
 impl Reads {
     pub(crate) fn forward(shared: &Shared, query: Query, after: Position, limit: Option<u64>) -> Reads {
         let (w, snap) = shared.pin();
-        let mut r = Reads { cursor: Cursor::new(snap), query, next: after.get().saturating_add(1), last: w, forward: true, remaining: limit, watermark: w, plan: Plan::Scan };
-        r.plan = r.choose(shared.scan_bias);
-        r
+        Reads { cursor: Cursor::new(snap), query, next: after.get().saturating_add(1), last: w, forward: true, remaining: limit, watermark: w, plan: Plan::Unplanned { scan_bias: shared.scan_bias } }
     }
 
     pub(crate) fn backward(shared: &Shared, query: Query, before: Position, limit: Option<u64>) -> Reads {
         let (w, snap) = shared.pin();
         let start = before.get().saturating_sub(1).min(w);
-        let mut r = Reads { cursor: Cursor::new(snap), query, next: start, last: 1, forward: false, remaining: limit, watermark: w, plan: Plan::Scan };
-        r.plan = r.choose(shared.scan_bias);
-        r
+        Reads { cursor: Cursor::new(snap), query, next: start, last: 1, forward: false, remaining: limit, watermark: w, plan: Plan::Unplanned { scan_bias: shared.scan_bias } }
+    }
+
+    /// Chooses the plan, once.
+    fn plan(&mut self) {
+        if let Plan::Unplanned { scan_bias } = self.plan {
+            self.plan = self.choose(scan_bias);
+        }
     }
 
     /// The inclusive global range still to read, low end first.
@@ -399,8 +405,10 @@ impl Reads {
         }
     }
 
-    /// True when this read uses the indexes (for tests and diagnostics).
-    pub fn is_indexed(&self) -> bool {
+    /// True when this read uses the indexes (for tests and diagnostics; plans the read if its
+    /// first step has not).
+    pub fn is_indexed(&mut self) -> bool {
+        self.plan();
         matches!(self.plan, Plan::Indexed { .. })
     }
 
@@ -461,6 +469,7 @@ impl Reads {
     /// reads in such steps so that one read over a long stretch of non-matching events cannot
     /// hold up the other requests of its thread.
     pub fn step(&mut self, budget: &mut usize) -> Step<'_> {
+        self.plan();
         loop {
             if self.exhausted() {
                 return Step::End;
@@ -472,7 +481,7 @@ impl Reads {
                 *budget -= 1;
             }
             let (pos, loaded) = match &mut self.plan {
-                Plan::Scan => {
+                Plan::Unplanned { .. } | Plan::Scan => {
                     let pos = self.next;
                     (pos, self.cursor.load(pos, self.forward))
                 }

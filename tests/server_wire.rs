@@ -369,6 +369,40 @@ fn a_subscription_delivers_everything_before_an_event_too_large_to_send() {
     }
 }
 
+/// Reads and appends pipelined alternately on one connection: each read is pinned when it
+/// arrives, so it never sees the append sent after it, however long it waits for its turn.
+#[test]
+fn a_pipelined_read_is_pinned_before_the_append_that_follows_it() {
+    let srv = start(&[]);
+    seed(srv.addr, 10, 100, 16);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    let pairs = 48u64;
+    let mut burst = Vec::new();
+    for k in 0..pairs {
+        burst.extend(frame(&read_all_req(10 + 2 * k, 0)));
+        burst.extend(frame(&append_req(11 + 2 * k, "k:late", b"x")));
+    }
+    raw.send_bytes(&burst);
+    let (mut watermarks, mut appended) = (HashMap::new(), HashMap::new());
+    while watermarks.len() < pairs as usize || appended.len() < pairs as usize {
+        let r = raw.recv().expect("a response");
+        match r.kind {
+            Some(response::Kind::ReadEnd(end)) => {
+                watermarks.insert(r.request_id, end.watermark);
+            }
+            Some(response::Kind::Append(a)) => {
+                appended.insert(r.request_id, a.first);
+            }
+            Some(response::Kind::ReadEvents(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    for k in 0..pairs {
+        let (w, a) = (watermarks[&(10 + 2 * k)], appended[&(11 + 2 * k)]);
+        assert!(w < a, "read {} saw position {w}, the append sent after it got {a}", 10 + 2 * k);
+    }
+}
+
 #[test]
 fn a_read_past_the_inflight_and_overflow_budgets_is_rejected() {
     let srv = start(&[

@@ -619,6 +619,14 @@ impl Conn {
         } else {
             None
         };
+        // Pinned now, in request order: a read sees exactly what was durable when it arrived,
+        // not an append pipelined after it on this connection that commits before the read's
+        // first step (planning waits for that step).
+        let reads = if r.reverse {
+            self.ctx.store.read_back(query, crate::model::Position(r.after), r.limit)
+        } else {
+            self.ctx.store.read(query, crate::model::Position(r.after), r.limit)
+        };
         let cancel = self.register_cancel(id);
         self.inflight.set(self.inflight.get() + 1);
         let me = self.clone();
@@ -637,15 +645,11 @@ impl Conn {
                     p
                 }
             };
-            // Planning a read costs something too: a burst of new reads takes its turn with
-            // the running ones rather than all planning before the executor looks at I/O.
+            // Planning a read (its first step) costs something too: a burst of new reads takes
+            // its turn with the running ones rather than all planning before the executor
+            // looks at I/O.
             shards::bulk_yield().await;
             if permit.is_some() && !cancel.get() {
-                let reads = if r.reverse {
-                    me.ctx.store.read_back(query, crate::model::Position(r.after), r.limit)
-                } else {
-                    me.ctx.store.read(query, crate::model::Position(r.after), r.limit)
-                };
                 me.stream_read(id, reads, &cancel).await;
             }
             me.unregister_cancel(id, &cancel);
