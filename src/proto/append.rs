@@ -211,27 +211,13 @@ fn encode_event<'a>(mut ev: &'a [u8], out: &mut FramedAppend, tags: &mut Vec<&'a
     let crc = h.finalize().to_le_bytes();
     r[start + 4..start + 8].copy_from_slice(&crc);
     out.largest_record = out.largest_record.max(RECORD_HEAD + size);
-    let body = ld_len(1, ty.len()) + tags.iter().map(|t| ld_len(2, t.len())).sum::<usize>() + if payload.is_empty() { 0 } else { ld_len(3, payload.len()) };
-    out.largest_event = out.largest_event.max(body);
+    out.largest_event = out.largest_event.max(crate::proto::batch::wire_event_len(ty, tags.iter().copied(), payload.len()));
     Ok(())
 }
 
 /// Bytes of a protobuf length-delimited field `tag` holding `len` bytes (key, length, body).
 fn ld_len(tag: u32, len: usize) -> usize {
     prost::encoding::key_len(tag) + prost::encoding::encoded_len_varint(len as u64) + len
-}
-
-/// Body length of the wire `Event` (reference protocol §1.3) for `ev`: field 1 the type, field
-/// 2 each tag, field 3 the payload (omitted when empty, as proto3 does).
-fn event_len(ev: &crate::event::Event) -> usize {
-    let mut n = ld_len(1, ev.event_type().len());
-    for t in ev.tags() {
-        n += ld_len(2, t.len());
-    }
-    if !ev.data().is_empty() {
-        n += ld_len(3, ev.data().len());
-    }
-    n
 }
 
 /// Appends one frame (4-byte big-endian length, then the body) holding
@@ -257,7 +243,7 @@ pub fn encode_append_frame(
     for ev in events {
         let len = match prev {
             Some((p, l)) if std::ptr::eq(p, *ev) || p.as_bytes() == ev.as_bytes() => l,
-            _ => event_len(ev),
+            _ => crate::proto::batch::event_body_len(&ev.as_ref()),
         };
         prev = Some((ev, len));
         lens.push(len);

@@ -23,14 +23,14 @@ fn ld_len(len: usize) -> usize {
 /// Protobuf size of a `tephra.v1.Event` built from `event` (its body, without key or
 /// length). The payload field is omitted when empty, as proto3 requires.
 pub fn event_body_len(event: &EventRef<'_>) -> usize {
-    let mut n = ld_len(event.event_type().len());
-    for t in event.tags() {
-        n += ld_len(t.len());
-    }
-    if !event.data().is_empty() {
-        n += ld_len(event.data().len());
-    }
-    n
+    wire_event_len(event.event_type(), event.tags(), event.data().len())
+}
+
+/// Protobuf size of a `tephra.v1.Event` body with type `ty`, `tags` and a payload of
+/// `payload_len` bytes (fields 1, 2, 3, each with a one-byte key; the payload omitted when
+/// empty). The one formula behind [`event_body_len`] and the append decoder's size checks.
+pub fn wire_event_len<'a>(ty: &str, tags: impl IntoIterator<Item = &'a str>, payload_len: usize) -> usize {
+    ld_len(ty.len()) + tags.into_iter().map(|t| ld_len(t.len())).sum::<usize>() + if payload_len == 0 { 0 } else { ld_len(payload_len) }
 }
 
 /// The longest `ReadEvents` frame body (bytes, without the 4-byte length prefix) a read may
@@ -163,10 +163,13 @@ impl ReadEventsEncoder {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::event::Event;
+    use crate::model::{EventType, Tags};
+    use crate::proto::{convert, encode_frame, response, ReadEvents, Response};
+
     #[test]
     fn the_lone_event_bound_is_the_longest_frame_one_event_makes() {
-        use crate::event::Event;
-        use crate::model::{EventType, Tags};
         for (payload, tags) in [(0usize, 0usize), (1, 1), (127, 3), (128, 0), (16_383, 2), (16_384, 9), (2_097_152, 1)] {
             let tag_names: Vec<String> = (0..tags).map(|i| format!("tag-{i}")).collect();
             let ev = Event::new(&EventType::new("Type").unwrap(), &Tags::new(tag_names.iter().map(String::as_str)).unwrap(), &vec![7u8; payload]).unwrap();
@@ -184,11 +187,6 @@ mod tests {
             }
         }
     }
-
-    use super::*;
-    use crate::event::Event;
-    use crate::model::{EventType, Tags};
-    use crate::proto::{convert, encode_frame, response, ReadEvents, Response};
 
     #[test]
     fn matches_prost_byte_for_byte() {
