@@ -115,14 +115,15 @@ pub(super) struct GroupCommit {
     work: Condvar,
     /// Signalled when the committer takes a batch or finishes one.
     progress: Condvar,
-    /// The last commit's write + sync time, microseconds, and the bytes it wrote.
-    last_commit: std::sync::atomic::AtomicU64,
+    /// The last commit's write + sync took longer than [`SLOW_COMMIT`] plus
+    /// [`SLOW_COMMIT_PER_MIB`] per MiB it wrote: the disk is struggling right now.
+    last_commit_slow: std::sync::atomic::AtomicBool,
 }
 
-/// Packs a commit's duration (µs, low 40 bits) and size (KiB, high 24 bits) into one word.
-fn pack_commit(took: Duration, bytes: usize) -> u64 {
-    (took.as_micros() as u64).min((1 << 40) - 1) | (((bytes >> 10) as u64).min((1 << 24) - 1) << 40)
-}
+/// A commit (write + sync) slower than this plus [`SLOW_COMMIT_PER_MIB`] per MiB written says
+/// the disk is struggling (the spare segment's zeroing then holds off).
+const SLOW_COMMIT: Duration = Duration::from_millis(10);
+const SLOW_COMMIT_PER_MIB: Duration = Duration::from_millis(2);
 
 impl GroupCommit {
     /// A pipeline whose open batch is `open`.
@@ -131,7 +132,7 @@ impl GroupCommit {
             state: Mutex::new(State { open, busy: false, failed: None, stop: false, spare: None }),
             work: Condvar::new(),
             progress: Condvar::new(),
-            last_commit: std::sync::atomic::AtomicU64::new(0),
+            last_commit_slow: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -174,12 +175,9 @@ impl GroupCommit {
         f(&mut st.open)
     }
 
-    /// True when the last commit's write + sync took longer than `base` plus `per_mib` for each
-    /// MiB it wrote: the disk is slow right now.
-    pub(super) fn last_commit_slow(&self, base: Duration, per_mib: Duration) -> bool {
-        let v = self.last_commit.load(std::sync::atomic::Ordering::Relaxed);
-        let (took_us, kib) = (v & ((1 << 40) - 1), v >> 40);
-        took_us as u128 > base.as_micros() + per_mib.as_micros() * kib as u128 / 1024
+    /// True when the last commit was slow ([`SLOW_COMMIT`]).
+    pub(super) fn last_commit_slow(&self) -> bool {
+        self.last_commit_slow.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Lets the committer finish what is open and exit.
@@ -261,7 +259,8 @@ impl GroupCommit {
             None => {
                 let t = std::time::Instant::now();
                 let r = write_and_sync(&mut batch).map_err(|e| format!("{}: {e}", batch.seg.path.display()));
-                self.last_commit.store(pack_commit(t.elapsed(), batch.buf.len()), std::sync::atomic::Ordering::Relaxed);
+                let kib = (batch.buf.len() >> 10) as u32;
+                self.last_commit_slow.store(t.elapsed() > SLOW_COMMIT + SLOW_COMMIT_PER_MIB * kib / 1024, std::sync::atomic::Ordering::Relaxed);
                 r
             }
         };

@@ -299,11 +299,8 @@ fn lower_priority() {
 /// ones by the committer thread, overlapped with staging the next.
 const INLINE_COMMIT_MAX: usize = 32 << 10;
 
-/// A commit (write + sync) slower than this plus [`SLOW_COMMIT_PER_MIB`] per MiB written says
-/// the disk is struggling: zeroing the spare then holds off for [`ZERO_HOLD`], since the
-/// zeros would sit in the same queues as the commits.
-const SLOW_COMMIT: std::time::Duration = std::time::Duration::from_millis(10);
-const SLOW_COMMIT_PER_MIB: std::time::Duration = std::time::Duration::from_millis(2);
+/// How long zeroing the spare holds off after a slow commit (`GroupCommit::last_commit_slow`):
+/// the zeros would sit in the same disk queues as the commits.
 const ZERO_HOLD: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A spare segment on its way: reserved by [`prepare_segment`], then zeroed by
@@ -721,14 +718,14 @@ impl Writer {
             lower_priority();
             let path = prepare_segment(&dir, &cfg)?;
             let mut held_until = std::time::Instant::now();
-            let mut allowance = || {
+            let mut hold = || {
                 let now = std::time::Instant::now();
-                if line.last_commit_slow(SLOW_COMMIT, SLOW_COMMIT_PER_MIB) {
+                if line.last_commit_slow() {
                     held_until = now + ZERO_HOLD;
                 }
-                if now < held_until { 0 } else { u64::MAX }
+                now < held_until
             };
-            if let Err(e) = zero_prepared(&path, &cfg, &halt, &mut allowance) {
+            if let Err(e) = zero_prepared(&path, &cfg, &halt, &mut hold) {
                 tracing::debug!(error = %e, "zeroing the spare segment failed; it stays usable");
             }
             Ok(path)
