@@ -130,13 +130,22 @@ pub const TIPS_MAX_ENTRIES: usize = 1 << 20;
 
 /// The writer's fast reject for conditions: for each tag, the span of positions it occurs at
 /// since a floor (reference engine §4.3 "Fast reject", extended with each tag's first
-/// occurrence). A tag absent from the map occurs only at or below the floor. An item can only
-/// match at or below the lowest last occurrence of its tags, and never inside a gap where one of
-/// its tags is known to be absent; a query can only match where one of its items can. Tagless
-/// items and [`Query::All`] are never narrowed below the head. Never a false negative: every
-/// position that could match stays in [`Tips::candidates`], and the index decides there.
+/// occurrence), and for each (tag, type) pair its last occurrence since the floor (our
+/// extension: a condition naming a type a stream has never carried is rejected without a
+/// look at the stream's events). A tag or pair absent from its map occurs only at or below the
+/// floor. An item can only match at or below the lowest last occurrence of its tags, for each
+/// of its tags at or below the highest last occurrence of that tag with one of the item's
+/// types, and never inside a gap where one of its tags is known to be absent; a query can only
+/// match where one of its items can. Tagless items and [`Query::All`] are never narrowed below
+/// the head. Never a false negative: every position that could match stays in
+/// [`Tips::candidates`], and the index decides there.
 pub struct Tips {
     map: HashMap<Box<str>, TagSpan>,
+    /// Last occurrence of each (tag, type) pair, keyed by a 64-bit digest of the pair
+    /// ([`Tips::pair_key`]). Two pairs sharing a digest share an entry, whose last occurrence is
+    /// then the later of theirs: an over-estimate, never a miss.
+    pairs: HashMap<u64, u64>,
+    pair_digest: ahash::RandomState,
     floor: u64,
     window: u64,
     max_entries: usize,
@@ -159,7 +168,17 @@ impl Tips {
     /// Cold tips over a log whose head is `head`: every tag sits at or below it.
     /// `window` is `writer.tips_window`: at eviction the floor rises to `head - window`.
     pub fn new(head: u64, window: u64) -> Tips {
-        Tips { map: HashMap::default(), floor: head, window, max_entries: TIPS_MAX_ENTRIES }
+        Tips { map: HashMap::default(), pairs: HashMap::default(), pair_digest: ahash::RandomState::new(), floor: head, window, max_entries: TIPS_MAX_ENTRIES }
+    }
+
+    /// The digest a (tag, type) pair is kept under in `pairs`.
+    fn pair_key(&self, tag: &str, event_type: &str) -> u64 {
+        self.pair_digest.hash_one((tag, event_type))
+    }
+
+    /// Most (tag, type) pairs kept: two per tag on average before the floor rises.
+    fn max_pairs(&self) -> usize {
+        self.max_entries.saturating_mul(2)
     }
 
     /// Records an event at `pos` (positions only ever rise).
@@ -169,6 +188,7 @@ impl Tips {
 
     /// Records events with `ev`'s tags at every position of `first ..= last`.
     pub fn absorb_run(&mut self, first: u64, last: u64, ev: &EventRef<'_>) {
+        let ty = ev.event_type();
         for t in ev.tags() {
             match self.map.get_mut(t) {
                 Some(span) => span.last = last,
@@ -176,6 +196,8 @@ impl Tips {
                     self.map.insert(t.into(), TagSpan { since: self.floor, first, last });
                 }
             }
+            let key = self.pair_key(t, ty);
+            self.pairs.insert(key, last);
         }
     }
 
@@ -183,14 +205,16 @@ impl Tips {
     /// most half the maximum, so its O(entries) pass is paid at most once per `max / 2` new
     /// tags (amortised O(1) per commit).
     pub fn trim(&mut self, head: u64) {
-        if self.map.len() > self.max_entries {
+        if self.map.len() > self.max_entries || self.pairs.len() > self.max_pairs() {
             self.floor = self.floor.max(head.saturating_sub(self.window));
             let floor = self.floor;
             self.map.retain(|_, s| s.last > floor);
-            if self.map.len() > self.max_entries / 2 {
-                // The window alone did not bound it: drop everything, the floor is the head.
+            self.pairs.retain(|_, last| *last > floor);
+            if self.map.len() > self.max_entries / 2 || self.pairs.len() > self.max_pairs() / 2 {
+                // The window alone did not bound them: drop everything, the floor is the head.
                 self.floor = head;
                 self.map.clear();
+                self.pairs.clear();
             }
         }
     }
@@ -215,6 +239,11 @@ impl Tips {
             let mut hi = head;
             for t in item.tags.iter() {
                 hi = hi.min(self.map.get(t.as_str()).map_or(self.floor, |s| s.last));
+                if !item.types.is_empty() {
+                    // The last event with this tag and one of the item's types.
+                    let last = item.types.iter().filter_map(|ty| self.pairs.get(&self.pair_key(t.as_str(), ty.as_str()))).max();
+                    hi = hi.min(last.map_or(self.floor, |&l| l.max(self.floor)));
+                }
             }
             if hi <= after {
                 continue;
@@ -354,9 +383,17 @@ mod tests {
             // The first `preloaded` events are durable before the tips start (cold).
             let preloaded = preloaded.min(events.len());
             let mut tips = Tips::new(preloaded as u64, 5).with_max_entries(max);
-            for (i, e) in events.iter().enumerate().skip(preloaded) {
-                tips.absorb(i as u64 + 1, &e.as_ref());
-                tips.trim(i as u64 + 1);
+            // Runs of events named alike go in as one run, as the writer feeds them.
+            let mut i = preloaded;
+            while i < events.len() {
+                let name = |e: &Event| (e.as_ref().event_type().to_owned(), e.as_ref().tags().map(str::to_owned).collect::<Vec<_>>());
+                let mut j = i + 1;
+                while j < events.len() && name(&events[j]) == name(&events[i]) {
+                    j += 1;
+                }
+                tips.absorb_run(i as u64 + 1, j as u64, &events[i].as_ref());
+                tips.trim(j as u64);
+                i = j;
             }
             let head = events.len() as u64;
             for (q, after) in &queries {
@@ -373,5 +410,29 @@ mod tests {
                 prop_assert!(cands.iter().all(|&(lo, hi)| *after < lo && lo <= hi && hi <= head), "{:?} outside ({}, {}]", cands, after, head);
             }
         }
+    }
+
+    /// A stream that carried ten types: a condition naming an eleventh is ruled out without a
+    /// candidate, one naming a type it carried is narrowed to that type's last occurrence.
+    #[test]
+    fn tips_rule_out_a_type_a_tag_never_carried() {
+        use crate::model::{EventType, QueryItem, Tags};
+        let mut tips = Tips::new(0, 100);
+        let tag = Tags::new(["stream-1"]).unwrap();
+        let other = Tags::new(["stream-2"]).unwrap();
+        for k in 0..10u64 {
+            let ev = Event::new(&EventType::new(format!("test-{k}")).unwrap(), &tag, b"").unwrap();
+            tips.absorb_run(k * 64 + 1, k * 64 + 64, &ev.as_ref());
+        }
+        let ev = Event::new(&EventType::new("test-3").unwrap(), &other, b"").unwrap();
+        tips.absorb_run(641, 700, &ev.as_ref());
+        let q = |ty: &str| Query::item(QueryItem::new(vec![EventType::new(ty).unwrap()], tag.clone()));
+        assert!(tips.candidates(&q("test-10"), 0, 700).is_empty());
+        assert_eq!(tips.candidates(&q("test-3"), 0, 700).as_slice(), &[(1, 256)]);
+        // Either of two types: up to the later one's last occurrence.
+        let both = Query::item(QueryItem::new(vec![EventType::new("test-1").unwrap(), EventType::new("test-5").unwrap()], tag.clone()));
+        assert_eq!(tips.candidates(&both, 0, 700).as_slice(), &[(1, 384)]);
+        // Without types the tag's whole span stays.
+        assert_eq!(tips.candidates(&Query::item(QueryItem::new(vec![], tag.clone())), 0, 700).as_slice(), &[(1, 640)]);
     }
 }
