@@ -14,7 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use support::{run_to_exit, RawConn, Server};
-use tephra::client::{tls, Client, ClientError, SubEvent};
+use tephra::client::{tls, Client, SubEvent};
 use tephra::proto::{self, request, response, Request};
 use tephra::{Event, EventType, Position, Query, Tags};
 
@@ -269,11 +269,11 @@ fn tls_with_rotated_tokens() {
     }
     // A wrong, empty or missing token fails the Hello with PermissionDenied.
     for token in [Some("wrong"), Some(""), None] {
-        let err = Client::connect_tls_with(srv.addr, "localhost", config.clone(), token).err().expect("refused");
+        let err = Client::connect_tls_with(srv.addr, "localhost", config.clone(), token).expect_err("refused");
         assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{token:?}: {err}");
     }
     // A plaintext client against the TLS port fails the Hello.
-    let err = Client::connect_with(srv.addr, Some("new-secret")).err().expect("plaintext must fail");
+    let err = Client::connect_with(srv.addr, Some("new-secret")).expect_err("plaintext must fail");
     assert_ne!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
     // At the byte level: a plaintext Hello frame never gets a HelloAck.
     let mut raw = TcpStream::connect(srv.addr).unwrap();
@@ -613,7 +613,9 @@ fn sigterm_flushes_every_acknowledged_event_ends_subscriptions_and_exits_zero() 
     });
     sub_rx.recv_timeout(Duration::from_secs(10)).unwrap();
     // Writers appending as fast as they can until the server goes away; remember every ack.
-    let acked: Arc<Mutex<Vec<(u64, Vec<u8>)>>> = Arc::default();
+    // (position, payload) of every acknowledged append.
+    type Acked = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+    let acked: Acked = Arc::default();
     let writers: Vec<_> = (0..4u8)
         .map(|w| {
             let acked = acked.clone();
@@ -623,7 +625,6 @@ fn sigterm_flushes_every_acknowledged_event_ends_subscriptions_and_exits_zero() 
                     let payload = [&[w][..], &i.to_be_bytes()[..]].concat();
                     match c.append(vec![ev("E", &[&format!("w:{w}")], &payload)], None) {
                         Ok(r) => acked.lock().unwrap().push((r.first.get(), payload)),
-                        Err(ClientError::Server { code, .. }) if code == proto::ErrorCode::Shutdown => break,
                         Err(_) => break,
                     }
                 }

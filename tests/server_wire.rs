@@ -328,7 +328,7 @@ fn a_reply_over_a_tiny_frame_cap_closes_the_connection_instead_of_hanging() {
     let started = Instant::now();
     raw.expect_closed();
     assert!(started.elapsed() < Duration::from_secs(5), "closed only after {:?}", started.elapsed());
-    let e = Client::connect(srv.addr).err().expect("the Hello cannot be answered");
+    let e = Client::connect(srv.addr).expect_err("the Hello cannot be answered");
     assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
     assert!(srv.log().contains("response frame not sent"), "{}", srv.log());
 }

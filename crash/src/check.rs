@@ -198,10 +198,10 @@ fn verdicts(rec: &Record, all: &[SequencedEvent], pos_of: &HashMap<u64, u64>, v:
                     v.push(format!("boundary guard on {tag} after {after} passed at {first}, but {p} matches"));
                 }
             }
-            (Kind::Bound { after, entity }, None, Some((code, p))) if *p > 0 => {
-                if code != "CONFLICT" || *p <= *after || !at(*p).is_some_and(|e| has_tag(e, &format!("entity:{entity}"))) {
-                    v.push(format!("boundary guard on entity:{entity} after {after} answered {code} at {p}, which does not match"));
-                }
+            (Kind::Bound { after, entity }, None, Some((code, p)))
+                if *p > 0 && (code != "CONFLICT" || *p <= *after || !at(*p).is_some_and(|e| has_tag(e, &format!("entity:{entity}")))) =>
+            {
+                v.push(format!("boundary guard on entity:{entity} after {after} answered {code} at {p}, which does not match"));
             }
             (Kind::Claim(k), None, Some((code, p))) => {
                 let tag = format!("claim:{k}");
@@ -212,10 +212,8 @@ fn verdicts(rec: &Record, all: &[SequencedEvent], pos_of: &HashMap<u64, u64>, v:
                     v.push(format!("claim {tag} answered {code} at {p}, which does not hold it"));
                 }
             }
-            (Kind::Claim(k), Some((first, _)), _) => {
-                if claims.get(&format!("claim:{k}")) != Some(&first) {
-                    v.push(format!("claim:{k} acknowledged at {first} but held at {:?}", claims.get(&format!("claim:{k}"))));
-                }
+            (Kind::Claim(k), Some((first, _)), _) if claims.get(&format!("claim:{k}")) != Some(&first) => {
+                v.push(format!("claim:{k} acknowledged at {first} but held at {:?}", claims.get(&format!("claim:{k}"))));
             }
             _ => {}
         }

@@ -164,7 +164,8 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
     }
 
     // Torn tails of an unacknowledged batch.
-    let tails: [(&str, fn(&[u8], usize) -> Vec<u8>, bool); 4] = [
+    type Cut = fn(&[u8], usize) -> Vec<u8>;
+    let tails: [(&str, Cut, bool); 4] = [
         ("records without a marker", |b, m| b[..m].to_vec(), true),
         ("marker cut short", |b, _| b[..b.len() - 8].to_vec(), true),
         ("first record cut in half", |b, _| b[..14].to_vec(), false),

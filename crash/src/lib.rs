@@ -391,7 +391,7 @@ fn points_once(binary: &Path, seed: u64, run_dir: &Path, segment_size: u64) -> R
             return Err(fail(&s, format!("{arm}: expected an abort at the site, got {status}; output:\n{output}")));
         }
         // Phase C: restart unarmed and check, twice.
-        let summary = recover_and_continue(&mut s, &format!("{at}"), &mut rng)?;
+        let summary = recover_and_continue(&mut s, &at.to_string(), &mut rng)?;
         lines.push(format!("{arm}: fired; {summary}"));
         s.remove();
     }

@@ -401,9 +401,9 @@ mod tests {
                 for w in cands.windows(2) {
                     prop_assert!(w[0].1 + 1 < w[1].0, "ranges not ascending and disjoint: {:?}", cands);
                 }
-                for i in *after as usize..events.len() {
+                for (i, e) in events.iter().enumerate().skip(*after as usize) {
                     let pos = i as u64 + 1;
-                    if q.matches(&events[i].as_ref()) {
+                    if q.matches(&e.as_ref()) {
                         prop_assert!(cands.iter().any(|&(lo, hi)| lo <= pos && pos <= hi), "{:?} after {}: match at {} outside {:?}", q, after, pos, cands);
                     }
                 }

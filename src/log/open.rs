@@ -161,7 +161,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
             mapped = map_sealed(&path).map_err(|source| LogError::Io { path: path.clone(), source })?;
             &mapped
         };
-        let w = walk(&buf, HEADER_LEN);
+        let w = walk(buf, HEADER_LEN);
         let count = w.offsets.len() as u64;
         if let Some(highest) = w.last_marker {
             if highest + 1 != base + count {
@@ -169,7 +169,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
             }
         }
         if i == last {
-            match classify_tail(&buf, &w, base) {
+            match classify_tail(buf, &w, base) {
                 TailVerdict::Clean => {}
                 TailVerdict::Corrupt { offset, stop } => {
                     return Err(LogError::Corrupt {
@@ -195,7 +195,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
                 }
             }
             active_end = w.committed_end as u64;
-        } else if next_bases[i] != Some(base + count) && dirty_end(&buf) > w.committed_end {
+        } else if next_bases[i] != Some(base + count) && dirty_end(buf) > w.committed_end {
             // A sealed segment whose walk stopped on a damaged record before reaching the next
             // segment's base: the contiguity check would blame the next file, so name this one
             // and the damaged record's offset.
@@ -214,7 +214,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         for (k, &off) in w.offsets.iter().enumerate() {
             seg.offsets.set(k, off);
         }
-        on_segment(WalkedSegment { segment: &seg, bytes: &buf, offsets: &w.offsets, active: i == last })?;
+        on_segment(WalkedSegment { segment: &seg, bytes: buf, offsets: &w.offsets, active: i == last })?;
         expected = base + count;
         segments.push(Arc::new(seg));
     }

@@ -786,9 +786,12 @@ impl Writer {
     }
 }
 
+/// The results bound for one shard's sink, each with its caller's token.
+type SinkBatch = Vec<(u64, AppendResult)>;
+
 /// Sends results: one-shots directly, batched sinks once per sink per commit.
 fn deliver(results: impl Iterator<Item = (ReplyTo, AppendResult)>) {
-    let mut groups: Vec<(flume::Sender<Vec<(u64, AppendResult)>>, Vec<(u64, AppendResult)>)> = Vec::new();
+    let mut groups: Vec<(flume::Sender<SinkBatch>, SinkBatch)> = Vec::new();
     for (reply, res) in results {
         match reply {
             ReplyTo::Oneshot(tx) => {

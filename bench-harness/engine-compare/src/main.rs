@@ -96,7 +96,7 @@ fn drive(engine: Arc<dyn Engine>, writers: usize, batch: usize, warmup: Duration
                 barrier.wait();
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    if i % 10 == 0 {
+                    if i.is_multiple_of(10) {
                         tag = format!("stream-{}-", uuid::Uuid::new_v4());
                     }
                     let ty = format!("test-{}", (i + w as u64) % 10);
