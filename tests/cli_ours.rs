@@ -79,6 +79,28 @@ fn import_splits_batches_over_the_servers_frame_cap() {
     import_in_order(&srv, 3000, 200);
 }
 
+/// An import that fails at the server (an event too large for its 1 MiB segments) says how far
+/// it got and which input lines the failed batch holds, counting the blank lines it skipped.
+#[test]
+fn a_failed_import_names_the_input_lines_of_the_failed_batch() {
+    let Some(srv) = start(&[("TEPHRA__SEGMENT__SIZE", "1048576")]) else { return };
+    let file = srv.dir.path().join("import.jsonl");
+    let small = |i: usize| format!("{{\"type\":\"E\",\"tags\":[\"n:{i}\"],\"payload\":\"x\"}}\n");
+    let mut text = String::from("\n");
+    text.extend((0..10).map(small));
+    text.push('\n');
+    text.push_str(&format!("{{\"type\":\"Big\",\"payload\":{:?}}}\n", "y".repeat(300_000)));
+    text.extend((10..13).map(small));
+    std::fs::write(&file, text).unwrap();
+    let o = tephra(srv.addr, &["import", file.to_str().unwrap()]);
+    assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("10 of 14 events were appended (positions 1..=10)"), "{err}");
+    // The big event sits on line 13: line 1 and line 12 are blank.
+    assert!(err.contains(&format!("the failed batch is {} line 13", file.display())), "{err}");
+    assert_eq!(read_everything(srv.addr).len(), 10);
+}
+
 /// A server whose own certificate is a CA certificate: the client names the mistake.
 #[test]
 fn a_ca_certificate_used_as_the_servers_is_named() {

@@ -489,7 +489,7 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
         }
         _ => ("stdin".to_owned(), Box::new(io::stdin().lock())),
     };
-    let events = jsonl::parse_all(input).map_err(|e| CliError::usage(format!("{name} {e}")))?;
+    let (events, lines) = jsonl::parse_numbered(input).map_err(|e| CliError::usage(format!("{name} {e}")))?;
     let total = events.len() as u64;
     let mut client = connect(g, true)?;
     let bar = progress(total, "events");
@@ -528,8 +528,14 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
                 (Some(a), Some(b)) => format!("{done} of {total} events were appended (positions {a}..={b})"),
                 _ => format!("nothing was appended ({} to go)", events_word(total)),
             };
+            // Batches go in input order, so the failed one starts at event `done`.
+            let failed = match (lines.get(done as usize), lines.get(done as usize + batch.len() - 1)) {
+                (Some(a), Some(b)) if a == b => format!("; the failed batch is {name} line {a}"),
+                (Some(a), Some(b)) => format!("; the failed batch is {name} lines {a}..={b}"),
+                _ => String::new(),
+            };
             let mut err = CliError::client("import failed", e);
-            err.message = format!("{}; {so_far}", err.message);
+            err.message = format!("{}; {so_far}{failed}", err.message);
             err
         })?;
         first.get_or_insert(r.first);

@@ -76,7 +76,17 @@ pub fn parse_event(line: &str) -> Result<Event, String> {
 /// # Errors
 /// `line N: why` for the first unreadable or invalid line (1-based).
 pub fn parse_all(input: impl BufRead) -> Result<Vec<Event>, String> {
+    parse_numbered(input).map(|(events, _)| events)
+}
+
+/// As [`parse_all`], with each event's line number in the input (1-based; blank lines are
+/// skipped, so they differ from the events' indexes).
+///
+/// # Errors
+/// As [`parse_all`].
+pub fn parse_numbered(input: impl BufRead) -> Result<(Vec<Event>, Vec<usize>), String> {
     let mut events = Vec::new();
+    let mut numbers = Vec::new();
     for (i, line) in input.lines().enumerate() {
         let n = i + 1;
         let line = line.map_err(|e| match e.kind() {
@@ -87,8 +97,9 @@ pub fn parse_all(input: impl BufRead) -> Result<Vec<Event>, String> {
             continue;
         }
         events.push(parse_event(&line).map_err(|why| format!("line {n}: {why}"))?);
+        numbers.push(n);
     }
-    Ok(events)
+    Ok((events, numbers))
 }
 
 #[cfg(test)]
@@ -125,5 +136,8 @@ mod tests {
         let err = parse_all("{\"type\":\"A\",\"payload\":\"a\",\"payload_base64\":\"YQ==\"}".as_bytes()).unwrap_err();
         assert!(err.contains("both"), "{err}");
         assert_eq!(parse_all("\n  \n".as_bytes()).unwrap(), Vec::<Event>::new());
+        let (events, lines) = parse_numbered("\n{\"type\":\"A\"}\n\n{\"type\":\"B\"}\n".as_bytes()).unwrap();
+        assert_eq!(events, [ev("A", &[], b""), ev("B", &[], b"")]);
+        assert_eq!(lines, [2, 4]);
     }
 }
