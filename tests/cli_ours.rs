@@ -101,6 +101,23 @@ fn a_failed_import_names_the_input_lines_of_the_failed_batch() {
     assert_eq!(read_everything(srv.addr).len(), 10);
 }
 
+/// An atomic `append --stdin` batch over the server's frame cap fails whole, and the error
+/// points at `tephra import`; a single event over the cap gets no such hint.
+#[test]
+fn an_atomic_batch_over_the_frame_cap_points_at_import() {
+    let Some(srv) = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "65536")]) else { return };
+    let line = format!("{{\"type\":\"E\",\"payload\":{:?}}}\n", "x".repeat(300));
+    let mut cmd = cli(srv.addr);
+    cmd.args(["append", "--stdin"]);
+    let o = run(cmd, line.repeat(400).as_bytes());
+    assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stderr(&o).contains("exceeds the maximum of 65536 (the 400 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
+    let o = tephra(srv.addr, &["append", "--type", "E", "--payload", &"y".repeat(70_000)]);
+    assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stderr(&o).contains("exceeds the maximum of 65536") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
+    assert!(read_everything(srv.addr).is_empty());
+}
+
 /// A server whose own certificate is a CA certificate: the client names the mistake.
 #[test]
 fn a_ca_certificate_used_as_the_servers_is_named() {

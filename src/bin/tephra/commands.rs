@@ -157,7 +157,17 @@ pub fn append(g: &Global, args: &AppendArgs) -> Result<(), CliError> {
     let events = args.events()?;
     let n = events.len();
     let mut client = connect(g, true)?;
-    let r = client.append(events, condition).map_err(|e| CliError::client("append failed", e))?;
+    let r = client.append(events, condition).map_err(|e| {
+        // An atomic batch over the server's frame cap cannot be sent as one append at all.
+        let over_cap = matches!(&e, ClientError::Server { code: ErrorCode::TooLarge, message, .. } if tephra::proto::convert::text::frame_cap_of(message).is_some());
+        let mut err = CliError::client("append failed", e);
+        if over_cap && n > 1 {
+            err.message.push_str(&format!(
+                " (the {n} events are one atomic append and must fit one frame; `tephra import` appends them in batches that fit, not atomically)"
+            ));
+        }
+        err
+    })?;
     let mut out = io::stdout().lock();
     let written = if g.json {
         writeln!(out, "{}", serde_json::json!({ "first": r.first.get(), "last": r.last.get(), "count": n }))
