@@ -118,6 +118,26 @@ fn an_atomic_batch_over_the_frame_cap_points_at_import() {
     assert!(read_everything(srv.addr).is_empty());
 }
 
+/// A server at its connection cap closes new connections without a word (reference §1.9);
+/// the CLI says what that usually means.
+#[test]
+fn a_server_at_its_connection_cap_is_named_as_a_likely_cause() {
+    let Some(srv) = start(&[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")]) else { return };
+    let held = std::net::TcpStream::connect(srv.addr).unwrap();
+    // Until the server has accepted (and counted) the held connection, a command may still get in.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let o = loop {
+        let o = tephra(srv.addr, &["stats"]);
+        if o.status.code() != Some(0) || std::time::Instant::now() > deadline {
+            break o;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_code(&o, 4);
+    assert!(stderr(&o).contains("closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections"), "{}", stderr(&o));
+    drop(held);
+}
+
 /// A server whose own certificate is a CA certificate: the client names the mistake.
 #[test]
 fn a_ca_certificate_used_as_the_servers_is_named() {

@@ -142,14 +142,19 @@ impl ClientError {
 
     /// How a failed Hello surfaces from `connect*` (spec §3.2): `UNAUTHENTICATED` becomes
     /// `PermissionDenied`, transport errors pass through, a close becomes `UnexpectedEof`,
-    /// anything else `InvalidData`.
+    /// anything else `InvalidData`. A close or a reset before the answer says what usually
+    /// causes it (reference §1.9: a server over `server.limits.max_connections` closes new
+    /// connections without a frame).
     fn into_connect_error(self) -> io::Error {
+        const CLOSED: &str = "the server closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections, closes new connections this way)";
         match self {
+            ClientError::Io(e) if e.kind() == io::ErrorKind::ConnectionReset => io::Error::new(io::ErrorKind::ConnectionReset, format!("{CLOSED}: {e}")),
+            ClientError::UnexpectedEof => io::Error::new(io::ErrorKind::UnexpectedEof, CLOSED),
             ClientError::Io(e) => e,
             e @ ClientError::Server { code: ErrorCode::Unauthenticated, .. } => {
                 io::Error::new(io::ErrorKind::PermissionDenied, e)
             }
-            e @ (ClientError::UnexpectedEof | ClientError::Frame(FrameError::Torn { .. })) => {
+            e @ ClientError::Frame(FrameError::Torn { .. }) => {
                 io::Error::new(io::ErrorKind::UnexpectedEof, e)
             }
             // A TLS record header (content type 21 = alert or 22 = handshake, version 3.x)
