@@ -359,7 +359,7 @@ fn a_subscription_delivers_everything_before_an_event_too_large_to_send() {
                 }
                 Some(response::Kind::Error(e)) => {
                     assert_eq!(e.code(), ErrorCode::Internal);
-                    assert!(e.message.starts_with("event too large to send"), "{}", e.message);
+                    assert!(e.message.starts_with("event too large to send") && e.message.ends_with("(raise server.max_frame_len to read it)"), "{}", e.message);
                     break;
                 }
                 other => panic!("unexpected {other:?}"),

@@ -716,7 +716,7 @@ impl Conn {
             Ok(f) => f.to_vec(),
             Err(e) => {
                 enc.clear();
-                self.lanes.bulk(id, response::Kind::Error(convert::internal_error(format!("event too large to send: {e}")))).await;
+                self.lanes.bulk(id, response::Kind::Error(convert::internal_error(format!("event too large to send: {e} (raise server.max_frame_len to read it)")))).await;
                 return false;
             }
         };
@@ -805,7 +805,7 @@ impl Conn {
                     return;
                 }
                 (_, Some(e)) => {
-                    self.lanes.bulk(id, response::Kind::Error(convert::internal_error(format!("event too large to send: {e}")))).await;
+                    self.lanes.bulk(id, response::Kind::Error(convert::internal_error(format!("event too large to send: {e} (raise server.max_frame_len to read it)")))).await;
                     return;
                 }
             };
