@@ -342,6 +342,11 @@ fn a_subscription_delivers_everything_before_an_event_too_large_to_send() {
     seed(srv.addr, 30, 100, 200);
     let mut c = Client::connect(srv.addr).unwrap();
     c.append([ev("E", &["big"], &vec![3u8; 40_000])], None).unwrap();
+    // Events after the large one must not be delivered either (a subscriber resuming from the
+    // last position it saw would skip the large one).
+    for i in 0..5u8 {
+        c.append([ev("E", &["after"], &[i])], None).unwrap();
+    }
     drop(c);
     srv.restart(&bin(), &[("TEPHRA__SERVER__MAX_FRAME_LEN", "4096")]);
     for after in [0u64, 1000, 2500] {

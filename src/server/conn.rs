@@ -764,6 +764,9 @@ impl Conn {
                 if failed.is_some() {
                     return;
                 }
+                // A frame that cannot be sent ends the subscription there: nothing after the
+                // event that failed may be delivered, or a subscriber resuming from the last
+                // position it saw would never get that event.
                 if self.lanes.needs_new_frame(&enc, &ev) {
                     match enc.finish(id, self.lanes.max_frame_len) {
                         Ok(f) => frames.push(f.to_vec()),
@@ -771,6 +774,9 @@ impl Conn {
                     }
                     enc.clear();
                     count = 0;
+                    if failed.is_some() {
+                        return;
+                    }
                 }
                 enc.push(p, &ev);
                 count += 1;
@@ -783,7 +789,7 @@ impl Conn {
                     count = 0;
                 }
             });
-            if !enc.is_empty() {
+            if failed.is_none() && !enc.is_empty() {
                 match enc.finish(id, self.lanes.max_frame_len) {
                     Ok(f) => frames.push(f.to_vec()),
                     Err(e) => failed = Some(e.to_string()),
