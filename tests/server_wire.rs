@@ -880,3 +880,53 @@ fn an_event_near_the_frame_cap_after_a_small_one_is_read_and_delivered() {
     }
     assert_eq!(got, vec![10_000, 65_000]);
 }
+
+/// Append answers are queued by the shard's dispatcher straight into the connection's control
+/// lane; when a client that stopped reading has filled that lane (here with stats replies), an
+/// answer waits for room instead, still holding its append's budget permit. Once the client
+/// reads again every answer arrives, each append acknowledged exactly once. (Whether an
+/// answer finds the lane full depends on timing: about one run in three here, seen with
+/// `TEPHRA_LOG=tephra=debug` as "control lane full"; the answers must be right either way.)
+#[test]
+fn append_answers_wait_for_room_in_a_full_control_lane() {
+    let srv = start(&[("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "64")]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    raw.stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let (stats_before, appends, stats_after) = (400_000u64, 200u64, 20_000u64);
+    let mut bytes = Vec::new();
+    let mut id = 10;
+    for _ in 0..stats_before {
+        bytes.extend(frame(&stats_req(id)));
+        id += 1;
+    }
+    let first_append = id;
+    for _ in 0..appends {
+        bytes.extend(frame(&append_req(id, "lane", &id.to_be_bytes())));
+        id += 1;
+    }
+    for _ in 0..stats_after {
+        bytes.extend(frame(&stats_req(id)));
+        id += 1;
+    }
+    let mut w = raw.stream.try_clone().unwrap();
+    let writer = std::thread::spawn(move || w.write_all(&bytes).unwrap());
+    // Not reading: the server's socket buffer, then the control lane, fill up.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (mut stats, mut acked) = (0u64, std::collections::BTreeMap::new());
+    while stats + (acked.len() as u64) < stats_before + appends + stats_after {
+        let r = raw.recv().expect("every request is answered");
+        match r.kind {
+            Some(response::Kind::Stats(_)) => stats += 1,
+            Some(response::Kind::Append(a)) => {
+                assert!((first_append..first_append + appends).contains(&r.request_id), "{r:?}");
+                assert_eq!(a.first, a.last);
+                assert!(acked.insert(r.request_id, a.first).is_none(), "acknowledged twice: {}", r.request_id);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    writer.join().unwrap();
+    let positions: std::collections::BTreeSet<u64> = acked.values().copied().collect();
+    assert_eq!(positions, (1..=appends).collect());
+    assert_eq!(stats, stats_before + stats_after);
+}

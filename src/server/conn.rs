@@ -558,37 +558,64 @@ impl Conn {
         (len > self.lanes.max_frame_len as usize).then(|| convert::unreadable_event_error(len, self.lanes.max_frame_len))
     }
 
-    /// Queues a prepared append on the writer and answers it when its batch is durable.
+    /// Queues a prepared append on the writer; the shard's dispatcher answers it
+    /// ([`Conn::complete`]) when its batch is durable.
     async fn submit(self: Rc<Self>, id: u64, prepared: PreparedAppend, permit: glommio::sync::StaticPermit, started: Instant) {
-        let (reply, rx) = self.router.register();
-        // A full writer queue also holds the reader here.
-        let token = match &reply {
-            crate::writer::ReplyTo::Batched { token, .. } => *token,
-            crate::writer::ReplyTo::Oneshot(_) => 0,
-        };
-        if let Err(e) = self.ctx.store.submit(prepared, reply).await {
-            self.router.forget(token);
-            return self.append_error(id, append_error_response(e)).await;
-        }
-        self.inflight.set(self.inflight.get() + 1);
         let me = self.clone();
-        glommio::spawn_local(async move {
-            let res = rx.recv_async().await.unwrap_or(Err(AppendError::Shutdown));
-            match res {
-                Ok(r) => {
-                    me.lanes.control(id, response::Kind::Append(pb::AppendResponse { first: r.first.get(), last: r.last.get() })).await;
-                    crate::fault::crash_point("partial_ack");
-                    let us = started.elapsed().as_micros() as u64;
-                    if let Ok(mut h) = me.ctx.append_latency.lock() {
-                        let _ = h.record(us.max(1));
-                    }
+        let (reply, token) = self.router.register(Box::new(move |res| me.complete(id, res, permit, started)));
+        self.inflight.set(self.inflight.get() + 1);
+        // A full writer queue also holds the reader here.
+        if let Err(e) = self.ctx.store.submit(prepared, reply).await {
+            if let Some(done) = self.router.forget(token) {
+                done(Err(e));
+            }
+        }
+    }
+
+    /// Answers an append (on the dispatcher, without a task of its own): the ack or the error
+    /// goes straight into the control lane; only when that lane is full does a task wait for
+    /// room, holding the append's budget permit until the answer is queued (a client that does
+    /// not read its answers still cannot have more appends in flight than its budget).
+    fn complete(self: Rc<Self>, id: u64, res: crate::writer::AppendResult, permit: glommio::sync::StaticPermit, started: Instant) {
+        let acked = res.is_ok();
+        let kind = match res {
+            Ok(r) => response::Kind::Append(pb::AppendResponse { first: r.first.get(), last: r.last.get() }),
+            Err(e) => {
+                let e = append_error_response(e);
+                self.ctx.append_errors[code_index(ErrorCode::from_wire(e.code))].fetch_add(1, Ordering::Relaxed);
+                response::Kind::Error(e)
+            }
+        };
+        let done = move |me: &Conn| {
+            if acked {
+                crate::fault::crash_point("partial_ack");
+                let us = started.elapsed().as_micros() as u64;
+                if let Ok(mut h) = me.ctx.append_latency.lock() {
+                    let _ = h.record(us.max(1));
                 }
-                Err(e) => me.append_error(id, append_error_response(e)).await,
             }
             me.inflight.set(me.inflight.get() - 1);
             drop(permit);
-        })
-        .detach();
+        };
+        match self.lanes.encode(id, kind) {
+            None => {
+                self.lanes.abandoned.set(true);
+                let _ = self.lanes.abandon_tx.try_send(());
+                done(&self);
+            }
+            Some(frame) => match self.lanes.control.try_send(frame) {
+                Err(flume::TrySendError::Full(frame)) => {
+                    tracing::debug!(id, "control lane full: the append's answer waits for room");
+                    glommio::spawn_local(async move {
+                        let _ = self.lanes.control.send_async(frame).await;
+                        done(&self);
+                    })
+                    .detach();
+                }
+                // Queued, or the connection is gone.
+                _ => done(&self),
+            },
+        }
     }
 
     fn register_cancel(&self, id: u64) -> Rc<Cell<bool>> {

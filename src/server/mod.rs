@@ -126,11 +126,16 @@ impl Context {
     }
 }
 
+/// What a shard does with an append's result when it arrives: answer the client (runs on
+/// the dispatcher, so it must not block).
+pub(crate) type Completion = Box<dyn FnOnce(AppendResult)>;
+
 /// Per-shard routing of append results: the writer sends one message per commit to this
-/// shard's sink; the dispatcher hands each result to the waiting request by token.
+/// shard's sink; the dispatcher runs each waiting request's completion by token, in the
+/// order the writer answered them.
 pub(crate) struct ReplyRouter {
     sink: flume::Sender<Vec<(u64, AppendResult)>>,
-    waiting: RefCell<HashMap<u64, flume::Sender<AppendResult>>>,
+    waiting: RefCell<HashMap<u64, Completion>>,
     next_token: std::cell::Cell<u64>,
 }
 
@@ -140,26 +145,26 @@ impl ReplyRouter {
         (Rc::new(ReplyRouter { sink: tx, waiting: RefCell::new(HashMap::new()), next_token: std::cell::Cell::new(1) }), rx)
     }
 
-    /// Registers a waiter; returns its token, the reply target and the receiver.
-    pub(crate) fn register(&self) -> (crate::writer::ReplyTo, flume::Receiver<AppendResult>) {
+    /// Registers `done` to run with the result; returns the reply target and its token.
+    pub(crate) fn register(&self, done: Completion) -> (crate::writer::ReplyTo, u64) {
         let token = self.next_token.get();
         self.next_token.set(token + 1);
-        let (tx, rx) = flume::bounded(1);
-        self.waiting.borrow_mut().insert(token, tx);
-        (crate::writer::ReplyTo::Batched { sink: self.sink.clone(), token }, rx)
+        self.waiting.borrow_mut().insert(token, done);
+        (crate::writer::ReplyTo::Batched { sink: self.sink.clone(), token }, token)
     }
 
-    /// Drops a waiter whose request never reached the writer.
-    pub(crate) fn forget(&self, token: u64) {
-        self.waiting.borrow_mut().remove(&token);
+    /// Takes back the completion of a request that never reached the writer.
+    pub(crate) fn forget(&self, token: u64) -> Option<Completion> {
+        self.waiting.borrow_mut().remove(&token)
     }
 
     async fn dispatch(self: Rc<Self>, rx: flume::Receiver<Vec<(u64, AppendResult)>>) {
         while let Ok(batch) = rx.recv_async().await {
-            let mut w = self.waiting.borrow_mut();
             for (token, res) in batch {
-                if let Some(tx) = w.remove(&token) {
-                    let _ = tx.send(res);
+                // Not borrowed while a completion runs.
+                let done = self.waiting.borrow_mut().remove(&token);
+                if let Some(done) = done {
+                    done(res);
                 }
             }
         }
