@@ -36,6 +36,30 @@ fn the_timeout_covers_a_server_that_never_answers_the_hello() {
     drop(silent);
 }
 
+/// Without `--timeout` the connect and the Hello still give up, after 10 s: a server that
+/// never answers (not a Tephra server) must not hang a command forever.
+#[test]
+fn without_a_timeout_a_server_that_never_answers_the_hello_is_given_up_on() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut cmd = cli(silent.local_addr().unwrap());
+    cmd.args(["stats"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let started = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(30) {
+            child.kill().unwrap();
+            panic!("tephra stats still waiting after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = started.elapsed();
+    let o = child.wait_with_output().unwrap();
+    assert_code(&o, 4);
+    assert!(stderr(&o).contains("no answer to the Hello within 10s (is a Tephra server listening there?"), "{}", stderr(&o));
+    assert!(took >= Duration::from_secs(9), "gave up after {took:?}");
+    drop(silent);
+}
+
 /// A plaintext client at a TLS server is told so, not given a frame-length error.
 #[test]
 fn plaintext_at_a_tls_server_says_to_use_tls() {

@@ -163,7 +163,12 @@ fn host_of(addr: &str) -> &str {
     host.trim_start_matches('[').trim_end_matches(']')
 }
 
-/// Connects and performs the Hello; `timeout` applies the global `--timeout`.
+/// How long the connect and the Hello may take when `--timeout` is not given: a server that
+/// accepts and never answers (not a Tephra server, or a stuck one) must not hang a command.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects and performs the Hello; `timeout` applies the global `--timeout` to the calls
+/// after it too. The connect and the Hello are bounded by `--timeout`, or [`HELLO_TIMEOUT`].
 pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
     let token = g.token.as_deref();
     // Checked before connecting: the timeout bounds the connect and the Hello too.
@@ -184,15 +189,9 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
             None => tls::config_with_native_roots().map_err(|e| CliError::other(format!("TLS roots: {e}")))?,
         };
         let name = g.tls_server_name.clone().unwrap_or_else(|| host_of(&g.addr).to_owned());
-        match limit {
-            Some(d) => Client::connect_tls_within(g.addr.as_str(), &name, config, token, d),
-            None => Client::connect_tls_with(g.addr.as_str(), &name, config, token),
-        }
+        Client::connect_tls_within(g.addr.as_str(), &name, config, token, limit.unwrap_or(HELLO_TIMEOUT))
     } else {
-        match limit {
-            Some(d) => Client::connect_within(g.addr.as_str(), token, d),
-            None => Client::connect_with(g.addr.as_str(), token),
-        }
+        Client::connect_within(g.addr.as_str(), token, limit.unwrap_or(HELLO_TIMEOUT))
     };
     let mut client = result.map_err(|e| {
         let what = match e.kind() {
@@ -202,12 +201,17 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
         let code = if e.kind() == io::ErrorKind::InvalidInput { 2 } else { 4 };
         let message = match limit {
             Some(d) if timed_out(&e) => format!("{what} {}: no answer within {d:?} (--timeout)", g.addr),
+            None if timed_out(&e) => format!(
+                "{what} {}: no answer to the Hello within {HELLO_TIMEOUT:?} (is a Tephra server listening there? --timeout sets the limit)",
+                g.addr
+            ),
             _ => format!("{what} {}: {e}", g.addr),
         };
         CliError { code, message, server: None }
     })?;
-    if !timeout && limit.is_some() {
-        // A long-lived command (subscribe): the timeout covered only the connect.
+    if !timeout || limit.is_none() {
+        // Without --timeout, or for a long-lived command (subscribe): the limit covered only
+        // the connect and the Hello.
         client.set_timeout(None).map_err(|e| CliError::other(format!("setting the timeout: {e}")))?;
     }
     Ok(client)
