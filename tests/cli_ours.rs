@@ -162,6 +162,28 @@ fn a_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     drop(held);
 }
 
+/// The same over TLS: the server closes during the TLS handshake, and the hint survives.
+#[test]
+fn a_tls_server_at_its_connection_cap_is_named_as_a_likely_cause() {
+    let Some(bin) = server_binary() else { return };
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (cert, key) = support::self_signed(certs.path());
+    let srv = Server::start_with(&bin, &[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")], Some(&support::tls_toml(&cert, &key)));
+    let held = std::net::TcpStream::connect(srv.addr).unwrap();
+    let tls = ["--tls-ca", cert.to_str().unwrap(), "--tls-server-name", "localhost", "stats"];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let o = loop {
+        let o = tephra(srv.addr, &tls);
+        if o.status.code() != Some(0) || std::time::Instant::now() > deadline {
+            break o;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_code(&o, 4);
+    assert!(stderr(&o).contains("closed the connection before answering the Hello (a server at its connection limit"), "{}", stderr(&o));
+    drop(held);
+}
+
 /// A server whose own certificate is a CA certificate: the client names the mistake.
 #[test]
 fn a_ca_certificate_used_as_the_servers_is_named() {

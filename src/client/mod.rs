@@ -146,10 +146,11 @@ impl ClientError {
     /// causes it (reference §1.9: a server over `server.limits.max_connections` closes new
     /// connections without a frame).
     fn into_connect_error(self) -> io::Error {
-        const CLOSED: &str = "the server closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections, closes new connections this way)";
         match self {
-            ClientError::Io(e) if e.kind() == io::ErrorKind::ConnectionReset => io::Error::new(io::ErrorKind::ConnectionReset, format!("{CLOSED}: {e}")),
-            ClientError::UnexpectedEof => io::Error::new(io::ErrorKind::UnexpectedEof, CLOSED),
+            ClientError::Io(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                io::Error::new(io::ErrorKind::ConnectionReset, format!("{CLOSED_BEFORE_HELLO}: {e}"))
+            }
+            ClientError::UnexpectedEof => io::Error::new(io::ErrorKind::UnexpectedEof, CLOSED_BEFORE_HELLO),
             ClientError::Io(e) => e,
             e @ ClientError::Server { code: ErrorCode::Unauthenticated, .. } => {
                 io::Error::new(io::ErrorKind::PermissionDenied, e)
@@ -305,8 +306,17 @@ fn tls_hint(e: io::Error) -> io::Error {
             format!("{e}: the server presents a CA certificate as its own; give the server a certificate issued by that CA (tls.cert) and trust the CA here"),
         );
     }
+    if matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset) {
+        return io::Error::new(e.kind(), format!("{CLOSED_BEFORE_HELLO}: {e}"));
+    }
     e
 }
+
+/// A connection closed or reset before the Hello was answered (TLS handshake included): what
+/// usually causes it (reference §1.9: a server over `server.limits.max_connections` closes new
+/// connections without a frame).
+const CLOSED_BEFORE_HELLO: &str =
+    "the server closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections, closes new connections this way)";
 
 fn dial(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
     let tcp = TcpStream::connect(addr)?;
