@@ -139,6 +139,12 @@ fn an_atomic_batch_over_the_frame_cap_points_at_import() {
     let o = tephra(srv.addr, &["append", "--type", "E", "--payload", &"y".repeat(70_000)]);
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stderr(&o).contains("exceeds the maximum of 65536") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
+    // Nor when one event of the batch is over the cap alone: import could not send it either.
+    let mut cmd = cli(srv.addr);
+    cmd.args(["append", "--stdin"]);
+    let o = run(cmd, format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(70_000)).as_bytes());
+    assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stderr(&o).contains("exceeds the maximum of 65536") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
     assert!(read_everything(srv.addr).is_empty());
 }
 

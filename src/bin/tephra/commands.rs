@@ -156,12 +156,18 @@ pub fn append(g: &Global, args: &AppendArgs) -> Result<(), CliError> {
     let condition = args.condition()?;
     let events = args.events()?;
     let n = events.len();
+    // The largest frame one of these events needs alone (read back, the larger way).
+    let largest = events.iter().map(|e| tephra::proto::batch::lone_event_frame_len(tephra::proto::batch::event_body_len(&e.as_ref()))).max().unwrap_or(0);
     let mut client = connect(g, true)?;
     let r = client.append(events, condition).map_err(|e| {
-        // An atomic batch over the server's frame cap cannot be sent as one append at all.
-        let over_cap = matches!(&e, ClientError::Server { code: ErrorCode::TooLarge, message, .. } if tephra::proto::convert::text::frame_cap_of(message).is_some());
+        // An atomic batch over the server's frame cap cannot be sent as one append at all;
+        // `import` helps only when every event fits the cap alone.
+        let cap = match &e {
+            ClientError::Server { code: ErrorCode::TooLarge, message, .. } => tephra::proto::convert::text::frame_cap_of(message),
+            _ => None,
+        };
         let mut err = CliError::client("append failed", e);
-        if over_cap && n > 1 {
+        if n > 1 && cap.is_some_and(|cap| largest as u64 <= u64::from(cap)) {
             err.message.push_str(&format!(
                 " (the {n} events are one atomic append and must fit one frame; `tephra import` appends them in batches that fit, not atomically)"
             ));
