@@ -190,6 +190,28 @@ fn a_tls_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     drop(held);
 }
 
+/// An event over the CLI's own 16 MiB frame cap: the error names `--max-frame-len`, and with
+/// it raised (the server's cap raised too) the event goes in and reads back.
+#[test]
+fn events_over_16_mib_need_the_clients_frame_cap_raised_too() {
+    let Some(srv) = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "33554432"), ("TEPHRA__SEGMENT__SIZE", "134217728")]) else { return };
+    let file = srv.dir.path().join("big.bin");
+    std::fs::write(&file, vec![7u8; 17 << 20]).unwrap();
+    let o = tephra(srv.addr, &["append", "--type", "Big", "--payload-file", file.to_str().unwrap()]);
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("(this client's frame cap: --max-frame-len; the server's is server.max_frame_len)"), "{}", stderr(&o));
+    let o = tephra(srv.addr, &["--max-frame-len", "33554432", "append", "--type", "Big", "--payload-file", file.to_str().unwrap()]);
+    assert_code(&o, 0);
+    let o = tephra(srv.addr, &["read", "--json"]);
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("--max-frame-len"), "{}", stderr(&o));
+    let o = tephra(srv.addr, &["--max-frame-len", "33554432", "read", "--json"]);
+    assert_code(&o, 0);
+    let lines = json_lines(&o);
+    assert_eq!(lines[0]["type"], "Big");
+    assert_eq!(lines[0]["payload"].as_str().map(str::len), Some(17 << 20));
+}
+
 /// A server whose own certificate is a CA certificate: the client names the mistake.
 #[test]
 fn a_ca_certificate_used_as_the_servers_is_named() {

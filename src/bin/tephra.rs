@@ -63,6 +63,11 @@ pub struct Global {
     /// Machine-readable output: JSON lines on stdout, errors as JSON on stderr.
     #[arg(long, global = true)]
     json: bool,
+    /// This client's frame cap in bytes, both ways (the server has its own,
+    /// `server.max_frame_len`; raise both to move events over 16 MiB).
+    #[arg(long, global = true, value_name = "BYTES", default_value_t = tephra::proto::DEFAULT_MAX_FRAME_LEN,
+          value_parser = clap::value_parser!(u32).range(1024..))]
+    max_frame_len: u32,
 }
 
 #[derive(Debug, Subcommand)]
@@ -120,6 +125,9 @@ impl CliError {
         };
         let message = match &err {
             ClientError::Io(e) if timed_out(e) => format!("{context}: the server did not answer within --timeout"),
+            ClientError::Frame(FrameError::TooLong { .. }) => {
+                format!("{context}: {err} (this client's frame cap: --max-frame-len; the server's is server.max_frame_len)")
+            }
             _ => format!("{context}: {err}"),
         };
         CliError { code, message, server }
@@ -209,6 +217,7 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
         };
         CliError { code, message, server: None }
     })?;
+    client.set_max_frame_len(g.max_frame_len);
     if !timeout || limit.is_none() {
         // Without --timeout, or for a long-lived command (subscribe): the limit covered only
         // the connect and the Hello.
