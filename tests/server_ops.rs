@@ -445,6 +445,7 @@ fn healthcheck_passes_against_a_live_server_and_fails_against_a_closed_port() {
     let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &silent_addr], &[], None, Duration::from_secs(20));
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(started.elapsed() < Duration::from_secs(12), "{:?}", started.elapsed());
+    assert!(out.stderr.contains("no answer within 5s"), "{}", out.stderr);
     drop(silent);
 }
 
@@ -469,9 +470,10 @@ fn healthcheck_over_tls_with_a_token() {
     let pinned_wrong = format!("{}\n[[auth.tokens]]\ntoken = \"first\"\n", support::tls_toml(&other_cert, &other_key));
     let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], Some(&pinned_wrong), Duration::from_secs(20));
     assert_eq!(out.code, Some(1), "{out:?}");
-    // A plaintext healthcheck against the TLS port fails.
+    // A plaintext healthcheck against the TLS port fails, and says why.
     let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], None, Duration::from_secs(20));
     assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("the server answered with TLS: give --healthcheck the server's configuration"), "{}", out.stderr);
 
     // The certificate is pinned, not name-checked: one issued for another name passes.
     let ck = rcgen::generate_simple_self_signed(vec!["tephra.internal".to_string()]).unwrap();
@@ -513,6 +515,10 @@ fn metrics_endpoint_serves_the_reference_names_and_our_histograms() {
     let srv = Server::start(&bin(), &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "0")]);
     let maddr = metrics_addr(&srv);
     assert_ne!(maddr.port(), srv.addr.port());
+    // A fresh server: empty histograms sum to 0, not "-0" (an empty float sum is -0.0).
+    let fresh = http(maddr, "GET /metrics HTTP/1.1");
+    assert!(fresh.contains("tephra_fsync_seconds_sum 0\n"), "{fresh}");
+    assert!(!fresh.lines().any(|l| !l.starts_with('#') && l.split(' ').nth(1).is_some_and(|v| v.starts_with('-'))), "{fresh}");
     let mut c = Client::connect(srv.addr).unwrap();
     c.append(vec![ev("E", &["k:1"], b"x")], None).unwrap();
     c.append(vec![ev("E", &["k:2"], b"y"), ev("E", &["k:3"], b"z")], None).unwrap();

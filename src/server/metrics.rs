@@ -74,7 +74,8 @@ fn histogram(out: &mut String, name: &str, help: &str, h: &hdrhistogram::Histogr
         let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {c}", b as f64 / scale);
     }
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.len());
-    let sum: f64 = h.iter_recorded().map(|v| v.value_iterated_to() as f64 * v.count_at_value() as f64).sum::<f64>() / scale;
+    // `+ 0.0`: an empty float sum is -0.0, which would print as "-0".
+    let sum: f64 = h.iter_recorded().map(|v| v.value_iterated_to() as f64 * v.count_at_value() as f64).sum::<f64>() / scale + 0.0;
     let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {}", h.len());
 }
 
