@@ -212,6 +212,24 @@ fn events_over_16_mib_need_the_clients_frame_cap_raised_too() {
     assert_eq!(lines[0]["payload"].as_str().map(str::len), Some(17 << 20));
 }
 
+/// An event or a batch too large for the server's segments: the error says what the limit is.
+#[test]
+fn appends_too_large_for_the_segments_name_the_limit() {
+    let Some(srv) = start(&[("TEPHRA__SEGMENT__SIZE", "1048576")]) else { return };
+    let file = srv.dir.path().join("big.bin");
+    std::fs::write(&file, vec![b'x'; 300_000]).unwrap();
+    let o = tephra(srv.addr, &["append", "--type", "E", "--payload-file", file.to_str().unwrap()]);
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("exceeds the segment capacity (an event may take at most a quarter of the server's segment.size)"), "{}", stderr(&o));
+    let line = format!("{{\"type\":\"E\",\"payload\":{:?}}}\n", "y".repeat(50_000));
+    let mut cmd = cli(srv.addr);
+    cmd.args(["append", "--stdin"]);
+    let o = run(cmd, line.repeat(30).as_bytes());
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("(one append must fit one segment, and each event a quarter of one: segment.size; `tephra import`"), "{}", stderr(&o));
+    assert!(read_everything(srv.addr).is_empty());
+}
+
 /// A server whose own certificate is a CA certificate: the client names the mistake.
 #[test]
 fn a_ca_certificate_used_as_the_servers_is_named() {

@@ -166,11 +166,21 @@ pub fn append(g: &Global, args: &AppendArgs) -> Result<(), CliError> {
             ClientError::Server { code: ErrorCode::TooLarge, message, .. } => tephra::proto::convert::text::frame_cap_of(message),
             _ => None,
         };
+        // The server's segments, not its frame cap (the reference's text names the capacity
+        // even when the limit hit is the per-event quarter).
+        let segments = matches!(&e, ClientError::Server { code: ErrorCode::TooLarge, message, .. } if message.contains("segment capacity"));
         let mut err = CliError::client("append failed", e);
         if n > 1 && cap.is_some_and(|cap| largest as u64 <= u64::from(cap)) {
             err.message.push_str(&format!(
                 " (the {n} events are one atomic append and must fit one frame; `tephra import` appends them in batches that fit, not atomically)"
             ));
+        }
+        if segments {
+            err.message.push_str(if n == 1 {
+                " (an event may take at most a quarter of the server's segment.size)"
+            } else {
+                " (one append must fit one segment, and each event a quarter of one: segment.size; `tephra import` appends in batches that fit, not atomically)"
+            });
         }
         err
     })?;
