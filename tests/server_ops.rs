@@ -688,6 +688,23 @@ fn a_second_signal_during_a_slow_shutdown_exits_143() {
 
 #[test]
 fn graceful_shutdown_is_not_held_up_by_a_client_that_stopped_reading() {
+    let stats = |id| Request::new(id, request::Kind::Stats(proto::StatsRequest {}));
+    shutdown_with_a_client_that_stopped_reading(&stats);
+}
+
+/// The same with appends: the reader then waits for an append budget permit, which answers
+/// stuck behind the full control lane hold (it did not notice the shutdown: the process ran
+/// until the client went away).
+#[test]
+fn graceful_shutdown_is_not_held_up_by_an_appender_that_stopped_reading() {
+    let append = |id| {
+        let event = proto::Event { r#type: "E".into(), tags: vec!["flood".into()], payload: vec![1] };
+        Request::new(id, request::Kind::Append(proto::AppendRequest { events: vec![event], condition: None }))
+    };
+    shutdown_with_a_client_that_stopped_reading(&append);
+}
+
+fn shutdown_with_a_client_that_stopped_reading(request: &(dyn Fn(u64) -> Request + Sync)) {
     // The client pipelines requests and never reads: the control lane and the socket fill,
     // and the connection's reader is parked waiting to queue an answer. A SIGTERM must still
     // end the process promptly with exit 0 (reference: shutdown(Both) on every socket).
@@ -697,11 +714,11 @@ fn graceful_shutdown_is_not_held_up_by_a_client_that_stopped_reading() {
     raw.send(&Request::hello(1, None));
     assert!(raw.recv().is_some());
     let mut writer = raw.stream.try_clone().unwrap();
+    let mut burst = Vec::new();
+    for id in 0..1000u64 {
+        proto::encode_frame(&request(10 + id), u32::MAX, &mut burst).unwrap();
+    }
     let flooder = thread::spawn(move || {
-        let mut burst = Vec::new();
-        for id in 0..1000u64 {
-            proto::encode_frame(&Request::new(10 + id, request::Kind::Stats(proto::StatsRequest {})), u32::MAX, &mut burst).unwrap();
-        }
         // Until the server stops reading (our writes block) and then goes away (they fail).
         for _ in 0..2000 {
             if writer.write_all(&burst).is_err() {

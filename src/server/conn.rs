@@ -276,7 +276,10 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
             if established {
                 match crate::proto::append::decode(frame) {
                     Ok(Some(fa)) => {
-                        conn.clone().append_framed(fa).await;
+                        // Waits for a budget permit or the writer's queue: a shutdown ends it too.
+                        if unless_shutdown(&ctx, conn.clone().append_framed(fa)).await.is_none() {
+                            break 'conn;
+                        }
                         continue;
                     }
                     Ok(None) => {}
