@@ -142,19 +142,10 @@ fn an_atomic_batch_over_the_frame_cap_points_at_import() {
     assert!(read_everything(srv.addr).is_empty());
 }
 
-/// Holds one connection to a server capped at one, then runs `tephra args` until it is
-/// refused (until the server has accepted and counted the held connection, a command may
-/// still get in); expects exit 4 with the connection-limit hint.
-fn expect_refused_at_the_cap(srv: &Server, args: &[&str]) {
-    let held = std::net::TcpStream::connect(srv.addr).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let o = loop {
-        let o = tephra(srv.addr, args);
-        if o.status.code() != Some(0) || std::time::Instant::now() > deadline {
-            break o;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+/// With `held` connected to a server capped at one (its Hello answered, so the server has
+/// accepted and counted it), runs `tephra args`: exit 4 with the connection-limit hint.
+fn expect_refused_at_the_cap(srv: &Server, held: tephra::client::Client, args: &[&str]) {
+    let o = tephra(srv.addr, args);
     assert_code(&o, 4);
     assert!(stderr(&o).contains("closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections"), "{}", stderr(&o));
     drop(held);
@@ -165,7 +156,8 @@ fn expect_refused_at_the_cap(srv: &Server, args: &[&str]) {
 #[test]
 fn a_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     let Some(srv) = start(&[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")]) else { return };
-    expect_refused_at_the_cap(&srv, &["stats"]);
+    let held = tephra::client::Client::connect(srv.addr).unwrap();
+    expect_refused_at_the_cap(&srv, held, &["stats"]);
 }
 
 /// The same over TLS: the server closes during the TLS handshake, and the hint survives.
@@ -175,7 +167,9 @@ fn a_tls_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (cert, key) = support::self_signed(certs.path());
     let srv = Server::start_with(&bin, &[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")], Some(&support::tls_toml(&cert, &key)));
-    expect_refused_at_the_cap(&srv, &["--tls-ca", cert.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
+    let config = tephra::client::tls::config_with_custom_ca(&cert).unwrap();
+    let held = tephra::client::Client::connect_tls_with(srv.addr, "localhost", config, None).unwrap();
+    expect_refused_at_the_cap(&srv, held, &["--tls-ca", cert.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
 }
 
 /// An event over the CLI's own 16 MiB frame cap: the error names `--max-frame-len`, and with
