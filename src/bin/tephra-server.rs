@@ -154,8 +154,7 @@ fn probe(settings: &Settings) -> Result<(), String> {
             Err(proto::FrameError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 Err(format!("no answer within {HEALTHCHECK_TIMEOUT:?}"))
             }
-            // A TLS record header (alert or handshake, version 3.x) read as a frame length.
-            Err(proto::FrameError::TooLong { len, .. }) if matches!(len >> 24, 21 | 22) && (len >> 16) & 0xff == 3 => {
+            Err(proto::FrameError::TooLong { len, .. }) if proto::frame::is_tls_record_prefix(len) => {
                 Err("the server answered with TLS: give --healthcheck the server's configuration (--config), which names tls.cert".into())
             }
             Err(e) => Err(format!("receive: {e}")),

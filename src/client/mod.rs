@@ -160,7 +160,7 @@ impl ClientError {
             }
             // A TLS record header (content type 21 = alert or 22 = handshake, version 3.x)
             // read as a frame length: a TLS server answering a plaintext Hello.
-            ClientError::Frame(FrameError::TooLong { len, .. }) if matches!(len >> 24, 21 | 22) && (len >> 16) & 0xff == 3 => {
+            ClientError::Frame(FrameError::TooLong { len, .. }) if crate::proto::frame::is_tls_record_prefix(len) => {
                 io::Error::new(io::ErrorKind::InvalidData, "the server answered with TLS: connect with TLS (the server has tls.cert and tls.key set)")
             }
             e => io::Error::new(io::ErrorKind::InvalidData, e),

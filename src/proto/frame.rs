@@ -29,6 +29,12 @@ pub const RETAINED_CAPACITY: usize = 64 * 1024;
 /// How many bytes the read drivers ask the transport for at a time (64 KiB).
 pub const READ_CHUNK: usize = 64 * 1024;
 
+/// True when a frame length prefix `len` is really the start of a TLS record (content type 21
+/// alert or 22 handshake, version 3.x): a TLS server answering a plaintext peer.
+pub fn is_tls_record_prefix(len: u64) -> bool {
+    matches!(len >> 24, 21 | 22) && (len >> 16) & 0xff == 3
+}
+
 /// Why a frame could not be read, written or decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
