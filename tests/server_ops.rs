@@ -735,7 +735,12 @@ fn shutdown_with_a_client_that_stopped_reading(request: &(dyn Fn(u64) -> Request
     let status = status.unwrap_or_else(|| panic!("still running 15 s after SIGTERM:\n{}", srv.log()));
     assert_eq!(status.code(), Some(0), "{}", srv.log());
     assert!(took < Duration::from_secs(8), "shutdown took {took:?}");
-    drop(raw);
+    // The flooder may sit in a write to the exited server's orphaned socket, which holds our
+    // unread answers (FIN-WAIT-1) and advertised a zero window; shutting our socket down wakes
+    // it at once (dropping `raw` would not: the flooder's clone keeps the socket open, and the
+    // write then waited out ~100 s of retransmission backoff when two of these tests ran side
+    // by side).
+    let _ = raw.stream.shutdown(std::net::Shutdown::Both);
     flooder.join().unwrap();
 }
 
