@@ -744,6 +744,82 @@ fn shutdown_with_a_client_that_stopped_reading(request: &(dyn Fn(u64) -> Request
     flooder.join().unwrap();
 }
 
+/// A client that pipelines appends and reads its answers gets the answer of every append the
+/// server stored before a SIGTERM: the server stops reading, answers what it took, and closes
+/// without a reset (a close with unread requests in the socket resets it, and a reset can cost
+/// the client answers the server already sent: an append stored but never acknowledged, which
+/// a client then retries into a duplicate).
+#[test]
+fn sigterm_answers_every_append_it_stored_to_a_pipelining_client() {
+    let mut srv = Server::start(&bin(), &[]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    raw.stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut writer = raw.stream.try_clone().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let flooder = thread::spawn(move || {
+        let mut sent = 0u64;
+        let mut frames = Vec::new();
+        while !stop2.load(Ordering::Relaxed) {
+            frames.clear();
+            for _ in 0..64 {
+                sent += 1;
+                let event = proto::Event { r#type: "E".into(), tags: vec!["pipelined".into()], payload: sent.to_be_bytes().to_vec() };
+                let req = Request::new(10 + sent, request::Kind::Append(proto::AppendRequest { events: vec![event], condition: None }));
+                proto::encode_frame(&req, u32::MAX, &mut frames).unwrap();
+            }
+            if writer.write_all(&frames).is_err() {
+                break;
+            }
+        }
+        sent
+    });
+    // Answers until the server closes: the positions acknowledged, and anything else.
+    let mut acked = Vec::new();
+    let mut signalled = None;
+    let mut closed_by = "end of stream";
+    loop {
+        if signalled.is_none() && acked.len() >= 2_000 {
+            srv.signal(libc::SIGTERM);
+            signalled = Some(Instant::now());
+        }
+        match raw.dec.read_next(&mut raw.stream) {
+            Ok(Some(body)) => match <proto::Response as prost::Message>::decode(body).unwrap().kind {
+                Some(response::Kind::Append(a)) => {
+                    assert_eq!(a.first, a.last);
+                    acked.push(a.first);
+                }
+                other => panic!("unexpected answer {other:?}"),
+            },
+            Ok(None) => break,
+            Err(e) => {
+                closed_by = if matches!(&e, proto::FrameError::Io(io) if io.kind() == io::ErrorKind::ConnectionReset) { "reset" } else { "error" };
+                eprintln!("connection ended by {e}");
+                break;
+            }
+        }
+    }
+    let status = srv.wait_exit(Duration::from_secs(15)).unwrap_or_else(|| panic!("no exit after SIGTERM:\n{}", srv.log()));
+    assert_eq!(status.code(), Some(0), "{}", srv.log());
+    assert!(signalled.expect("2,000 acks before the signal").elapsed() < Duration::from_secs(8));
+    stop.store(true, Ordering::Relaxed);
+    let _ = raw.stream.shutdown(std::net::Shutdown::Both);
+    let sent = flooder.join().unwrap();
+    srv.restart(&bin(), &[]);
+    let mut c = Client::connect(srv.addr).unwrap();
+    let stored = c.stats().unwrap().event_count;
+    assert!(sent > stored, "every request was stored: the test did not pipeline past the shutdown ({sent} sent)");
+    acked.sort_unstable();
+    acked.dedup();
+    assert_eq!(
+        acked.len() as u64,
+        stored,
+        "{stored} appends stored, {} acknowledged (the connection ended by {closed_by}); highest acked {:?}",
+        acked.len(),
+        acked.last()
+    );
+}
+
 #[test]
 fn a_stalled_tls_handshake_does_not_hold_up_shutdown() {
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

@@ -210,6 +210,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
             tracing::debug!(error = %e, "cannot set TCP keepalive");
         }
     }
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let timeouts = ctx.settings.server.timeouts.clone();
     let io = match &ctx.tls {
         None => Io::Plain(stream),
@@ -388,14 +389,48 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
     drop(lanes);
     let shutting_down = ctx.is_shutting_down();
     let grace = if shutting_down { SHUTDOWN_DRAIN } else { CLOSE_DRAIN };
+    let drain_started = Instant::now();
     let sent = futures_lite::future::or(egress_task, async {
         glommio::timer::sleep(grace).await;
         None
     })
     .await;
-    if let (Some(writer), false) = (sent, shutting_down || client_closed) {
-        linger(reader, writer).await;
+    match sent {
+        Some(writer) if !client_closed && !shutting_down => linger(reader, writer).await,
+        Some(writer) if !client_closed => close_once_delivered(fd, writer, grace.saturating_sub(drain_started.elapsed())).await,
+        _ => {}
     }
+}
+
+/// Closes a connection at a graceful shutdown once the client's kernel has acknowledged every
+/// byte sent to it, or after `limit`: half-close, then poll the socket's unacknowledged
+/// output (`SIOCOUTQ`). The reader is not drained, so closing with requests still unread
+/// sends a reset; a reset makes the client's kernel drop what it had not *received* yet (the
+/// answers still in our send queue, behind a client that was slow to read), never what it
+/// had: an append stored and answered must not lose its answer to the close (the client
+/// would not know it was stored, and a retry would store it twice).
+async fn close_once_delivered<W: AsyncWrite + Unpin>(fd: std::os::fd::RawFd, mut writer: W, limit: Duration) {
+    use futures_lite::AsyncWriteExt;
+    if writer.close().await.is_err() {
+        return;
+    }
+    let delivered = async {
+        while unacknowledged_output(fd).is_some_and(|n| n > 0) {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    futures_lite::future::or(delivered, glommio::timer::sleep(limit)).await;
+}
+
+nix::ioctl_read_bad!(siocoutq, libc::TIOCOUTQ, libc::c_int);
+
+/// Bytes written to the TCP socket `fd` that its peer has not acknowledged yet (sent or not),
+/// from `SIOCOUTQ` (tcp(7)); `None` if the socket cannot say.
+fn unacknowledged_output(fd: std::os::fd::RawFd) -> Option<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int through the pointer, which points at `n`; `fd` is the
+    // connection's socket, open for as long as its stream halves live (the caller holds one).
+    unsafe { siocoutq(fd, &mut n) }.ok().map(|_| n.max(0) as usize)
 }
 
 /// Closes a connection the server gave up on while its client may still be sending (a frame
