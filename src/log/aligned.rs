@@ -16,6 +16,8 @@ pub(crate) struct AlignedBuf {
 
 // SAFETY: the buffer owns its allocation exclusively, like a `Vec<u8>`.
 unsafe impl Send for AlignedBuf {}
+// SAFETY: shared references only read the bytes (`as_slice`); mutation needs `&mut self`.
+unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     /// An empty buffer holding at least `cap` bytes.
@@ -34,6 +36,11 @@ impl AlignedBuf {
         // The allocation is zeroed.
         b.len = len;
         b
+    }
+
+    /// Bytes the allocation can hold.
+    pub(crate) fn capacity(&self) -> usize {
+        self.cap
     }
 
     /// Bytes held.

@@ -254,6 +254,8 @@ impl GroupCommit {
         drop(st);
         self.progress.notify_all();
 
+        // The batch's bytes up to its commit marker (the write pads them to a block).
+        let sealed = batch.buf.len();
         let outcome = match &failed {
             Some(reason) => Err(reason.clone()),
             None => {
@@ -264,9 +266,14 @@ impl GroupCommit {
                 r
             }
         };
+        let mut next_spare = None;
         let failed = match outcome {
             Ok(sync_time) => {
                 crate::fault::crash_point("after_fsync_before_ack");
+                // Durable: reads of it may come from memory from now on, before the watermark
+                // lets anyone ask.
+                let bytes = std::mem::replace(&mut batch.buf, AlignedBuf::with_capacity(0));
+                next_spare = shared.recent().remember(batch.seg.base, batch.start, sealed, bytes);
                 shared.publish(batch.highest);
                 let mut m = metrics.inner.lock().unwrap_or_else(|e| e.into_inner());
                 let _ = m.fsync_us.record((sync_time.as_micros() as u64).max(1));
@@ -287,7 +294,9 @@ impl GroupCommit {
         answer(replies, failed.as_deref());
         let mut st = self.lock();
         st.busy = false;
-        st.spare = Some(buf);
+        // A failed batch keeps its buffer; a remembered one leaves it to readers and may get
+        // back an older one nobody reads any more.
+        st.spare = if failed.is_some() { Some(buf) } else { next_spare };
         drop(st);
         self.progress.notify_all();
     }

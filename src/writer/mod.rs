@@ -576,7 +576,7 @@ impl Writer {
                 }
                 let (cur, snap) = cursor.get_or_insert_with(|| {
                     let snap = self.shared.pin().1;
-                    (Cursor::new(snap.clone()), snap)
+                    (Cursor::with_recent(snap.clone(), &self.shared), snap)
                 });
                 match evaluate(c, &staged, |q, after| self.durable_match(cur, snap, q, after)) {
                     Ok(Verdict::Pass) => {}
