@@ -143,11 +143,12 @@ fn an_atomic_batch_over_the_frame_cap_points_at_import() {
 }
 
 /// With `held` connected to a server capped at one (its Hello answered, so the server has
-/// accepted and counted it), runs `tephra args`: exit 4 with the connection-limit hint.
-fn expect_refused_at_the_cap(srv: &Server, held: tephra::client::Client, args: &[&str]) {
+/// accepted and counted it), runs `tephra args`: exit 4 with the connection-limit hint, the
+/// cut step named as `when` ("before answering the Hello", "during the TLS handshake").
+fn expect_refused_at_the_cap(srv: &Server, held: tephra::client::Client, args: &[&str], when: &str) {
     let o = tephra(srv.addr, args);
     assert_code(&o, 4);
-    assert!(stderr(&o).contains("closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections"), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("closed the connection {when} (a server at its connection limit, server.limits.max_connections")), "{}", stderr(&o));
     drop(held);
 }
 
@@ -157,10 +158,10 @@ fn expect_refused_at_the_cap(srv: &Server, held: tephra::client::Client, args: &
 fn a_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     let Some(srv) = start(&[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")]) else { return };
     let held = tephra::client::Client::connect(srv.addr).unwrap();
-    expect_refused_at_the_cap(&srv, held, &["stats"]);
+    expect_refused_at_the_cap(&srv, held, &["stats"], "before answering the Hello");
 }
 
-/// The same over TLS: the server closes during the TLS handshake, and the hint survives.
+/// The same over TLS: the server closes during the TLS handshake, and the hint says so.
 #[test]
 fn a_tls_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     let Some(bin) = server_binary() else { return };
@@ -169,7 +170,7 @@ fn a_tls_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     let srv = Server::start_with(&bin, &[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")], Some(&support::tls_toml(&cert, &key)));
     let config = tephra::client::tls::config_with_custom_ca(&cert).unwrap();
     let held = tephra::client::Client::connect_tls_with(srv.addr, "localhost", config, None).unwrap();
-    expect_refused_at_the_cap(&srv, held, &["--tls-ca", cert.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
+    expect_refused_at_the_cap(&srv, held, &["--tls-ca", cert.to_str().unwrap(), "--tls-server-name", "localhost", "stats"], "during the TLS handshake");
 }
 
 /// An event over the CLI's own 16 MiB frame cap: the error names `--max-frame-len`, and with
