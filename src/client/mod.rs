@@ -288,11 +288,7 @@ impl std::fmt::Debug for Client {
 /// in plaintext makes rustls see an unknown record type; a server whose certificate is a CA
 /// certificate is refused as `CaUsedAsEndEntity`.
 fn tls_hint(e: io::Error) -> io::Error {
-    let plaintext = e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .is_some_and(|r| matches!(r, rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)));
-    if plaintext {
+    if tls::answered_without_tls(&e) {
         return io::Error::new(io::ErrorKind::InvalidData, format!("{e}: the server does not speak TLS here (connect without TLS?)"));
     }
     // webpki's CaUsedAsEndEntity reaches us only inside rustls's catch-all
