@@ -243,3 +243,31 @@ fn tls_at_a_plaintext_server_says_so() {
     assert_code(&o, 4);
     assert!(stderr(&o).contains("the server does not speak TLS here"), "{}", stderr(&o));
 }
+
+/// `--max-frame-len` below 1 MiB is refused up front, saying why: the server packs read
+/// batches up to `server.reads.batch_bytes` (512 KiB by default) and never learns this cap.
+#[test]
+fn a_frame_cap_below_one_mib_is_refused_with_the_reason() {
+    let Some(srv) = start(&[]) else { return };
+    let o = tephra(srv.addr, &["--max-frame-len", "1048575", "stats"]);
+    assert_code(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("--max-frame-len") && err.contains("at least 1048576"), "{err}");
+    assert!(err.contains("server.reads.batch_bytes") && err.contains("512 KiB by default"), "{err}");
+    assert_code(&tephra(srv.addr, &["--max-frame-len", "1048576", "stats"]), 0);
+}
+
+/// A frame from the server over this client's cap: the error says it came from the server,
+/// gives both sizes and names `--max-frame-len`.
+#[test]
+fn a_frame_from_the_server_over_the_cap_names_both_sizes_and_the_flag() {
+    let Some(srv) = start(&[]) else { return };
+    let file = srv.dir.path().join("big.bin");
+    std::fs::write(&file, vec![7u8; 1_500_000]).unwrap();
+    assert_code(&tephra(srv.addr, &["append", "--type", "Big", "--payload-file", file.to_str().unwrap()]), 0);
+    let o = tephra(srv.addr, &["--max-frame-len", "1048576", "read"]);
+    assert_code(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("read failed: the server sent a frame of 15000"), "{err}");
+    assert!(err.contains(" bytes, over this client's frame cap of 1048576 bytes (raise --max-frame-len to receive it)"), "{err}");
+}

@@ -63,11 +63,27 @@ pub struct Global {
     /// Machine-readable output: JSON lines on stdout, errors as JSON on stderr.
     #[arg(long, global = true)]
     json: bool,
-    /// This client's frame cap in bytes, both ways (the server has its own,
+    /// This client's frame cap in bytes, both ways, at least 1 MiB (the server has its own,
     /// `server.max_frame_len`; raise both to move events over 16 MiB).
     #[arg(long, global = true, value_name = "BYTES", default_value_t = tephra::proto::DEFAULT_MAX_FRAME_LEN,
-          value_parser = clap::value_parser!(u32).range(1024..))]
+          value_parser = max_frame_len)]
     max_frame_len: u32,
+}
+
+/// The least `--max-frame-len`: the server never learns this client's cap and packs a read's
+/// `ReadEvents` frames up to `server.reads.batch_bytes` (512 KiB by default), so a smaller cap
+/// would refuse reads of small events.
+const MIN_MAX_FRAME_LEN: u32 = 1 << 20;
+
+/// Parses `--max-frame-len`: a byte count of at least [`MIN_MAX_FRAME_LEN`].
+fn max_frame_len(arg: &str) -> Result<u32, String> {
+    let n: u32 = arg.parse().map_err(|e| format!("expected a number of bytes: {e}"))?;
+    if n < MIN_MAX_FRAME_LEN {
+        return Err(format!(
+            "must be at least {MIN_MAX_FRAME_LEN} (1 MiB): the server packs read batches into frames of up to server.reads.batch_bytes (512 KiB by default) and never learns this client's cap, so a smaller cap would refuse reads of small events"
+        ));
+    }
+    Ok(n)
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,8 +123,21 @@ impl CliError {
         CliError { code: 1, message: message.into(), server: None }
     }
 
-    /// A failed client call, prefixed with what was being done.
+    /// A failed client call whose request is small (a read, a subscription, stats), prefixed
+    /// with what was being done: a frame over this client's cap came from the server.
     pub fn client(context: &str, err: ClientError) -> CliError {
+        CliError::from_client(context, err, false)
+    }
+
+    /// A failed append, prefixed with what was being done: a frame over this client's cap is
+    /// the append's request (the answer to an append is small).
+    pub fn append(context: &str, err: ClientError) -> CliError {
+        CliError::from_client(context, err, true)
+    }
+
+    /// A failed client call; `request_over_cap` says which way a frame over this client's cap
+    /// went (`true`: the request, refused before sending; `false`: a frame from the server).
+    fn from_client(context: &str, err: ClientError, request_over_cap: bool) -> CliError {
         let (code, server) = match &err {
             ClientError::Server { code, conflict_position, .. } => {
                 let exit = match code {
@@ -125,9 +154,12 @@ impl CliError {
         };
         let message = match &err {
             ClientError::Io(e) if timed_out(e) => format!("{context}: the server did not answer within --timeout"),
-            ClientError::Frame(FrameError::TooLong { .. }) => {
+            ClientError::Frame(FrameError::TooLong { .. }) if request_over_cap => {
                 format!("{context}: {err} (this client's frame cap: --max-frame-len; the server's is server.max_frame_len)")
             }
+            ClientError::Frame(FrameError::TooLong { len, max }) => format!(
+                "{context}: the server sent a frame of {len} bytes, over this client's frame cap of {max} bytes (raise --max-frame-len to receive it)"
+            ),
             _ => format!("{context}: {err}"),
         };
         CliError { code, message, server }

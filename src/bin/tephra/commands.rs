@@ -169,7 +169,7 @@ pub fn append(g: &Global, args: &AppendArgs) -> Result<(), CliError> {
         // The server's segments, not its frame cap (the reference's text names the capacity
         // even when the limit hit is the per-event quarter).
         let segments = matches!(&e, ClientError::Server { code: ErrorCode::TooLarge, message, .. } if message.contains("segment capacity"));
-        let mut err = CliError::client("append failed", e);
+        let mut err = CliError::append("append failed", e);
         if n > 1 && cap.is_some_and(|cap| largest as u64 <= u64::from(cap)) {
             err.message.push_str(&format!(
                 " (the {n} events are one atomic append and must fit one frame; `tephra import` appends them in batches that fit, not atomically)"
@@ -560,7 +560,7 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
                 (Some(a), Some(b)) => format!("; the failed batch is {name} lines {a}..={b}"),
                 _ => String::new(),
             };
-            let mut err = CliError::client("import failed", e);
+            let mut err = CliError::append("import failed", e);
             err.message = format!("{}; {so_far}{failed}", err.message);
             err
         })?;
