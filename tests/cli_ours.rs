@@ -271,3 +271,26 @@ fn a_frame_from_the_server_over_the_cap_names_both_sizes_and_the_flag() {
     assert!(err.contains("read failed: the server sent a frame of 15000"), "{err}");
     assert!(err.contains(" bytes, over this client's frame cap of 1048576 bytes (raise --max-frame-len to receive it)"), "{err}");
 }
+
+/// A frame over this client's cap, either way, is reported as the server reports a frame
+/// over its own: `"code":"TOO_LARGE"` in `--json` output, and exit 2 (as for the server's
+/// TOO_LARGE).
+#[test]
+fn frames_over_the_clients_cap_are_too_large_in_json_and_exit_2() {
+    let Some(srv) = start(&[]) else { return };
+    let file = srv.dir.path().join("big.bin");
+    std::fs::write(&file, vec![7u8; 1_500_000]).unwrap();
+    let append = ["append", "--type", "Big", "--payload-file", file.to_str().unwrap()];
+    let capped = |args: &[&str]| {
+        let o = tephra(srv.addr, &[&["--json", "--max-frame-len", "1048576"], args].concat());
+        assert_code(&o, 2);
+        let err: Value = serde_json::from_str(stderr(&o).trim()).unwrap();
+        assert_eq!((err["code"].as_str(), err["exit_code"].as_u64()), (Some("TOO_LARGE"), Some(2)), "{err}");
+        assert!(err["error"].as_str().unwrap().contains("--max-frame-len"), "{err}");
+    };
+    // Sending: the append request is over the cap.
+    capped(&append);
+    // Receiving: the read frame holding the event is over the cap.
+    assert_code(&tephra(srv.addr, &append), 0);
+    capped(&["read"]);
+}

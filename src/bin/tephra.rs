@@ -24,7 +24,8 @@ Exit codes:
   0  success (a `subscribe` stopped with Ctrl-C included)
   1  any other failure (server INTERNAL or SHUTDOWN, a local file error, a protocol error)
   2  bad usage or bad request: invalid arguments or names, a malformed input line (nothing
-     is appended), or the server's BAD_REQUEST, EMPTY, TOO_LARGE or AFTER_BEYOND_TIP
+     is appended), the server's BAD_REQUEST, EMPTY, TOO_LARGE or AFTER_BEYOND_TIP, or a
+     frame over this client's --max-frame-len (reported as TOO_LARGE)
   3  conflict: the append condition matched (CONFLICT or ALREADY_EXISTS)
   4  connection failure: cannot connect, TLS or token refused, or the connection was lost";
 
@@ -108,19 +109,21 @@ pub struct CliError {
     /// Process exit code (see [`EXIT_CODES`]); 0 means "stop quietly".
     code: u8,
     message: String,
-    /// The server's error code and conflict position, when the server refused.
-    server: Option<(ErrorCode, Option<u64>)>,
+    /// The wire error code and conflict position (`"code"` and `"conflict_position"` in
+    /// `--json` output): the server's when it refused, `TOO_LARGE` for a frame over this
+    /// client's cap.
+    wire: Option<(ErrorCode, Option<u64>)>,
 }
 
 impl CliError {
     /// Exit 2: bad usage or input.
     pub fn usage(message: impl Into<String>) -> CliError {
-        CliError { code: 2, message: message.into(), server: None }
+        CliError { code: 2, message: message.into(), wire: None }
     }
 
     /// Exit 1: anything else.
     pub fn other(message: impl Into<String>) -> CliError {
-        CliError { code: 1, message: message.into(), server: None }
+        CliError { code: 1, message: message.into(), wire: None }
     }
 
     /// A failed client call whose request is small (a read, a subscription, stats), prefixed
@@ -138,18 +141,15 @@ impl CliError {
     /// A failed client call; `request_over_cap` says which way a frame over this client's cap
     /// went (`true`: the request, refused before sending; `false`: a frame from the server).
     fn from_client(context: &str, err: ClientError, request_over_cap: bool) -> CliError {
-        let (code, server) = match &err {
+        let (code, wire) = match &err {
             ClientError::Server { code, conflict_position, .. } => {
-                let exit = match code {
-                    ErrorCode::Conflict | ErrorCode::AlreadyExists => 3,
-                    ErrorCode::BadRequest | ErrorCode::Empty | ErrorCode::TooLarge | ErrorCode::AfterBeyondTip => 2,
-                    ErrorCode::Unauthenticated => 4,
-                    _ => 1,
-                };
-                (exit, Some((*code, conflict_position.map(|p| p.get()))))
+                (refused_exit(*code), Some((*code, conflict_position.map(|p| p.get()))))
             }
             ClientError::Io(_) | ClientError::UnexpectedEof | ClientError::Frame(FrameError::Torn { .. }) => (4, None),
-            ClientError::Frame(FrameError::TooLong { .. }) => (2, None),
+            // Refused as the server refuses a frame over its own cap.
+            ClientError::Frame(FrameError::TooLong { .. }) => {
+                (refused_exit(ErrorCode::TooLarge), Some((ErrorCode::TooLarge, None)))
+            }
             ClientError::Frame(_) | ClientError::Protocol(_) => (1, None),
         };
         let message = match &err {
@@ -162,13 +162,13 @@ impl CliError {
             ),
             _ => format!("{context}: {err}"),
         };
-        CliError { code, message, server }
+        CliError { code, message, wire }
     }
 
     /// A local write failed: a closed pipe (`tephra read | head`) stops quietly.
     pub fn output(err: io::Error) -> CliError {
         if err.kind() == io::ErrorKind::BrokenPipe {
-            return CliError { code: 0, message: String::new(), server: None };
+            return CliError { code: 0, message: String::new(), wire: None };
         }
         CliError::other(format!("writing output: {err}"))
     }
@@ -179,7 +179,7 @@ impl CliError {
         }
         if json {
             let mut obj = serde_json::json!({ "error": self.message, "exit_code": self.code });
-            if let Some((code, position)) = self.server {
+            if let Some((code, position)) = self.wire {
                 obj["code"] = code.as_str_name().trim_start_matches("ERROR_CODE_").into();
                 if let Some(p) = position {
                     obj["conflict_position"] = p.into();
@@ -189,6 +189,16 @@ impl CliError {
         } else {
             eprintln!("tephra: {}", self.message);
         }
+    }
+}
+
+/// The exit code for a request the server refused with `code` (see [`EXIT_CODES`]).
+fn refused_exit(code: ErrorCode) -> u8 {
+    match code {
+        ErrorCode::Conflict | ErrorCode::AlreadyExists => 3,
+        ErrorCode::BadRequest | ErrorCode::Empty | ErrorCode::TooLarge | ErrorCode::AfterBeyondTip => 2,
+        ErrorCode::Unauthenticated => 4,
+        _ => 1,
     }
 }
 
@@ -247,7 +257,7 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
             ),
             _ => format!("{what} {}: {e}", g.addr),
         };
-        CliError { code, message, server: None }
+        CliError { code, message, wire: None }
     })?;
     client.set_max_frame_len(g.max_frame_len);
     if !timeout || limit.is_none() {
