@@ -294,3 +294,23 @@ fn frames_over_the_clients_cap_are_too_large_in_json_and_exit_2() {
     assert_code(&tephra(srv.addr, &append), 0);
     capped(&["read"]);
 }
+
+/// `append --stdin` over the client's own 16 MiB frame cap (the default, which trips before
+/// the server's) points at `tephra import`, as the server's frame cap does; not when one
+/// event alone is over the cap.
+#[test]
+fn an_atomic_batch_over_the_clients_frame_cap_points_at_import() {
+    let Some(srv) = start(&[]) else { return };
+    let line = format!("{{\"type\":\"E\",\"payload\":{:?}}}\n", "x".repeat(1_000_000));
+    let mut cmd = cli(srv.addr);
+    cmd.args(["append", "--stdin"]);
+    let o = run(cmd, line.repeat(20).as_bytes());
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("(the 20 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
+    let mut cmd = cli(srv.addr);
+    cmd.args(["--max-frame-len", "1048576", "append", "--stdin"]);
+    let o = run(cmd, format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(1_100_000)).as_bytes());
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("--max-frame-len") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
+    assert!(read_everything(srv.addr).is_empty());
+}

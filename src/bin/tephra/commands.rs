@@ -160,10 +160,12 @@ pub fn append(g: &Global, args: &AppendArgs) -> Result<(), CliError> {
     let largest = events.iter().map(|e| tephra::proto::batch::lone_event_frame_len(tephra::proto::batch::event_body_len(&e.as_ref()))).max().unwrap_or(0);
     let mut client = connect(g, true)?;
     let r = client.append(events, condition).map_err(|e| {
-        // An atomic batch over the server's frame cap cannot be sent as one append at all;
-        // `import` helps only when every event fits the cap alone.
+        // An atomic batch over the server's frame cap, or this client's (`--max-frame-len`,
+        // refused before sending), cannot be sent as one append at all; `import` helps only
+        // when every event fits the cap alone.
         let cap = match &e {
             ClientError::Server { code: ErrorCode::TooLarge, message, .. } => tephra::proto::convert::text::frame_cap_of(message),
+            ClientError::Frame(tephra::proto::FrameError::TooLong { max, .. }) => Some(*max),
             _ => None,
         };
         // The server's segments, not its frame cap (the reference's text names the capacity
