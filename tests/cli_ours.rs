@@ -314,3 +314,20 @@ fn an_atomic_batch_over_the_clients_frame_cap_points_at_import() {
     assert!(stderr(&o).contains("--max-frame-len") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
     assert!(read_everything(srv.addr).is_empty());
 }
+
+/// A batch refused because one of its events alone is over a quarter segment: importing
+/// cannot help, so the hint says the event itself is too large instead of pointing at
+/// `tephra import`.
+#[test]
+fn a_batch_holding_an_event_over_a_quarter_segment_does_not_point_at_import() {
+    let Some(srv) = start(&[("TEPHRA__SEGMENT__SIZE", "1048576")]) else { return };
+    let small = "{\"type\":\"E\",\"payload\":\"x\"}\n";
+    let mut cmd = cli(srv.addr);
+    cmd.args(["append", "--stdin"]);
+    let o = run(cmd, format!("{small}{{\"type\":\"Big\",\"payload\":{:?}}}\n{small}", "y".repeat(300_000)).as_bytes());
+    assert_code(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("(one of the 3 events is by itself too large for the server's segment.size: an event may take at most a quarter of a segment)"), "{err}");
+    assert!(!err.contains("tephra import"), "{err}");
+    assert!(read_everything(srv.addr).is_empty());
+}
