@@ -120,7 +120,8 @@ fn a_failed_import_names_the_input_lines_of_the_failed_batch() {
 }
 
 /// An atomic `append --stdin` batch over the server's frame cap fails whole, and the error
-/// points at `tephra import`; a single event over the cap gets no such hint.
+/// names the setting (the server's text, pinned by the reference, does not) and points at
+/// `tephra import`; a single event over the cap gets no such hint.
 #[test]
 fn an_atomic_batch_over_the_frame_cap_points_at_import() {
     let Some(srv) = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "65536")]) else { return };
@@ -129,10 +130,10 @@ fn an_atomic_batch_over_the_frame_cap_points_at_import() {
     cmd.args(["append", "--stdin"]);
     let o = run(cmd, line.repeat(400).as_bytes());
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
-    assert!(stderr(&o).contains("exceeds the maximum of 65536 (the 400 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("exceeds the maximum of 65536 (the server's frame cap, server.max_frame_len) (the 400 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
     let o = tephra(srv.addr, &["append", "--type", "E", "--payload", &"y".repeat(70_000)]);
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
-    assert!(stderr(&o).contains("exceeds the maximum of 65536") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("exceeds the maximum of 65536 (the server's frame cap, server.max_frame_len)") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
     // Nor when one event of the batch is over the cap alone: import could not send it either.
     let mut cmd = cli(srv.addr);
     cmd.args(["append", "--stdin"]);

@@ -160,6 +160,13 @@ impl CliError {
             ClientError::Frame(FrameError::TooLong { len, max }) => format!(
                 "{context}: the server sent a frame of {len} bytes, over this client's frame cap of {max} bytes (raise --max-frame-len to receive it)"
             ),
+            // The server's frame-level refusal: its text is pinned by the reference and does
+            // not name the setting.
+            ClientError::Server { code: ErrorCode::TooLarge, message, .. }
+                if tephra::proto::convert::text::frame_cap_of(message).is_some() =>
+            {
+                format!("{context}: {err} (the server's frame cap, server.max_frame_len)")
+            }
             _ => format!("{context}: {err}"),
         };
         CliError { code, message, wire }

@@ -425,6 +425,10 @@ pub fn internal_error(message: impl fmt::Display) -> pb::ErrorResponse {
 /// The frame-level error a server sends (with request id 0, then closing) for an inbound
 /// framing failure: `TOO_LARGE` with [`text::frame_too_long`] for an over-long prefix,
 /// `BAD_REQUEST` with [`text::FRAME_DECODE`] for an undecodable body. `None` for transport failures and torn frames, which get no reply.
+///
+/// The `TOO_LARGE` text is pinned by the reference (protocol §1.9: `frame length N exceeds
+/// the maximum of M`), and [`text::frame_cap_of`] reads the cap back from it, so it does not
+/// name `server.max_frame_len` (the `tephra` CLI adds it when it reports the error).
 pub fn frame_error_response(err: &crate::proto::FrameError) -> Option<pb::ErrorResponse> {
     use crate::proto::FrameError;
     match err {
