@@ -38,12 +38,9 @@ fn a_server_at_its_connection_cap_is_named_as_a_likely_cause() {
 #[test]
 fn a_tls_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     let Some(bin) = server_binary() else { return };
-    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = support::self_signed(certs.path());
-    let srv = Server::start_with(&bin, &[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")], Some(&support::tls_toml(&cert, &key)));
-    let config = tls::config_with_custom_ca(&cert).unwrap();
-    let held = tephra::client::Client::connect_tls_with(srv.addr, "localhost", config.clone(), None).unwrap();
+    let (srv, cert, _certs, held) = support::tls_server_at_its_connection_cap(&bin);
     let addr = srv.addr;
     let tcp = move || async move { Async::<TcpStream>::connect(addr).await };
+    let config = tls::config_with_custom_ca(&cert).unwrap();
     expect_refused_at_the_cap(held, TlsConnector::new(tcp, "localhost", config).unwrap(), "during the TLS handshake");
 }

@@ -126,18 +126,14 @@ fn a_failed_import_names_the_input_lines_of_the_failed_batch() {
 fn an_atomic_batch_over_the_frame_cap_points_at_import() {
     let Some(srv) = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "65536")]) else { return };
     let line = format!("{{\"type\":\"E\",\"payload\":{:?}}}\n", "x".repeat(300));
-    let mut cmd = cli(srv.addr);
-    cmd.args(["append", "--stdin"]);
-    let o = run(cmd, line.repeat(400).as_bytes());
+    let o = tephra_fed(srv.addr, &["append", "--stdin"], line.repeat(400).as_bytes());
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stderr(&o).contains("exceeds the maximum of 65536 (the server's frame cap, server.max_frame_len) (the 400 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
     let o = tephra(srv.addr, &["append", "--type", "E", "--payload", &"y".repeat(70_000)]);
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stderr(&o).contains("exceeds the maximum of 65536 (the server's frame cap, server.max_frame_len)") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
     // Nor when one event of the batch is over the cap alone: import could not send it either.
-    let mut cmd = cli(srv.addr);
-    cmd.args(["append", "--stdin"]);
-    let o = run(cmd, format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(70_000)).as_bytes());
+    let o = tephra_fed(srv.addr, &["append", "--stdin"], format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(70_000)).as_bytes());
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stderr(&o).contains("exceeds the maximum of 65536") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
     assert!(read_everything(srv.addr).is_empty());
@@ -166,11 +162,7 @@ fn a_server_at_its_connection_cap_is_named_as_a_likely_cause() {
 #[test]
 fn a_tls_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     let Some(bin) = server_binary() else { return };
-    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = support::self_signed(certs.path());
-    let srv = Server::start_with(&bin, &[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")], Some(&support::tls_toml(&cert, &key)));
-    let config = tephra::client::tls::config_with_custom_ca(&cert).unwrap();
-    let held = tephra::client::Client::connect_tls_with(srv.addr, "localhost", config, None).unwrap();
+    let (srv, cert, _certs, held) = support::tls_server_at_its_connection_cap(&bin);
     expect_refused_at_the_cap(&srv, held, &["--tls-ca", cert.to_str().unwrap(), "--tls-server-name", "localhost", "stats"], "during the TLS handshake");
 }
 
@@ -206,9 +198,7 @@ fn appends_too_large_for_the_segments_name_the_limit() {
     assert_code(&o, 2);
     assert!(stderr(&o).contains("exceeds the segment capacity (an event may take at most a quarter of the server's segment.size)"), "{}", stderr(&o));
     let line = format!("{{\"type\":\"E\",\"payload\":{:?}}}\n", "y".repeat(50_000));
-    let mut cmd = cli(srv.addr);
-    cmd.args(["append", "--stdin"]);
-    let o = run(cmd, line.repeat(30).as_bytes());
+    let o = tephra_fed(srv.addr, &["append", "--stdin"], line.repeat(30).as_bytes());
     assert_code(&o, 2);
     assert!(stderr(&o).contains("(one append must fit one segment, and each event a quarter of one: segment.size; `tephra import`"), "{}", stderr(&o));
     assert!(read_everything(srv.addr).is_empty());
@@ -303,14 +293,10 @@ fn frames_over_the_clients_cap_are_too_large_in_json_and_exit_2() {
 fn an_atomic_batch_over_the_clients_frame_cap_points_at_import() {
     let Some(srv) = start(&[]) else { return };
     let line = format!("{{\"type\":\"E\",\"payload\":{:?}}}\n", "x".repeat(1_000_000));
-    let mut cmd = cli(srv.addr);
-    cmd.args(["append", "--stdin"]);
-    let o = run(cmd, line.repeat(20).as_bytes());
+    let o = tephra_fed(srv.addr, &["append", "--stdin"], line.repeat(20).as_bytes());
     assert_code(&o, 2);
     assert!(stderr(&o).contains("(the 20 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
-    let mut cmd = cli(srv.addr);
-    cmd.args(["--max-frame-len", "1048576", "append", "--stdin"]);
-    let o = run(cmd, format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(1_100_000)).as_bytes());
+    let o = tephra_fed(srv.addr, &["--max-frame-len", "1048576", "append", "--stdin"], format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(1_100_000)).as_bytes());
     assert_code(&o, 2);
     assert!(stderr(&o).contains("--max-frame-len") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
     assert!(read_everything(srv.addr).is_empty());
@@ -323,9 +309,7 @@ fn an_atomic_batch_over_the_clients_frame_cap_points_at_import() {
 fn a_batch_holding_an_event_over_a_quarter_segment_does_not_point_at_import() {
     let Some(srv) = start(&[("TEPHRA__SEGMENT__SIZE", "1048576")]) else { return };
     let small = "{\"type\":\"E\",\"payload\":\"x\"}\n";
-    let mut cmd = cli(srv.addr);
-    cmd.args(["append", "--stdin"]);
-    let o = run(cmd, format!("{small}{{\"type\":\"Big\",\"payload\":{:?}}}\n{small}", "y".repeat(300_000)).as_bytes());
+    let o = tephra_fed(srv.addr, &["append", "--stdin"], format!("{small}{{\"type\":\"Big\",\"payload\":{:?}}}\n{small}", "y".repeat(300_000)).as_bytes());
     assert_code(&o, 2);
     let err = stderr(&o);
     assert!(err.contains("(one of the 3 events is by itself too large for the server's segment.size: an event may take at most a quarter of a segment)"), "{err}");
