@@ -120,34 +120,32 @@ fn a_failed_import_names_the_input_lines_of_the_failed_batch() {
 }
 
 /// An atomic `append --stdin` batch over the server's frame cap fails whole, and the error
-/// points at `tephra import`; a single event over the cap gets no such hint.
+/// names the setting (the server's text, pinned by the reference, does not) and points at
+/// `tephra import`; a single event over the cap gets no such hint.
 #[test]
 fn an_atomic_batch_over_the_frame_cap_points_at_import() {
     let Some(srv) = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "65536")]) else { return };
     let line = format!("{{\"type\":\"E\",\"payload\":{:?}}}\n", "x".repeat(300));
-    let mut cmd = cli(srv.addr);
-    cmd.args(["append", "--stdin"]);
-    let o = run(cmd, line.repeat(400).as_bytes());
+    let o = tephra_fed(srv.addr, &["append", "--stdin"], line.repeat(400).as_bytes());
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
-    assert!(stderr(&o).contains("exceeds the maximum of 65536 (the 400 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("exceeds the maximum of 65536 (the server's frame cap, server.max_frame_len) (the 400 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
     let o = tephra(srv.addr, &["append", "--type", "E", "--payload", &"y".repeat(70_000)]);
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
-    assert!(stderr(&o).contains("exceeds the maximum of 65536") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("exceeds the maximum of 65536 (the server's frame cap, server.max_frame_len)") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
     // Nor when one event of the batch is over the cap alone: import could not send it either.
-    let mut cmd = cli(srv.addr);
-    cmd.args(["append", "--stdin"]);
-    let o = run(cmd, format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(70_000)).as_bytes());
+    let o = tephra_fed(srv.addr, &["append", "--stdin"], format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(70_000)).as_bytes());
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
     assert!(stderr(&o).contains("exceeds the maximum of 65536") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
     assert!(read_everything(srv.addr).is_empty());
 }
 
 /// With `held` connected to a server capped at one (its Hello answered, so the server has
-/// accepted and counted it), runs `tephra args`: exit 4 with the connection-limit hint.
-fn expect_refused_at_the_cap(srv: &Server, held: tephra::client::Client, args: &[&str]) {
+/// accepted and counted it), runs `tephra args`: exit 4 with the connection-limit hint, the
+/// cut step named as `when` ("before answering the Hello", "during the TLS handshake").
+fn expect_refused_at_the_cap(srv: &Server, held: tephra::client::Client, args: &[&str], when: &str) {
     let o = tephra(srv.addr, args);
     assert_code(&o, 4);
-    assert!(stderr(&o).contains("closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections"), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("closed the connection {when} (a server at its connection limit, server.limits.max_connections")), "{}", stderr(&o));
     drop(held);
 }
 
@@ -157,19 +155,15 @@ fn expect_refused_at_the_cap(srv: &Server, held: tephra::client::Client, args: &
 fn a_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     let Some(srv) = start(&[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")]) else { return };
     let held = tephra::client::Client::connect(srv.addr).unwrap();
-    expect_refused_at_the_cap(&srv, held, &["stats"]);
+    expect_refused_at_the_cap(&srv, held, &["stats"], "before answering the Hello");
 }
 
-/// The same over TLS: the server closes during the TLS handshake, and the hint survives.
+/// The same over TLS: the server closes during the TLS handshake, and the hint says so.
 #[test]
 fn a_tls_server_at_its_connection_cap_is_named_as_a_likely_cause() {
     let Some(bin) = server_binary() else { return };
-    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = support::self_signed(certs.path());
-    let srv = Server::start_with(&bin, &[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")], Some(&support::tls_toml(&cert, &key)));
-    let config = tephra::client::tls::config_with_custom_ca(&cert).unwrap();
-    let held = tephra::client::Client::connect_tls_with(srv.addr, "localhost", config, None).unwrap();
-    expect_refused_at_the_cap(&srv, held, &["--tls-ca", cert.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
+    let (srv, cert, _certs, held) = support::tls_server_at_its_connection_cap(&bin);
+    expect_refused_at_the_cap(&srv, held, &["--tls-ca", cert.to_str().unwrap(), "--tls-server-name", "localhost", "stats"], "during the TLS handshake");
 }
 
 /// An event over the CLI's own 16 MiB frame cap: the error names `--max-frame-len`, and with
@@ -204,9 +198,7 @@ fn appends_too_large_for_the_segments_name_the_limit() {
     assert_code(&o, 2);
     assert!(stderr(&o).contains("exceeds the segment capacity (an event may take at most a quarter of the server's segment.size)"), "{}", stderr(&o));
     let line = format!("{{\"type\":\"E\",\"payload\":{:?}}}\n", "y".repeat(50_000));
-    let mut cmd = cli(srv.addr);
-    cmd.args(["append", "--stdin"]);
-    let o = run(cmd, line.repeat(30).as_bytes());
+    let o = tephra_fed(srv.addr, &["append", "--stdin"], line.repeat(30).as_bytes());
     assert_code(&o, 2);
     assert!(stderr(&o).contains("(one append must fit one segment, and each event a quarter of one: segment.size; `tephra import`"), "{}", stderr(&o));
     assert!(read_everything(srv.addr).is_empty());
@@ -241,4 +233,86 @@ fn tls_at_a_plaintext_server_says_so() {
     let o = tephra(srv.addr, &["--tls-ca", ca.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
     assert_code(&o, 4);
     assert!(stderr(&o).contains("the server does not speak TLS here"), "{}", stderr(&o));
+}
+
+/// `--max-frame-len` below 1 MiB is refused up front, saying why: the server packs read
+/// batches up to `server.reads.batch_bytes` (512 KiB by default) and never learns this cap.
+#[test]
+fn a_frame_cap_below_one_mib_is_refused_with_the_reason() {
+    let Some(srv) = start(&[]) else { return };
+    let o = tephra(srv.addr, &["--max-frame-len", "1048575", "stats"]);
+    assert_code(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("--max-frame-len") && err.contains("at least 1048576"), "{err}");
+    assert!(err.contains("server.reads.batch_bytes") && err.contains("512 KiB by default"), "{err}");
+    assert_code(&tephra(srv.addr, &["--max-frame-len", "1048576", "stats"]), 0);
+}
+
+/// A frame from the server over this client's cap: the error says it came from the server,
+/// gives both sizes and names `--max-frame-len`.
+#[test]
+fn a_frame_from_the_server_over_the_cap_names_both_sizes_and_the_flag() {
+    let Some(srv) = start(&[]) else { return };
+    let file = srv.dir.path().join("big.bin");
+    std::fs::write(&file, vec![7u8; 1_500_000]).unwrap();
+    assert_code(&tephra(srv.addr, &["append", "--type", "Big", "--payload-file", file.to_str().unwrap()]), 0);
+    let o = tephra(srv.addr, &["--max-frame-len", "1048576", "read"]);
+    assert_code(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("read failed: the server sent a frame of 15000"), "{err}");
+    assert!(err.contains(" bytes, over this client's frame cap of 1048576 bytes (raise --max-frame-len to receive it)"), "{err}");
+}
+
+/// A frame over this client's cap, either way, is reported as the server reports a frame
+/// over its own: `"code":"TOO_LARGE"` in `--json` output, and exit 2 (as for the server's
+/// TOO_LARGE).
+#[test]
+fn frames_over_the_clients_cap_are_too_large_in_json_and_exit_2() {
+    let Some(srv) = start(&[]) else { return };
+    let file = srv.dir.path().join("big.bin");
+    std::fs::write(&file, vec![7u8; 1_500_000]).unwrap();
+    let append = ["append", "--type", "Big", "--payload-file", file.to_str().unwrap()];
+    let capped = |args: &[&str]| {
+        let o = tephra(srv.addr, &[&["--json", "--max-frame-len", "1048576"], args].concat());
+        assert_code(&o, 2);
+        let err: Value = serde_json::from_str(stderr(&o).trim()).unwrap();
+        assert_eq!((err["code"].as_str(), err["exit_code"].as_u64()), (Some("TOO_LARGE"), Some(2)), "{err}");
+        assert!(err["error"].as_str().unwrap().contains("--max-frame-len"), "{err}");
+    };
+    // Sending: the append request is over the cap.
+    capped(&append);
+    // Receiving: the read frame holding the event is over the cap.
+    assert_code(&tephra(srv.addr, &append), 0);
+    capped(&["read"]);
+}
+
+/// `append --stdin` over the client's own 16 MiB frame cap (the default, which trips before
+/// the server's) points at `tephra import`, as the server's frame cap does; not when one
+/// event alone is over the cap.
+#[test]
+fn an_atomic_batch_over_the_clients_frame_cap_points_at_import() {
+    let Some(srv) = start(&[]) else { return };
+    let line = format!("{{\"type\":\"E\",\"payload\":{:?}}}\n", "x".repeat(1_000_000));
+    let o = tephra_fed(srv.addr, &["append", "--stdin"], line.repeat(20).as_bytes());
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("(the 20 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
+    let o = tephra_fed(srv.addr, &["--max-frame-len", "1048576", "append", "--stdin"], format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(1_100_000)).as_bytes());
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("--max-frame-len") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
+    assert!(read_everything(srv.addr).is_empty());
+}
+
+/// A batch refused because one of its events alone is over a quarter segment: importing
+/// cannot help, so the hint says the event itself is too large instead of pointing at
+/// `tephra import`.
+#[test]
+fn a_batch_holding_an_event_over_a_quarter_segment_does_not_point_at_import() {
+    let Some(srv) = start(&[("TEPHRA__SEGMENT__SIZE", "1048576")]) else { return };
+    let small = "{\"type\":\"E\",\"payload\":\"x\"}\n";
+    let o = tephra_fed(srv.addr, &["append", "--stdin"], format!("{small}{{\"type\":\"Big\",\"payload\":{:?}}}\n{small}", "y".repeat(300_000)).as_bytes());
+    assert_code(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("(one of the 3 events is by itself too large for the server's segment.size: an event may take at most a quarter of a segment)"), "{err}");
+    assert!(!err.contains("tephra import"), "{err}");
+    assert!(read_everything(srv.addr).is_empty());
 }

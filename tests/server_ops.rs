@@ -486,6 +486,26 @@ fn healthcheck_over_tls_with_a_token() {
     assert_eq!(out.code, Some(0), "{out:?}");
 }
 
+/// A healthcheck turned away at the connection cap names the likely cause, and one given a
+/// TLS configuration for a plaintext port says the server did not answer with TLS (not
+/// rustls's "corrupt message" text).
+#[test]
+fn healthcheck_names_the_connection_cap_and_a_plaintext_port() {
+    let srv = Server::start(&bin(), &[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")]);
+    let addr = srv.addr.to_string();
+    let held = Client::connect(srv.addr).unwrap();
+    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], None, Duration::from_secs(20));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("before answering the Hello (a server at its connection limit, server.limits.max_connections"), "{}", out.stderr);
+    drop(held);
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (cert, key) = support::self_signed(certs.path());
+    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], Some(&support::tls_toml(&cert, &key)), Duration::from_secs(20));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains(&format!("the server at {addr} did not answer with TLS (probably a plaintext port")), "{}", out.stderr);
+    assert!(!out.stderr.contains("InvalidContentType"), "{}", out.stderr);
+}
+
 fn http(addr: SocketAddr, request_line: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

@@ -119,6 +119,7 @@ const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// name in it is not checked, and SNI is `localhost`.
 fn probe(settings: &Settings) -> Result<(), String> {
     use std::io::Write;
+    use tephra::client::{closed_before_hello, name_early_close, tls, ConnectStep};
     use tephra::proto::{self, request, response, Request};
     let addr = settings.healthcheck_addr().map_err(|e| e.to_string())?;
     let token = settings.first_auth_token();
@@ -134,7 +135,13 @@ fn probe(settings: &Settings) -> Result<(), String> {
             let mut tls = rustls::StreamOwned::new(conn, tcp);
             let deadline = std::time::Instant::now() + HEALTHCHECK_TIMEOUT;
             while tls.conn.is_handshaking() {
-                tls.conn.complete_io(&mut tls.sock).map_err(|e| format!("TLS handshake: {e}"))?;
+                tls.conn.complete_io(&mut tls.sock).map_err(|e| {
+                    if tls::answered_without_tls(&e) {
+                        format!("TLS handshake: the server at {addr} did not answer with TLS (probably a plaintext port; the configuration's tls.cert makes the healthcheck use TLS)")
+                    } else {
+                        format!("TLS handshake: {}", name_early_close(e, ConnectStep::TlsHandshake))
+                    }
+                })?;
                 if std::time::Instant::now() >= deadline {
                     return Err("TLS handshake timed out".into());
                 }
@@ -144,28 +151,35 @@ fn probe(settings: &Settings) -> Result<(), String> {
         None => Box::new(tcp),
     };
     let mut dec = proto::FrameDecoder::new(proto::DEFAULT_MAX_FRAME_LEN);
-    let mut call = |req: Request| -> Result<proto::Response, String> {
+    // `step` is `Some(Hello)` for the Hello: a close or a reset before its answer gets the
+    // connection-limit hint.
+    let mut call = |req: Request, step: Option<ConnectStep>| -> Result<proto::Response, String> {
+        let early = |e: std::io::Error| match step {
+            Some(step) => name_early_close(e, step),
+            None => e,
+        };
         let mut buf = Vec::new();
         proto::encode_frame(&req, proto::DEFAULT_MAX_FRAME_LEN, &mut buf).map_err(|e| e.to_string())?;
-        io.write_all(&buf).and_then(|()| io.flush()).map_err(|e| format!("send: {e}"))?;
+        io.write_all(&buf).and_then(|()| io.flush()).map_err(|e| format!("send: {}", early(e)))?;
         match dec.read_next(&mut io) {
             Ok(Some(body)) => <proto::Response as prost::Message>::decode(body).map_err(|e| format!("bad response: {e}")),
-            Ok(None) => Err("the server closed the connection".into()),
+            Ok(None) => Err(step.map_or_else(|| "the server closed the connection".into(), closed_before_hello)),
             Err(proto::FrameError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 Err(format!("no answer within {HEALTHCHECK_TIMEOUT:?}"))
             }
             Err(proto::FrameError::TooLong { len, .. }) if proto::frame::is_tls_record_prefix(len) => {
                 Err("the server answered with TLS: give --healthcheck the server's configuration (--config), which names tls.cert".into())
             }
+            Err(proto::FrameError::Io(e)) => Err(format!("receive: {}", early(e))),
             Err(e) => Err(format!("receive: {e}")),
         }
     };
-    match call(Request::hello(1, token))?.kind {
+    match call(Request::hello(1, token), Some(ConnectStep::Hello))?.kind {
         Some(response::Kind::HelloAck(ack)) if ack.protocol_version == proto::PROTOCOL_VERSION => {}
         Some(response::Kind::Error(e)) => return Err(format!("hello refused: {}", e.message)),
         other => return Err(format!("unexpected answer to hello: {other:?}")),
     }
-    match call(Request::new(2, request::Kind::Stats(proto::StatsRequest {})))?.kind {
+    match call(Request::new(2, request::Kind::Stats(proto::StatsRequest {})), None)?.kind {
         Some(response::Kind::Stats(_)) => Ok(()),
         Some(response::Kind::Error(e)) => Err(format!("stats refused: {}", e.message)),
         other => Err(format!("unexpected answer to stats: {other:?}")),

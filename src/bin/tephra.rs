@@ -24,7 +24,8 @@ Exit codes:
   0  success (a `subscribe` stopped with Ctrl-C included)
   1  any other failure (server INTERNAL or SHUTDOWN, a local file error, a protocol error)
   2  bad usage or bad request: invalid arguments or names, a malformed input line (nothing
-     is appended), or the server's BAD_REQUEST, EMPTY, TOO_LARGE or AFTER_BEYOND_TIP
+     is appended), the server's BAD_REQUEST, EMPTY, TOO_LARGE or AFTER_BEYOND_TIP, or a
+     frame over this client's --max-frame-len (reported as TOO_LARGE)
   3  conflict: the append condition matched (CONFLICT or ALREADY_EXISTS)
   4  connection failure: cannot connect, TLS or token refused, or the connection was lost";
 
@@ -63,11 +64,27 @@ pub struct Global {
     /// Machine-readable output: JSON lines on stdout, errors as JSON on stderr.
     #[arg(long, global = true)]
     json: bool,
-    /// This client's frame cap in bytes, both ways (the server has its own,
+    /// This client's frame cap in bytes, both ways, at least 1 MiB (the server has its own,
     /// `server.max_frame_len`; raise both to move events over 16 MiB).
     #[arg(long, global = true, value_name = "BYTES", default_value_t = tephra::proto::DEFAULT_MAX_FRAME_LEN,
-          value_parser = clap::value_parser!(u32).range(1024..))]
+          value_parser = max_frame_len)]
     max_frame_len: u32,
+}
+
+/// The least `--max-frame-len`: the server never learns this client's cap and packs a read's
+/// `ReadEvents` frames up to `server.reads.batch_bytes` (512 KiB by default), so a smaller cap
+/// would refuse reads of small events.
+const MIN_MAX_FRAME_LEN: u32 = 1 << 20;
+
+/// Parses `--max-frame-len`: a byte count of at least [`MIN_MAX_FRAME_LEN`].
+fn max_frame_len(arg: &str) -> Result<u32, String> {
+    let n: u32 = arg.parse().map_err(|e| format!("expected a number of bytes: {e}"))?;
+    if n < MIN_MAX_FRAME_LEN {
+        return Err(format!(
+            "must be at least {MIN_MAX_FRAME_LEN} (1 MiB): the server packs read batches into frames of up to server.reads.batch_bytes (512 KiB by default) and never learns this client's cap, so a smaller cap would refuse reads of small events"
+        ));
+    }
+    Ok(n)
 }
 
 #[derive(Debug, Subcommand)]
@@ -92,51 +109,73 @@ pub struct CliError {
     /// Process exit code (see [`EXIT_CODES`]); 0 means "stop quietly".
     code: u8,
     message: String,
-    /// The server's error code and conflict position, when the server refused.
-    server: Option<(ErrorCode, Option<u64>)>,
+    /// The wire error code and conflict position (`"code"` and `"conflict_position"` in
+    /// `--json` output): the server's when it refused, `TOO_LARGE` for a frame over this
+    /// client's cap.
+    wire: Option<(ErrorCode, Option<u64>)>,
 }
 
 impl CliError {
     /// Exit 2: bad usage or input.
     pub fn usage(message: impl Into<String>) -> CliError {
-        CliError { code: 2, message: message.into(), server: None }
+        CliError { code: 2, message: message.into(), wire: None }
     }
 
     /// Exit 1: anything else.
     pub fn other(message: impl Into<String>) -> CliError {
-        CliError { code: 1, message: message.into(), server: None }
+        CliError { code: 1, message: message.into(), wire: None }
     }
 
-    /// A failed client call, prefixed with what was being done.
+    /// A failed client call whose request is small (a read, a subscription, stats), prefixed
+    /// with what was being done: a frame over this client's cap came from the server.
     pub fn client(context: &str, err: ClientError) -> CliError {
-        let (code, server) = match &err {
+        CliError::from_client(context, err, false)
+    }
+
+    /// A failed append, prefixed with what was being done: a frame over this client's cap is
+    /// the append's request (the answer to an append is small).
+    pub fn append(context: &str, err: ClientError) -> CliError {
+        CliError::from_client(context, err, true)
+    }
+
+    /// A failed client call; `request_over_cap` says which way a frame over this client's cap
+    /// went (`true`: the request, refused before sending; `false`: a frame from the server).
+    fn from_client(context: &str, err: ClientError, request_over_cap: bool) -> CliError {
+        let (code, wire) = match &err {
             ClientError::Server { code, conflict_position, .. } => {
-                let exit = match code {
-                    ErrorCode::Conflict | ErrorCode::AlreadyExists => 3,
-                    ErrorCode::BadRequest | ErrorCode::Empty | ErrorCode::TooLarge | ErrorCode::AfterBeyondTip => 2,
-                    ErrorCode::Unauthenticated => 4,
-                    _ => 1,
-                };
-                (exit, Some((*code, conflict_position.map(|p| p.get()))))
+                (refused_exit(*code), Some((*code, conflict_position.map(|p| p.get()))))
             }
             ClientError::Io(_) | ClientError::UnexpectedEof | ClientError::Frame(FrameError::Torn { .. }) => (4, None),
-            ClientError::Frame(FrameError::TooLong { .. }) => (2, None),
+            // Refused as the server refuses a frame over its own cap.
+            ClientError::Frame(FrameError::TooLong { .. }) => {
+                (refused_exit(ErrorCode::TooLarge), Some((ErrorCode::TooLarge, None)))
+            }
             ClientError::Frame(_) | ClientError::Protocol(_) => (1, None),
         };
         let message = match &err {
             ClientError::Io(e) if timed_out(e) => format!("{context}: the server did not answer within --timeout"),
-            ClientError::Frame(FrameError::TooLong { .. }) => {
+            ClientError::Frame(FrameError::TooLong { .. }) if request_over_cap => {
                 format!("{context}: {err} (this client's frame cap: --max-frame-len; the server's is server.max_frame_len)")
+            }
+            ClientError::Frame(FrameError::TooLong { len, max }) => format!(
+                "{context}: the server sent a frame of {len} bytes, over this client's frame cap of {max} bytes (raise --max-frame-len to receive it)"
+            ),
+            // The server's frame-level refusal: its text is pinned by the reference and does
+            // not name the setting.
+            ClientError::Server { code: ErrorCode::TooLarge, message, .. }
+                if tephra::proto::convert::text::frame_cap_of(message).is_some() =>
+            {
+                format!("{context}: {err} (the server's frame cap, server.max_frame_len)")
             }
             _ => format!("{context}: {err}"),
         };
-        CliError { code, message, server }
+        CliError { code, message, wire }
     }
 
     /// A local write failed: a closed pipe (`tephra read | head`) stops quietly.
     pub fn output(err: io::Error) -> CliError {
         if err.kind() == io::ErrorKind::BrokenPipe {
-            return CliError { code: 0, message: String::new(), server: None };
+            return CliError { code: 0, message: String::new(), wire: None };
         }
         CliError::other(format!("writing output: {err}"))
     }
@@ -147,7 +186,7 @@ impl CliError {
         }
         if json {
             let mut obj = serde_json::json!({ "error": self.message, "exit_code": self.code });
-            if let Some((code, position)) = self.server {
+            if let Some((code, position)) = self.wire {
                 obj["code"] = code.as_str_name().trim_start_matches("ERROR_CODE_").into();
                 if let Some(p) = position {
                     obj["conflict_position"] = p.into();
@@ -157,6 +196,16 @@ impl CliError {
         } else {
             eprintln!("tephra: {}", self.message);
         }
+    }
+}
+
+/// The exit code for a request the server refused with `code` (see [`EXIT_CODES`]).
+fn refused_exit(code: ErrorCode) -> u8 {
+    match code {
+        ErrorCode::Conflict | ErrorCode::AlreadyExists => 3,
+        ErrorCode::BadRequest | ErrorCode::Empty | ErrorCode::TooLarge | ErrorCode::AfterBeyondTip => 2,
+        ErrorCode::Unauthenticated => 4,
+        _ => 1,
     }
 }
 
@@ -215,7 +264,7 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
             ),
             _ => format!("{what} {}: {e}", g.addr),
         };
-        CliError { code, message, server: None }
+        CliError { code, message, wire: None }
     })?;
     client.set_max_frame_len(g.max_frame_len);
     if !timeout || limit.is_none() {

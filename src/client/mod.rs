@@ -147,11 +147,8 @@ impl ClientError {
     /// connections without a frame).
     fn into_connect_error(self) -> io::Error {
         match self {
-            ClientError::Io(e) if e.kind() == io::ErrorKind::ConnectionReset => {
-                io::Error::new(io::ErrorKind::ConnectionReset, format!("{CLOSED_BEFORE_HELLO}: {e}"))
-            }
-            ClientError::UnexpectedEof => io::Error::new(io::ErrorKind::UnexpectedEof, CLOSED_BEFORE_HELLO),
-            ClientError::Io(e) => e,
+            ClientError::Io(e) => name_early_close(e, ConnectStep::Hello),
+            ClientError::UnexpectedEof => io::Error::new(io::ErrorKind::UnexpectedEof, closed_before_hello(ConnectStep::Hello)),
             e @ ClientError::Server { code: ErrorCode::Unauthenticated, .. } => {
                 io::Error::new(io::ErrorKind::PermissionDenied, e)
             }
@@ -291,11 +288,7 @@ impl std::fmt::Debug for Client {
 /// in plaintext makes rustls see an unknown record type; a server whose certificate is a CA
 /// certificate is refused as `CaUsedAsEndEntity`.
 fn tls_hint(e: io::Error) -> io::Error {
-    let plaintext = e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .is_some_and(|r| matches!(r, rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)));
-    if plaintext {
+    if tls::answered_without_tls(&e) {
         return io::Error::new(io::ErrorKind::InvalidData, format!("{e}: the server does not speak TLS here (connect without TLS?)"));
     }
     // webpki's CaUsedAsEndEntity reaches us only inside rustls's catch-all
@@ -306,17 +299,42 @@ fn tls_hint(e: io::Error) -> io::Error {
             format!("{e}: the server presents a CA certificate as its own; give the server a certificate issued by that CA (tls.cert) and trust the CA here"),
         );
     }
-    if matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset) {
-        return io::Error::new(e.kind(), format!("{CLOSED_BEFORE_HELLO}: {e}"));
+    name_early_close(e, ConnectStep::TlsHandshake)
+}
+
+/// The step of a connect that the server cut short, for [`closed_before_hello`] and
+/// [`name_early_close`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectStep {
+    /// The TLS handshake (a TLS connection's first step, before the Hello).
+    TlsHandshake,
+    /// The Hello: sent or being sent, its HelloAck not yet received.
+    Hello,
+}
+
+/// What a connection closed or reset during `step` usually means: "the server closed the
+/// connection before answering the Hello (a server at its connection limit, ...)", or
+/// "... during the TLS handshake (...)". Reference §1.9: a server over
+/// `server.limits.max_connections` closes new connections without a frame, and a TLS server
+/// does so before its handshake is done.
+pub fn closed_before_hello(step: ConnectStep) -> String {
+    let when = match step {
+        ConnectStep::TlsHandshake => "during the TLS handshake",
+        ConnectStep::Hello => "before answering the Hello",
+    };
+    format!("the server closed the connection {when} (a server at its connection limit, server.limits.max_connections, closes new connections this way)")
+}
+
+/// `e`, from a connect's `step`, with [`closed_before_hello`] in front when it is a close or
+/// a reset (`UnexpectedEof`, `ConnectionReset`, `ConnectionAborted`, `BrokenPipe`); any other
+/// error is returned unchanged. The kind is kept.
+pub fn name_early_close(e: io::Error, step: ConnectStep) -> io::Error {
+    use io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    if matches!(e.kind(), UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe) {
+        return io::Error::new(e.kind(), format!("{}: {e}", closed_before_hello(step)));
     }
     e
 }
-
-/// A connection closed or reset before the Hello was answered (TLS handshake included): what
-/// usually causes it (reference §1.9: a server over `server.limits.max_connections` closes new
-/// connections without a frame).
-const CLOSED_BEFORE_HELLO: &str =
-    "the server closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections, closes new connections this way)";
 
 fn dial(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
     let tcp = TcpStream::connect(addr)?;
@@ -775,6 +793,17 @@ mod tests {
         assert_eq!(ClientError::Protocol("x".into()).into_connect_error().kind(), io::ErrorKind::InvalidData);
         assert!(matches!(ClientError::from(FrameError::Io(io::ErrorKind::BrokenPipe.into())), ClientError::Io(_)));
         assert!(matches!(ClientError::from(FrameError::Torn { buffered: 3 }), ClientError::Frame(_)));
+    }
+
+    #[test]
+    fn closes_and_resets_name_the_step_and_the_connection_limit() {
+        let e = name_early_close(io::ErrorKind::BrokenPipe.into(), ConnectStep::Hello);
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+        assert!(e.to_string().starts_with("the server closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections"), "{e}");
+        let e = name_early_close(io::ErrorKind::UnexpectedEof.into(), ConnectStep::TlsHandshake);
+        assert!(e.to_string().starts_with("the server closed the connection during the TLS handshake (a server at its connection limit"), "{e}");
+        let refused = name_early_close(io::ErrorKind::ConnectionRefused.into(), ConnectStep::Hello);
+        assert!(!refused.to_string().contains("connection limit"), "{refused}");
     }
 
     #[test]

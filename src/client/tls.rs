@@ -52,3 +52,11 @@ pub fn config_with_custom_ca(ca_pem: &Path) -> io::Result<Arc<ClientConfig>> {
     }
     build(roots)
 }
+
+/// True when a TLS handshake failed because the server's first bytes were not a TLS record
+/// (rustls sees an invalid content type): the server, or that port, speaks plaintext.
+pub fn answered_without_tls(e: &io::Error) -> bool {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|r| matches!(r, rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)))
+}

@@ -284,6 +284,13 @@ pub mod text {
         format!("event batch of {size} bytes exceeds the segment capacity")
     }
 
+    /// The size named by a [`batch_too_large`] text (bytes); `None` for any other text. It is
+    /// the framed record (8-byte head + encoded event) of an event over the per-event limit
+    /// (a quarter segment), checked first, or else the whole batch with its commit marker.
+    pub fn batch_size_of(message: &str) -> Option<u64> {
+        message.strip_prefix("event batch of ")?.strip_suffix(" bytes exceeds the segment capacity")?.parse().ok()
+    }
+
     /// An event a read could never send back: its lone `ReadEvents` frame would be `len`
     /// bytes, over the connection's cap `max` (`TOO_LARGE`; ours only, the reference stores
     /// such an event and then fails every read that reaches it).
@@ -418,6 +425,10 @@ pub fn internal_error(message: impl fmt::Display) -> pb::ErrorResponse {
 /// The frame-level error a server sends (with request id 0, then closing) for an inbound
 /// framing failure: `TOO_LARGE` with [`text::frame_too_long`] for an over-long prefix,
 /// `BAD_REQUEST` with [`text::FRAME_DECODE`] for an undecodable body. `None` for transport failures and torn frames, which get no reply.
+///
+/// The `TOO_LARGE` text is pinned by the reference (protocol §1.9: `frame length N exceeds
+/// the maximum of M`), and [`text::frame_cap_of`] reads the cap back from it, so it does not
+/// name `server.max_frame_len` (the `tephra` CLI adds it when it reports the error).
 pub fn frame_error_response(err: &crate::proto::FrameError) -> Option<pb::ErrorResponse> {
     use crate::proto::FrameError;
     match err {
@@ -579,6 +590,8 @@ mod tests {
         assert_eq!(empty_append_error().message, "append with no events");
         assert_eq!(empty_append_error().code(), ErrorCode::Empty);
         assert_eq!(batch_too_large_error(1033).message, "event batch of 1033 bytes exceeds the segment capacity");
+        assert_eq!(text::batch_size_of(&text::batch_too_large(1033)), Some(1033));
+        assert_eq!(text::batch_size_of(&text::frame_too_long(1033, 64)), None);
         assert_eq!(text::unsupported_version(2), "unsupported protocol version 2: this server speaks 1");
         let fe = crate::proto::FrameError::TooLong { len: 65, max: 64 };
         let r = frame_error_response(&fe).unwrap();

@@ -31,9 +31,14 @@ fn run(mut cmd: Command, stdin: &[u8]) -> Output {
 }
 
 fn tephra(addr: SocketAddr, args: &[&str]) -> Output {
+    tephra_fed(addr, args, b"")
+}
+
+/// Runs `tephra args` against `addr`, feeding `stdin`.
+fn tephra_fed(addr: SocketAddr, args: &[&str], stdin: &[u8]) -> Output {
     let mut cmd = cli(addr);
     cmd.args(args);
-    run(cmd, b"")
+    run(cmd, stdin)
 }
 
 fn stdout(o: &Output) -> String {

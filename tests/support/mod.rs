@@ -322,6 +322,19 @@ pub fn tls_toml(cert: &Path, key: &Path) -> String {
     format!("[tls]\ncert = {:?}\nkey = {:?}\n", cert.display().to_string(), key.display().to_string())
 }
 
+/// `binary` serving TLS (a self-signed `localhost` certificate) and capped at one connection,
+/// which a client holds: its Hello was answered, so the server has accepted and counted it.
+/// Returns the server, the certificate's path, the directory holding it (keep it alive) and
+/// the held client.
+pub fn tls_server_at_its_connection_cap(binary: &Path) -> (Server, PathBuf, tempfile::TempDir, tephra::client::Client) {
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let (cert, key) = self_signed(certs.path());
+    let srv = Server::start_with(binary, &[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")], Some(&tls_toml(&cert, &key)));
+    let config = tephra::client::tls::config_with_custom_ca(&cert).expect("trust the certificate");
+    let held = tephra::client::Client::connect_tls_with(srv.addr, "localhost", config, None).expect("the one connection");
+    (srv, cert, certs, held)
+}
+
 /// Extracts `IP:PORT` from a line containing `listening addr=IP:PORT`.
 fn parse_listening(line: &str) -> Option<SocketAddr> {
     let rest = &line[line.find("listening addr=")? + "listening addr=".len()..];

@@ -158,29 +158,42 @@ pub fn append(g: &Global, args: &AppendArgs) -> Result<(), CliError> {
     let n = events.len();
     // The largest frame one of these events needs alone (read back, the larger way).
     let largest = events.iter().map(|e| tephra::proto::batch::lone_event_frame_len(tephra::proto::batch::event_body_len(&e.as_ref()))).max().unwrap_or(0);
+    // Each event's framed record on the server's log, to tell its per-event limit from its
+    // per-append one.
+    let records: Vec<u64> = events.iter().map(|e| (tephra::log::record::RECORD_HEAD + e.encoded_len()) as u64).collect();
     let mut client = connect(g, true)?;
     let r = client.append(events, condition).map_err(|e| {
-        // An atomic batch over the server's frame cap cannot be sent as one append at all;
-        // `import` helps only when every event fits the cap alone.
+        // An atomic batch over the server's frame cap, or this client's (`--max-frame-len`,
+        // refused before sending), cannot be sent as one append at all; `import` helps only
+        // when every event fits the cap alone.
         let cap = match &e {
             ClientError::Server { code: ErrorCode::TooLarge, message, .. } => tephra::proto::convert::text::frame_cap_of(message),
+            ClientError::Frame(tephra::proto::FrameError::TooLong { max, .. }) => Some(*max),
             _ => None,
         };
-        // The server's segments, not its frame cap (the reference's text names the capacity
-        // even when the limit hit is the per-event quarter).
-        let segments = matches!(&e, ClientError::Server { code: ErrorCode::TooLarge, message, .. } if message.contains("segment capacity"));
-        let mut err = CliError::client("append failed", e);
+        // The server's segments, not its frame cap. The reference's text names the capacity
+        // even when the limit hit is the per-event quarter; the size it gives tells which:
+        // one event's framed record (that check comes first), or the whole batch's bytes.
+        let segments = match &e {
+            ClientError::Server { code: ErrorCode::TooLarge, message, .. } => tephra::proto::convert::text::batch_size_of(message),
+            _ => None,
+        };
+        let mut err = CliError::append("append failed", e);
         if n > 1 && cap.is_some_and(|cap| largest as u64 <= u64::from(cap)) {
             err.message.push_str(&format!(
                 " (the {n} events are one atomic append and must fit one frame; `tephra import` appends them in batches that fit, not atomically)"
             ));
         }
-        if segments {
-            err.message.push_str(if n == 1 {
-                " (an event may take at most a quarter of the server's segment.size)"
-            } else {
-                " (one append must fit one segment, and each event a quarter of one: segment.size; `tephra import` appends in batches that fit, not atomically)"
-            });
+        match segments {
+            Some(_) if n == 1 => err.message.push_str(" (an event may take at most a quarter of the server's segment.size)"),
+            // Importing cannot help: the event is refused however it is batched.
+            Some(size) if records.contains(&size) => err.message.push_str(&format!(
+                " (one of the {n} events is by itself too large for the server's segment.size: an event may take at most a quarter of a segment)"
+            )),
+            Some(_) => err.message.push_str(
+                " (one append must fit one segment, and each event a quarter of one: segment.size; `tephra import` appends in batches that fit, not atomically)",
+            ),
+            None => {}
         }
         err
     })?;
@@ -560,7 +573,7 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
                 (Some(a), Some(b)) => format!("; the failed batch is {name} lines {a}..={b}"),
                 _ => String::new(),
             };
-            let mut err = CliError::client("import failed", e);
+            let mut err = CliError::append("import failed", e);
             err.message = format!("{}; {so_far}{failed}", err.message);
             err
         })?;

@@ -60,6 +60,10 @@ where
 /// [`AsyncClient::connect_with`](super::AsyncClient::connect_with) with your runtime's
 /// timeout if the server may stall. Configurations come from
 /// [`client::tls`](crate::client::tls).
+///
+/// A failed handshake names its usual cause where it is known, as the blocking client's
+/// does: a plaintext server, a CA certificate used as the server's own, or a close (a server
+/// at its connection limit closes new connections during the handshake).
 #[derive(Clone)]
 pub struct TlsConnector<C> {
     inner: C,
@@ -91,7 +95,7 @@ impl<C: Connector> Connector for TlsConnector<C> {
 
     async fn connect(&self) -> io::Result<Self::Stream> {
         let tcp = self.inner.connect().await?;
-        self.tls.connect(self.server_name.clone(), tcp).await
+        self.tls.connect(self.server_name.clone(), tcp).await.map_err(crate::client::tls_hint)
     }
 }
 
