@@ -140,6 +140,8 @@ pub struct Nudge(Arc<NudgeInner>);
 struct NudgeInner {
     /// A byte is on its way (written and not yet drained): no need to write another.
     armed: AtomicBool,
+    /// A task of the executor ran since the kicker last looked (see [`KICK_US`]).
+    active: AtomicBool,
     tx: std::os::unix::net::UnixStream,
     /// The executor's thread; a wake-up on it needs no nudge.
     thread: std::thread::ThreadId,
@@ -173,7 +175,7 @@ fn install_nudge() -> std::io::Result<Nudge> {
     let (rx, tx) = std::os::unix::net::UnixStream::pair()?;
     rx.set_nonblocking(true)?;
     tx.set_nonblocking(true)?;
-    let nudge = Nudge(Arc::new(NudgeInner { armed: AtomicBool::new(false), tx, thread: std::thread::current().id() }));
+    let nudge = Nudge(Arc::new(NudgeInner { armed: AtomicBool::new(false), active: AtomicBool::new(true), tx, thread: std::thread::current().id() }));
     // SAFETY: `rx` is a connected stream socket we own; glommio takes it over.
     let rx = unsafe { glommio::net::UnixStream::from_raw_fd(rx.into_raw_fd()) };
     let n = nudge.clone();
@@ -247,21 +249,39 @@ impl<F: Future> Future for ReliableWakes<F> {
             let w = Arc::new(NudgingWaker { inner: cx.waker().clone(), nudge });
             this.waker = Some((w.clone(), Waker::from(w)));
         }
-        let waker = &this.waker.as_ref().expect("set above").1;
+        let (nw, waker) = this.waker.as_ref().expect("set above");
+        nw.nudge.0.active.store(true, Ordering::Relaxed);
         let mut cx2 = Context::from_waker(waker);
         // SAFETY: `this.fut` is never moved out of the pinned `ReliableWakes`.
         unsafe { std::pin::Pin::new_unchecked(&mut this.fut) }.poll(&mut cx2)
     }
 }
 
-/// How often the kicker thread nudges every executor, in microseconds: the longest a timer can
-/// oversleep (see the notes above), and the backstop for any cross-thread wake-up that was not
-/// made reliable with [`reliable_wakes`].
+/// How often the kicker thread nudges a busy executor, in microseconds: the longest a timer
+/// can oversleep while the executor works (see the notes above), and the backstop for any
+/// cross-thread wake-up that was not made reliable with [`reliable_wakes`]. An executor counts
+/// as busy for [`KICK_BUSY_ROUNDS`] rounds after any of its [`reliable_wakes`] tasks ran.
 pub const KICK_US: u64 = 2_000;
+
+/// Rounds of [`KICK_US`] an executor stays busy after a task of it ran (20 ms).
+pub const KICK_BUSY_ROUNDS: u32 = 10;
+
+/// An idle executor is nudged every this many rounds (every 50 ms): a timer armed while it
+/// idles (a read tick, a reaping deadline) oversleeps by up to that. Kicking idle executors
+/// every 2 ms too cost an idle server ~6% of a core.
+pub const KICK_IDLE_ROUNDS: u32 = 25;
+
+/// Whether the kicker nudges an executor none of whose tasks ran for `quiet` rounds: every
+/// round while it is busy, every [`KICK_IDLE_ROUNDS`]th once idle.
+fn kick_due(quiet: u32) -> bool {
+    quiet <= KICK_BUSY_ROUNDS || quiet % KICK_IDLE_ROUNDS == 0
+}
 
 /// Registers `nudge` with the process-wide kicker thread.
 fn register_kick(nudge: Nudge) {
-    static KICKS: OnceLock<Mutex<Vec<std::sync::Weak<NudgeInner>>>> = OnceLock::new();
+    /// Each executor with the rounds since one of its tasks last ran.
+    type Kicks = Mutex<Vec<(std::sync::Weak<NudgeInner>, u32)>>;
+    static KICKS: OnceLock<Kicks> = OnceLock::new();
     let list = KICKS.get_or_init(|| {
         std::thread::Builder::new()
             .name("tephra-kicker".into())
@@ -269,9 +289,12 @@ fn register_kick(nudge: Nudge) {
                 std::thread::sleep(std::time::Duration::from_micros(KICK_US));
                 if let Some(l) = KICKS.get() {
                     let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
-                    l.retain(|w| match w.upgrade() {
+                    l.retain_mut(|(w, quiet)| match w.upgrade() {
                         Some(n) => {
-                            Nudge(n).nudge();
+                            *quiet = if n.active.swap(false, Ordering::Relaxed) { 0 } else { quiet.saturating_add(1) };
+                            if kick_due(*quiet) {
+                                Nudge(n).nudge();
+                            }
                             true
                         }
                         None => false,
@@ -281,7 +304,7 @@ fn register_kick(nudge: Nudge) {
             .expect("kicker thread");
         Mutex::new(Vec::new())
     });
-    list.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&nudge.0));
+    list.lock().unwrap_or_else(|e| e.into_inner()).push((Arc::downgrade(&nudge.0), 0));
 }
 
 /// Spawns one glommio executor thread named `name`, optionally pinned to `cpu`, running the
@@ -315,4 +338,21 @@ where
             reliable_wakes(make()).await
         })
         .map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{kick_due, KICK_BUSY_ROUNDS, KICK_IDLE_ROUNDS, KICK_US};
+
+    #[test]
+    fn busy_executors_are_kicked_every_round_idle_ones_every_50_ms() {
+        let kicked: Vec<u32> = (0..=200).filter(|&q| kick_due(q)).collect();
+        // Busy: the round a task ran and the ten after it (20 ms of 2 ms kicks).
+        assert_eq!(&kicked[..11], &(0..=10).collect::<Vec<_>>()[..]);
+        // Idle: every 25th round, i.e. every 50 ms.
+        assert_eq!(&kicked[11..], &[25, 50, 75, 100, 125, 150, 175, 200]);
+        assert_eq!(KICK_US * KICK_BUSY_ROUNDS as u64, 20_000);
+        assert_eq!(KICK_US * KICK_IDLE_ROUNDS as u64, 50_000);
+        assert!(kick_due(u32::MAX - u32::MAX % KICK_IDLE_ROUNDS), "a long idle executor is still kicked");
+    }
 }
