@@ -29,6 +29,28 @@ pub enum ReadError {
     /// A committed record failed validation on read.
     #[error("corrupt record in {} at byte offset {offset}: {detail}", path.display())]
     Corrupt { path: PathBuf, offset: u64, detail: String },
+    /// The next record is neither in memory nor in the page cache, and the read was made not
+    /// to wait for the disk ([`Reads::without_waiting`]); it surfaces as [`Step::Blocked`],
+    /// never from a read that may wait.
+    #[error("the data is on the disk and the read was made not to wait for it")]
+    WouldBlock,
+}
+
+/// A segment range a read needs from the disk before it can go on without waiting
+/// ([`Step::Blocked`]): [`run`](Self::run) it on a thread that may block, then step again.
+pub struct Warm {
+    seg: Arc<Segment>,
+    off: u64,
+    len: usize,
+}
+
+impl Warm {
+    /// Reads the range once with a blocking `pread` (the bytes are dropped), which leaves it
+    /// in the page cache. An error is left for the read to meet and report when it retries.
+    pub fn run(&self) {
+        let mut scratch = vec![0u8; self.len];
+        let _ = self.seg.read_at(&mut scratch, self.off);
+    }
 }
 
 /// The segments and their indexes, as one unit: replaced (never mutated) at rollover, and
@@ -239,12 +261,19 @@ pub struct Cursor {
     win_seg: usize,
     win_start: u64,
     win_len: usize,
+    /// Read the files only from the page cache; a miss fails with [`ReadError::WouldBlock`]
+    /// and leaves the range to fetch in `warm`.
+    nowait: bool,
+    warm: Option<Warm>,
+    /// The range in `warm` was fetched: read the next window the usual way (it is cached now,
+    /// and a short read there is the end of the file, not a miss).
+    warmed: bool,
 }
 
 impl Cursor {
     /// A cursor over `snap` that reads the segment files.
     pub fn new(snap: Arc<Snapshot>) -> Cursor {
-        Cursor { snap, recent: None, buf: Vec::new(), mem: None, win_seg: usize::MAX, win_start: 0, win_len: 0 }
+        Cursor { snap, recent: None, buf: Vec::new(), mem: None, win_seg: usize::MAX, win_start: 0, win_len: 0, nowait: false, warm: None, warmed: false }
     }
 
     /// A cursor over `snap` that takes records of recently committed batches from memory
@@ -279,7 +308,23 @@ impl Cursor {
         if self.buf.len() < n {
             self.buf.resize(n, 0);
         }
-        let got = seg.read_at(&mut self.buf[..n], lo).map_err(|e| ReadError::Io { path: seg.path.clone(), message: e.to_string() })?;
+        let io_err = |e: std::io::Error| ReadError::Io { path: seg.path.clone(), message: e.to_string() };
+        let need = (start + len as u64 - lo) as usize;
+        let got = if self.nowait && !std::mem::take(&mut self.warmed) {
+            match seg.read_cached_at(&mut self.buf[..n], lo) {
+                Ok(got) if got >= need => got,
+                Ok(_) => return self.miss(si, lo, n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return self.miss(si, lo, n),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::EINVAL)) => {
+                    // No RWF_NOWAIT here: read the way everyone else does from now on.
+                    self.nowait = false;
+                    seg.read_at(&mut self.buf[..n], lo).map_err(io_err)?
+                }
+                Err(e) => return Err(io_err(e)),
+            }
+        } else {
+            seg.read_at(&mut self.buf[..n], lo).map_err(io_err)?
+        };
         self.win_seg = si;
         self.win_start = lo;
         self.win_len = got;
@@ -287,6 +332,15 @@ impl Cursor {
             return Err(ReadError::Corrupt { path: seg.path.clone(), offset: start, detail: "record runs past the end of the file".into() });
         }
         Ok(())
+    }
+
+    /// A page-cache miss of a read that must not wait: the window is dropped and
+    /// `[lo, lo + n)` of segment `si` is left to fetch.
+    fn miss(&mut self, si: usize, lo: u64, n: usize) -> Result<(), ReadError> {
+        self.win_seg = usize::MAX;
+        self.win_len = 0;
+        self.warm = Some(Warm { seg: self.snap.segments[si].clone(), off: lo, len: n });
+        Err(ReadError::WouldBlock)
     }
 
     fn offset(&self, pos: u64) -> (usize, u64) {
@@ -425,6 +479,10 @@ pub enum Step<'a> {
     End,
     /// The read failed (and is over).
     Failed(ReadError),
+    /// Only from a read made [not to wait](Reads::without_waiting): the next record must come
+    /// from the disk. Run the [`Warm`] where blocking is allowed, then step again; the read
+    /// resumes where it stopped.
+    Blocked(Warm),
 }
 
 /// A read pinned to the watermark loaded when it started: forward over `(after, watermark]`
@@ -457,6 +515,15 @@ impl Reads {
         let (w, snap) = shared.pin();
         let start = before.get().saturating_sub(1).min(w);
         Reads { cursor: Cursor::with_recent(snap, shared), query, next: start, last: 1, forward: false, remaining: limit, watermark: w, plan: Plan::Unplanned { scan_bias: shared.scan_bias } }
+    }
+
+    /// Makes this read never wait for the disk: a record neither in memory nor in the page
+    /// cache ends a step with [`Step::Blocked`] instead (for an executor thread that serves
+    /// other connections meanwhile). Segments without an index, scanned while planning an
+    /// indexed read, are still read the usual way.
+    pub fn without_waiting(mut self) -> Reads {
+        self.cursor.nowait = true;
+        self
     }
 
     /// Chooses the plan, once.
@@ -533,7 +600,13 @@ impl Reads {
             let base = snap.segments[si].base;
             match snap.indexes[si].matches(&self.query, lo, hi, dir, limit) {
                 Some(locals) => queue.extend(locals.into_iter().map(|l| base + l as u64)),
-                None => self.cursor.scan_matches(&self.query, base + lo as u64, base + hi as u64 - 1, dir, limit, queue)?,
+                None => {
+                    // A scan inside planning cannot stop halfway: it reads the usual way.
+                    let nowait = std::mem::replace(&mut self.cursor.nowait, false);
+                    let scanned = self.cursor.scan_matches(&self.query, base + lo as u64, base + hi as u64 - 1, dir, limit, queue);
+                    self.cursor.nowait = nowait;
+                    scanned?
+                }
             }
         }
         Ok(())
@@ -546,10 +619,13 @@ impl Reads {
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Option<Result<(Position, EventRef<'_>), ReadError>> {
         let mut unlimited = usize::MAX;
+        // Iterating waits for the disk, also for a read made not to wait.
+        self.cursor.nowait = false;
         match self.step(&mut unlimited) {
             Step::Event(p, ev) => Some(Ok((p, ev))),
             Step::Failed(e) => Some(Err(e)),
             Step::End | Step::Pending => None,
+            Step::Blocked(_) => Some(Err(ReadError::WouldBlock)),
         }
     }
 
@@ -592,6 +668,16 @@ impl Reads {
                     (pos, self.cursor.fetch(pos, then))
                 }
             };
+            if let Err(ReadError::WouldBlock) = loaded {
+                // Not examined yet: the next step starts at the same position.
+                match &mut self.plan {
+                    Plan::Indexed { queue, .. } => queue.push_front(pos),
+                    _ => *budget = budget.saturating_add(1),
+                }
+                let warm = self.cursor.warm.take().expect("a miss leaves its range");
+                self.cursor.warmed = true;
+                return Step::Blocked(warm);
+            }
             if self.forward {
                 self.next = pos + 1;
             } else {
@@ -665,12 +751,30 @@ pub struct Subscription {
     shared: Arc<Shared>,
     query: Query,
     cursor: u64,
+    /// Polls never wait for the disk ([`Subscription::without_waiting`]).
+    nowait: bool,
+    /// The range the last poll stopped at, to fetch before the next one.
+    warm: Option<Warm>,
 }
 
 impl Subscription {
     pub(crate) fn new(shared: Arc<Shared>, query: Query, after: Position) -> Subscription {
         shared.subscribers.fetch_add(1, Ordering::SeqCst);
-        Subscription { shared, query, cursor: after.get() }
+        Subscription { shared, query, cursor: after.get(), nowait: false, warm: None }
+    }
+
+    /// Makes every poll stop, instead of waiting for the disk, at a record neither in memory
+    /// nor in the page cache (see [`Reads::without_waiting`]): the poll then returns not
+    /// caught up and [`take_warm`](Self::take_warm) gives the range to fetch before polling
+    /// again.
+    pub fn without_waiting(mut self) -> Subscription {
+        self.nowait = true;
+        self
+    }
+
+    /// The range the last poll stopped at (see [`without_waiting`](Self::without_waiting)).
+    pub fn take_warm(&mut self) -> Option<Warm> {
+        self.warm.take()
     }
 
     /// The exclusive cursor: every match at or below it has been delivered.
@@ -697,6 +801,7 @@ impl Subscription {
     /// [`ReadError`].
     pub fn poll_within(&mut self, max_events: usize, budget: &mut usize, mut f: impl FnMut(Position, EventRef<'_>)) -> Result<Polled, ReadError> {
         let mut reads = Reads::forward(&self.shared, self.query.clone(), Position(self.cursor), Some(max_events as u64));
+        reads.cursor.nowait = self.nowait;
         let w = reads.watermark;
         let mut delivered = 0;
         let mut last = self.cursor;
@@ -710,6 +815,11 @@ impl Subscription {
                 Step::Failed(e) => return Err(e),
                 Step::Pending => {
                     self.cursor = reads.examined_through().max(self.cursor);
+                    return Ok(Polled { delivered, caught_up: false });
+                }
+                Step::Blocked(warm) => {
+                    self.cursor = reads.examined_through().max(self.cursor);
+                    self.warm = Some(warm);
                     return Ok(Polled { delivered, caught_up: false });
                 }
                 Step::End => {

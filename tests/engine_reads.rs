@@ -211,6 +211,96 @@ fn reads_from_memory_and_from_the_files_agree() {
     check(&s.handle(), &log, &mut rng, "reopened, then appended");
 }
 
+/// Drops the segment files of `dir` from the page cache (they are clean: synced first).
+fn evict_page_cache(dir: &std::path::Path) {
+    for p in segments(dir) {
+        let f = std::fs::File::open(&p).unwrap();
+        f.sync_all().unwrap();
+        nix::fcntl::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED).unwrap();
+    }
+}
+
+/// A read made not to wait (the server's: its thread serves other connections) stops at a
+/// record that only the disk holds with `Step::Blocked`; once that range is fetched
+/// (`Warm::run`, on a thread that may block) it resumes where it stopped. Together the steps
+/// give exactly what a waiting read gives, forward and backward, scanned and indexed, from a
+/// cold page cache; a subscription made not to wait delivers every event too. (Needs a file
+/// system with non-blocking buffered reads, `RWF_NOWAIT`: ext4, xfs, btrfs.)
+#[test]
+fn reads_made_not_to_wait_stop_at_cold_records_and_resume_where_they_stopped() {
+    let d = dir();
+    let mut rng = Rng::new(5);
+    let (s, log) = populated(d.path(), &mut rng, 3000);
+    s.shutdown();
+    // Reopened, with every read taking the index (scan_bias 1) or scanning (u32::MAX): nothing
+    // in memory, and the files dropped from the page cache below.
+    let (mut blocked_scans, mut blocked_indexed) = (0, 0);
+    for bias in [u32::MAX, 1] {
+        let mut c = cfg(2048);
+        c.read.scan_bias = bias;
+        let s = Store::open(d.path(), c).unwrap();
+        let h = s.handle();
+        for round in 0..12 {
+            let q = if round < 2 { Query::all() } else { random_query(&mut rng) };
+            for back in [false, true] {
+                evict_page_cache(d.path());
+                let mut r = if back {
+                    h.read_back(q.clone(), Position::MAX, None)
+                } else {
+                    h.read(q.clone(), Position::ZERO, None)
+                }
+                .without_waiting();
+                let indexed = r.is_indexed();
+                let (mut got, mut blocked) = (Vec::new(), 0);
+                loop {
+                    let mut budget = 100;
+                    match r.step(&mut budget) {
+                        Step::Event(p, _) => got.push(p.get()),
+                        Step::Pending => {}
+                        Step::End => break,
+                        Step::Failed(e) => panic!("{e}"),
+                        Step::Blocked(warm) => {
+                            blocked += 1;
+                            warm.run();
+                        }
+                    }
+                    assert!(blocked < 100_000, "no progress");
+                }
+                let mut want = oracle(&log, &q);
+                if back {
+                    want.reverse();
+                }
+                assert_eq!(got, want, "query {q:?} backward {back} indexed {indexed}");
+                *(if indexed { &mut blocked_indexed } else { &mut blocked_scans }) += blocked;
+            }
+        }
+        s.shutdown();
+    }
+    assert!(
+        blocked_scans > 0 && blocked_indexed > 0,
+        "reads met records outside the page cache: {blocked_scans} times scanning, {blocked_indexed} by the index"
+    );
+    let s = Store::open(d.path(), cfg(2048)).unwrap();
+    let h = s.handle();
+    evict_page_cache(d.path());
+    let mut sub = h.subscribe(Query::all(), Position::ZERO).without_waiting();
+    let (mut got, mut blocked) = (Vec::new(), 0);
+    loop {
+        let mut budget = usize::MAX;
+        let polled = sub.poll_within(64, &mut budget, |p, _| got.push(p.get())).unwrap();
+        match sub.take_warm() {
+            Some(warm) => {
+                blocked += 1;
+                warm.run();
+            }
+            None if polled.caught_up => break,
+            None => {}
+        }
+    }
+    assert_eq!(got, (1..=log.len() as u64).collect::<Vec<_>>());
+    assert!(blocked > 0, "the subscription never met a cold record");
+}
+
 #[test]
 fn reads_are_pinned_to_the_watermark_they_started_with() {
     let d = dir();
@@ -248,9 +338,7 @@ fn subscription_catches_up_then_follows_a_concurrent_writer_without_gap_or_dupli
     ]);
     let start = 17u64;
     let mut sub = h.subscribe(q.clone(), Position(start));
-    let extra: Vec<Vec<Event>> = (0..40u64)
-        .map(|b| (0..1 + b % 3).map(|j| random_event(&mut rng, 1000 + b * 4 + j)).collect())
-        .collect();
+    let extra: Vec<Vec<Event>> = (0..40u64).map(|b| (0..1 + b % 3).map(|j| random_event(&mut rng, 1000 + b * 4 + j)).collect()).collect();
     let writer = {
         let h = h.clone();
         let extra = extra.clone();
@@ -342,7 +430,11 @@ fn concurrent_readers_see_consistent_prefixes_across_rollovers() {
             let (done, reads) = (&done, &reads);
             sc.spawn(move || {
                 while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                    let r = if forward { h.read(Query::all(), Position::ZERO, None) } else { h.read_back(Query::all(), Position::MAX, None) };
+                    let r = if forward {
+                        h.read(Query::all(), Position::ZERO, None)
+                    } else {
+                        h.read_back(Query::all(), Position::MAX, None)
+                    };
                     let w = r.watermark().get();
                     let got = r.collect_owned().unwrap();
                     assert_eq!(got.len() as u64, w, "forward {forward}: {} events under watermark {w}", got.len());
@@ -376,11 +468,23 @@ fn bounded_steps_return_exactly_the_unbounded_answer() {
     let (s, log) = populated(d.path(), &mut rng, 1500);
     let h = s.handle();
     for round in 0..40 {
-        let q = if round == 0 { Query::items(vec![QueryItem::new(vec![EventType::new("Z").unwrap()], Tags::new(["t0"]).unwrap())]) } else { random_query(&mut rng) };
+        let q = if round == 0 {
+            Query::items(vec![QueryItem::new(vec![EventType::new("Z").unwrap()], Tags::new(["t0"]).unwrap())])
+        } else {
+            random_query(&mut rng)
+        };
         let after = rng.below(1600);
         for back in [false, true] {
-            let want = positions(if back { h.read_back(q.clone(), Position(after), None) } else { h.read(q.clone(), Position(after), None) });
-            let mut r = if back { h.read_back(q.clone(), Position(after), None) } else { h.read(q.clone(), Position(after), None) };
+            let want = positions(if back {
+                h.read_back(q.clone(), Position(after), None)
+            } else {
+                h.read(q.clone(), Position(after), None)
+            });
+            let mut r = if back {
+                h.read_back(q.clone(), Position(after), None)
+            } else {
+                h.read(q.clone(), Position(after), None)
+            };
             let step = 1 + rng.below(7) as usize;
             let (mut got, mut pauses) = (Vec::new(), 0);
             loop {
@@ -393,6 +497,7 @@ fn bounded_steps_return_exactly_the_unbounded_answer() {
                     }
                     Step::End => break,
                     Step::Failed(e) => panic!("{e}"),
+                    Step::Blocked(_) => panic!("a read that may wait never stops for the disk"),
                 }
                 assert!(pauses < 10_000, "no progress");
             }

@@ -530,6 +530,59 @@ fn sample(body: &str, name: &str) -> String {
         .to_string()
 }
 
+/// Drops the segment files under `dir` from the page cache (synced first, so they are clean).
+fn evict_page_cache(dir: &std::path::Path) {
+    for p in tephra::log::segment::list_segments(dir).unwrap().into_iter().map(|(_, p)| p) {
+        let f = std::fs::File::open(&p).unwrap();
+        f.sync_all().unwrap();
+        nix::fcntl::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED).unwrap();
+    }
+}
+
+/// A read or a subscription that reaches data only the disk holds has it fetched on a
+/// blocking thread (counted in `tephra_read_disk_fetches_total`), so its shard keeps serving
+/// other connections, and still returns every event in order. After a restart nothing is in
+/// memory, and the test drops the segment files from the page cache before each.
+#[test]
+fn cold_reads_and_subscriptions_fetch_off_the_shard_and_return_everything() {
+    let env = [("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__SEGMENT__SIZE", "262144")];
+    let mut srv = Server::start(&bin(), &env);
+    let mut c = Client::connect(srv.addr).unwrap();
+    let mut payloads = Vec::new();
+    for b in 0..60u32 {
+        let batch: Vec<Event> = (0..50u32)
+            .map(|i| {
+                let p = format!("{b}:{i}:{}", "x".repeat(200)).into_bytes();
+                payloads.push(p.clone());
+                ev("E", &[&format!("b:{b}")], &p)
+            })
+            .collect();
+        c.append(batch, None).unwrap();
+    }
+    drop(c);
+    srv.restart(&bin(), &env);
+    assert!(tephra::log::segment::list_segments(&srv.data_dir()).unwrap().len() >= 3, "want several segments");
+    evict_page_cache(&srv.data_dir());
+    let mut c = Client::connect(srv.addr).unwrap();
+    let (all, _) = c.read_all(Query::all(), Position::ZERO).unwrap();
+    let got: Vec<&[u8]> = all.iter().map(|e| e.event.data()).collect();
+    assert_eq!(got, payloads.iter().map(|p| p.as_slice()).collect::<Vec<_>>());
+    assert!(all.iter().enumerate().all(|(i, e)| e.position.get() == i as u64 + 1));
+    evict_page_cache(&srv.data_dir());
+    let (sub, _cancel) = c.subscribe(Query::all(), Position::ZERO).unwrap();
+    let mut delivered = Vec::new();
+    for item in sub {
+        match item.unwrap() {
+            SubEvent::Event(e) => delivered.push(e.position.get()),
+            SubEvent::CaughtUp(_) => break,
+        }
+    }
+    assert_eq!(delivered, (1..=payloads.len() as u64).collect::<Vec<_>>());
+    let body = http(metrics_addr(&srv), "GET /metrics HTTP/1.1");
+    let fetches: u64 = sample(&body, "tephra_read_disk_fetches_total").parse().unwrap();
+    assert!(fetches >= 2, "a cold read and a cold subscription, fetched {fetches} times");
+}
+
 #[test]
 fn metrics_endpoint_serves_the_reference_names_and_our_histograms() {
     let srv = Server::start(&bin(), &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "0")]);
@@ -565,6 +618,7 @@ fn metrics_endpoint_serves_the_reference_names_and_our_histograms() {
         ("tephra_fsync_seconds", "histogram"),
         ("tephra_batch_events", "histogram"),
         ("tephra_conflicts_total", "counter"),
+        ("tephra_read_disk_fetches_total", "counter"),
     ];
     for (name, kind) in reference.iter().chain(ours.iter()) {
         assert!(body.contains(&format!("# HELP {name} ")), "no HELP for {name}:\n{body}");

@@ -307,6 +307,44 @@ fn register_kick(nudge: Nudge) {
     list.lock().unwrap_or_else(|e| e.into_inner()).push((Arc::downgrade(&nudge.0), 0));
 }
 
+/// Runs `f` on one of the process's blocking threads (`tephra-blocking`, [`BLOCKING_THREADS`]
+/// of them, started on first use) and waits for its result without blocking the executor:
+/// for work that may wait for the disk. The wake-up back to the executor goes through its
+/// [`Nudge`] ([`reliable_wakes`]), not glommio's own blocking pool, whose completions take
+/// the latency-ring path described above. `None` if `f` panicked.
+pub async fn run_blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+    type Job = Box<dyn FnOnce() + Send>;
+    static POOL: OnceLock<flume::Sender<Job>> = OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        let (tx, rx) = flume::unbounded::<Job>();
+        for i in 0..BLOCKING_THREADS {
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new().name(format!("tephra-blocking-{i}")).spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    // A panicking job drops its result sender: its caller gets `None`.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                }
+            });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start a blocking thread");
+            }
+        }
+        tx
+    });
+    let (tx, rx) = flume::bounded(1);
+    let job: Job = Box::new(move || {
+        let _ = tx.send(f());
+    });
+    if let Err(flume::SendError(job)) = pool.send(job) {
+        // No thread could be started: run it here rather than never.
+        job();
+    }
+    reliable_wakes(rx.recv_async()).await.ok()
+}
+
+/// Threads of [`run_blocking`].
+pub const BLOCKING_THREADS: usize = 4;
+
 /// Spawns one glommio executor thread named `name`, optionally pinned to `cpu`, running the
 /// future built by `make` on it with [`reliable_wakes`], its [`Nudge`] installed and registered
 /// with the kicker. Returns the thread's join handle.

@@ -292,6 +292,31 @@ impl Segment {
         }
         Ok(done)
     }
+
+    /// Like [`read_at`](Self::read_at), but only what the page cache holds: one
+    /// `preadv2(RWF_NOWAIT)`, which never waits for the disk. Returns the bytes read from the
+    /// start of the range (fewer than asked when the rest is not cached, or at EOF).
+    ///
+    /// # Errors
+    /// `WouldBlock` when the first byte is not cached; `Unsupported`-like errors (`EOPNOTSUPP`,
+    /// `EINVAL`) from kernels or file systems without `RWF_NOWAIT` for buffered reads; any other
+    /// error of `preadv2`.
+    pub fn read_cached_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        loop {
+            // SAFETY: `iov` describes `buf`, writable for its whole length, and outlives the
+            // call; the descriptor is this segment's open file.
+            let n = unsafe { libc::preadv2(self.file.as_raw_fd(), &iov, 1, off as libc::off_t, libc::RWF_NOWAIT) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

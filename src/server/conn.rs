@@ -688,9 +688,9 @@ impl Conn {
         // not an append pipelined after it on this connection that commits before the read's
         // first step (planning waits for that step).
         let reads = if r.reverse {
-            self.ctx.store.read_back(query, crate::model::Position(r.after), r.limit)
+            self.ctx.store.read_back(query, crate::model::Position(r.after), r.limit).without_waiting()
         } else {
-            self.ctx.store.read(query, crate::model::Position(r.after), r.limit)
+            self.ctx.store.read(query, crate::model::Position(r.after), r.limit).without_waiting()
         };
         let cancel = self.register_cancel(id);
         self.inflight.set(self.inflight.get() + 1);
@@ -735,6 +735,13 @@ impl Conn {
                 return;
             }
             let (full, done) = match reads.step(&mut budget) {
+                Step::Blocked(warm) => {
+                    // The next record is on the disk: fetch it on a blocking thread while this
+                    // shard serves its other connections.
+                    self.ctx.read_disk_fetches.fetch_add(1, Ordering::Relaxed);
+                    shards::run_blocking(move || warm.run()).await;
+                    continue;
+                }
                 Step::Pending => {
                     // A long non-matching stretch: let the shard's other work run.
                     budget = READ_STEP;
@@ -812,7 +819,9 @@ impl Conn {
 
     async fn run_subscription(&self, id: u64, query: crate::model::Query, after: crate::model::Position, cancel: &Cell<bool>) {
         shards::bulk_yield().await;
-        let mut sub = self.ctx.store.subscribe(query, after);
+        // Records that must come from the disk are fetched on a blocking thread, never on
+        // this shard's (which serves other connections meanwhile).
+        let mut sub = self.ctx.store.subscribe(query, after).without_waiting();
         let cfg = &self.ctx.settings.server.reads;
         let tick = self.ctx.settings.server.subscriptions.wait_tick();
         let mut announced = false;
@@ -884,7 +893,13 @@ impl Conn {
                 if polled.delivered > 0 {
                     announced = false;
                 }
-                shards::bulk_yield().await;
+                match sub.take_warm() {
+                    Some(warm) => {
+                        self.ctx.read_disk_fetches.fetch_add(1, Ordering::Relaxed);
+                        shards::run_blocking(move || warm.run()).await;
+                    }
+                    None => shards::bulk_yield().await,
+                }
                 continue;
             }
             if !announced {

@@ -98,6 +98,7 @@ pub fn render(ctx: &Context) -> String {
     metric(&mut out, "tephra_commits_total", "counter", "Group commits made durable.", m.commits);
     metric(&mut out, "tephra_conflicts_total", "counter", "Appends refused by a boundary condition (CONFLICT).", m.conflicts);
     metric(&mut out, "tephra_already_exists_total", "counter", "Appends refused by an existence condition (ALREADY_EXISTS).", m.already_exists);
+    metric(&mut out, "tephra_read_disk_fetches_total", "counter", "Reads and subscription polls that stopped at data only the disk held and had it fetched on a blocking thread.", ctx.read_disk_fetches.load(Ordering::Relaxed));
     let errors: u64 = ctx.append_errors.iter().map(|c| c.load(Ordering::Relaxed)).sum();
     metric(&mut out, "tephra_append_errors_total", "counter", "Append requests answered with an error.", errors);
     let us = [100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000];

@@ -43,6 +43,9 @@ pub struct Context {
     pub connections_refused: AtomicU64,
     /// Connections closed by a timeout.
     pub connections_reaped: AtomicU64,
+    /// Times a read or a subscription met a range neither in memory nor in the page cache and
+    /// had it fetched on a blocking thread (its shard served other connections meanwhile).
+    pub read_disk_fetches: AtomicU64,
     /// Append requests answered with an error, by wire code index 0..=9.
     pub append_errors: [AtomicU64; 10],
     /// Append latency histogram, microseconds (merged from shards on scrape).
@@ -303,6 +306,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         active_subscriptions: AtomicU64::new(0),
         connections_refused: AtomicU64::new(0),
         connections_reaped: AtomicU64::new(0),
+        read_disk_fetches: AtomicU64::new(0),
         append_errors: Default::default(),
         append_latency: std::sync::Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).expect("bounds")),
         token_digests: settings
