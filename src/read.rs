@@ -36,6 +36,9 @@ pub enum ReadError {
     WouldBlock,
 }
 
+/// Most bytes [`Warm::run`] reads at once (a large record is fetched in pieces).
+const WARM_CHUNK: usize = 1 << 20;
+
 /// A segment range a read needs from the disk before it can go on without waiting
 /// ([`Step::Blocked`]): [`run`](Self::run) it on a thread that may block, then step again.
 pub struct Warm {
@@ -48,8 +51,15 @@ impl Warm {
     /// Reads the range once with a blocking `pread` (the bytes are dropped), which leaves it
     /// in the page cache. An error is left for the read to meet and report when it retries.
     pub fn run(&self) {
-        let mut scratch = vec![0u8; self.len];
-        let _ = self.seg.read_at(&mut scratch, self.off);
+        let mut scratch = vec![0u8; self.len.min(WARM_CHUNK)];
+        let mut done = 0;
+        while done < self.len {
+            let n = (self.len - done).min(WARM_CHUNK);
+            match self.seg.read_at(&mut scratch[..n], self.off + done as u64) {
+                Ok(got) if got == n => done += n,
+                _ => return,
+            }
+        }
     }
 }
 

@@ -299,6 +299,35 @@ fn reads_made_not_to_wait_stop_at_cold_records_and_resume_where_they_stopped() {
     }
     assert_eq!(got, (1..=log.len() as u64).collect::<Vec<_>>());
     assert!(blocked > 0, "the subscription never met a cold record");
+    s.shutdown();
+
+    // A record larger than one fetch (1 MiB) is fetched in pieces.
+    let d = dir();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let events = [ev("Small", &["a"], b"x"), ev("Big", &["b"], &big), ev("Small", &["c"], b"y")];
+    let s = Store::open(d.path(), cfg(16 << 20)).unwrap();
+    s.handle().append(events.to_vec(), None).unwrap();
+    s.shutdown();
+    let s = Store::open(d.path(), cfg(16 << 20)).unwrap();
+    evict_page_cache(d.path());
+    let mut r = s.handle().read(Query::all(), Position::ZERO, None).without_waiting();
+    let (mut got, mut blocked) = (Vec::new(), 0);
+    loop {
+        let mut budget = usize::MAX;
+        match r.step(&mut budget) {
+            Step::Event(_, e) => got.push(e.to_owned()),
+            Step::Blocked(warm) => {
+                blocked += 1;
+                warm.run();
+            }
+            Step::Pending => {}
+            Step::End => break,
+            Step::Failed(e) => panic!("{e}"),
+        }
+        assert!(blocked < 100, "no progress");
+    }
+    assert!(blocked > 0);
+    assert_eq!(got.iter().map(|e| e.as_bytes()).collect::<Vec<_>>(), events.iter().map(|e| e.as_bytes()).collect::<Vec<_>>());
 }
 
 #[test]
