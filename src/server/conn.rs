@@ -343,7 +343,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
         // changes what counts as idle), or shutdown.
         let wait = deadline.map(|d| d - now).unwrap_or(READ_TICK).min(READ_TICK);
         let got = futures_lite::future::or(
-            async { Some(dec.fill_from_async(&mut reader).await) },
+            async { Wake::Read(dec.fill_from_async(&mut reader).await) },
             futures_lite::future::or(
                 async {
                     // Ends with the wait, or when a reply could not be sent (checked above).
@@ -352,29 +352,27 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                         None
                     })
                     .await;
-                    None
+                    Wake::Tick
                 },
                 async {
                     ctx.wait_shutdown().await;
-                    Some(Err(std::io::Error::other("shutdown")))
+                    Wake::Shutdown
                 },
             ),
         )
         .await;
         match got {
-            None => continue,
-            Some(Ok(0)) => {
+            Wake::Tick => continue,
+            // Not the client's doing: its answers still go out before the close.
+            Wake::Shutdown => break 'conn,
+            Wake::Read(Ok(0)) | Wake::Read(Err(_)) => {
                 client_closed = true;
                 break 'conn;
             }
-            Some(Ok(_)) => {
+            Wake::Read(Ok(_)) => {
                 if !dec.has_partial() || partial_since.is_none() {
                     last_activity = Instant::now();
                 }
-            }
-            Some(Err(_)) => {
-                client_closed = true;
-                break 'conn;
             }
         }
     }
@@ -431,6 +429,16 @@ fn unacknowledged_output(fd: std::os::fd::RawFd) -> Option<usize> {
     // SAFETY: SIOCOUTQ writes one int through the pointer, which points at `n`; `fd` is the
     // connection's socket, open for as long as its stream halves live (the caller holds one).
     unsafe { siocoutq(fd, &mut n) }.ok().map(|_| n.max(0) as usize)
+}
+
+/// What ended a connection reader's wait.
+enum Wake {
+    /// Bytes arrived (`Ok(n)`), the client closed (`Ok(0)`) or the socket failed.
+    Read(std::io::Result<usize>),
+    /// The wait ran out (deadlines are due for a look) or an answer could not be sent.
+    Tick,
+    /// A graceful shutdown began.
+    Shutdown,
 }
 
 /// Closes a connection the server gave up on while its client may still be sending (a frame
