@@ -1015,6 +1015,23 @@ fn ours_on_port(port: u16) -> (bool, String) {
     (ready, seen)
 }
 
+/// A server started while its address is still held, as it is for a moment after the previous
+/// server exited (the kernel releases an exited process's io_uring in the background), waits
+/// for the address instead of failing; one held for longer is refused (the test below).
+#[test]
+fn a_start_waits_for_an_address_released_moments_later() {
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let releaser = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(400));
+        drop(held);
+    });
+    let (ready, seen) = ours_on_port(port);
+    releaser.join().unwrap();
+    assert!(ready, "did not start once port {port} was released:\n{seen}");
+    assert!(seen.contains("address in use; waiting"), "{seen}");
+}
+
 /// A second server on an address a listener already holds exits with "Address already in
 /// use", as the reference does, instead of sharing the port through `SO_REUSEPORT` (the kernel
 /// then split connections between the two stores).

@@ -334,7 +334,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     // the same address too (and take half the connections). Like the reference, refuse to
     // start on an address another listener holds: probe it with a plain socket first.
     if bind.port() != 0 {
-        if let Err(e) = probe_exclusive(bind) {
+        if let Err(e) = probe_until_free(bind) {
             ctx.shutdown();
             return Err(StartError::Io(format!("cannot bind {bind}: {e}")));
         }
@@ -372,6 +372,30 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     tracing::info!(addr = %addr, shards = n, tls = ctx.tls.is_some(), follower = follower.is_some(), "tephra server listening");
     Ok(Running { addr, metrics_addr, ctx, shards, store, follower, writer })
 }
+
+/// [`probe_exclusive`], retried for up to [`BIND_WAIT`] while the address is in use: a server
+/// restarted the moment the previous one exited can find the old listener still held, since
+/// the kernel tears down an exited process's io_uring (and the accept pending in it) in the
+/// background (review: 2 of 32 immediate restarts failed with "Address already in use").
+/// Another server that keeps the address is still refused, after the wait.
+fn probe_until_free(addr: SocketAddr) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + BIND_WAIT;
+    let mut announced = false;
+    loop {
+        match probe_exclusive(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline => {
+                if !std::mem::replace(&mut announced, true) {
+                    tracing::info!(%addr, "address in use; waiting up to {BIND_WAIT:?} for it to be released");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// How long a start waits for its address to be released (see [`probe_until_free`]).
+const BIND_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Binds `addr` with `SO_REUSEADDR` only (no `SO_REUSEPORT`) and lets it go: fails with
 /// `AddrInUse` when any listener (ours or another server's) holds the address.
