@@ -863,6 +863,10 @@ fn the_command_line_has_exactly_the_reference_flags() {
     assert!(ServerArgs::try_parse_from(["tephra-server", "127.0.0.1:9000", "data"]).is_err());
     assert!(ServerArgs::try_parse_from(["tephra-server", "--segment-size", "1"]).is_err());
     assert!(ServerArgs::try_parse_from(["tephra-server", "--bind"]).is_err());
+    // A follower polling every 0 ms would spin.
+    let zero = ServerArgs::try_parse_from(["tephra-server", "--follow", "--follow-poll-ms", "0"]).unwrap_err().to_string();
+    assert!(zero.contains("--follow-poll-ms") && zero.contains("not in 1.."), "{zero}");
+    assert_eq!(ServerArgs::try_parse_from(["tephra-server", "--follow", "--follow-poll-ms", "1"]).unwrap().follow_poll_ms, Some(1));
 }
 
 #[test]

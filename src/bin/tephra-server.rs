@@ -65,7 +65,7 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     let started = if args.follow {
-        tephra::server::start_follower(settings, Duration::from_millis(args.follow_poll_ms.unwrap_or(100).max(1)))
+        tephra::server::start_follower(settings, Duration::from_millis(args.follow_poll_ms.unwrap_or(100)))
     } else {
         tephra::server::start(settings)
     };

@@ -52,7 +52,8 @@ pub struct ServerArgs {
     #[arg(long = "follow")]
     pub follow: bool,
 
-    /// With --follow: how often to look for new commits, in milliseconds [default: 100]
-    #[arg(long = "follow-poll-ms", value_name = "MS", requires = "follow")]
+    /// With --follow: how often to look for new commits, in milliseconds, at least 1
+    /// [default: 100]
+    #[arg(long = "follow-poll-ms", value_name = "MS", requires = "follow", value_parser = clap::value_parser!(u64).range(1..))]
     pub follow_poll_ms: Option<u64>,
 }
