@@ -249,6 +249,45 @@ fn invalid_utf8_anywhere_is_a_frame_level_bad_request_then_close() {
     raw.expect_closed();
 }
 
+/// Unknown fields of the group wire types (3 and 4, deprecated but valid protobuf) are skipped
+/// as the reference's decoder skips them: a stats request and an append carrying one are
+/// served, and the append's event is stored without it. (Our append fast path does not parse
+/// groups; such a frame goes to the full decoder instead of being refused.)
+#[test]
+fn unknown_group_fields_are_skipped_like_any_unknown_field() {
+    let srv = start(&[]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    let group = [0x7b, 0x08, 0x01, 0x7c]; // field 15 start group, {1: 1}, end group
+    let send = |raw: &mut RawConn, body: &[u8]| {
+        let mut f = (body.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(body);
+        raw.send_bytes(&f);
+    };
+    // Request{id 5, stats {}, 15: group}
+    let mut stats = vec![0x08, 0x05, 0x32, 0x00];
+    stats.extend_from_slice(&group);
+    send(&mut raw, &stats);
+    let r = raw.recv().expect("a stats answer");
+    assert_eq!(r.request_id, 5);
+    assert!(matches!(r.kind, Some(response::Kind::Stats(_))), "{r:?}");
+    // Request{id 6, append {events: [Event{type "E", tags ["t"], payload "x", 15: group}]}}
+    let mut event = vec![0x0a, 0x01, b'E', 0x12, 0x01, b't', 0x1a, 0x01, b'x'];
+    event.extend_from_slice(&group);
+    let mut append = vec![0x0a, event.len() as u8];
+    append.extend_from_slice(&event);
+    let mut req = vec![0x08, 0x06, 0x12, append.len() as u8];
+    req.extend_from_slice(&append);
+    send(&mut raw, &req);
+    let r = raw.recv().expect("an append answer");
+    assert_eq!(r.request_id, 6);
+    let Some(response::Kind::Append(a)) = r.kind else { panic!("{r:?}") };
+    let (all, _) = Client::connect(srv.addr).unwrap().read_all(tephra::Query::all(), tephra::Position::ZERO).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].position.get(), a.first);
+    assert_eq!((all[0].event.event_type(), all[0].event.data()), ("E", &b"x"[..]));
+    assert_eq!(all[0].event.tags().collect::<Vec<_>>(), ["t"]);
+}
+
 /// A client still writing a frame over the cap when the server gives up on it: the server
 /// half-closes and discards the rest, so the client finishes its write and reads the TOO_LARGE
 /// error and then end-of-stream (a close with the body unread would be a reset, and a reset

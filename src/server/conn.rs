@@ -283,13 +283,9 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                         }
                         continue;
                     }
-                    Ok(None) => {}
-                    Err(e) => {
-                        if let Some(err) = convert::frame_error_response(&FrameError::Decode(e)) {
-                            conn.lanes.error(0, err).await;
-                        }
-                        break 'conn;
-                    }
+                    // Not an append, or something the fast path does not take that protobuf
+                    // allows (an unknown group field): the full decoder below decides.
+                    Ok(None) | Err(_) => {}
                 }
             }
             let req = match pb::Request::decode(frame) {
