@@ -274,18 +274,16 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 }
             };
             last_activity = Instant::now();
+            // Anything but an append the fast path takes (another request, or something it does
+            // not parse that protobuf allows, such as an unknown group field) goes to the full
+            // decoder below, which decides.
             if established {
-                match crate::proto::append::decode(frame) {
-                    Ok(Some(fa)) => {
-                        // Waits for a budget permit or the writer's queue: a shutdown ends it too.
-                        if unless_shutdown(&ctx, conn.clone().append_framed(fa)).await.is_none() {
-                            break 'conn;
-                        }
-                        continue;
+                if let Ok(Some(fa)) = crate::proto::append::decode(frame) {
+                    // Waits for a budget permit or the writer's queue: a shutdown ends it too.
+                    if unless_shutdown(&ctx, conn.clone().append_framed(fa)).await.is_none() {
+                        break 'conn;
                     }
-                    // Not an append, or something the fast path does not take that protobuf
-                    // allows (an unknown group field): the full decoder below decides.
-                    Ok(None) | Err(_) => {}
+                    continue;
                 }
             }
             let req = match pb::Request::decode(frame) {
