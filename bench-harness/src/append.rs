@@ -628,11 +628,7 @@ fn raw_writer(conn: RawConn, cfg: &AppendConfig, clock: &Clock, stop: &AtomicBoo
                     Some(response::Kind::Append(_)) => tally.ok(clock, sent, acked, n),
                     Some(response::Kind::Error(e)) => {
                         let code = proto::ErrorCode::from_wire(e.code);
-                        tally.err(
-                            code.as_str_name()
-                                .trim_start_matches("ERROR_CODE_")
-                                .to_owned(),
-                        );
+                        tally.err(code.short_name().to_owned());
                         nap(cfg.error_backoff, clock.window_end, stop);
                     }
                     _ => tally.err("protocol".into()),

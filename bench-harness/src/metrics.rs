@@ -58,10 +58,7 @@ impl Latency {
 /// `ERROR_CODE_` prefix (`CONFLICT`, `SHUTDOWN`, ...), or `io`, `frame`, `eof`, `protocol`.
 pub fn error_name(e: &ClientError) -> String {
     match e {
-        ClientError::Server { code, .. } => code
-            .as_str_name()
-            .trim_start_matches("ERROR_CODE_")
-            .to_owned(),
+        ClientError::Server { code, .. } => code.short_name().to_owned(),
         ClientError::Io(_) => "io".into(),
         ClientError::Frame(_) => "frame".into(),
         ClientError::UnexpectedEof => "eof".into(),

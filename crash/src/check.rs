@@ -290,7 +290,7 @@ fn probes(ctx: &Ctx, c: &mut Client, all: &[SequencedEvent], rng: &mut Rng, v: &
                 Ok(Ok(r.first.get()))
             }
             Err(ClientError::Server { code, conflict_position, message, .. }) => {
-                wit.rejected(seq, code.as_str_name().trim_start_matches("ERROR_CODE_"), conflict_position.map(|p| p.get()).unwrap_or(0));
+                wit.rejected(seq, code.short_name(), conflict_position.map(|p| p.get()).unwrap_or(0));
                 if !matches!(code, ErrorCode::Conflict | ErrorCode::AlreadyExists) {
                     return Err(format!("probe append answered {code:?}: {message}"));
                 }

@@ -186,7 +186,7 @@ fn connect(ctx: &Ctx) -> Option<Client> {
 }
 
 fn code_name(c: ErrorCode) -> &'static str {
-    c.as_str_name().trim_start_matches("ERROR_CODE_")
+    c.short_name()
 }
 
 fn writer(ctx: Ctx, id: usize, conditional: bool, mut rng: Rng, stop: Arc<AtomicBool>, outcome: Arc<Mutex<Outcome>>) {

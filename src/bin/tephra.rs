@@ -187,7 +187,7 @@ impl CliError {
         if json {
             let mut obj = serde_json::json!({ "error": self.message, "exit_code": self.code });
             if let Some((code, position)) = self.wire {
-                obj["code"] = code.as_str_name().trim_start_matches("ERROR_CODE_").into();
+                obj["code"] = code.short_name().into();
                 if let Some(p) = position {
                     obj["conflict_position"] = p.into();
                 }

@@ -284,15 +284,22 @@ impl ErrorCode {
         }
     }
 
+    /// The name without its `ERROR_CODE_` prefix, e.g. `CONFLICT`: how errors are shown (CLI
+    /// messages and `--json` codes, `Display`).
+    pub fn short_name(&self) -> &'static str {
+        self.as_str_name().trim_start_matches("ERROR_CODE_")
+    }
+
     /// Maps a raw wire value to a code; unknown values become [`ErrorCode::Unspecified`].
     pub fn from_wire(value: i32) -> ErrorCode {
         ErrorCode::try_from(value).unwrap_or(ErrorCode::Unspecified)
     }
 }
 
+/// Shows the [short name](ErrorCode::short_name), e.g. `TOO_LARGE`.
 impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str_name())
+        f.write_str(self.short_name())
     }
 }
 
@@ -407,5 +414,21 @@ impl ErrorResponse {
     /// An error with a code and message, no conflict position and `retryable = false`.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> ErrorResponse {
         ErrorResponse { code: code as i32, message: message.into(), conflict_position: None, retryable: false }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorCode;
+
+    #[test]
+    fn codes_show_by_their_short_names() {
+        for v in 0..=9 {
+            let c = ErrorCode::from_wire(v);
+            assert_eq!(format!("ERROR_CODE_{c}"), c.as_str_name());
+            assert!(!c.short_name().starts_with("ERROR_CODE"), "{c}");
+        }
+        assert_eq!(ErrorCode::TooLarge.to_string(), "TOO_LARGE");
+        assert_eq!(ErrorCode::AlreadyExists.short_name(), "ALREADY_EXISTS");
     }
 }

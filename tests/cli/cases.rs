@@ -176,6 +176,7 @@ fn conflicts_exit_3_and_bad_requests_exit_2() {
     let o = tephra(a, &["append", "--type", "X", "--after", "1000"]);
     assert_code(&o, 2);
     assert!(stderr(&o).contains("beyond the durable tip"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("AFTER_BEYOND_TIP") && !stderr(&o).contains("ERROR_CODE_"), "the code by its short name: {}", stderr(&o));
     assert_code(&tephra(a, &["append", "--type", ""]), 2);
     assert_code(&tephra(a, &["append", "--type", "X", "--tag", "t", "--tag", "t"]), 2);
     assert_code(&tephra(a, &["append"]), 2);
