@@ -40,26 +40,39 @@ pub enum ReadError {
 const WARM_CHUNK: usize = 1 << 20;
 
 /// A segment range a read needs from the disk before it can go on without waiting
-/// ([`Step::Blocked`]): [`run`](Self::run) it on a thread that may block, then step again.
+/// ([`Step::Blocked`]): [`run`](Self::run) it on a thread that may block, hand it back to the
+/// read ([`Reads::fetched`], [`Subscription::fetched`]), then step again: the read resumes
+/// with these bytes, without reading the file again (the page cache may have dropped them by
+/// then).
 pub struct Warm {
     seg: Arc<Segment>,
     off: u64,
     len: usize,
+    /// The bytes read by `run`: `[off, off + bytes.len())`, fewer than `len` at the end of the
+    /// file or on an error.
+    bytes: Vec<u8>,
 }
 
 impl Warm {
-    /// Reads the range once with a blocking `pread` (the bytes are dropped), which leaves it
-    /// in the page cache. An error is left for the read to meet and report when it retries.
-    pub fn run(&self) {
-        let mut scratch = vec![0u8; self.len.min(WARM_CHUNK)];
+    /// Reads the range with blocking `pread`s, in pieces of at most 1 MiB. An error or the end
+    /// of the file stops it short; the read then meets the same condition and reports it.
+    pub fn run(&mut self) {
+        self.bytes.clear();
+        self.bytes.resize(self.len, 0);
         let mut done = 0;
         while done < self.len {
             let n = (self.len - done).min(WARM_CHUNK);
-            match self.seg.read_at(&mut scratch[..n], self.off + done as u64) {
-                Ok(got) if got == n => done += n,
-                _ => return,
+            match self.seg.read_at(&mut self.bytes[done..done + n], self.off + done as u64) {
+                Ok(got) => {
+                    done += got;
+                    if got < n {
+                        break;
+                    }
+                }
+                Err(_) => break,
             }
         }
+        self.bytes.truncate(done);
     }
 }
 
@@ -280,8 +293,8 @@ pub struct Cursor {
     /// and leaves the range to fetch in `warm`.
     nowait: bool,
     warm: Option<Warm>,
-    /// The range in `warm` was fetched: read the next window the usual way (it is cached now,
-    /// and a short read there is the end of the file, not a miss).
+    /// A fetched range came back short (the end of the file, or an error): read the next
+    /// window the usual way, which reports what stopped it, instead of missing again.
     warmed: bool,
 }
 
@@ -354,8 +367,20 @@ impl Cursor {
     fn miss(&mut self, si: usize, lo: u64, n: usize) -> Result<(), ReadError> {
         self.win_seg = usize::MAX;
         self.win_len = 0;
-        self.warm = Some(Warm { seg: self.snap.segments[si].clone(), off: lo, len: n });
+        self.warm = Some(Warm { seg: self.snap.segments[si].clone(), off: lo, len: n, bytes: Vec::new() });
         Err(ReadError::WouldBlock)
+    }
+
+    /// Makes the bytes `warm` fetched the window (they belong to one of this snapshot's
+    /// segments; a range of another is dropped).
+    fn install(&mut self, warm: Warm) {
+        let Some(si) = self.snap.segments.iter().position(|s| s.base == warm.seg.base) else { return };
+        self.warmed = warm.bytes.len() < warm.len;
+        self.win_seg = si;
+        self.win_start = warm.off;
+        self.win_len = warm.bytes.len();
+        self.buf = warm.bytes;
+        self.mem = None;
     }
 
     fn offset(&self, pos: u64) -> (usize, u64) {
@@ -541,6 +566,12 @@ impl Reads {
         self
     }
 
+    /// Hands back a [`Warm`] from [`Step::Blocked`] after [`Warm::run`]: the next step reads
+    /// from its bytes.
+    pub fn fetched(&mut self, warm: Warm) {
+        self.cursor.install(warm);
+    }
+
     /// Chooses the plan, once.
     fn plan(&mut self) {
         if let Plan::Unplanned { scan_bias } = self.plan {
@@ -690,7 +721,6 @@ impl Reads {
                     _ => *budget = budget.saturating_add(1),
                 }
                 let warm = self.cursor.warm.take().expect("a miss leaves its range");
-                self.cursor.warmed = true;
                 return Step::Blocked(warm);
             }
             if self.forward {
@@ -770,12 +800,14 @@ pub struct Subscription {
     nowait: bool,
     /// The range the last poll stopped at, to fetch before the next one.
     warm: Option<Warm>,
+    /// That range, fetched: the next poll starts from its bytes.
+    fetched: Option<Warm>,
 }
 
 impl Subscription {
     pub(crate) fn new(shared: Arc<Shared>, query: Query, after: Position) -> Subscription {
         shared.subscribers.fetch_add(1, Ordering::SeqCst);
-        Subscription { shared, query, cursor: after.get(), nowait: false, warm: None }
+        Subscription { shared, query, cursor: after.get(), nowait: false, warm: None, fetched: None }
     }
 
     /// Makes every poll stop, instead of waiting for the disk, at a record neither in memory
@@ -790,6 +822,12 @@ impl Subscription {
     /// The range the last poll stopped at (see [`without_waiting`](Self::without_waiting)).
     pub fn take_warm(&mut self) -> Option<Warm> {
         self.warm.take()
+    }
+
+    /// Hands back a [`Warm`] from [`take_warm`](Self::take_warm) after [`Warm::run`]: the next
+    /// poll reads from its bytes.
+    pub fn fetched(&mut self, warm: Warm) {
+        self.fetched = Some(warm);
     }
 
     /// The exclusive cursor: every match at or below it has been delivered.
@@ -817,6 +855,9 @@ impl Subscription {
     pub fn poll_within(&mut self, max_events: usize, budget: &mut usize, mut f: impl FnMut(Position, EventRef<'_>)) -> Result<Polled, ReadError> {
         let mut reads = Reads::forward(&self.shared, self.query.clone(), Position(self.cursor), Some(max_events as u64));
         reads.cursor.nowait = self.nowait;
+        if let Some(warm) = self.fetched.take() {
+            reads.cursor.install(warm);
+        }
         let w = reads.watermark;
         let mut delivered = 0;
         let mut last = self.cursor;

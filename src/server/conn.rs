@@ -737,11 +737,18 @@ impl Conn {
                 return;
             }
             let (full, done) = match reads.step(&mut budget) {
-                Step::Blocked(warm) => {
+                Step::Blocked(mut warm) => {
                     // The next record is on the disk: fetch it on a blocking thread while this
                     // shard serves its other connections.
                     self.ctx.read_disk_fetches.fetch_add(1, Ordering::Relaxed);
-                    shards::run_blocking(move || warm.run()).await;
+                    if let Some(warm) = shards::run_blocking(move || {
+                        warm.run();
+                        warm
+                    })
+                    .await
+                    {
+                        reads.fetched(warm);
+                    }
                     continue;
                 }
                 Step::Pending => {
@@ -896,9 +903,16 @@ impl Conn {
                     announced = false;
                 }
                 match sub.take_warm() {
-                    Some(warm) => {
+                    Some(mut warm) => {
                         self.ctx.read_disk_fetches.fetch_add(1, Ordering::Relaxed);
-                        shards::run_blocking(move || warm.run()).await;
+                        if let Some(warm) = shards::run_blocking(move || {
+                            warm.run();
+                            warm
+                        })
+                        .await
+                        {
+                            sub.fetched(warm);
+                        }
                     }
                     None => shards::bulk_yield().await,
                 }
