@@ -220,6 +220,28 @@ fn evict_page_cache(dir: &std::path::Path) {
     }
 }
 
+/// Runs a read made not to wait to its end, fetching each range it stops at (then `changed`,
+/// a hook run after the fetch) and handing it back; returns the events and the stops.
+fn drain_fetching(r: &mut Reads, budget_per_step: usize, mut changed: impl FnMut()) -> (Vec<(u64, Event)>, usize) {
+    let (mut got, mut blocked) = (Vec::new(), 0);
+    loop {
+        let mut budget = budget_per_step;
+        match r.step(&mut budget) {
+            Step::Event(p, e) => got.push((p.get(), e.to_owned())),
+            Step::Pending => {}
+            Step::End => return (got, blocked),
+            Step::Failed(e) => panic!("{e}"),
+            Step::Blocked(mut warm) => {
+                blocked += 1;
+                warm.run();
+                changed();
+                r.fetched(warm);
+            }
+        }
+        assert!(blocked < 100_000, "no progress");
+    }
+}
+
 /// A read made not to wait (the server's: its thread serves other connections) stops at a
 /// record that only the disk holds with `Step::Blocked`; once that range is fetched
 /// (`Warm::run`, on a thread that may block) it resumes where it stopped. Together the steps
@@ -251,22 +273,8 @@ fn reads_made_not_to_wait_stop_at_cold_records_and_resume_where_they_stopped() {
                 }
                 .without_waiting();
                 let indexed = r.is_indexed();
-                let (mut got, mut blocked) = (Vec::new(), 0);
-                loop {
-                    let mut budget = 100;
-                    match r.step(&mut budget) {
-                        Step::Event(p, _) => got.push(p.get()),
-                        Step::Pending => {}
-                        Step::End => break,
-                        Step::Failed(e) => panic!("{e}"),
-                        Step::Blocked(mut warm) => {
-                            blocked += 1;
-                            warm.run();
-                            r.fetched(warm);
-                        }
-                    }
-                    assert!(blocked < 100_000, "no progress");
-                }
+                let (events, blocked) = drain_fetching(&mut r, 100, || {});
+                let got: Vec<u64> = events.into_iter().map(|(p, _)| p).collect();
                 let mut want = oracle(&log, &q);
                 if back {
                     want.reverse();
@@ -313,24 +321,9 @@ fn reads_made_not_to_wait_stop_at_cold_records_and_resume_where_they_stopped() {
     let s = Store::open(d.path(), cfg(16 << 20)).unwrap();
     evict_page_cache(d.path());
     let mut r = s.handle().read(Query::all(), Position::ZERO, None).without_waiting();
-    let (mut got, mut blocked) = (Vec::new(), 0);
-    loop {
-        let mut budget = usize::MAX;
-        match r.step(&mut budget) {
-            Step::Event(_, e) => got.push(e.to_owned()),
-            Step::Blocked(mut warm) => {
-                blocked += 1;
-                warm.run();
-                r.fetched(warm);
-            }
-            Step::Pending => {}
-            Step::End => break,
-            Step::Failed(e) => panic!("{e}"),
-        }
-        assert!(blocked < 100, "no progress");
-    }
+    let (got, blocked) = drain_fetching(&mut r, usize::MAX, || {});
     assert!(blocked > 0);
-    assert_eq!(got.iter().map(|e| e.as_bytes()).collect::<Vec<_>>(), events.iter().map(|e| e.as_bytes()).collect::<Vec<_>>());
+    assert_eq!(got.iter().map(|(_, e)| e.as_bytes()).collect::<Vec<_>>(), events.iter().map(|e| e.as_bytes()).collect::<Vec<_>>());
 }
 
 /// After a `Step::Blocked`, the read resumes from the bytes its fetch read, not from the file
@@ -347,29 +340,17 @@ fn a_blocked_read_resumes_from_the_fetched_bytes_not_the_file() {
     let s = Store::open(d.path(), cfg(1 << 20)).unwrap();
     evict_page_cache(d.path());
     let mut r = s.handle().read(Query::all(), Position::ZERO, None).without_waiting();
-    let mut got = Vec::new();
-    let mut blocked = 0;
-    loop {
-        let mut budget = usize::MAX;
-        match r.step(&mut budget) {
-            Step::Event(_, e) => got.push(e.to_owned()),
-            Step::Blocked(mut warm) => {
-                blocked += 1;
-                warm.run();
-                // The records on disk change after the fetch (a stand-in for pages evicted and
-                // re-read): every byte after the segment's header.
-                let f = std::fs::OpenOptions::new().write(true).open(&segments(d.path())[0]).unwrap();
-                std::os::unix::fs::FileExt::write_all_at(&f, &[0xAA; 4096], 64).unwrap();
-                r.fetched(warm);
-            }
-            Step::Pending => {}
-            Step::End => break,
-            Step::Failed(e) => panic!("read the file again after the fetch: {e}"),
-        }
-        assert!(blocked <= 1, "blocked again after the fetch");
-    }
-    assert_eq!(blocked, 1);
-    assert_eq!(got.iter().map(|e| e.as_bytes()).collect::<Vec<_>>(), events.iter().map(|e| e.as_bytes()).collect::<Vec<_>>());
+    let mut fetches = 0;
+    let (got, blocked) = drain_fetching(&mut r, usize::MAX, || {
+        fetches += 1;
+        assert_eq!(fetches, 1, "stopped again after the fetch");
+        // The records on disk change after the fetch (a stand-in for pages evicted and re-read):
+        // the 4 KiB after the segment's header.
+        let f = std::fs::OpenOptions::new().write(true).open(&segments(d.path())[0]).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0xAA; 4096], 64).unwrap();
+    });
+    assert_eq!(blocked, 1, "stopped again after the fetch");
+    assert_eq!(got.iter().map(|(_, e)| e.as_bytes()).collect::<Vec<_>>(), events.iter().map(|e| e.as_bytes()).collect::<Vec<_>>());
 }
 
 #[test]

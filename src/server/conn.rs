@@ -725,6 +725,18 @@ impl Conn {
         });
     }
 
+    /// Fetches the range a read stopped at (it is on the disk) on a blocking thread while this
+    /// shard serves its other connections; `None` if the fetch panicked (the read then stops
+    /// at the same range again).
+    async fn fetch(&self, mut warm: crate::read::Warm) -> Option<crate::read::Warm> {
+        self.ctx.read_disk_fetches.fetch_add(1, Ordering::Relaxed);
+        shards::run_blocking(move || {
+            warm.run();
+            warm
+        })
+        .await
+    }
+
     /// Streams a read as `ReadEvents` batches then `ReadEnd`; stops silently on cancel.
     async fn stream_read(&self, id: u64, mut reads: crate::read::Reads, cancel: &Cell<bool>) {
         let watermark = reads.watermark().get();
@@ -737,16 +749,8 @@ impl Conn {
                 return;
             }
             let (full, done) = match reads.step(&mut budget) {
-                Step::Blocked(mut warm) => {
-                    // The next record is on the disk: fetch it on a blocking thread while this
-                    // shard serves its other connections.
-                    self.ctx.read_disk_fetches.fetch_add(1, Ordering::Relaxed);
-                    if let Some(warm) = shards::run_blocking(move || {
-                        warm.run();
-                        warm
-                    })
-                    .await
-                    {
+                Step::Blocked(warm) => {
+                    if let Some(warm) = self.fetch(warm).await {
                         reads.fetched(warm);
                     }
                     continue;
@@ -903,14 +907,8 @@ impl Conn {
                     announced = false;
                 }
                 match sub.take_warm() {
-                    Some(mut warm) => {
-                        self.ctx.read_disk_fetches.fetch_add(1, Ordering::Relaxed);
-                        if let Some(warm) = shards::run_blocking(move || {
-                            warm.run();
-                            warm
-                        })
-                        .await
-                        {
+                    Some(warm) => {
+                        if let Some(warm) = self.fetch(warm).await {
                             sub.fetched(warm);
                         }
                     }
