@@ -977,7 +977,8 @@ fn restart_on_the_same_port_after(first: &std::path::Path) {
 
 /// Starts our server on `127.0.0.1:port` with a fresh data directory; returns whether it
 /// printed its readiness line (it is then stopped) and everything else it printed (until it
-/// exited, or for 20 s).
+/// exited, or for 20 s). A start that did not come up must have left the data directory
+/// untouched.
 fn ours_on_port(port: u16) -> (bool, String) {
     use std::io::BufRead;
     let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -1012,6 +1013,10 @@ fn ours_on_port(port: u16) -> (bool, String) {
     };
     let _ = child.kill();
     let _ = child.wait();
+    if !ready {
+        let left: Vec<_> = std::fs::read_dir(data.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "a refused start wrote into its data directory: {left:?}\n{seen}");
+    }
     (ready, seen)
 }
 

@@ -268,6 +268,13 @@ pub fn start_follower(settings: Settings, poll: std::time::Duration) -> Result<R
 
 fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result<Running, StartError> {
     let tls = load_tls(&settings).map_err(StartError::Io)?;
+    // An address another listener holds is refused before the data directory is touched (a
+    // refused start must not create or open a store); checked again right before binding,
+    // since opening a large store takes a while.
+    let bind = settings.bind_addr().map_err(|e| StartError::Io(e.to_string()))?;
+    if bind.port() != 0 {
+        probe_until_free(bind).map_err(|e| StartError::Io(format!("cannot bind {bind}: {e}")))?;
+    }
     let mut segment = crate::log::segment::SegmentConfig::new(settings.segment.size);
     segment.max_record_len = settings.segment.max_record_len();
     let cfg = StoreConfig {
@@ -320,7 +327,6 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         cap_warned: AtomicBool::new(false),
         settings,
     });
-    let bind = ctx.settings.bind_addr().map_err(|e| StartError::Io(e.to_string()))?;
     let n = ctx.settings.server.reads.worker_count().get();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let (addr_tx, addr_rx) = flume::bounded::<Result<SocketAddr, String>>(n);
