@@ -36,9 +36,6 @@ pub enum ReadError {
     WouldBlock,
 }
 
-/// Most bytes [`Warm::run`] reads at once (a large record is fetched in pieces).
-const WARM_CHUNK: usize = 1 << 20;
-
 /// A segment range a read needs from the disk before it can go on without waiting
 /// ([`Step::Blocked`]): [`run`](Self::run) it on a thread that may block, hand it back to the
 /// read ([`Reads::fetched`], [`Subscription::fetched`]), then step again: the read resumes
@@ -54,25 +51,13 @@ pub struct Warm {
 }
 
 impl Warm {
-    /// Reads the range with blocking `pread`s, in pieces of at most 1 MiB. An error or the end
-    /// of the file stops it short; the read then meets the same condition and reports it.
+    /// Reads the range with blocking `pread`s ([`Segment::read_at`]). An error or the end of
+    /// the file leaves it short; the read then meets the same condition and reports it.
     pub fn run(&mut self) {
         self.bytes.clear();
         self.bytes.resize(self.len, 0);
-        let mut done = 0;
-        while done < self.len {
-            let n = (self.len - done).min(WARM_CHUNK);
-            match self.seg.read_at(&mut self.bytes[done..done + n], self.off + done as u64) {
-                Ok(got) => {
-                    done += got;
-                    if got < n {
-                        break;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        self.bytes.truncate(done);
+        let got = self.seg.read_at(&mut self.bytes, self.off).unwrap_or(0);
+        self.bytes.truncate(got);
     }
 }
 
@@ -119,8 +104,8 @@ impl Snapshot {
 /// A batch is `[start, start + len)` of the segment whose first position is `base`: exactly
 /// the bytes on disk there once it is durable (a block-aligned start, so it begins with the
 /// tail of the batch before it, and ends with its commit marker). Only durable batches are
-/// remembered, newest last, up to [`RECENT_BYTES`] of buffer capacity; a read not covered
-/// falls back to the file.
+/// remembered, newest last, at most [`RECENT_BATCHES`] of them and [`RECENT_BYTES`] of buffer
+/// capacity; a read not covered falls back to the file.
 #[derive(Default)]
 pub(crate) struct RecentBatches {
     batches: Mutex<std::collections::VecDeque<RecentBatch>>,
@@ -146,8 +131,8 @@ pub(crate) const RECENT_BATCHES: usize = 4;
 
 impl RecentBatches {
     /// Remembers the durable batch `bytes[..len]`, file offset `start` of segment `base`, and
-    /// forgets the oldest ones beyond [`RECENT_BYTES`]; returns a forgotten buffer no reader
-    /// holds any more, for the committer to fill next.
+    /// forgets the oldest ones beyond [`RECENT_BATCHES`] or [`RECENT_BYTES`]; returns a forgotten
+    /// buffer no reader holds any more, for the committer to fill next.
     pub(crate) fn remember(&self, base: u64, start: u64, len: usize, bytes: crate::log::aligned::AlignedBuf) -> Option<crate::log::aligned::AlignedBuf> {
         let mut q = self.batches.lock().unwrap_or_else(|e| e.into_inner());
         q.push_back(RecentBatch { base, start, len, bytes: Arc::new(bytes) });
@@ -356,7 +341,7 @@ impl Cursor {
         self.win_seg = si;
         self.win_start = lo;
         self.win_len = got;
-        if (got as u64) < start + len as u64 - lo {
+        if got < need {
             return Err(ReadError::Corrupt { path: seg.path.clone(), offset: start, detail: "record runs past the end of the file".into() });
         }
         Ok(())

@@ -311,7 +311,7 @@ fn reads_made_not_to_wait_stop_at_cold_records_and_resume_where_they_stopped() {
     assert!(blocked > 0, "the subscription never met a cold record");
     s.shutdown();
 
-    // A record larger than one fetch (1 MiB) is fetched in pieces.
+    // A record of several MB, read cold.
     let d = dir();
     let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     let events = [ev("Small", &["a"], b"x"), ev("Big", &["b"], &big), ev("Small", &["c"], b"y")];

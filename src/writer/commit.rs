@@ -266,20 +266,20 @@ impl GroupCommit {
                 r
             }
         };
-        let mut next_spare = None;
-        let failed = match outcome {
+        let Batch { seg, start, buf, events, highest, replies, .. } = batch;
+        // A durable batch's buffer goes to readers (they may take it from memory from now on,
+        // before the watermark lets anyone ask), which may hand back an older one nobody reads
+        // any more; a failed batch keeps its own.
+        let (failed, spare) = match outcome {
             Ok(sync_time) => {
                 crate::fault::crash_point("after_fsync_before_ack");
-                // Durable: reads of it may come from memory from now on, before the watermark
-                // lets anyone ask.
-                let bytes = std::mem::replace(&mut batch.buf, AlignedBuf::with_capacity(0));
-                next_spare = shared.recent().remember(batch.seg.base, batch.start, sealed, bytes);
-                shared.publish(batch.highest);
+                let spare = shared.recent().remember(seg.base, start, sealed, buf);
+                shared.publish(highest);
                 let mut m = metrics.inner.lock().unwrap_or_else(|e| e.into_inner());
                 let _ = m.fsync_us.record((sync_time.as_micros() as u64).max(1));
-                let _ = m.batch_events.record(batch.events.max(1));
+                let _ = m.batch_events.record(events.max(1));
                 m.commits += 1;
-                None
+                (None, spare)
             }
             Err(reason) => {
                 if failed.is_none() {
@@ -287,16 +287,13 @@ impl GroupCommit {
                     shared.fail(reason.clone());
                     self.fail(reason.clone());
                 }
-                Some(reason)
+                (Some(reason), Some(buf))
             }
         };
-        let Batch { buf, replies, .. } = batch;
         answer(replies, failed.as_deref());
         let mut st = self.lock();
         st.busy = false;
-        // A failed batch keeps its buffer; a remembered one leaves it to readers and may get
-        // back an older one nobody reads any more.
-        st.spare = if failed.is_some() { Some(buf) } else { next_spare };
+        st.spare = spare;
         drop(st);
         self.progress.notify_all();
     }
