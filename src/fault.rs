@@ -1,7 +1,7 @@
 //! Named crash points and I/O faults for the crash-consistency harness.
 //!
 //! Armed by `TEPHRA_CRASH_POINT=<site>:<action>[:<skip>]` in a build with the `crash-points`
-//! feature; `action` is `abort`, `eio`, `enospc` or `shortwrite`, and `skip` lets that many hits
+//! feature; `action` is `abort`, `eio`, `enospc`, `shortwrite` or `pause` (see [`pause_point`]), and `skip` lets that many hits
 //! pass first. Without the feature both functions are empty and inline away.
 
 /// Aborts the process at `site` when armed with `abort`.
@@ -30,6 +30,28 @@ pub fn fires(site: &str) -> bool {
 pub fn abort_at(site: &str) -> ! {
     eprintln!("crash point {site}: abort");
     std::process::abort()
+}
+
+/// Holds the calling thread at `site` when armed with `pause`, so a test can act inside a race
+/// window: says `pause point <site>` on stderr, then waits until the file named by
+/// `TEPHRA_CRASH_RELEASE` exists (at most 60 s), or one second when that is unset.
+#[inline(always)]
+pub fn pause_point(site: &str) {
+    #[cfg(feature = "crash-points")]
+    if armed::pauses(site) {
+        eprintln!("pause point {site}");
+        match std::env::var_os("TEPHRA_CRASH_RELEASE") {
+            Some(f) => {
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                while !std::path::Path::new(&f).exists() && std::time::Instant::now() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            None => std::thread::sleep(std::time::Duration::from_secs(1)),
+        }
+    }
+    #[cfg(not(feature = "crash-points"))]
+    let _ = site;
 }
 
 /// Returns an injected I/O error at `site` when armed with `eio`, `enospc` or `shortwrite`
@@ -76,6 +98,10 @@ mod armed {
     pub fn fires(site: &str) -> bool {
         let Some(a) = arm() else { return false };
         a.site == site && HITS.fetch_add(1, Ordering::SeqCst) >= a.skip
+    }
+
+    pub fn pauses(site: &str) -> bool {
+        matches!(arm(), Some(a) if a.action == "pause") && fires(site)
     }
 
     pub fn hit(site: &str, abort_only: bool) -> std::io::Result<()> {

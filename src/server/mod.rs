@@ -329,7 +329,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     });
     let n = ctx.settings.server.reads.worker_count().get();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let (addr_tx, addr_rx) = flume::bounded::<Result<SocketAddr, String>>(n);
+    let (addr_tx, addr_rx) = flume::bounded::<Result<(SocketAddr, u64), String>>(n);
     let mut shards = Vec::with_capacity(n);
     // The writer's own thread, unpinned: the scheduler may run it on whichever CPU is free.
     let writer = match writer_task {
@@ -345,26 +345,58 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
             return Err(StartError::Io(format!("cannot bind {bind}: {e}")));
         }
     }
+    crate::fault::pause_point("before_bind");
     let mut addr = bind;
+    let mut ours = Vec::with_capacity(n);
+    // Each shard binds and listens, then waits for the word to accept: nothing is accepted
+    // until the address is known to be ours alone (see `foreign_listeners`).
+    let (go_tx, go_rx) = flume::bounded::<()>(n);
+    let refuse = |ctx: &Context, shards: Vec<glommio::ExecutorJoinHandle<()>>, e: String| {
+        ctx.shutdown();
+        for s in shards {
+            let _ = s.join();
+        }
+        Err(StartError::Io(e))
+    };
     for shard in 0..n {
         let ctx2 = ctx.clone();
         let tx = addr_tx.clone();
+        let go = go_rx.clone();
         let cpu = (n <= cpus).then_some(shard);
-        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, addr, tx))
+        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, addr, tx, go))
             .map_err(|e| StartError::Io(format!("cannot start shard {shard}: {e}")))?;
         shards.push(h);
         // Shard 0 binds first so `--bind host:0` resolves to one port every shard shares.
         match addr_rx.recv() {
-            Ok(Ok(a)) => addr = a,
+            Ok(Ok((a, inode))) => {
+                addr = a;
+                ours.push(inode);
+            }
             Ok(Err(e)) => {
-                ctx.shutdown();
-                for s in shards {
-                    let _ = s.join();
-                }
-                return Err(StartError::Io(e));
+                drop(go_tx);
+                return refuse(&ctx, shards, e);
             }
             Err(_) => return Err(StartError::Io(format!("shard {shard} stopped while binding"))),
         }
+    }
+    // The probe and the binds are two steps: a server started in the same few milliseconds
+    // can pass its probe between them and join our listeners (review: 7 of 30 starts 10 ms
+    // apart both listened, and clients were split between two stores). Looking after our own
+    // binds closes that gap: of two such servers at least the later one sees the other, and a
+    // server accepts only once it has looked.
+    match foreign_listeners(addr, &ours) {
+        Ok(foreign) if foreign.is_empty() => {}
+        Ok(foreign) => {
+            drop(go_tx);
+            let mut holders = foreign.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+            holders.dedup();
+            let holders = holders.join(", ");
+            return refuse(&ctx, shards, format!("cannot bind {addr}: another server began listening on {holders} while this one was binding; refusing to share the address (start one server per address)"));
+        }
+        Err(e) => tracing::warn!(%addr, error = %e, "could not list the listening sockets to check the address is ours alone"),
+    }
+    for _ in 0..n {
+        let _ = go_tx.send(());
     }
     let metrics_addr = match ctx.settings.metrics_addr().map_err(|e| StartError::Io(e.to_string()))? {
         Some(a) => {
@@ -412,32 +444,56 @@ fn probe_exclusive(addr: SocketAddr) -> std::io::Result<()> {
     sk.bind(&addr.into())
 }
 
+/// The listening TCP sockets on `addr`'s port, other than the sockets whose inode numbers are
+/// in `ours`, that share the address with it (the same IP, or a wildcard on either side), from
+/// `/proc/net/tcp` and `/proc/net/tcp6` of this network namespace.
+///
+/// # Errors
+/// When `/proc/net/tcp` cannot be read or parsed (a missing `tcp6`, IPv6 off, counts as none).
+fn foreign_listeners(addr: SocketAddr, ours: &[u64]) -> Result<Vec<SocketAddr>, String> {
+    use procfs::net::TcpState;
+    let mut all = procfs::net::tcp().map_err(|e| e.to_string())?;
+    all.extend(procfs::net::tcp6().unwrap_or_default());
+    let overlaps = |a: SocketAddr| a.port() == addr.port() && (a.ip() == addr.ip() || a.ip().is_unspecified() || addr.ip().is_unspecified());
+    Ok(all
+        .into_iter()
+        .filter(|e| e.state == TcpState::Listen && overlaps(e.local_address) && !ours.contains(&e.inode))
+        .map(|e| e.local_address)
+        .collect())
+}
+
 /// This shard's listener on `addr`: `SO_REUSEPORT` (every shard binds the same address) and
 /// `SO_REUSEADDR` (a restart binds at once even while connections of the previous process sit
 /// in TIME_WAIT on the port, as the reference's listener does; glommio's own `bind` sets only
-/// the first), backlog 1024.
-fn listen(addr: SocketAddr) -> std::io::Result<glommio::net::TcpListener> {
+/// the first), backlog 1024. Also returns the socket's inode number (for
+/// [`foreign_listeners`]).
+fn listen(addr: SocketAddr) -> std::io::Result<(glommio::net::TcpListener, u64)> {
     use socket2::{Domain, Protocol, Socket, Type};
-    use std::os::fd::{FromRawFd, IntoRawFd};
+    use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
     let sk = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     sk.set_reuse_address(true)?;
     sk.set_reuse_port(true)?;
     sk.bind(&addr.into())?;
     sk.listen(1024)?;
+    let inode = nix::sys::stat::fstat(sk.as_raw_fd())?.st_ino;
     // SAFETY: a bound, listening TCP socket whose descriptor is handed over exactly once.
-    Ok(unsafe { glommio::net::TcpListener::from_raw_fd(sk.into_raw_fd()) })
+    Ok((unsafe { glommio::net::TcpListener::from_raw_fd(sk.into_raw_fd()) }, inode))
 }
 
-async fn shard_main(ctx: Arc<Context>, shard: usize, addr: SocketAddr, bound: flume::Sender<Result<SocketAddr, String>>) {
-    let listener = match listen(addr) {
+async fn shard_main(ctx: Arc<Context>, shard: usize, addr: SocketAddr, bound: flume::Sender<Result<(SocketAddr, u64), String>>, go: flume::Receiver<()>) {
+    let (listener, inode) = match listen(addr) {
         Ok(l) => l,
         Err(e) => {
             let _ = bound.send(Err(format!("cannot bind {addr}: {e}")));
             return;
         }
     };
-    let local = listener.local_addr().map_err(|e| e.to_string());
-    let _ = bound.send(local);
+    let _ = bound.send(listener.local_addr().map(|a| (a, inode)).map_err(|e| e.to_string()));
+    // Refused (the address is shared, or another shard failed to bind): the listener closes
+    // here, resetting whatever connected meanwhile, before any request is read.
+    if go.recv_async().await.is_err() {
+        return;
+    }
     let (router, replies) = ReplyRouter::new();
     // The writer's thread wakes the dispatcher: make that wake-up reach a sleeping shard.
     glommio::spawn_local(shards::reliable_wakes(router.clone().dispatch(replies))).detach();

@@ -179,7 +179,11 @@ impl Drop for Server {
 /// waits for its readiness line; returns the address, the child and its output log.
 fn launch(binary: &Path, dir: &Path, data: &Path, args: &[String], extra_env: &[(&str, &str)], with_config: bool) -> (SocketAddr, Child, Arc<Mutex<String>>) {
     let mut cmd = Command::new(binary);
-    cmd.arg("--bind").arg("127.0.0.1:0").arg("--data-dir").arg(data).args(args);
+    // A port of the caller's choosing (`--bind` in `args`) replaces the default of any free port.
+    if !args.iter().any(|a| a == "--bind" || a == "-b") {
+        cmd.arg("--bind").arg("127.0.0.1:0");
+    }
+    cmd.arg("--data-dir").arg(data).args(args);
     if with_config {
         cmd.arg("--config").arg(dir.join("tephra.toml"));
     }
