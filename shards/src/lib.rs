@@ -311,7 +311,8 @@ fn register_kick(nudge: Nudge) {
 /// of them, started on first use) and waits for its result without blocking the executor:
 /// for work that may wait for the disk. The wake-up back to the executor goes through its
 /// [`Nudge`] ([`reliable_wakes`]), not glommio's own blocking pool, whose completions take
-/// the latency-ring path described above. `None` if `f` panicked.
+/// the latency-ring path described above. `None` if `f` panicked. Dropping the returned
+/// future before a thread takes the job up means `f` never runs.
 pub async fn run_blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
     type Job = Box<dyn FnOnce() + Send>;
     static POOL: OnceLock<flume::Sender<Job>> = OnceLock::new();
@@ -333,6 +334,11 @@ pub async fn run_blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'sta
     });
     let (tx, rx) = flume::bounded(1);
     let job: Job = Box::new(move || {
+        // Its caller went away (a cancelled read, a closed connection) while the job queued:
+        // skip it, so abandoned fetches do not hold up the ones still wanted.
+        if tx.is_disconnected() {
+            return;
+        }
         let _ = tx.send(f());
     });
     if let Err(flume::SendError(job)) = pool.send(job) {
@@ -380,7 +386,47 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{kick_due, KICK_BUSY_ROUNDS, KICK_IDLE_ROUNDS, KICK_US};
+    use super::{kick_due, run_blocking, BLOCKING_THREADS, KICK_BUSY_ROUNDS, KICK_IDLE_ROUNDS, KICK_US};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_blocking_job_whose_caller_went_away_before_it_started_never_runs() {
+        // Every blocking thread held, so the next job queues.
+        let (release, held) = flume::unbounded::<()>();
+        let (started_tx, started) = flume::unbounded::<()>();
+        let holders: Vec<_> = (0..BLOCKING_THREADS)
+            .map(|_| {
+                let (held, started_tx) = (held.clone(), started_tx.clone());
+                std::thread::spawn(move || {
+                    futures_lite::future::block_on(run_blocking(move || {
+                        let _ = started_tx.send(());
+                        let _ = held.recv();
+                    }))
+                })
+            })
+            .collect();
+        for _ in 0..BLOCKING_THREADS {
+            started.recv().unwrap();
+        }
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let mut abandoned = Box::pin(run_blocking(move || r.store(true, Ordering::SeqCst)));
+        // Polled once: queued behind the held threads; then its caller goes away.
+        assert!(futures_lite::future::block_on(futures_lite::future::poll_once(abandoned.as_mut())).is_none());
+        drop(abandoned);
+        let r = ran.clone();
+        let wanted = std::thread::spawn(move || futures_lite::future::block_on(run_blocking(move || r.load(Ordering::SeqCst))));
+        for _ in 0..BLOCKING_THREADS {
+            release.send(()).unwrap();
+        }
+        for h in holders {
+            assert_eq!(h.join().unwrap(), Some(()));
+        }
+        // The job queued after the abandoned one ran, and saw the abandoned one had not.
+        assert_eq!(wanted.join().unwrap(), Some(false));
+        assert!(!ran.load(Ordering::SeqCst), "an abandoned job ran");
+    }
 
     #[test]
     fn busy_executors_are_kicked_every_round_idle_ones_every_50_ms() {
