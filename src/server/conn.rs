@@ -333,8 +333,8 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 break 'conn;
             }
         }
-        // Wait for bytes, a deadline (re-evaluated at least every second, since in-flight work
-        // changes what counts as idle), or shutdown.
+        // Wait for bytes, a deadline (re-evaluated at least every READ_TICK, since in-flight
+        // work changes what counts as idle), or shutdown.
         let wait = deadline.map(|d| d - now).unwrap_or(READ_TICK).min(READ_TICK);
         let got = futures_lite::future::or(
             async { Wake::Read(dec.fill_from_async(&mut reader).await) },
@@ -473,8 +473,10 @@ const READ_STEP: usize = 512;
 const FETCH_CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The longest a connection's reader waits for bytes before re-checking its deadlines (and
-/// re-polling the socket).
-const READ_TICK: Duration = Duration::from_millis(100);
+/// re-polling the socket). Deadlines themselves are waited for exactly; the tick only bounds
+/// how late the idle timeout starts to count after in-flight work ends. Every tick wakes the
+/// shard: at 100 ms, 200 idle connections cost 7.7% of a core.
+const READ_TICK: Duration = Duration::from_secs(1);
 
 /// Bytes a `ReadEvents` frame spends around its events (the response's request id and the
 /// `kind` field's key and length): kept free when deciding whether one more event fits.
