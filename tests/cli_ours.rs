@@ -316,3 +316,21 @@ fn a_batch_holding_an_event_over_a_quarter_segment_does_not_point_at_import() {
     assert!(!err.contains("tephra import"), "{err}");
     assert!(read_everything(srv.addr).is_empty());
 }
+
+/// A request far over the server's frame cap (more than the server drains before closing)
+/// makes the server answer TOO_LARGE and close while the CLI is still writing: the write fails
+/// with a broken pipe or a reset, and the CLI reports the server's answer (exit 2), not a
+/// connection failure (exit 4).
+#[test]
+fn an_append_refused_while_still_being_written_reports_the_servers_answer() {
+    let Some(srv) = start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "1048576")]) else { return };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let payload = dir.path().join("payload");
+    std::fs::write(&payload, vec![0u8; 100 << 20]).unwrap();
+    for _ in 0..3 {
+        let o = tephra(srv.addr, &["--max-frame-len", "268435456", "append", "--type", "E", "--payload-file", payload.to_str().unwrap()]);
+        assert_code(&o, 2);
+        assert!(stderr(&o).contains("TOO_LARGE: frame length 104857620 exceeds the maximum of 1048576"), "{}", stderr(&o));
+    }
+    assert!(read_everything(srv.addr).is_empty());
+}

@@ -545,9 +545,31 @@ impl Client {
         self.out.clear();
         encode(id, self.max_frame_len, &mut self.out)?;
         self.next_id += 1;
-        self.io.write_all(&self.out)?;
-        self.io.flush()?;
+        if let Err(e) = self.io.write_all(&self.out).and_then(|()| self.io.flush()) {
+            return Err(self.refusal_behind(e));
+        }
         Ok(id)
+    }
+
+    /// The error a failed send reports: a server that refuses a frame (one over its cap, spec
+    /// §1.9) answers with an id-0 error and closes while the frame is still being written, and
+    /// the write then fails with a broken pipe or a reset. The answer is usually still in the
+    /// receive buffer: read it (waiting at most a second) and report it instead of the write's
+    /// error. Any other failure, or no such answer, reports `e`.
+    fn refusal_behind(&mut self, e: io::Error) -> ClientError {
+        if !matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) {
+            return e.into();
+        }
+        let before = self.io.tcp().read_timeout().ok().flatten();
+        if self.io.tcp().set_read_timeout(Some(Duration::from_secs(1))).is_err() {
+            return e.into();
+        }
+        let answer = self.next_response();
+        let _ = self.io.tcp().set_read_timeout(before);
+        match answer {
+            Ok(Response { request_id: 0, kind: Some(response::Kind::Error(r)) }) => ClientError::from_response(r),
+            _ => e.into(),
+        }
     }
 
     /// Reads the next response frame.
