@@ -446,6 +446,12 @@ fn healthcheck_passes_against_a_live_server_and_fails_against_a_closed_port() {
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(started.elapsed() < Duration::from_secs(12), "{:?}", started.elapsed());
     assert!(out.stderr.contains("no answer within 5s"), "{}", out.stderr);
+    // The same with a TLS configuration: the handshake's read runs out (not a raw "would block").
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (cert, key) = support::self_signed(certs.path());
+    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &silent_addr], &[], Some(&support::tls_toml(&cert, &key)), Duration::from_secs(20));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("TLS handshake: no answer within 5s"), "{}", out.stderr);
     drop(silent);
 }
 

@@ -136,7 +136,9 @@ fn probe(settings: &Settings) -> Result<(), String> {
             let deadline = std::time::Instant::now() + HEALTHCHECK_TIMEOUT;
             while tls.conn.is_handshaking() {
                 tls.conn.complete_io(&mut tls.sock).map_err(|e| {
-                    if tls::answered_without_tls(&e) {
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                        format!("TLS handshake: no answer within {HEALTHCHECK_TIMEOUT:?}")
+                    } else if tls::answered_without_tls(&e) {
                         format!("TLS handshake: the server at {addr} did not answer with TLS (probably a plaintext port; the configuration's tls.cert makes the healthcheck use TLS)")
                     } else {
                         format!("TLS handshake: {}", name_early_close(e, ConnectStep::TlsHandshake))
