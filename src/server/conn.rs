@@ -12,7 +12,6 @@ use crate::writer::{AppendError, PreparedAppend};
 use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use glommio::net::TcpStream;
 use glommio::sync::Semaphore;
-use prost::Message;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -286,7 +285,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                     continue;
                 }
             }
-            let req = match pb::Request::decode(frame) {
+            let req = match crate::proto::decode_request(frame) {
                 Ok(r) => r,
                 Err(e) => {
                     if let Some(err) = convert::frame_error_response(&FrameError::Decode(e)) {

@@ -498,6 +498,35 @@ fn undecodable_frames_are_a_frame_level_bad_request() {
     }
 }
 
+/// A field the schema knows sent with another wire type is an unknown field to the reference's
+/// parser (upb): `Request{id 5, field 2 as the varint 7}` is request 5 with no kind, answered
+/// BAD_REQUEST on its id, and the connection goes on.
+#[test]
+fn a_known_field_with_another_wire_type_is_skipped_not_a_frame_error() {
+    let Some(srv) = start(&[]) else { return };
+    let mut raw = support::RawConn::connect_hello(srv.addr);
+    let bodies: [&[u8]; 2] = [
+        // Field 2 (append) as a varint.
+        &[0x08, 0x05, 0x10, 0x07],
+        // Field 3 (read) as a 32-bit value.
+        &[0x08, 0x05, 0x1d, 0x01, 0x02, 0x03, 0x04],
+    ];
+    for body in bodies {
+        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(body);
+        raw.send_bytes(&frame);
+        let r = raw.recv().unwrap_or_else(|| panic!("closed after {body:02x?}"));
+        assert_eq!(r.request_id, 5, "{r:?}");
+        let Some(tephra::proto::response::Kind::Error(e)) = r.kind else { panic!("{r:?}") };
+        assert_eq!(e.code, tephra::proto::ErrorCode::BadRequest as i32, "{e:?}");
+        assert_eq!(e.message, convert::text::NO_KIND);
+    }
+    raw.send(&Request::new(6, tephra::proto::request::Kind::Stats(tephra::proto::StatsRequest {})));
+    let r = raw.recv().expect("the connection stays open");
+    assert_eq!(r.request_id, 6);
+    assert!(matches!(r.kind, Some(tephra::proto::response::Kind::Stats(_))), "{r:?}");
+}
+
 #[test]
 fn raw_stream_uses_the_documented_layout() {
     let Some(srv) = start(&[]) else { return };
