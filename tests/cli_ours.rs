@@ -116,6 +116,7 @@ fn a_failed_import_names_the_input_lines_of_the_failed_batch() {
     assert!(err.contains("10 of 14 events were appended (positions 1..=10)"), "{err}");
     // The big event sits on line 13: line 1 and line 12 are blank.
     assert!(err.contains(&format!("the failed batch is {} line 13", file.display())), "{err}");
+    assert!(err.contains("(an event may take at most a quarter of the server's segment.size)"), "{err}");
     assert_eq!(read_everything(srv.addr).len(), 10);
 }
 

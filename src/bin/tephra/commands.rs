@@ -573,8 +573,15 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
                 (Some(a), Some(b)) => format!("; the failed batch is {name} lines {a}..={b}"),
                 _ => String::new(),
             };
+            // Only a lone event is refused for the segments here (larger batches were halved).
+            let hint = match &e {
+                ClientError::Server { code: ErrorCode::TooLarge, message, .. } if tephra::proto::convert::text::batch_size_of(message).is_some() => {
+                    " (an event may take at most a quarter of the server's segment.size)"
+                }
+                _ => "",
+            };
             let mut err = CliError::append("import failed", e);
-            err.message = format!("{}; {so_far}{failed}", err.message);
+            err.message = format!("{}{hint}; {so_far}{failed}", err.message);
             err
         })?;
         first.get_or_insert(r.first);
