@@ -1158,3 +1158,36 @@ fn a_server_that_finds_its_address_taken_while_binding_refuses_to_share_it() {
     let mut c = Client::connect(first.addr).unwrap();
     assert_eq!(c.stats().unwrap().event_count, 16);
 }
+
+/// Timeouts and keepalive times far beyond any useful value (the settings take any u64, as the
+/// reference's do) mean "never" and change nothing else. Review: `idle_secs` or
+/// `handshake_secs` = i64::MAX reset every connection (a deadline overflowed `Instant`), and
+/// `incomplete_frame_secs` = i64::MAX brought a shard down at the first partial frame.
+#[test]
+fn huge_timeouts_mean_never_and_every_connection_is_served() {
+    let huge = "9223372036854775807";
+    let srv = Server::start(
+        &bin(),
+        &[
+            ("TEPHRA__SERVER__TIMEOUTS__IDLE_SECS", huge),
+            ("TEPHRA__SERVER__TIMEOUTS__HANDSHAKE_SECS", huge),
+            ("TEPHRA__SERVER__TIMEOUTS__INCOMPLETE_FRAME_SECS", huge),
+            ("TEPHRA__SERVER__KEEPALIVE__IDLE_SECS", huge),
+            ("TEPHRA__SERVER__KEEPALIVE__INTERVAL_SECS", huge),
+        ],
+    );
+    // Partial frames on several connections (both shards), left hanging.
+    let mut partial = Vec::new();
+    for _ in 0..8 {
+        let mut raw = RawConn::connect_hello(srv.addr);
+        raw.send_bytes(&[0, 0, 0, 16, 0x08]);
+        partial.push(raw);
+    }
+    for i in 0..16 {
+        let mut c = Client::connect(srv.addr).unwrap_or_else(|e| panic!("connection {i}: {e}\n{}", srv.log()));
+        c.append([ev("A", &["t"], b"x")], None).unwrap_or_else(|e| panic!("connection {i}: {e}\n{}", srv.log()));
+    }
+    let mut c = Client::connect(srv.addr).unwrap();
+    assert_eq!(c.stats().unwrap().event_count, 16);
+    assert!(!srv.log().contains("panicked"), "{}", srv.log());
+}

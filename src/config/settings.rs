@@ -359,15 +359,20 @@ impl Default for KeepaliveSettings {
     }
 }
 
+/// The largest `TCP_KEEPIDLE` / `TCP_KEEPINTVL` Linux accepts (`MAX_TCP_KEEPIDLE`,
+/// `MAX_TCP_KEEPINTVL`: 32767 s); larger settings are clamped to it rather than failing the
+/// socket option silently.
+pub const MAX_KEEPALIVE_SECS: u64 = 32_767;
+
 impl KeepaliveSettings {
-    /// `idle_secs` as a [`Duration`] (`TCP_KEEPIDLE`).
+    /// `idle_secs` as a [`Duration`] (`TCP_KEEPIDLE`), 1 s to [`MAX_KEEPALIVE_SECS`].
     pub fn idle(&self) -> Duration {
-        Duration::from_secs(self.idle_secs)
+        Duration::from_secs(self.idle_secs.clamp(1, MAX_KEEPALIVE_SECS))
     }
 
-    /// `interval_secs` as a [`Duration`] (`TCP_KEEPINTVL`).
+    /// `interval_secs` as a [`Duration`] (`TCP_KEEPINTVL`), 1 s to [`MAX_KEEPALIVE_SECS`].
     pub fn interval(&self) -> Duration {
-        Duration::from_secs(self.interval_secs)
+        Duration::from_secs(self.interval_secs.clamp(1, MAX_KEEPALIVE_SECS))
     }
 }
 
@@ -397,8 +402,14 @@ impl Default for TimeoutSettings {
     }
 }
 
+/// The longest timeout the server acts on: 100 years. A larger value (the settings accept any
+/// `u64`, as the reference does) means the same thing, never, and deadlines computed from it
+/// stay representable (`Instant + Duration` panics on overflow: review, `idle_secs =
+/// 9223372036854775807` reset every connection).
+pub const MAX_TIMEOUT_SECS: u64 = 100 * 365 * 86_400;
+
 fn secs_or_off(secs: u64) -> Option<Duration> {
-    (secs != 0).then(|| Duration::from_secs(secs))
+    (secs != 0).then(|| Duration::from_secs(secs.min(MAX_TIMEOUT_SECS)))
 }
 
 impl TimeoutSettings {
