@@ -407,7 +407,11 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         }
         None => None,
     };
-    tracing::info!(addr = %addr, shards = n, tls = ctx.tls.is_some(), follower = follower.is_some(), "tephra server listening");
+    tracing::info!(shards = n, tls = ctx.tls.is_some(), follower = follower.is_some(), "serving");
+    // The readiness line, exactly as the reference logs it (target `tephra_server`, nothing
+    // after the address; reference §2.1): harnesses wait for it, some under filters such as
+    // `warn,tephra_server=info`.
+    tracing::info!(target: "tephra_server", addr = %addr, "tephra server listening");
     Ok(Running { addr, metrics_addr, ctx, shards, store, follower, writer })
 }
 
