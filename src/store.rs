@@ -100,13 +100,18 @@ struct WriterInit {
     index: ActiveWriter,
     fingerprint: crate::log::segment::Fingerprint,
     metrics: Arc<WriterMetrics>,
+    /// The active segment, opened for writing (see [`Store::open_parts`]).
+    opened_active: (Arc<std::fs::File>, Vec<u8>),
 }
 
 impl WriterTask {
     /// Runs the group-commit loop until the store shuts down.
     pub async fn run(self) {
         let i = self.init;
-        Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.fingerprint, i.metrics).run(self.rx).await;
+        Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.fingerprint, i.metrics)
+            .with_opened_active(i.opened_active)
+            .run(self.rx)
+            .await;
         let _ = self.done.send(());
     }
 
@@ -203,6 +208,13 @@ impl Store {
         let shared = Arc::new(Shared::new(Snapshot::new(rec.segments.clone(), indexes), head, cfg.read.scan_bias));
         let metrics = Arc::new(WriterMetrics::default());
         let active = rec.segments.last().expect("open_log returns at least one segment").clone();
+        // A store whose active segment cannot be written (permissions, an immutable file, a
+        // read-only mount) refuses to open, as the reference does, rather than open and refuse
+        // every append (review: it started, passed the healthcheck, and failed each append).
+        let opened_active = Writer::open_active(&active, rec.active_end).map_err(|e| LogError::Io {
+            path: active.path.clone(),
+            source: std::io::Error::new(e.kind(), format!("cannot open the active segment for writing: {e}")),
+        })?;
         let (tx, rx) = flume::bounded(cfg.writer.queue_capacity.max(1));
         let (done_tx, done_rx) = flume::bounded(1);
         let task = WriterTask {
@@ -217,6 +229,7 @@ impl Store {
                 index: active_index,
                 fingerprint: active_fingerprint.unwrap_or_default(),
                 metrics: metrics.clone(),
+                opened_active,
             },
             rx,
             done: done_tx,

@@ -1199,3 +1199,43 @@ fn huge_timeouts_mean_never_and_every_connection_is_served() {
     assert_eq!(c.stats().unwrap().event_count, 16);
     assert!(!srv.log().contains("panicked"), "{}", srv.log());
 }
+
+/// A store whose active segment cannot be opened for writing (here an immutable file; a
+/// read-only mount or file permissions do the same) refuses to start with the file named, as
+/// the reference does. Review: ours started, passed the healthcheck and failed every append.
+#[test]
+fn a_store_whose_active_segment_cannot_be_written_refuses_to_start() {
+    let mut srv = Server::start(&bin(), &[]);
+    Client::connect(srv.addr).unwrap().append([ev("A", &["t"], b"x")], None).unwrap();
+    srv.signal(libc::SIGTERM);
+    assert_eq!(srv.wait_exit(Duration::from_secs(20)).and_then(|s| s.code()), Some(0));
+    let data = srv.data_dir();
+    let seg = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "log")).unwrap();
+    // Root ignores permission bits: make the file immutable instead, and undo it however the
+    // test ends (the temporary directory could not be removed otherwise).
+    struct Writable(PathBuf, bool);
+    impl Drop for Writable {
+        fn drop(&mut self) {
+            if self.1 {
+                let _ = std::process::Command::new("chattr").arg("-i").arg(&self.0).status();
+            } else {
+                let _ = std::fs::set_permissions(&self.0, std::os::unix::fs::PermissionsExt::from_mode(0o644));
+            }
+        }
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let _undo = Writable(seg.clone(), root);
+    if root {
+        let made = std::process::Command::new("chattr").arg("+i").arg(&seg).status();
+        assert!(made.as_ref().is_ok_and(|s| s.success()), "chattr +i {} failed: {made:?}", seg.display());
+    } else {
+        std::fs::set_permissions(&seg, std::os::unix::fs::PermissionsExt::from_mode(0o444)).unwrap();
+    }
+    let data_arg = data.display().to_string();
+    let out = run_to_exit(&bin(), &["--bind", "127.0.0.1:0", "--data-dir", &data_arg], &[], None, Duration::from_secs(20));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let name = seg.file_name().unwrap().to_str().unwrap();
+    assert!(out.stderr.contains("cannot open the active segment for writing") && out.stderr.contains(name), "{}", out.stderr);
+    assert!(!out.stdout.contains("listening"), "{}", out.stdout);
+}

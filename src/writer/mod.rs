@@ -241,6 +241,9 @@ pub struct Writer {
     prepared_for: u64,
     failed: Option<String>,
     metrics: Arc<WriterMetrics>,
+    /// The active segment already opened for writing when the store opened
+    /// ([`Writer::open_active`]); the committer starts on it.
+    opened_active: Option<(Arc<std::fs::File>, Vec<u8>)>,
 }
 
 /// Counters and histograms the writer keeps for monitoring.
@@ -343,12 +346,23 @@ impl Writer {
         cfg.queue_capacity = cfg.queue_capacity.max(1);
         cfg.max_batch_records = cfg.max_batch_records.max(1);
         let tips = Tips::new(next - 1, cfg.tips_window);
-        Writer { dir, seg_cfg, cfg, shared, line: None, committer: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, preparing: None, prepared_for: 0, failed: None, metrics }
+        Writer { dir, seg_cfg, cfg, shared, line: None, committer: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, preparing: None, prepared_for: 0, failed: None, metrics, opened_active: None }
+    }
+
+    /// Starts on `opened`, the active segment [`Writer::open_active`] opened when the store
+    /// opened, instead of opening it again.
+    pub(crate) fn with_opened_active(mut self, opened: (Arc<std::fs::File>, Vec<u8>)) -> Writer {
+        self.opened_active = Some(opened);
+        self
     }
 
     /// Opens the active segment for O_DIRECT writes at byte `end`: the file and its partial
     /// last block.
-    fn open_active(seg: &Segment, end: u64) -> std::io::Result<(Arc<std::fs::File>, Vec<u8>)> {
+    ///
+    /// # Errors
+    /// The file cannot be opened for writing (permissions, an immutable file, a read-only
+    /// mount) or its last block cannot be read.
+    pub(crate) fn open_active(seg: &Segment, end: u64) -> std::io::Result<(Arc<std::fs::File>, Vec<u8>)> {
         use std::os::unix::fs::OpenOptionsExt;
         let file = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(&seg.path)?;
         let start = end & !(BLOCK as u64 - 1);
@@ -369,7 +383,10 @@ impl Writer {
     fn start_committer(&mut self) -> Result<(), String> {
         // A spare segment left by an earlier run (its preparation may not have finished).
         let _ = std::fs::remove_file(self.dir.join(PREPARED_NAME));
-        let (file, tail) = Self::open_active(&self.active_seg, self.active_end).map_err(|e| format!("cannot open the active segment {}: {e}", self.active_seg.path.display()))?;
+        let (file, tail) = match self.opened_active.take() {
+            Some(opened) => opened,
+            None => Self::open_active(&self.active_seg, self.active_end).map_err(|e| format!("cannot open the active segment {}: {e}", self.active_seg.path.display()))?,
+        };
         let line = GroupCommit::new(Batch::new(self.active_seg.clone(), file, self.seg_cfg.segment_size, self.active_end, &tail, self.batch_buffer()));
         let (l, shared, metrics) = (line.clone(), self.shared.clone(), self.metrics.clone());
         let h = std::thread::Builder::new().name("tephra-commit".into()).spawn(move || l.run_committer(&shared, &metrics)).map_err(|e| format!("cannot start the commit thread: {e}"))?;
