@@ -26,47 +26,119 @@ pub use frame::{
 pub use messages::*;
 
 /// Decodes a `Request` frame body the way the reference's parser (upb) does where prost is
-/// stricter: a top-level field whose number the schema knows but whose wire type is not the
-/// schema's (field 1 not a varint, fields 2-7 not length-delimited) is an unknown field and is
-/// skipped, so `Request { request_id: 5, field 2 as the varint 7 }` decodes as request 5 with no
-/// kind and is answered `BAD_REQUEST` on id 5, the connection kept open, as the reference does
-/// (reference protocol §1.3 "Skip unknown fields by wire type", §1.9). Prost's own decoding is
-/// tried first; this only runs when it fails.
+/// stricter: a field whose number the schema knows but whose wire type is not the schema's
+/// (a varint where a message belongs, a length-delimited `after`, ...) is an unknown field and
+/// is skipped, at every level of the request. So `Request { request_id: 5, field 2 as the
+/// varint 7 }` decodes as request 5 with no kind and is answered `BAD_REQUEST` on id 5, the
+/// connection kept open, and a condition whose query arrives as a varint is no condition, as
+/// with the reference (reference protocol §1.3 "Skip unknown fields by wire type", §1.9).
+/// Prost's own decoding is tried first; this only runs when it fails.
 ///
 /// # Errors
 /// Prost's error when the frame is not valid protobuf even with such fields skipped (bad
-/// varints, truncation, invalid UTF-8, groups at the top level, mismatches inside the kind's
-/// message): a frame-level error (§1.9).
+/// varints, truncation, invalid UTF-8): a frame-level error (§1.9).
 pub fn decode_request(frame: &[u8]) -> Result<Request, prost::DecodeError> {
     use prost::Message;
     let strict = match Request::decode(frame) {
         Ok(r) => return Ok(r),
         Err(e) => e,
     };
-    let expected = |tag: u32| match tag {
-        1 => Some(prost::encoding::WireType::Varint),
-        2..=7 => Some(prost::encoding::WireType::LengthDelimited),
-        _ => None,
-    };
     let mut kept = Vec::with_capacity(frame.len());
-    let mut buf = frame;
-    let mut skipped = false;
-    while !buf.is_empty() {
-        let start = buf;
-        let Ok((tag, wt)) = prost::encoding::decode_key(&mut buf) else { return Err(strict) };
-        if append::skip(wt, &mut buf).is_err() {
-            return Err(strict);
-        }
-        let field = &start[..start.len() - buf.len()];
-        match expected(tag) {
-            Some(want) if want != wt => skipped = true,
-            _ => kept.extend_from_slice(field),
-        }
+    match lenient::keep_matching(lenient::Msg::Request, frame, &mut kept) {
+        Ok(true) => Request::decode(&kept[..]).map_err(|_| strict),
+        _ => Err(strict),
     }
-    if !skipped {
-        return Err(strict);
+}
+
+/// The request messages' schema, as far as wire types go, and the rewrite that drops the
+/// fields that do not match it (see [`decode_request`]).
+mod lenient {
+    use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, skip_field, DecodeContext, WireType};
+
+    /// A request-side message of spec §1.3.
+    #[derive(Clone, Copy)]
+    pub(super) enum Msg {
+        Request,
+        Append,
+        Event,
+        Condition,
+        Query,
+        Item,
+        Read,
+        Subscribe,
+        Cancel,
+        Stats,
+        Hello,
     }
-    Request::decode(&kept[..]).map_err(|_| strict)
+
+    /// Field `tag` of `msg`: its wire type, and its message type when it holds one. `None`
+    /// for a field the schema does not have (kept as it is: prost skips those itself).
+    fn field(msg: Msg, tag: u32) -> Option<(WireType, Option<Msg>)> {
+        use Msg::*;
+        use WireType::{LengthDelimited as L, Varint as V};
+        Some(match (msg, tag) {
+            (Request, 1) => (V, None),
+            (Request, 2) => (L, Some(Append)),
+            (Request, 3) => (L, Some(Read)),
+            (Request, 4) => (L, Some(Subscribe)),
+            (Request, 5) => (L, Some(Cancel)),
+            (Request, 6) => (L, Some(Stats)),
+            (Request, 7) => (L, Some(Hello)),
+            (Append, 1) => (L, Some(Event)),
+            (Append, 2) => (L, Some(Condition)),
+            (Event, 1..=3) => (L, None),
+            (Condition, 1 | 3) => (L, Some(Query)),
+            (Condition, 2) => (V, None),
+            (Query, 1) => (V, None),
+            (Query, 2) => (L, Some(Item)),
+            (Item, 1 | 2) => (L, None),
+            (Read, 1) | (Subscribe, 1) => (L, Some(Query)),
+            (Read, 2..=4) | (Subscribe, 2) | (Cancel, 1) | (Hello, 1) => (V, None),
+            (Hello, 2) => (L, None),
+            _ => return None,
+        })
+    }
+
+    /// Appends to `out` the fields of `buf` (a `msg`) whose wire types match the schema, at
+    /// every level; true when anything was dropped.
+    ///
+    /// # Errors
+    /// When `buf` is not well-formed protobuf.
+    pub(super) fn keep_matching(msg: Msg, mut buf: &[u8], out: &mut Vec<u8>) -> Result<bool, prost::DecodeError> {
+        let mut dropped = false;
+        while !buf.is_empty() {
+            let whole = buf;
+            let (tag, wt) = decode_key(&mut buf)?;
+            match field(msg, tag) {
+                Some((want, _)) if want != wt => {
+                    skip_field(wt, tag, &mut buf, DecodeContext::default())?;
+                    dropped = true;
+                }
+                Some((WireType::LengthDelimited, Some(inner))) => {
+                    let len = decode_varint(&mut buf)? as usize;
+                    if len > buf.len() {
+                        return Err(prost::DecodeError::new("buffer underflow"));
+                    }
+                    let (body, rest) = buf.split_at(len);
+                    buf = rest;
+                    let mut kept = Vec::with_capacity(body.len());
+                    if keep_matching(inner, body, &mut kept)? {
+                        dropped = true;
+                        encode_key(tag, WireType::LengthDelimited, out);
+                        encode_varint(kept.len() as u64, out);
+                        out.extend_from_slice(&kept);
+                    } else {
+                        out.extend_from_slice(&whole[..whole.len() - buf.len()]);
+                    }
+                }
+                _ => {
+                    skip_field(wt, tag, &mut buf, DecodeContext::default())?;
+                    out.extend_from_slice(&whole[..whole.len() - buf.len()]);
+                }
+            }
+        }
+        Ok(dropped)
+    }
 }
 
 /// The only protocol version (spec §1.4): a Hello must carry it and a HelloAck echoes it.
@@ -95,6 +167,27 @@ mod tests {
         // Prost accepts what it accepts, unchanged.
         let ok = Request::new(3, request::Kind::Stats(StatsRequest {}));
         assert_eq!(decode_request(&ok.encode_to_vec()).unwrap(), ok);
+    }
+
+    #[test]
+    fn mismatched_fields_inside_the_kind_are_skipped_too() {
+        use super::{AppendCondition, Event, Hello, Query, ReadRequest};
+        // Hello with protocol_version length-delimited: version 0 (then refused by the Hello rules).
+        let b = [0x08, 0x01, 0x3a, 0x03, 0x0a, 0x01, 0x01];
+        assert_eq!(decode_request(&b).unwrap(), Request::new(1, request::Kind::Hello(Hello { protocol_version: 0, auth_token: None })));
+        // A read whose query.all and limit are length-delimited: all = false, no limit.
+        let b = [0x08, 0x02, 0x1a, 0x09, 0x0a, 0x03, 0x0a, 0x01, 0x01, 0x1a, 0x02, 0x01, 0x02];
+        let want = ReadRequest { query: Some(Query { all: false, items: vec![] }), after: 0, limit: None, reverse: false };
+        assert_eq!(decode_request(&b).unwrap(), Request::new(2, request::Kind::Read(want)));
+        // An append whose condition's query is a varint: the condition has no query.
+        let ev = Event { r#type: "E".into(), tags: vec![], payload: vec![] };
+        let mut append = Vec::new();
+        append.extend([0x0a, 0x03, 0x0a, 0x01, b'E']);
+        append.extend([0x12, 0x02, 0x08, 0x01]);
+        let mut b = vec![0x08, 0x03, 0x12, append.len() as u8];
+        b.extend(&append);
+        let want = AppendRequest { events: vec![ev], condition: Some(AppendCondition { fail_if_events_match: None, after: 0, fail_if_exists: None }) };
+        assert_eq!(decode_request(&b).unwrap(), Request::new(3, request::Kind::Append(want)));
     }
 
     #[test]
