@@ -215,3 +215,15 @@ fn hand_built_settings_validate_the_same_way() {
     s.tls.key = Some("k.pem".into());
     s.validate().unwrap();
 }
+
+#[test]
+fn an_empty_data_dir_and_too_many_shards_are_refused() {
+    assert_eq!(invalid_message(from_file("data_dir = \"\"\n")), "data_dir must not be empty");
+    assert_eq!(invalid_message(from_env(&[("TEPHRA__DATA_DIR", "")])), "data_dir must not be empty");
+    assert_eq!(
+        invalid_message(from_env(&[("TEPHRA__SERVER__READS__WORKER_THREADS", "100000")])),
+        "server.reads.worker_threads must be at most 1024 (0 means one per CPU), got 100000"
+    );
+    from_env(&[("TEPHRA__SERVER__READS__WORKER_THREADS", "1024")]).unwrap();
+    from_env(&[("TEPHRA__SERVER__READS__WORKER_THREADS", "0")]).unwrap();
+}

@@ -25,6 +25,11 @@ fn listen_addr(key: &str, addr: &str) -> Result<(), ConfigError> {
     })
 }
 
+/// Most shards (`server.reads.worker_threads`) a server starts: each is a thread with its own
+/// io_uring rings and locked I/O memory, and far more than the machine has CPUs only costs
+/// (review: 100000 ran out of file descriptors after ~25 s of starting threads).
+pub const MAX_SHARDS: usize = 1024;
+
 impl Settings {
     /// Checks every rule and returns the first one broken, as [`ConfigError::Invalid`] whose
     /// message names the key:
@@ -35,6 +40,8 @@ impl Settings {
     ///   `server.backpressure.max_inflight_per_conn`, `server.backpressure.frame_queue_depth`,
     ///   `server.keepalive.idle_secs`, `server.keepalive.interval_secs`:
     ///   `<key> must be at least 1`;
+    /// - `server.reads.worker_threads` must be at most [`MAX_SHARDS`];
+    /// - `data_dir must not be empty`;
     /// - `segment.size` must hold the 64-byte header plus a largest record (`size / 4`) and a
     ///   17-byte commit marker, and be at most `u32::MAX`;
     /// - `bind` and `metrics.bind` must be `HOST:PORT` (a literal address or a host name);
@@ -77,6 +84,15 @@ impl Settings {
         )?;
         at_least_one("server.keepalive.idle_secs", s.keepalive.idle_secs)?;
         at_least_one("server.keepalive.interval_secs", s.keepalive.interval_secs)?;
+        if s.reads.worker_threads > MAX_SHARDS {
+            return Err(ConfigError::invalid(format!(
+                "server.reads.worker_threads must be at most {MAX_SHARDS} (0 means one per CPU), got {}",
+                s.reads.worker_threads
+            )));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("data_dir must not be empty"));
+        }
         listen_addr("bind", &self.bind)?;
         if let Some(addr) = &self.metrics.bind {
             listen_addr("metrics.bind", addr)?;
