@@ -335,3 +335,24 @@ fn an_append_refused_while_still_being_written_reports_the_servers_answer() {
     }
     assert!(read_everything(srv.addr).is_empty());
 }
+
+/// A port where an HTTP server answers: the CLI and the healthcheck say so instead of reading
+/// "HTTP" as a frame length of 1213486160 bytes.
+#[test]
+fn an_http_server_is_named_as_not_a_tephra_server() {
+    let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = http.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut c in http.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 64];
+            let _ = std::io::Read::read(&mut c, &mut buf);
+            let _ = std::io::Write::write_all(&mut c, b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let o = tephra(addr, &["stats"]);
+    assert_code(&o, 4);
+    assert!(stderr(&o).contains("the server answered with HTTP: not a Tephra server"), "{}", stderr(&o));
+    let hc = std::process::Command::new(server_binary().unwrap()).args(["--healthcheck", "--bind", &addr.to_string()]).output().unwrap();
+    assert_eq!(hc.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&hc.stderr).contains("answered with HTTP: not a Tephra server"), "{}", String::from_utf8_lossy(&hc.stderr));
+}

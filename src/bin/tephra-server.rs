@@ -169,6 +169,9 @@ fn probe(settings: &Settings) -> Result<(), String> {
             Err(proto::FrameError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 Err(format!("no answer within {HEALTHCHECK_TIMEOUT:?}"))
             }
+            Err(proto::FrameError::TooLong { len, .. }) if proto::frame::is_http_prefix(len) => {
+                Err(format!("the server at {addr} answered with HTTP: not a Tephra server"))
+            }
             Err(proto::FrameError::TooLong { len, .. }) if proto::frame::is_tls_record_prefix(len) => {
                 Err("the server answered with TLS: give --healthcheck the server's configuration (--config), which names tls.cert".into())
             }

@@ -160,6 +160,9 @@ impl ClientError {
             ClientError::Frame(FrameError::TooLong { len, .. }) if crate::proto::frame::is_tls_record_prefix(len) => {
                 io::Error::new(io::ErrorKind::InvalidData, "the server answered with TLS: connect with TLS (the server has tls.cert and tls.key set)")
             }
+            ClientError::Frame(FrameError::TooLong { len, .. }) if crate::proto::frame::is_http_prefix(len) => {
+                io::Error::new(io::ErrorKind::InvalidData, "the server answered with HTTP: not a Tephra server")
+            }
             e => io::Error::new(io::ErrorKind::InvalidData, e),
         }
     }

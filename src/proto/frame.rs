@@ -35,6 +35,12 @@ pub fn is_tls_record_prefix(len: u64) -> bool {
     matches!(len >> 24, 21 | 22) && (len >> 16) & 0xff == 3
 }
 
+/// True when a frame length prefix `len` is really the ASCII `HTTP` that starts an HTTP
+/// response: an HTTP server (the metrics port, a proxy) answering a Hello.
+pub fn is_http_prefix(len: u64) -> bool {
+    len == u64::from(u32::from_be_bytes(*b"HTTP"))
+}
+
 /// Why a frame could not be read, written or decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
