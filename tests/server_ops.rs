@@ -989,18 +989,16 @@ fn restart_on_the_same_port_after(first: &std::path::Path) {
     assert!(ready, "our server did not listen on port {port} after {}:\n{seen}", first.display());
 }
 
-/// Starts our server on `127.0.0.1:port` with a fresh data directory; returns whether it
-/// printed its readiness line (it is then stopped) and everything else it printed (until it
-/// exited, or for 20 s). A start that did not come up must have left the data directory
-/// untouched.
-fn ours_on_port(port: u16) -> (bool, String) {
+/// Starts `binary --bind 127.0.0.1:port --data-dir data` (16 MiB segments, then `env`) with
+/// its stdout and stderr piped: every line of either arrives on the receiver.
+fn spawn_on_port(binary: &std::path::Path, port: u16, data: &std::path::Path, env: &[(&str, &str)]) -> (std::process::Child, mpsc::Receiver<String>) {
     use std::io::BufRead;
-    let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let mut child = std::process::Command::new(bin())
+    let mut child = std::process::Command::new(binary)
         .args(["--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(data.path())
+        .arg(data)
         .env("NO_COLOR", "1")
         .env("TEPHRA__SEGMENT__SIZE", "16777216")
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -1015,7 +1013,16 @@ fn ours_on_port(port: u16) -> (bool, String) {
             }
         });
     }
-    drop(tx);
+    (child, rx)
+}
+
+/// Starts our server on `127.0.0.1:port` with a fresh data directory; returns whether it
+/// printed its readiness line (it is then stopped) and everything else it printed (until it
+/// exited, or for 20 s). A start that did not come up must have left the data directory
+/// untouched.
+fn ours_on_port(port: u16) -> (bool, String) {
+    let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (mut child, rx) = spawn_on_port(&bin(), port, data.path(), &[]);
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen = String::new();
     let ready = loop {
@@ -1093,20 +1100,9 @@ fn a_server_that_finds_its_address_taken_while_binding_refuses_to_share_it() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let release = tmp.path().join("release");
-    let mut paused = std::process::Command::new(&paused_bin)
-        .args(["--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(tmp.path().join("paused"))
-        .env("NO_COLOR", "1")
-        .env("TEPHRA__SEGMENT__SIZE", "16777216")
-        .env("TEPHRA_CRASH_POINT", "before_bind:pause")
-        .env("TEPHRA_CRASH_RELEASE", &release)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let outs = [Box::new(paused.stdout.take().unwrap()) as Box<dyn Read + Send>, Box::new(paused.stderr.take().unwrap())];
+    let release_path = release.display().to_string();
+    let env = [("TEPHRA_CRASH_POINT", "before_bind:pause"), ("TEPHRA_CRASH_RELEASE", release_path.as_str())];
+    let (paused, rx) = spawn_on_port(&paused_bin, port, &tmp.path().join("paused"), &env);
     // Killed however the test ends.
     struct Reap(std::process::Child);
     impl Drop for Reap {
@@ -1116,16 +1112,6 @@ fn a_server_that_finds_its_address_taken_while_binding_refuses_to_share_it() {
         }
     }
     let mut paused = Reap(paused);
-    for out in outs {
-        let tx = tx.clone();
-        thread::spawn(move || {
-            use std::io::BufRead;
-            for line in io::BufReader::new(out).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-    }
-    drop(tx);
     let mut seen = String::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !seen.contains("pause point before_bind") {

@@ -505,6 +505,11 @@ fn undecodable_frames_are_a_frame_level_bad_request() {
 fn a_known_field_with_another_wire_type_is_skipped_not_a_frame_error() {
     let Some(srv) = start(&[]) else { return };
     let mut raw = support::RawConn::connect_hello(srv.addr);
+    let framed = |body: &[u8]| {
+        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(body);
+        frame
+    };
     let bodies: [&[u8]; 2] = [
         // Field 2 (append) as a varint.
         &[0x08, 0x05, 0x10, 0x07],
@@ -512,9 +517,7 @@ fn a_known_field_with_another_wire_type_is_skipped_not_a_frame_error() {
         &[0x08, 0x05, 0x1d, 0x01, 0x02, 0x03, 0x04],
     ];
     for body in bodies {
-        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
-        frame.extend_from_slice(body);
-        raw.send_bytes(&frame);
+        raw.send_bytes(&framed(body));
         let r = raw.recv().unwrap_or_else(|| panic!("closed after {body:02x?}"));
         assert_eq!(r.request_id, 5, "{r:?}");
         let Some(tephra::proto::response::Kind::Error(e)) = r.kind else { panic!("{r:?}") };
@@ -527,19 +530,13 @@ fn a_known_field_with_another_wire_type_is_skipped_not_a_frame_error() {
     assert!(matches!(r.kind, Some(tephra::proto::response::Kind::Stats(_))), "{r:?}");
     // Inside the kind too: an append whose condition's query (field 1) is the varint 1 is an
     // append without that query, so it is stored.
-    let append: &[u8] = &[0x08, 0x07, 0x12, 0x09, 0x0a, 0x03, 0x0a, 0x01, b'E', 0x12, 0x02, 0x08, 0x01];
-    let mut frame = (append.len() as u32).to_be_bytes().to_vec();
-    frame.extend_from_slice(append);
-    raw.send_bytes(&frame);
+    raw.send_bytes(&framed(&[0x08, 0x07, 0x12, 0x09, 0x0a, 0x03, 0x0a, 0x01, b'E', 0x12, 0x02, 0x08, 0x01]));
     let r = raw.recv().expect("the connection stays open");
     assert_eq!(r.request_id, 7);
     assert!(matches!(r.kind, Some(tephra::proto::response::Kind::Append(_))), "{r:?}");
     // A read whose query's `all` (field 1) is length-delimited: a query of nothing, so the
     // read ends at once.
-    let read: &[u8] = &[0x08, 0x08, 0x1a, 0x05, 0x0a, 0x03, 0x0a, 0x01, 0x01];
-    let mut frame = (read.len() as u32).to_be_bytes().to_vec();
-    frame.extend_from_slice(read);
-    raw.send_bytes(&frame);
+    raw.send_bytes(&framed(&[0x08, 0x08, 0x1a, 0x05, 0x0a, 0x03, 0x0a, 0x01, 0x01]));
     let r = raw.recv().expect("the connection stays open");
     assert_eq!(r.request_id, 8);
     assert!(matches!(r.kind, Some(tephra::proto::response::Kind::ReadEnd(_))), "{r:?}");
