@@ -32,9 +32,10 @@ pub fn abort_at(site: &str) -> ! {
     std::process::abort()
 }
 
-/// Holds the calling thread at `site` when armed with `pause`, so a test can act inside a race
-/// window: says `pause point <site>` on stderr, then waits until the file named by
-/// `TEPHRA_CRASH_RELEASE` exists (at most 60 s), or one second when that is unset.
+/// Holds the calling thread at `site` when armed with `pause` (the site may name several,
+/// joined by `+`: `before_bind+before_check:pause`), so a test can act inside a race window:
+/// says `pause point <site>` on stderr, then waits until the file `<TEPHRA_CRASH_RELEASE>-<site>`
+/// exists (at most 60 s), or one second when that variable is unset.
 #[inline(always)]
 pub fn pause_point(site: &str) {
     #[cfg(feature = "crash-points")]
@@ -42,6 +43,8 @@ pub fn pause_point(site: &str) {
         eprintln!("pause point {site}");
         match std::env::var_os("TEPHRA_CRASH_RELEASE") {
             Some(f) => {
+                let mut f = f;
+                f.push(format!("-{site}"));
                 let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
                 while !std::path::Path::new(&f).exists() && std::time::Instant::now() < until {
                     std::thread::sleep(std::time::Duration::from_millis(10));
@@ -101,7 +104,7 @@ mod armed {
     }
 
     pub fn pauses(site: &str) -> bool {
-        matches!(arm(), Some(a) if a.action == "pause") && fires(site)
+        matches!(arm(), Some(a) if a.action == "pause" && a.site.split('+').any(|s| s == site))
     }
 
     pub fn hit(site: &str, abort_only: bool) -> std::io::Result<()> {

@@ -347,10 +347,16 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     }
     crate::fault::pause_point("before_bind");
     let mut addr = bind;
-    let mut ours = Vec::with_capacity(n);
     // Each shard binds and listens, then waits for the word to accept: nothing is accepted
     // until the address is known to be ours alone (see `foreign_listeners`).
-    let (go_tx, go_rx) = flume::bounded::<()>(n);
+    // One channel of words per shard (a shared one would let a quick shard take two).
+    let mut word_tx: Vec<flume::Sender<Word>> = Vec::with_capacity(n);
+    let tell = |to: &[flume::Sender<Word>], w: fn() -> Word| {
+        for t in to {
+            let _ = t.send(w());
+        }
+    };
+    let (released_tx, released_rx) = flume::bounded::<()>(n);
     let refuse = |ctx: &Context, shards: Vec<glommio::ExecutorJoinHandle<()>>, e: String| {
         ctx.shutdown();
         for s in shards {
@@ -358,12 +364,15 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         }
         Err(StartError::Io(e))
     };
+    let mut ours = Vec::with_capacity(n);
     for shard in 0..n {
         let ctx2 = ctx.clone();
         let tx = addr_tx.clone();
-        let go = go_rx.clone();
+        let (to_shard, words) = flume::bounded::<Word>(1);
+        word_tx.push(to_shard);
+        let released = released_tx.clone();
         let cpu = (n <= cpus).then_some(shard);
-        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, addr, tx, go))
+        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, addr, tx, words, released))
             .map_err(|e| StartError::Io(format!("cannot start shard {shard}: {e}")))?;
         shards.push(h);
         // Shard 0 binds first so `--bind host:0` resolves to one port every shard shares.
@@ -373,7 +382,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
                 ours.push(inode);
             }
             Ok(Err(e)) => {
-                drop(go_tx);
+                drop(word_tx);
                 return refuse(&ctx, shards, e);
             }
             Err(_) => return Err(StartError::Io(format!("shard {shard} stopped while binding"))),
@@ -383,21 +392,58 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     // can pass its probe between them and join our listeners (review: 7 of 30 starts 10 ms
     // apart both listened, and clients were split between two stores). Looking after our own
     // binds closes that gap: of two such servers at least the later one sees the other, and a
-    // server accepts only once it has looked.
-    match foreign_listeners(addr, &ours) {
-        Ok(foreign) if foreign.is_empty() => {}
-        Ok(foreign) => {
-            drop(go_tx);
-            let mut holders = foreign.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-            holders.dedup();
-            let holders = holders.join(", ");
-            return refuse(&ctx, shards, format!("cannot bind {addr}: another server began listening on {holders} while this one was binding; refusing to share the address (start one server per address)"));
+    // server accepts only once it has looked. When both see each other, both let go of the
+    // address and wait a random while; the first to find it free binds again and keeps it,
+    // the other finds it held and refuses.
+    let mut attempt = 1;
+    loop {
+        crate::fault::pause_point("before_check");
+        let foreign = match foreign_listeners(addr, &ours) {
+            Ok(foreign) => foreign,
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "could not list the listening sockets to check the address is ours alone");
+                Vec::new()
+            }
+        };
+        crate::fault::pause_point("after_check");
+        if foreign.is_empty() {
+            break;
         }
-        Err(e) => tracing::warn!(%addr, error = %e, "could not list the listening sockets to check the address is ours alone"),
+        let mut holders = foreign.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        holders.dedup();
+        let shared = format!("cannot bind {addr}: another server began listening on {} while this one was binding; refusing to share the address (start one server per address)", holders.join(", "));
+        if attempt == BIND_ATTEMPTS {
+            drop(word_tx);
+            return refuse(&ctx, shards, shared);
+        }
+        attempt += 1;
+        tell(&word_tx, || Word::Release);
+        for _ in 0..n {
+            if released_rx.recv().is_err() {
+                drop(word_tx);
+                return refuse(&ctx, shards, shared);
+            }
+        }
+        std::thread::sleep(backoff());
+        if probe_exclusive(addr).is_err() {
+            drop(word_tx);
+            return refuse(&ctx, shards, shared);
+        }
+        tracing::info!(%addr, "another server started on this address at the same moment; binding again");
+        tell(&word_tx, || Word::Bind);
+        ours.clear();
+        for _ in 0..n {
+            match addr_rx.recv() {
+                Ok(Ok((_, inode))) => ours.push(inode),
+                Ok(Err(e)) => {
+                    drop(word_tx);
+                    return refuse(&ctx, shards, e);
+                }
+                Err(_) => return Err(StartError::Io("a shard stopped while binding".into())),
+            }
+        }
     }
-    for _ in 0..n {
-        let _ = go_tx.send(());
-    }
+    tell(&word_tx, || Word::Accept);
     let metrics_addr = match ctx.settings.metrics_addr().map_err(|e| StartError::Io(e.to_string()))? {
         Some(a) => {
             let bound = metrics::serve(ctx.clone(), a).map_err(|e| StartError::Io(format!("cannot bind metrics on {a}: {e}")))?;
@@ -448,6 +494,27 @@ fn probe_exclusive(addr: SocketAddr) -> std::io::Result<()> {
     sk.bind(&addr.into())
 }
 
+/// What a shard that has bound its listener does next (see [`start`]).
+enum Word {
+    /// Serve: the address is ours alone.
+    Accept,
+    /// Another server listens there too: close the listener, say so, and wait for the next word.
+    Release,
+    /// Bind again (after a [`Word::Release`]).
+    Bind,
+}
+
+/// How many times a start binds before it gives an address shared with another server up.
+const BIND_ATTEMPTS: u32 = 4;
+
+/// A random pause of 20-150 ms before binding again, so that of two servers that let go of
+/// one address at the same moment, one binds well before the other looks.
+fn backoff() -> std::time::Duration {
+    use std::hash::BuildHasher;
+    let r = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+    std::time::Duration::from_millis(20 + r % 131)
+}
+
 /// The listening TCP sockets on `addr`'s port, other than the sockets whose inode numbers are
 /// in `ours`, that share the address with it (the same IP, or a wildcard on either side), from
 /// `/proc/net/tcp` and `/proc/net/tcp6` of this network namespace.
@@ -484,20 +551,44 @@ fn listen(addr: SocketAddr) -> std::io::Result<(glommio::net::TcpListener, u64)>
     Ok((unsafe { glommio::net::TcpListener::from_raw_fd(sk.into_raw_fd()) }, inode))
 }
 
-async fn shard_main(ctx: Arc<Context>, shard: usize, addr: SocketAddr, bound: flume::Sender<Result<(SocketAddr, u64), String>>, go: flume::Receiver<()>) {
-    let (listener, inode) = match listen(addr) {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = bound.send(Err(format!("cannot bind {addr}: {e}")));
-            return;
+async fn shard_main(
+    ctx: Arc<Context>,
+    shard: usize,
+    addr: SocketAddr,
+    bound: flume::Sender<Result<(SocketAddr, u64), String>>,
+    words: flume::Receiver<Word>,
+    released: flume::Sender<()>,
+) {
+    let mut addr = addr;
+    let listener = loop {
+        let (listener, inode) = match listen(addr) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = bound.send(Err(format!("cannot bind {addr}: {e}")));
+                return;
+            }
+        };
+        let local = listener.local_addr();
+        if let Ok(a) = local {
+            addr = a;
+        }
+        let _ = bound.send(local.map(|a| (a, inode)).map_err(|e| e.to_string()));
+        // Refused (the address is shared, or another shard failed to bind) or released: the
+        // listener closes here, resetting whatever connected meanwhile, before any request is
+        // read.
+        match words.recv_async().await {
+            Ok(Word::Accept) => break listener,
+            Ok(Word::Release) => {
+                drop(listener);
+                let _ = released.send(());
+                match words.recv_async().await {
+                    Ok(Word::Bind) => continue,
+                    _ => return,
+                }
+            }
+            Ok(Word::Bind) | Err(_) => return,
         }
     };
-    let _ = bound.send(listener.local_addr().map(|a| (a, inode)).map_err(|e| e.to_string()));
-    // Refused (the address is shared, or another shard failed to bind): the listener closes
-    // here, resetting whatever connected meanwhile, before any request is read.
-    if go.recv_async().await.is_err() {
-        return;
-    }
     let (router, replies) = ReplyRouter::new();
     // The writer's thread wakes the dispatcher: make that wake-up reach a sleeping shard.
     glommio::spawn_local(shards::reliable_wakes(router.clone().dispatch(replies))).detach();
