@@ -1301,3 +1301,62 @@ fn of_two_servers_that_bound_one_address_together_exactly_one_serves() {
     }
     assert_eq!(Client::connect(addr).unwrap().stats().unwrap().event_count, 16);
 }
+
+/// A rollover that cannot create its segment (here the data directory made immutable; a full
+/// disk does the same) refuses the appends that needed it, and appends work again as soon as
+/// the cause is gone, with no restart and nothing lost (review: the writer stopped for good,
+/// where the reference's rollover retries on the next append).
+#[test]
+fn a_rollover_that_cannot_create_its_segment_is_retried_by_the_next_append() {
+    let srv = Server::start(&bin(), &[("TEPHRA__SEGMENT__SIZE", "1048576")]);
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append([ev("A", &["t"], b"first")], None).unwrap();
+    let data = srv.data_dir();
+    struct Mutable(PathBuf, bool);
+    impl Drop for Mutable {
+        fn drop(&mut self) {
+            if self.1 {
+                let _ = std::process::Command::new("chattr").arg("-i").arg(&self.0).status();
+            } else {
+                let _ = std::fs::set_permissions(&self.0, std::os::unix::fs::PermissionsExt::from_mode(0o755));
+            }
+        }
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let frozen = Mutable(data.clone(), root);
+    if root {
+        let made = std::process::Command::new("chattr").arg("+i").arg(&data).status();
+        assert!(made.as_ref().is_ok_and(|s| s.success()), "chattr +i {} failed: {made:?}", data.display());
+    } else {
+        std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
+    }
+    // 150 KB events: the seventh or so needs a second segment, which cannot be created.
+    let big = vec![7u8; 150_000];
+    let mut acked = 1u64;
+    let mut refused = 0;
+    for _ in 0..12 {
+        match c.append([ev("Big", &["t"], &big)], None) {
+            Ok(r) => {
+                assert_eq!(refused, 0, "an append was stored after one was refused");
+                assert_eq!(r.first.get(), acked + 1);
+                acked += 1;
+            }
+            Err(tephra::client::ClientError::Server { code, message, .. }) => {
+                assert_eq!(code, tephra::proto::ErrorCode::Internal, "{message}");
+                assert!(message.contains("cannot create a new segment"), "{message}");
+                refused += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(refused >= 2, "the rollover never failed ({acked} stored)");
+    // Reads go on meanwhile.
+    assert_eq!(c.stats().unwrap().event_count, acked);
+    drop(frozen);
+    let r = c.append([ev("Big", &["t"], &big)], None).unwrap_or_else(|e| panic!("the append after the cause was gone: {e}\n{}", srv.log()));
+    assert_eq!(r.first.get(), acked + 1);
+    let (events, _) = c.read_all(tephra::Query::all(), Position::ZERO).unwrap();
+    assert_eq!(events.len() as u64, acked + 1);
+    assert!(!srv.log().contains("writer stopped"), "{}", srv.log());
+}

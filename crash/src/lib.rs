@@ -81,7 +81,7 @@ impl Site {
 
     /// A workload/check context for a server at `addr`.
     pub fn ctx(&self, addr: std::net::SocketAddr, tag: &str, errors_expected: Option<u32>) -> Ctx {
-        Ctx { seed: self.seed, addr, witness_dir: self.witness.clone(), next_seq: self.next_seq.clone(), tag: tag.to_string(), errors_expected }
+        Ctx { seed: self.seed, addr, witness_dir: self.witness.clone(), next_seq: self.next_seq.clone(), tag: tag.to_string(), errors_expected, acks_after_errors: false }
     }
 
     /// Checks every invariant against `srv`, remembering what it saw. When the server stops
@@ -404,15 +404,19 @@ fn segment_count(data: &Path) -> u64 {
 
 /// Runs writers against a server armed with an I/O fault until every writer has had two error
 /// answers; checks fail-stop: at least one error, every error `INTERNAL`, nothing acknowledged
-/// after a writer's first error (checked by the writers), reads and stats still served and
-/// equal to exactly what was acknowledged.
-fn fail_stop(s: &mut Site, arm: &str, rng: &mut Rng, expect_zero_acks: bool) -> Result<String, Failure> {
+/// after a writer's first error (checked by the writers), the server's log naming the fault
+/// (`logged`: "writer stopped" for a failed write or sync; a failed rollover, which wrote
+/// nothing, only refuses the appends that needed it, and the armed fault fails every retry),
+/// reads and stats still served and equal to exactly what was acknowledged.
+fn fail_stop(s: &mut Site, arm: &str, rng: &mut Rng, expect_zero_acks: bool, logged: &str) -> Result<String, Failure> {
     let at = format!("fault {arm}");
     let fail = |s: &Site, v: String| s.fail(at.clone(), vec![v]);
     let srv = s.spec.start_ok(&s.data, Some(arm)).map_err(|e| fail(s, e))?;
     // What was there before the armed run (a fault may stop the writer before any ack).
     let base_head = workload::connect_timeout(srv.addr()).and_then(|mut c| c.stats().map_err(|e| e.to_string())).map_err(|e| fail(s, format!("stats before the fault: {e}")))?.event_count;
-    let run = workload::start(Workload::Pure, &s.ctx(srv.addr(), "fault", Some(2)), rng);
+    let mut ctx = s.ctx(srv.addr(), "fault", Some(2));
+    ctx.acks_after_errors = logged != "writer stopped";
+    let run = workload::start(Workload::Pure, &ctx, rng);
     let t = Instant::now();
     while run.live() > 0 && t.elapsed() < Duration::from_secs(90) {
         std::thread::sleep(Duration::from_millis(20));
@@ -429,8 +433,8 @@ fn fail_stop(s: &mut Site, arm: &str, rng: &mut Rng, expect_zero_acks: bool) -> 
     if expect_zero_acks && o.acks != 0 {
         v.push(format!("{} appends acknowledged although every fdatasync failed", o.acks));
     }
-    if !srv.output().contains("writer stopped") {
-        v.push("the server did not log that the writer stopped".into());
+    if !srv.output().contains(logged) {
+        v.push(format!("the server did not log {logged:?}"));
     }
     // Reads and stats go on, and show exactly what was acknowledged.
     let mut c = workload::connect_timeout(srv.addr()).map_err(|e| fail(s, format!("connect after the fault: {e}")))?;
@@ -481,14 +485,14 @@ fn faults_once(binary: &Path, seed: u64, run_dir: &Path, segment_size: u64) -> R
         if i == 1 {
             warm(&mut s, &mut rng)?;
         }
-        lines.push(fail_stop(&mut s, &format!("commit_fsync:eio:{skip}"), &mut rng, skip == 0)?);
+        lines.push(fail_stop(&mut s, &format!("commit_fsync:eio:{skip}"), &mut rng, skip == 0, "writer stopped")?);
         s.remove();
     }
     // A short write: half the batch reaches the disk, then the writer stops.
     let mut s = Site::new(run_dir.join("fault-shortwrite"), binary, segment_size, seed);
     warm(&mut s, &mut rng)?;
     let skip = rng.range(3, 40);
-    let line = fail_stop(&mut s, &format!("commit_shortwrite:shortwrite:{skip}"), &mut rng, false)?;
+    let line = fail_stop(&mut s, &format!("commit_shortwrite:shortwrite:{skip}"), &mut rng, false, "writer stopped")?;
     if !line.contains("rolled back") {
         return Err(s.fail("fault commit_shortwrite".into(), vec![format!("the half-written batch was not rolled back on restart: {line}")]));
     }
@@ -508,11 +512,12 @@ fn faults_once(binary: &Path, seed: u64, run_dir: &Path, segment_size: u64) -> R
     let summary = recover_and_continue(&mut s, "segment_extend:enospc:0", &mut rng)?;
     lines.push(format!("segment_extend:enospc:0 (fresh store): start refused with exit 1 naming ENOSPC; restart without clean-up {summary}"));
     s.remove();
-    // ENOSPC at the first rollover: fail-stop, then the store reopens and rolls over.
+    // ENOSPC at every rollover attempt: the appends that need a new segment are refused
+    // (nothing was written, so no fail-stop), then the store reopens and rolls over.
     let mut s = Site::new(run_dir.join("fault-enospc-rollover"), binary, segment_size, seed);
     warm(&mut s, &mut rng)?;
     let before = segment_count(&s.data);
-    let line = fail_stop(&mut s, "segment_extend:enospc:0", &mut rng, false)?;
+    let line = fail_stop(&mut s, "segment_extend:enospc:0", &mut rng, false, "rollover failed")?;
     let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail("enospc rollover".into(), vec![e]))?;
     let t = Instant::now();
     let run = workload::start(Workload::Pure, &s.ctx(srv.addr(), "roll", None), &mut rng);

@@ -224,7 +224,13 @@ pub fn adopt_prepared(dir: &Path, prepared: &Path, base: u64, cfg: &SegmentConfi
     f.write_all_at(&h.encode(), 0).map_err(io)?;
     f.sync_data().map_err(io)?;
     nix::fcntl::renameat2(None, prepared, None, &path, nix::fcntl::RenameFlags::RENAME_NOREPLACE).map_err(|e| io(e.into()))?;
-    sync_dir(dir)?;
+    if let Err(e) = sync_dir(dir) {
+        // Not a segment yet as far as the caller knows: take the name back, so that a later
+        // rollover can create it.
+        let _ = std::fs::remove_file(&path);
+        let _ = sync_dir(dir);
+        return Err(e);
+    }
     Ok(path)
 }
 

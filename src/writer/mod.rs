@@ -643,8 +643,14 @@ impl Writer {
                 let rolled = self.rollover(&line);
                 tracing::debug!(base = self.next, quiesce_us = quiet.as_micros() as u64, total_us = started.elapsed().as_micros() as u64, "rollover");
                 if let Err(e) = rolled {
-                    self.fail(format!("cannot create a new segment: {e}"));
-                    let reason = self.failed.clone().unwrap_or_default();
+                    // Nothing was written and the writer's state is as before (the new file,
+                    // if any, was removed): these appends fail, and the next one tries again,
+                    // as the reference's rollover does (review: a full disk or an immutable
+                    // directory at a rollover stopped every append until a restart, even once
+                    // the cause was gone). Their verdicts may rest on each other's staged
+                    // events, so all of them fail.
+                    let reason = format!("cannot create a new segment: {e}");
+                    tracing::warn!(%reason, base = self.next, "rollover failed; the appends that needed it are refused and the next append tries again");
                     deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
                     return;
                 }
@@ -770,6 +776,10 @@ impl Writer {
 
     /// Starts a new segment at the head; the pipeline must be quiet (everything staged is
     /// durable). The old segment's index is sealed on a thread of its own.
+    ///
+    /// # Errors
+    /// The new segment could not be created or opened; then nothing changed (a file this
+    /// attempt made is removed) and a later call may succeed.
     fn rollover(&mut self, line: &GroupCommit) -> Result<(), String> {
         let base = self.next;
         let adopted = self.take_prepared().and_then(|spare| match adopt_prepared(&self.dir, &spare, base, &self.seg_cfg) {
@@ -785,9 +795,19 @@ impl Writer {
             None => create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?,
         };
         crate::fault::crash_point("segment_created_before_commit");
-        let seg = Arc::new(Segment::open(base, path, &self.seg_cfg).map_err(|e| e.to_string())?);
         let header_len = crate::log::header::HEADER_LEN as u64;
-        let (file, header) = Self::open_active(&seg, header_len).map_err(|e| format!("opening the new segment: {e}"))?;
+        let opened = Segment::open(base, path.clone(), &self.seg_cfg)
+            .map_err(|e| e.to_string())
+            .and_then(|seg| Self::open_active(&seg, header_len).map(|(file, header)| (Arc::new(seg), file, header)).map_err(|e| format!("opening the new segment: {e}")));
+        let (seg, file, header) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                // Nothing is in it yet: remove it, so that the next attempt can create it.
+                let _ = std::fs::remove_file(&path);
+                let _ = crate::log::segment::sync_dir(&self.dir);
+                return Err(e);
+            }
+        };
         let fingerprint = std::mem::replace(&mut self.fingerprint, Fingerprint::new(&header)).value();
         let sealer = std::mem::replace(&mut self.index, ActiveWriter::new(base, self.seg_cfg.max_records())).into_sealer(fingerprint);
         self.shared.roll(None, seg.clone(), SegIndex::Active(self.index.shared().clone()));
