@@ -109,6 +109,23 @@ mod lenient {
         while !buf.is_empty() {
             let whole = buf;
             let (tag, wt) = decode_key(&mut buf)?;
+            if wt == WireType::Varint {
+                // Read the way upb reads it (bits past 64 dropped), then written canonically,
+                // or dropped when the schema wants another wire type here.
+                let v = varint_like_upb(&mut buf)?;
+                let mut canonical = Vec::with_capacity(11);
+                encode_key(tag, wt, &mut canonical);
+                encode_varint(v, &mut canonical);
+                let original = &whole[..whole.len() - buf.len()];
+                match field(msg, tag) {
+                    Some((want, _)) if want != wt => dropped = true,
+                    _ => {
+                        dropped |= canonical != original;
+                        out.extend_from_slice(&canonical);
+                    }
+                }
+                continue;
+            }
             match field(msg, tag) {
                 Some((want, _)) if want != wt => {
                     skip_field(wt, tag, &mut buf, DecodeContext::default())?;
@@ -138,6 +155,23 @@ mod lenient {
             }
         }
         Ok(dropped)
+    }
+
+    /// A varint as upb reads it: at most 10 bytes, and of the tenth only its lowest bit counts
+    /// (prost refuses a tenth byte over 1; the reference keeps the low 64 bits).
+    ///
+    /// # Errors
+    /// Truncated, or longer than 10 bytes (both servers refuse those).
+    fn varint_like_upb(buf: &mut &[u8]) -> Result<u64, prost::DecodeError> {
+        let mut v = 0u64;
+        for (i, &b) in buf.iter().take(10).enumerate() {
+            v |= if i < 9 { u64::from(b & 0x7f) << (7 * i) } else { u64::from(b & 0x01) << 63 };
+            if b & 0x80 == 0 {
+                *buf = &buf[i + 1..];
+                return Ok(v);
+            }
+        }
+        Err(prost::DecodeError::new(if buf.len() < 10 { "buffer underflow" } else { "invalid varint" }))
     }
 }
 
@@ -188,6 +222,26 @@ mod tests {
         b.extend(&append);
         let want = AppendRequest { events: vec![ev], condition: Some(AppendCondition { fail_if_events_match: None, after: 0, fail_if_exists: None }) };
         assert_eq!(decode_request(&b).unwrap(), Request::new(3, request::Kind::Append(want)));
+    }
+
+    #[test]
+    fn varints_with_bits_past_64_keep_their_low_64_bits_like_upb() {
+        use super::{Hello, ReadRequest};
+        // Stats with request_id = ff x9 7f: u64::MAX.
+        let b = [0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0x32, 0x00];
+        assert_eq!(decode_request(&b).unwrap(), Request::new(u64::MAX, request::Kind::Stats(StatsRequest {})));
+        // A Hello whose version has a tenth byte of 0x7e: the low 32 bits are 1.
+        let b = [0x3a, 0x0b, 0x08, 0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x7e];
+        assert_eq!(decode_request(&b).unwrap(), Request::new(0, request::Kind::Hello(Hello { protocol_version: 1, auth_token: None })));
+        // A read's `after`, and an unknown field 40, with such varints.
+        let mut b = vec![0x08, 0x04, 0x1a, 0x0c, 0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f];
+        b.extend([0x0a, 0x00]);
+        b[3] = (b.len() - 4) as u8;
+        b.extend([0xc0, 0x02, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x02]);
+        let want = ReadRequest { query: Some(super::Query { all: false, items: vec![] }), after: u64::MAX, limit: None, reverse: false };
+        assert_eq!(decode_request(&b).unwrap(), Request::new(4, request::Kind::Read(want)));
+        // Eleven bytes is no varint for either server.
+        assert!(decode_request(&[0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]).is_err());
     }
 
     #[test]

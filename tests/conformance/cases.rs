@@ -542,6 +542,21 @@ fn a_known_field_with_another_wire_type_is_skipped_not_a_frame_error() {
     assert!(matches!(r.kind, Some(tephra::proto::response::Kind::ReadEnd(_))), "{r:?}");
 }
 
+/// A varint whose tenth byte sets bits past 64 keeps its low 64 bits, as the reference's parser
+/// (upb) reads it, instead of failing the frame: request id `ff x9 7f` is u64::MAX.
+#[test]
+fn varints_with_bits_past_64_keep_their_low_bits() {
+    let Some(srv) = start(&[]) else { return };
+    let mut raw = support::RawConn::connect_hello(srv.addr);
+    let body: &[u8] = &[0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0x32, 0x00];
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(body);
+    raw.send_bytes(&frame);
+    let r = raw.recv().expect("the connection stays open");
+    assert_eq!(r.request_id, u64::MAX, "{r:?}");
+    assert!(matches!(r.kind, Some(tephra::proto::response::Kind::Stats(_))), "{r:?}");
+}
+
 #[test]
 fn raw_stream_uses_the_documented_layout() {
     let Some(srv) = start(&[]) else { return };
