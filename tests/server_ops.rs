@@ -1184,6 +1184,10 @@ fn huge_timeouts_mean_never_and_every_connection_is_served() {
     let mut c = Client::connect(srv.addr).unwrap();
     assert_eq!(c.stats().unwrap().event_count, 16);
     assert!(!srv.log().contains("panicked"), "{}", srv.log());
+    // The clamped keepalive times are said once each at start.
+    for key in ["server.keepalive.idle_secs", "server.keepalive.interval_secs"] {
+        assert_eq!(srv.log().matches(&format!("{key} is over what Linux accepts and is clamped")).count(), 1, "{}", srv.log());
+    }
 }
 
 /// A store whose active segment cannot be opened for writing (here an immutable file; a

@@ -52,6 +52,11 @@ fn main() -> ExitCode {
             "writer.max_batch_bytes exceeds the segment capacity and is clamped"
         );
     }
+    for (key, secs) in [("server.keepalive.idle_secs", settings.server.keepalive.idle_secs), ("server.keepalive.interval_secs", settings.server.keepalive.interval_secs)] {
+        if secs > tephra::config::MAX_KEEPALIVE_SECS {
+            tracing::warn!(configured = secs, effective = tephra::config::MAX_KEEPALIVE_SECS, "{key} is over what Linux accepts and is clamped");
+        }
+    }
     if settings.writer.max_batch_bytes == 0 {
         // Accepted, as by the reference: every request is then over budget and commits alone.
         tracing::warn!("writer.max_batch_bytes = 0: group commit is off, every append request is synced on its own");
