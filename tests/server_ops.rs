@@ -602,8 +602,15 @@ fn metrics_endpoint_serves_the_reference_names_and_our_histograms() {
     let srv = Server::start(&bin(), &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "0")]);
     let maddr = metrics_addr(&srv);
     assert_ne!(maddr.port(), srv.addr.port());
+    // Connections that never send a request do not hold up a scrape (each waits out its own
+    // 5 s; review: 3 of them delayed a scrape by 15 s).
+    let idle: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(maddr).unwrap()).collect();
+    thread::sleep(Duration::from_millis(100));
+    let started = Instant::now();
     // A fresh server: empty histograms sum to 0, not "-0" (an empty float sum is -0.0).
     let fresh = http(maddr, "GET /metrics HTTP/1.1");
+    assert!(started.elapsed() < Duration::from_secs(3), "a scrape behind 3 idle connections took {:?}", started.elapsed());
+    drop(idle);
     assert!(fresh.contains("tephra_fsync_seconds_sum 0\n"), "{fresh}");
     assert!(!fresh.lines().any(|l| !l.starts_with('#') && l.split(' ').nth(1).is_some_and(|v| v.starts_with('-'))), "{fresh}");
     let mut c = Client::connect(srv.addr).unwrap();

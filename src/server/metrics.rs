@@ -1,7 +1,8 @@
 //! The Prometheus text endpoint on its own port (`metrics.bind`; reference protocol §2.11).
 //!
-//! A bare HTTP/1.1 responder on a plain thread: `GET /metrics` gets the exposition
-//! (`text/plain; version=0.0.4`), any other target 404, one response per connection. It carries
+//! A bare HTTP/1.1 responder: an accepting thread, and a short-lived thread per connection
+//! (at most 64 at once), each bounded by 5 s read and write timeouts: `GET /metrics` gets the
+//! exposition (`text/plain; version=0.0.4`), any other target 404, one response per connection. It carries
 //! the reference's metric names plus what operators need and the reference lacks: append and
 //! fsync latency histograms, events per batch, and conflict counters.
 
@@ -21,6 +22,7 @@ pub fn serve(ctx: Arc<Context>, addr: SocketAddr) -> std::io::Result<SocketAddr>
     let listener = TcpListener::bind(addr)?;
     let local = listener.local_addr()?;
     listener.set_nonblocking(true)?;
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::Builder::new().name("tephra-metrics".into()).spawn(move || {
         while !ctx.is_shutting_down() {
             match listener.accept() {
@@ -28,7 +30,23 @@ pub fn serve(ctx: Arc<Context>, addr: SocketAddr) -> std::io::Result<SocketAddr>
                     let _ = s.set_nonblocking(false);
                     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
                     let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-                    let _ = respond(&ctx, s);
+                    // Each connection on a thread of its own, so one that never sends its
+                    // request holds up only itself for its 5 s, not every scrape behind it
+                    // (review: 3 idle connections delayed a scrape 15 s, as the reference's
+                    // single responder does). Past the cap, served here in turn.
+                    if live.fetch_add(1, Ordering::SeqCst) < METRICS_CONNECTIONS {
+                        let (ctx, held) = (ctx.clone(), live.clone());
+                        let spawned = std::thread::Builder::new().name("tephra-metrics-conn".into()).spawn(move || {
+                            let _ = respond(&ctx, s);
+                            held.fetch_sub(1, Ordering::SeqCst);
+                        });
+                        if spawned.is_err() {
+                            live.fetch_sub(1, Ordering::SeqCst);
+                        }
+                    } else {
+                        let _ = respond(&ctx, s);
+                        live.fetch_sub(1, Ordering::SeqCst);
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
@@ -37,6 +55,9 @@ pub fn serve(ctx: Arc<Context>, addr: SocketAddr) -> std::io::Result<SocketAddr>
     })?;
     Ok(local)
 }
+
+/// Metrics connections answered at once, each on its own thread.
+const METRICS_CONNECTIONS: usize = 64;
 
 fn respond(ctx: &Context, mut s: std::net::TcpStream) -> std::io::Result<()> {
     let mut line = String::new();
