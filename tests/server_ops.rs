@@ -1208,27 +1208,7 @@ fn a_store_whose_active_segment_cannot_be_written_refuses_to_start() {
     assert_eq!(srv.wait_exit(Duration::from_secs(20)).and_then(|s| s.code()), Some(0));
     let data = srv.data_dir();
     let seg = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "log")).unwrap();
-    // Root ignores permission bits: make the file immutable instead, and undo it however the
-    // test ends (the temporary directory could not be removed otherwise).
-    struct Writable(PathBuf, bool);
-    impl Drop for Writable {
-        fn drop(&mut self) {
-            if self.1 {
-                let _ = std::process::Command::new("chattr").arg("-i").arg(&self.0).status();
-            } else {
-                let _ = std::fs::set_permissions(&self.0, std::os::unix::fs::PermissionsExt::from_mode(0o644));
-            }
-        }
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let _undo = Writable(seg.clone(), root);
-    if root {
-        let made = std::process::Command::new("chattr").arg("+i").arg(&seg).status();
-        assert!(made.as_ref().is_ok_and(|s| s.success()), "chattr +i {} failed: {made:?}", seg.display());
-    } else {
-        std::fs::set_permissions(&seg, std::os::unix::fs::PermissionsExt::from_mode(0o444)).unwrap();
-    }
+    let _undo = Frozen::new(&seg, 0o444, 0o644);
     let data_arg = data.display().to_string();
     let out = run_to_exit(&bin(), &["--bind", "127.0.0.1:0", "--data-dir", &data_arg], &[], None, Duration::from_secs(20));
     assert_eq!(out.code, Some(1), "{out:?}");
@@ -1323,25 +1303,7 @@ fn a_rollover_that_cannot_create_its_segment_is_retried_by_the_next_append() {
     let mut c = Client::connect(srv.addr).unwrap();
     c.append([ev("A", &["t"], b"first")], None).unwrap();
     let data = srv.data_dir();
-    struct Mutable(PathBuf, bool);
-    impl Drop for Mutable {
-        fn drop(&mut self) {
-            if self.1 {
-                let _ = std::process::Command::new("chattr").arg("-i").arg(&self.0).status();
-            } else {
-                let _ = std::fs::set_permissions(&self.0, std::os::unix::fs::PermissionsExt::from_mode(0o755));
-            }
-        }
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let frozen = Mutable(data.clone(), root);
-    if root {
-        let made = std::process::Command::new("chattr").arg("+i").arg(&data).status();
-        assert!(made.as_ref().is_ok_and(|s| s.success()), "chattr +i {} failed: {made:?}", data.display());
-    } else {
-        std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o555)).unwrap();
-    }
+    let frozen = Frozen::new(&data, 0o555, 0o755);
     // 150 KB events: the seventh or so needs a second segment, which cannot be created.
     let big = vec![7u8; 150_000];
     let mut acked = 1u64;
@@ -1370,4 +1332,38 @@ fn a_rollover_that_cannot_create_its_segment_is_retried_by_the_next_append() {
     let (events, _) = c.read_all(tephra::Query::all(), Position::ZERO).unwrap();
     assert_eq!(events.len() as u64, acked + 1);
     assert!(!srv.log().contains("writer stopped"), "{}", srv.log());
+}
+
+/// Makes `path` unwritable until dropped: immutable (`chattr +i`) as root, whom permission bits
+/// do not stop, else mode `read_only`; dropping clears the flag or sets mode `writable` (a
+/// temporary directory holding an immutable file could not be removed otherwise).
+struct Frozen {
+    path: PathBuf,
+    root: bool,
+    writable: u32,
+}
+
+impl Frozen {
+    fn new(path: &std::path::Path, read_only: u32, writable: u32) -> Frozen {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        let frozen = Frozen { path: path.to_path_buf(), root, writable };
+        if root {
+            let made = std::process::Command::new("chattr").arg("+i").arg(path).status();
+            assert!(made.as_ref().is_ok_and(|s| s.success()), "chattr +i {} failed: {made:?}", path.display());
+        } else {
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(read_only)).unwrap();
+        }
+        frozen
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if self.root {
+            let _ = std::process::Command::new("chattr").arg("-i").arg(&self.path).status();
+        } else {
+            let _ = std::fs::set_permissions(&self.path, std::os::unix::fs::PermissionsExt::from_mode(self.writable));
+        }
+    }
 }
