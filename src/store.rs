@@ -108,10 +108,7 @@ impl WriterTask {
     /// Runs the group-commit loop until the store shuts down.
     pub async fn run(self) {
         let i = self.init;
-        Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.fingerprint, i.metrics)
-            .with_opened_active(i.opened_active)
-            .run(self.rx)
-            .await;
+        Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.fingerprint, i.metrics).run(self.rx, i.opened_active).await;
         let _ = self.done.send(());
     }
 

@@ -52,7 +52,7 @@ fn ld<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8], DecodeError> {
     Ok(v)
 }
 
-pub(crate) fn skip(wt: WireType, buf: &mut &[u8]) -> Result<(), DecodeError> {
+fn skip(wt: WireType, buf: &mut &[u8]) -> Result<(), DecodeError> {
     let n = match wt {
         WireType::Varint => {
             decode_varint(buf)?;

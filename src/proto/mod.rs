@@ -28,7 +28,8 @@ pub use messages::*;
 /// Decodes a `Request` frame body the way the reference's parser (upb) does where prost is
 /// stricter: a field whose number the schema knows but whose wire type is not the schema's
 /// (a varint where a message belongs, a length-delimited `after`, ...) is an unknown field and
-/// is skipped, at every level of the request. So `Request { request_id: 5, field 2 as the
+/// is skipped, at every level of the request, and a varint whose tenth byte sets bits past 64
+/// keeps its low 64 bits. So `Request { request_id: 5, field 2 as the
 /// varint 7 }` decodes as request 5 with no kind and is answered `BAD_REQUEST` on id 5, the
 /// connection kept open, and a condition whose query arrives as a varint is no condition, as
 /// with the reference (reference protocol §1.3 "Skip unknown fields by wire type", §1.9).
@@ -100,36 +101,33 @@ mod lenient {
     }
 
     /// Appends to `out` the fields of `buf` (a `msg`) whose wire types match the schema, at
-    /// every level; true when anything was dropped.
+    /// every level, varints written canonically; true when anything was dropped or rewritten.
     ///
     /// # Errors
     /// When `buf` is not well-formed protobuf.
     pub(super) fn keep_matching(msg: Msg, mut buf: &[u8], out: &mut Vec<u8>) -> Result<bool, prost::DecodeError> {
-        let mut dropped = false;
+        let mut changed = false;
         while !buf.is_empty() {
             let whole = buf;
             let (tag, wt) = decode_key(&mut buf)?;
             if wt == WireType::Varint {
-                // Read the way upb reads it (bits past 64 dropped), then written canonically,
-                // or dropped when the schema wants another wire type here.
+                // Read the way upb reads it (bits past 64 dropped), then dropped when the schema
+                // wants another wire type here, or else written canonically.
                 let v = varint_like_upb(&mut buf)?;
-                let mut canonical = Vec::with_capacity(11);
-                encode_key(tag, wt, &mut canonical);
-                encode_varint(v, &mut canonical);
-                let original = &whole[..whole.len() - buf.len()];
-                match field(msg, tag) {
-                    Some((want, _)) if want != wt => dropped = true,
-                    _ => {
-                        dropped |= canonical != original;
-                        out.extend_from_slice(&canonical);
-                    }
+                if matches!(field(msg, tag), Some((want, _)) if want != wt) {
+                    changed = true;
+                    continue;
                 }
+                let at = out.len();
+                encode_key(tag, wt, out);
+                encode_varint(v, out);
+                changed |= out[at..] != whole[..whole.len() - buf.len()];
                 continue;
             }
             match field(msg, tag) {
                 Some((want, _)) if want != wt => {
                     skip_field(wt, tag, &mut buf, DecodeContext::default())?;
-                    dropped = true;
+                    changed = true;
                 }
                 Some((WireType::LengthDelimited, Some(inner))) => {
                     let len = decode_varint(&mut buf)? as usize;
@@ -140,7 +138,7 @@ mod lenient {
                     buf = rest;
                     let mut kept = Vec::with_capacity(body.len());
                     if keep_matching(inner, body, &mut kept)? {
-                        dropped = true;
+                        changed = true;
                         encode_key(tag, WireType::LengthDelimited, out);
                         encode_varint(kept.len() as u64, out);
                         out.extend_from_slice(&kept);
@@ -154,7 +152,7 @@ mod lenient {
                 }
             }
         }
-        Ok(dropped)
+        Ok(changed)
     }
 
     /// A varint as upb reads it: at most 10 bytes, and of the tenth only its lowest bit counts

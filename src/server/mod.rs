@@ -351,13 +351,16 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     // until the address is known to be ours alone (see `foreign_listeners`).
     // One channel of words per shard (a shared one would let a quick shard take two).
     let mut word_tx: Vec<flume::Sender<Word>> = Vec::with_capacity(n);
-    let tell = |to: &[flume::Sender<Word>], w: fn() -> Word| {
+    let tell = |to: &[flume::Sender<Word>], w: Word| {
         for t in to {
-            let _ = t.send(w());
+            let _ = t.send(w);
         }
     };
     let (released_tx, released_rx) = flume::bounded::<()>(n);
-    let refuse = |ctx: &Context, shards: Vec<glommio::ExecutorJoinHandle<()>>, e: String| {
+    // Dropping the words' senders lets the shards waiting for a word end (they close their
+    // listeners), so they can be joined.
+    let refuse = |ctx: &Context, shards: Vec<glommio::ExecutorJoinHandle<()>>, words: Vec<flume::Sender<Word>>, e: String| {
+        drop(words);
         ctx.shutdown();
         for s in shards {
             let _ = s.join();
@@ -381,10 +384,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
                 addr = a;
                 ours.push(inode);
             }
-            Ok(Err(e)) => {
-                drop(word_tx);
-                return refuse(&ctx, shards, e);
-            }
+            Ok(Err(e)) => return refuse(&ctx, shards, word_tx, e),
             Err(_) => return Err(StartError::Io(format!("shard {shard} stopped while binding"))),
         }
     }
@@ -413,37 +413,29 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         holders.dedup();
         let shared = format!("cannot bind {addr}: another server began listening on {} while this one was binding; refusing to share the address (start one server per address)", holders.join(", "));
         if attempt == BIND_ATTEMPTS {
-            drop(word_tx);
-            return refuse(&ctx, shards, shared);
+            return refuse(&ctx, shards, word_tx, shared);
         }
         attempt += 1;
-        tell(&word_tx, || Word::Release);
-        for _ in 0..n {
-            if released_rx.recv().is_err() {
-                drop(word_tx);
-                return refuse(&ctx, shards, shared);
-            }
+        tell(&word_tx, Word::Release);
+        if (0..n).any(|_| released_rx.recv().is_err()) {
+            return refuse(&ctx, shards, word_tx, shared);
         }
         std::thread::sleep(backoff());
         if probe_exclusive(addr).is_err() {
-            drop(word_tx);
-            return refuse(&ctx, shards, shared);
+            return refuse(&ctx, shards, word_tx, shared);
         }
         tracing::info!(%addr, "another server started on this address at the same moment; binding again");
-        tell(&word_tx, || Word::Bind);
+        tell(&word_tx, Word::Bind);
         ours.clear();
         for _ in 0..n {
             match addr_rx.recv() {
                 Ok(Ok((_, inode))) => ours.push(inode),
-                Ok(Err(e)) => {
-                    drop(word_tx);
-                    return refuse(&ctx, shards, e);
-                }
+                Ok(Err(e)) => return refuse(&ctx, shards, word_tx, e),
                 Err(_) => return Err(StartError::Io("a shard stopped while binding".into())),
             }
         }
     }
-    tell(&word_tx, || Word::Accept);
+    tell(&word_tx, Word::Accept);
     let metrics_addr = match ctx.settings.metrics_addr().map_err(|e| StartError::Io(e.to_string()))? {
         Some(a) => {
             let bound = metrics::serve(ctx.clone(), a).map_err(|e| StartError::Io(format!("cannot bind metrics on {a}: {e}")))?;
@@ -495,6 +487,7 @@ fn probe_exclusive(addr: SocketAddr) -> std::io::Result<()> {
 }
 
 /// What a shard that has bound its listener does next (see [`start`]).
+#[derive(Clone, Copy)]
 enum Word {
     /// Serve: the address is ours alone.
     Accept,

@@ -241,9 +241,6 @@ pub struct Writer {
     prepared_for: u64,
     failed: Option<String>,
     metrics: Arc<WriterMetrics>,
-    /// The active segment already opened for writing when the store opened
-    /// ([`Writer::open_active`]); the committer starts on it.
-    opened_active: Option<(Arc<std::fs::File>, Vec<u8>)>,
 }
 
 /// Counters and histograms the writer keeps for monitoring.
@@ -346,14 +343,7 @@ impl Writer {
         cfg.queue_capacity = cfg.queue_capacity.max(1);
         cfg.max_batch_records = cfg.max_batch_records.max(1);
         let tips = Tips::new(next - 1, cfg.tips_window);
-        Writer { dir, seg_cfg, cfg, shared, line: None, committer: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, preparing: None, prepared_for: 0, failed: None, metrics, opened_active: None }
-    }
-
-    /// Starts on `opened`, the active segment [`Writer::open_active`] opened when the store
-    /// opened, instead of opening it again.
-    pub(crate) fn with_opened_active(mut self, opened: (Arc<std::fs::File>, Vec<u8>)) -> Writer {
-        self.opened_active = Some(opened);
-        self
+        Writer { dir, seg_cfg, cfg, shared, line: None, committer: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, preparing: None, prepared_for: 0, failed: None, metrics }
     }
 
     /// Opens the active segment for O_DIRECT writes at byte `end`: the file and its partial
@@ -379,14 +369,11 @@ impl Writer {
         AlignedBuf::with_capacity(self.cfg.max_batch_bytes.min(1 << 20) + 2 * BLOCK)
     }
 
-    /// Starts the committer thread over the active segment.
-    fn start_committer(&mut self) -> Result<(), String> {
+    /// Starts the committer thread over the active segment, `file` and its partial last block
+    /// `tail` as [`Writer::open_active`] gave them when the store opened.
+    fn start_committer(&mut self, (file, tail): (Arc<std::fs::File>, Vec<u8>)) -> Result<(), String> {
         // A spare segment left by an earlier run (its preparation may not have finished).
         let _ = std::fs::remove_file(self.dir.join(PREPARED_NAME));
-        let (file, tail) = match self.opened_active.take() {
-            Some(opened) => opened,
-            None => Self::open_active(&self.active_seg, self.active_end).map_err(|e| format!("cannot open the active segment {}: {e}", self.active_seg.path.display()))?,
-        };
         let line = GroupCommit::new(Batch::new(self.active_seg.clone(), file, self.seg_cfg.segment_size, self.active_end, &tail, self.batch_buffer()));
         let (l, shared, metrics) = (line.clone(), self.shared.clone(), self.metrics.clone());
         let h = std::thread::Builder::new().name("tephra-commit".into()).spawn(move || l.run_committer(&shared, &metrics)).map_err(|e| format!("cannot start the commit thread: {e}"))?;
@@ -395,9 +382,10 @@ impl Writer {
         Ok(())
     }
 
-    /// Runs the writer loop until shutdown or until every sender is gone.
-    pub async fn run(mut self, rx: flume::Receiver<WriterMsg>) {
-        if let Err(reason) = self.start_committer() {
+    /// Runs the writer loop until shutdown or until every sender is gone, committing into
+    /// `active`: the active segment opened for writing ([`Writer::open_active`]).
+    pub async fn run(mut self, rx: flume::Receiver<WriterMsg>, active: (Arc<std::fs::File>, Vec<u8>)) {
+        if let Err(reason) = self.start_committer(active) {
             self.fail(reason);
         }
         let mut pushback: Option<Request> = None;
