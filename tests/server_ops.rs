@@ -684,6 +684,18 @@ fn metrics_endpoint_serves_the_reference_names_and_our_histograms() {
     assert!(nope.starts_with("HTTP/1.1 404"), "{nope}");
     assert!(http(maddr, "GET / HTTP/1.1").starts_with("HTTP/1.1 404"));
     assert!(http(maddr, "HEAD /metrics HTTP/1.1").starts_with("HTTP/1.1 200"));
+    // A request line with no target is not HTTP: closed without an answer, as by the reference.
+    for line in ["GARBAGE", ""] {
+        let mut s = TcpStream::connect(maddr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "{line}\r\n").unwrap();
+        let mut buf = [0u8; 64];
+        // The close may come as a reset, since the head is left unread: no byte either way.
+        match s.read(&mut buf) {
+            Ok(n) => assert_eq!(n, 0, "{line:?} got {:?}", String::from_utf8_lossy(&buf[..n])),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{line:?}: {e}"),
+        }
+    }
     // The metrics port does not speak the data protocol, and the data port is unaffected.
     assert!(Client::connect(maddr).is_err());
     assert_eq!(c.stats().unwrap().event_count, 3);

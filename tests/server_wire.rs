@@ -370,6 +370,14 @@ fn a_reply_over_a_tiny_frame_cap_closes_the_connection_instead_of_hanging() {
     let e = Client::connect(srv.addr).expect_err("the Hello cannot be answered");
     assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
     assert!(srv.log().contains("response frame not sent"), "{}", srv.log());
+    // Said at start, naming the smallest cap that works.
+    let needed = tephra::server::min_usable_frame_len();
+    assert!(needed > 10 && needed < 64, "{needed}");
+    assert!(srv.log().contains(&format!("configured=10 needed={needed}")) && srv.log().contains("every client will be disconnected at the handshake"), "{}", srv.log());
+    // At exactly that cap a Hello is answered.
+    let at_cap = Server::start_with(&bin(), &[], Some(&format!("[server]\nmax_frame_len = {needed}\n")));
+    Client::connect(at_cap.addr).expect("the HelloAck to the client's id 1 fits");
+    assert!(!at_cap.log().contains("disconnected at the handshake"), "{}", at_cap.log());
 }
 
 /// A store holding an event over the current frame cap (the cap was lowered): a subscription

@@ -57,6 +57,11 @@ fn main() -> ExitCode {
             tracing::warn!(configured = secs, effective = tephra::config::MAX_KEEPALIVE_SECS, "{key} is over what Linux accepts and is clamped");
         }
     }
+    let usable = tephra::server::min_usable_frame_len();
+    if (settings.server.max_frame_len as usize) < usable {
+        // Accepted, as by the reference, but no handshake can succeed.
+        tracing::warn!(configured = settings.server.max_frame_len, needed = usable, "server.max_frame_len is too small for the answer to a Hello: every client will be disconnected at the handshake");
+    }
     if settings.writer.max_batch_bytes == 0 {
         // Accepted, as by the reference: every request is then over budget and commits alone.
         tracing::warn!("writer.max_batch_bytes = 0: group commit is off, every append request is synced on its own");

@@ -515,9 +515,7 @@ impl Conn {
             self.lanes.error(id, convert::unauthenticated(text::BAD_TOKEN)).await;
             return false;
         }
-        self.lanes
-            .control(id, response::Kind::HelloAck(pb::HelloAck { protocol_version: pb::PROTOCOL_VERSION, server_version: env!("CARGO_PKG_VERSION").into() }))
-            .await;
+        self.lanes.control(id, response::Kind::HelloAck(super::hello_ack())).await;
         true
     }
 

@@ -2,7 +2,8 @@
 //!
 //! A bare HTTP/1.1 responder: an accepting thread, and a short-lived thread per connection
 //! (at most 64 at once), each bounded by 5 s read and write timeouts: `GET /metrics` gets the
-//! exposition (`text/plain; version=0.0.4`), any other target 404, one response per connection. It carries
+//! exposition (`text/plain; version=0.0.4`), any other target 404, a request line without a
+//! target no answer; one response per connection. It carries
 //! the reference's metric names plus what operators need and the reference lacks: append and
 //! fsync latency histograms, events per batch, and conflict counters.
 
@@ -62,7 +63,9 @@ const METRICS_CONNECTIONS: usize = 64;
 fn respond(ctx: &Context, mut s: std::net::TcpStream) -> std::io::Result<()> {
     let mut line = String::new();
     BufReader::new((&s).take_bytes(8192)).read_line(&mut line)?;
-    let target = line.split_whitespace().nth(1).unwrap_or("");
+    // A line without a target is not an HTTP request: close without an answer, as the
+    // reference does (its parser refuses the line).
+    let Some(target) = line.split_whitespace().nth(1) else { return Ok(()) };
     if target == "/metrics" {
         let body = render(ctx);
         write!(s, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", body.len(), body)

@@ -249,6 +249,20 @@ fn load_tls(settings: &Settings) -> Result<Option<Arc<rustls::ServerConfig>>, St
     Ok(Some(Arc::new(cfg)))
 }
 
+/// This server's answer to a Hello (reference protocol §1.4): protocol version 1 and our
+/// crate version.
+pub(crate) fn hello_ack() -> crate::proto::HelloAck {
+    crate::proto::HelloAck { protocol_version: crate::proto::PROTOCOL_VERSION, server_version: env!("CARGO_PKG_VERSION").into() }
+}
+
+/// The smallest `server.max_frame_len` (bytes of frame body) with which this server can
+/// answer a Hello from a client: the HelloAck to request id 1 (clients number their requests
+/// from 1; any id up to 127 takes as many bytes). Below it every handshake ends in a close
+/// (reference protocol §1.2: a frame over the cap is never sent).
+pub fn min_usable_frame_len() -> usize {
+    prost::Message::encoded_len(&crate::proto::Response::new(1, crate::proto::response::Kind::HelloAck(hello_ack())))
+}
+
 /// Opens the store and starts every shard; returns once all listeners are bound.
 ///
 /// # Errors
