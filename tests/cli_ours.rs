@@ -223,6 +223,31 @@ fn a_ca_certificate_used_as_the_servers_is_named() {
     assert!(stderr(&o).contains("the server presents a CA certificate as its own"), "{}", stderr(&o));
 }
 
+/// A certificate the client does not trust: with the system's roots the CLI points at
+/// `--tls-ca` (rustls alone reported an unsupported signature algorithm for a self-signed EC
+/// certificate), with `--tls-ca` it names the file.
+#[test]
+fn an_untrusted_server_certificate_gets_a_hint_at_the_fix() {
+    let Some(bin) = server_binary() else { return };
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ours = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert_path, key_path, other_path) = (certs.path().join("cert.pem"), certs.path().join("key.pem"), certs.path().join("other.pem"));
+    std::fs::write(&cert_path, ours.cert.pem()).unwrap();
+    std::fs::write(&key_path, ours.key_pair.serialize_pem()).unwrap();
+    std::fs::write(&other_path, other.cert.pem()).unwrap();
+    let srv = Server::start_with(&bin, &[], Some(&support::tls_toml(&cert_path, &key_path)));
+    let o = tephra(srv.addr, &["--tls", "--tls-server-name", "localhost", "stats"]);
+    assert_code(&o, 4);
+    assert!(stderr(&o).contains("invalid peer certificate") && stderr(&o).contains("not signed by a root this system trusts; for a self-signed or private-CA certificate pass --tls-ca FILE"), "{}", stderr(&o));
+    let o = tephra(srv.addr, &["--tls-ca", other_path.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
+    assert_code(&o, 4);
+    assert!(stderr(&o).contains(&format!("does not check out against {}", other_path.display())), "{}", stderr(&o));
+    // The right file works.
+    let o = tephra(srv.addr, &["--tls-ca", cert_path.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
+    assert_code(&o, 0);
+}
+
 /// And a TLS client at a plaintext server is told the server does not speak TLS.
 #[test]
 fn tls_at_a_plaintext_server_says_so() {

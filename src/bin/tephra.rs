@@ -224,6 +224,18 @@ fn host_of(addr: &str) -> &str {
 /// accepts and never answers (not a Tephra server, or a stuck one) must not hang a command.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What to do about a server certificate the TLS handshake refused (`e`), or nothing for any
+/// other error: rustls names only the check that failed (for a self-signed certificate checked
+/// against the system's roots, often an unsupported signature algorithm, not an unknown issuer).
+fn untrusted_hint(e: &io::Error, ca: Option<&std::path::Path>) -> String {
+    let refused = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()).is_some_and(|t| matches!(t, rustls::Error::InvalidCertificate(_)));
+    match (refused, ca) {
+        (false, _) => String::new(),
+        (true, None) => " (the server's certificate is not signed by a root this system trusts; for a self-signed or private-CA certificate pass --tls-ca FILE)".to_owned(),
+        (true, Some(path)) => format!(" (the server's certificate does not check out against {}, or names another host: see --tls-server-name)", path.display()),
+    }
+}
+
 /// Connects and performs the Hello; `timeout` applies the global `--timeout` to the calls
 /// after it too. The connect and the Hello are bounded by `--timeout`, or [`HELLO_TIMEOUT`].
 pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
@@ -262,7 +274,7 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
                 "{what} {}: no answer to the Hello within {HELLO_TIMEOUT:?} (is a Tephra server listening there? --timeout sets the limit)",
                 g.addr
             ),
-            _ => format!("{what} {}: {e}", g.addr),
+            _ => format!("{what} {}: {e}{}", g.addr, untrusted_hint(&e, g.tls_ca.as_deref())),
         };
         CliError { code, message, wire: None }
     })?;
