@@ -136,6 +136,17 @@ pub fn resolve_sources(
     };
 
     for (var, path, raw) in env_vars(env)? {
+        // A whole number past what TOML holds (i64) would otherwise be reported as a string
+        // where a number belongs.
+        if let (Some(Value::Integer(_)), Ok(n)) = (kind_at(&kinds, &path), raw.trim().parse::<i128>()) {
+            if i64::try_from(n).is_err() {
+                return Err(ConfigError::Schema {
+                    key: path.join("."),
+                    message: format!("{n} is out of range: configuration numbers are 64-bit signed integers ({} to {})", i64::MIN, i64::MAX),
+                    origin: Origin::Env { var },
+                });
+            }
+        }
         // Check the variable on its own first, so an error names it.
         let mut alone = Table::new();
         insert_path(&mut alone, &path, Value::String(raw.clone()));
@@ -387,6 +398,16 @@ fn coerce_value(value: &mut Value, kind: &Value) {
     if let Some(replacement) = replacement {
         *value = replacement;
     }
+}
+
+/// The schema's value at `path` in `kinds` (its type is the key's), if the key exists.
+fn kind_at<'a>(kinds: &'a Table, path: &[String]) -> Option<&'a Value> {
+    let (last, parents) = path.split_last()?;
+    let mut table = kinds;
+    for segment in parents {
+        table = table.get(segment)?.as_table()?;
+    }
+    table.get(last)
 }
 
 /// Sets `path` in `table` to `value`, creating tables on the way and replacing any non-table
