@@ -449,34 +449,6 @@ impl Cursor {
         }
         Ok(None)
     }
-
-    /// Matches of `q` in the inclusive range `[first, last]` by decoding every event, in walk
-    /// order, at most `limit` (a segment without an index inside an indexed read).
-    fn scan_matches(&mut self, q: &Query, first: u64, last: u64, dir: Direction, limit: usize, out: &mut VecDeque<u64>) -> Result<(), ReadError> {
-        let mut n = 0;
-        let forward = dir == Direction::Forward;
-        let mut walk = |pos: u64, c: &mut Cursor| -> Result<bool, ReadError> {
-            if q.matches(&c.event(pos, forward)?) {
-                out.push_back(pos);
-                n += 1;
-            }
-            Ok(n >= limit)
-        };
-        if forward {
-            for pos in first..=last {
-                if walk(pos, self)? {
-                    break;
-                }
-            }
-        } else {
-            for pos in (first..=last).rev() {
-                if walk(pos, self)? {
-                    break;
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 /// How a read finds its events (reference engine §5.2): decode every position in range, or
@@ -629,16 +601,7 @@ impl Reads {
                 continue;
             }
             let base = snap.segments[si].base;
-            match snap.indexes[si].matches(&self.query, lo, hi, dir, limit) {
-                Some(locals) => queue.extend(locals.into_iter().map(|l| base + l as u64)),
-                None => {
-                    // A scan inside planning cannot stop halfway: it reads the usual way.
-                    let nowait = std::mem::replace(&mut self.cursor.nowait, false);
-                    let scanned = self.cursor.scan_matches(&self.query, base + lo as u64, base + hi as u64 - 1, dir, limit, queue);
-                    self.cursor.nowait = nowait;
-                    scanned?
-                }
-            }
+            queue.extend(snap.indexes[si].matches(&self.query, lo, hi, dir, limit).into_iter().map(|l| base + l as u64));
         }
         Ok(())
     }

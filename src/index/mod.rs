@@ -90,8 +90,6 @@ pub enum SegIndex {
     Active(Arc<ActiveIndex>),
     /// A sealed segment's index.
     Sealed(Arc<SealedIndex>),
-    /// No index (a follower's segments): readers scan this segment.
-    Missing,
 }
 
 impl SegIndex {
@@ -101,26 +99,22 @@ impl SegIndex {
         match self {
             SegIndex::Active(a) => view::estimate(&a.view(hi), q, width),
             SegIndex::Sealed(s) => view::estimate(&**s, q, width),
-            SegIndex::Missing => width,
         }
     }
 
-    /// Matching local positions in `[lo, hi)` in walk order, at most `limit`; `None` when
-    /// this segment has no index (scan it instead).
-    pub fn matches(&self, q: &Query, lo: u32, hi: u32, dir: Direction, limit: usize) -> Option<Vec<u32>> {
+    /// Matching local positions in `[lo, hi)` in walk order, at most `limit`.
+    pub fn matches(&self, q: &Query, lo: u32, hi: u32, dir: Direction, limit: usize) -> Vec<u32> {
         match self {
-            SegIndex::Active(a) => Some(view::matches(&a.view(hi), q, lo, hi, dir, limit)),
-            SegIndex::Sealed(s) => Some(view::matches(&**s, q, lo, hi, dir, limit)),
-            SegIndex::Missing => None,
+            SegIndex::Active(a) => view::matches(&a.view(hi), q, lo, hi, dir, limit),
+            SegIndex::Sealed(s) => view::matches(&**s, q, lo, hi, dir, limit),
         }
     }
 
-    /// The lowest matching local position in `[lo, hi)`; `None` when this segment has no index.
-    pub fn first_match(&self, q: &Query, lo: u32, hi: u32) -> Option<Option<u32>> {
+    /// The lowest matching local position in `[lo, hi)`, if any.
+    pub fn first_match(&self, q: &Query, lo: u32, hi: u32) -> Option<u32> {
         match self {
-            SegIndex::Active(a) => Some(view::first_match(&a.view(hi), q, lo)),
-            SegIndex::Sealed(s) => Some(view::first_match(&**s, q, lo).filter(|&p| p < hi)),
-            SegIndex::Missing => None,
+            SegIndex::Active(a) => view::first_match(&a.view(hi), q, lo),
+            SegIndex::Sealed(s) => view::first_match(&**s, q, lo).filter(|&p| p < hi),
         }
     }
 }
@@ -362,13 +356,13 @@ mod tests {
                 let (lo, hi) = ((*a).min(*b), (*a).max(*b));
                 // The active index clamped to what a reader's watermark covers.
                 let want = linear(&events[..visible as usize], q, lo, hi.min(visible), dir, *limit);
-                prop_assert_eq!(active.matches(q, lo, hi.min(visible), dir, *limit), Some(want.clone()), "active {:?}", q);
+                prop_assert_eq!(active.matches(q, lo, hi.min(visible), dir, *limit), want.clone(), "active {:?}", q);
                 let want = linear(&events, q, lo, hi, dir, *limit);
-                prop_assert_eq!(sealed.matches(q, lo, hi.min(events.len() as u32), dir, *limit), Some(want), "sealed {:?}", q);
+                prop_assert_eq!(sealed.matches(q, lo, hi.min(events.len() as u32), dir, *limit), want, "sealed {:?}", q);
                 let first = linear(&events, q, lo, u32::MAX, Direction::Forward, 1).first().copied();
                 let n = events.len() as u32;
-                prop_assert_eq!(active.first_match(q, lo, n), Some(first));
-                prop_assert_eq!(sealed.first_match(q, lo, n), Some(first));
+                prop_assert_eq!(active.first_match(q, lo, n), first);
+                prop_assert_eq!(sealed.first_match(q, lo, n), first);
                 prop_assert!(sealed.estimate(q, lo, hi) <= (hi - lo) as u64);
             }
         }

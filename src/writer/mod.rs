@@ -507,8 +507,8 @@ impl Writer {
 
     /// The lowest position above `after` matching `q` among the committed and staged events:
     /// the tips narrow `(after, head]` to the ranges where a match can lie, then each segment's
-    /// index is probed over them in order with early termination (a scan for a segment without
-    /// one); `condition_force_scan` asks the scan instead, `verify_tips` asks both.
+    /// index is probed over them in order with early termination; `condition_force_scan` asks
+    /// a log scan instead, `verify_tips` asks both.
     fn durable_match(&self, cursor: &mut Cursor, snap: &Snapshot, q: &crate::model::Query, after: u64) -> Result<Option<u64>, ReadError> {
         let head = self.next - 1;
         if self.cfg.condition_force_scan {
@@ -516,7 +516,7 @@ impl Writer {
         }
         let mut fast = None;
         for (lo, hi) in self.tips.candidates(q, after, head) {
-            fast = Self::index_first_match(cursor, snap, q, lo - 1, hi)?;
+            fast = Self::index_first_match(snap, q, lo - 1, hi);
             if fast.is_some() {
                 break;
             }
@@ -533,9 +533,9 @@ impl Writer {
     }
 
     /// The lowest position in `(after, head]` matching `q`, by the segments' indexes.
-    fn index_first_match(cursor: &mut Cursor, snap: &Snapshot, q: &crate::model::Query, after: u64, head: u64) -> Result<Option<u64>, ReadError> {
+    fn index_first_match(snap: &Snapshot, q: &crate::model::Query, after: u64, head: u64) -> Option<u64> {
         if after >= head {
-            return Ok(None);
+            return None;
         }
         // Segments wholly outside the range are pruned by their position range.
         for i in snap.segment_of(after + 1)..snap.segments.len() {
@@ -547,15 +547,12 @@ impl Writer {
                 continue;
             }
             let base = snap.segments[i].base;
-            let hit = match snap.indexes[i].first_match(q, lo, hi) {
-                Some(local) => local.map(|l| base + l as u64),
-                None => cursor.first_match(q, base + lo as u64 - 1, base + hi as u64 - 1)?,
-            };
+            let hit = snap.indexes[i].first_match(q, lo, hi).map(|l| base + l as u64);
             if hit.is_some() {
-                return Ok(hit);
+                return hit;
             }
         }
-        Ok(None)
+        None
     }
 
     fn process(&mut self, drain: Vec<Request>) {
