@@ -295,6 +295,14 @@ impl Cursor {
         Cursor { recent: Some(shared.recent.clone()), ..Cursor::new(snap) }
     }
 
+    /// Lets go of the window's memory; the next access reads it again.
+    fn release_window(&mut self) {
+        self.buf = Vec::new();
+        self.mem = None;
+        self.win_seg = usize::MAX;
+        self.win_len = 0;
+    }
+
     /// The bytes of the current window: file offsets `[win_start, win_start + win_len)`.
     fn window(&self) -> &[u8] {
         match &self.mem {
@@ -564,6 +572,12 @@ impl Reads {
         } else {
             Plan::Scan
         }
+    }
+
+    /// Lets go of the read window's memory (a read about to wait for its turn); the next step
+    /// reads the window again, from memory or the page cache as usual.
+    pub fn release_window(&mut self) {
+        self.cursor.release_window();
     }
 
     /// True when this read uses the indexes (for tests and diagnostics; plans the read if its

@@ -977,3 +977,60 @@ fn append_answers_wait_for_room_in_a_full_control_lane() {
     assert_eq!(positions, (1..=appends).collect());
     assert_eq!(stats, stats_before + stats_after);
 }
+
+/// The resident memory of process `pid`, in bytes.
+fn rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches("kB").trim().parse().unwrap();
+    kib * 1024
+}
+
+/// Clients that pipeline hundreds of full reads and never read their socket: the server's
+/// memory stays bounded per connection (a few read batches in the making and a bounded bulk
+/// lane), and other clients are still served at once. Review: each of 512 admitted reads held
+/// its own half-built batch, ~600 MB per connection, 2.3 GB for four (the reference, which
+/// runs one read per CPU, stays near 300 MB and starves other connections' reads instead).
+#[test]
+fn reads_nobody_reads_hold_bounded_memory() {
+    let srv = start(&[("TEPHRA__SEGMENT__SIZE", "67108864")]);
+    let mut c = Client::connect(srv.addr).unwrap();
+    let payload = vec![b'x'; 1000];
+    for _ in 0..40 {
+        c.append((0..1000).map(|_| ev("P", &[], &payload)), None).unwrap();
+    }
+    let before = rss(srv.pid());
+    let mut stuck = Vec::new();
+    for _ in 0..3 {
+        let mut raw = RawConn::connect_hello(srv.addr);
+        for id in 1..=256 {
+            raw.send(&read_all_req(id, 0));
+        }
+        stuck.push(raw);
+    }
+    // Let the reads run into the full lanes and socket buffers, watching the peak.
+    let mut peak = 0;
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        peak = peak.max(rss(srv.pid()));
+        thread::sleep(Duration::from_millis(100));
+    }
+    let grown = peak.saturating_sub(before);
+    assert!(grown < 200 << 20, "the server grew by {} MiB for 3 connections", grown >> 20);
+    // Every one of those reads was admitted and is running: another client is served anyway.
+    let started = Instant::now();
+    let got: Vec<_> = c.read(tephra::Query::all(), tephra::Position(39_990), None).unwrap().collect::<Result<_, _>>().unwrap();
+    assert_eq!(got.len(), 10);
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    // The stuck connections get their answers once they read: each read's first batch
+    // starts at position 1 and runs on without a gap.
+    for raw in &mut stuck {
+        for _ in 0..8 {
+            let r = raw.recv().unwrap();
+            assert!((1..=256).contains(&r.request_id), "{}", r.request_id);
+            let Some(response::Kind::ReadEvents(b)) = r.kind else { panic!("not a batch") };
+            let first = b.events[0].position;
+            assert!(b.events.windows(2).all(|w| w[1].position == w[0].position + 1));
+            assert!(first == 1 || first > 500, "{first}");
+        }
+    }
+}

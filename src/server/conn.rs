@@ -62,6 +62,9 @@ impl AsyncWrite for Io {
 struct Lanes {
     control: flume::Sender<Vec<u8>>,
     bulk: flume::Sender<Vec<u8>>,
+    /// Bytes the bulk lane may still take ([`BULK_LANE_BYTES`] in all); the egress task gives
+    /// a frame's bytes back once it has written it, and closes this when it ends.
+    bulk_room: Rc<Semaphore>,
     max_frame_len: u32,
     /// Set (and the reader woken through `abandon_tx`) when a control frame could not be
     /// sent: its request would wait forever, so the connection is closed.
@@ -109,8 +112,19 @@ impl Lanes {
         self.control(id, response::Kind::Error(e)).await;
     }
 
+    /// Queues a bulk frame once the lane has room for it: fewer than `frame_queue_depth`
+    /// frames and [`BULK_LANE_BYTES`] bytes queued (a larger frame waits for an empty lane).
+    /// `false` when the connection is going away.
     async fn bulk_frame(&self, f: Vec<u8>) -> bool {
-        self.bulk.send_async(f).await.is_ok()
+        let n = bulk_units(f.len());
+        if self.bulk_room.acquire(n).await.is_err() {
+            return false;
+        }
+        if self.bulk.send_async(f).await.is_ok() {
+            return true;
+        }
+        self.bulk_room.signal(n);
+        false
     }
 
     async fn bulk(&self, id: u64, kind: response::Kind) -> bool {
@@ -131,7 +145,7 @@ impl Lanes {
 ///
 /// Returns the writer once both lanes are closed and everything was written (`None` after a
 /// failed write), so the connection can be half-closed.
-async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8>>, bulk: flume::Receiver<Vec<u8>>) -> Option<W> {
+async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8>>, bulk: flume::Receiver<Vec<u8>>, room: &Semaphore) -> Option<W> {
     let mut control_run = 0u32;
     let mut pending = false;
     loop {
@@ -166,7 +180,11 @@ async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8
             }
         };
         control_run = if is_control { control_run + 1 } else { 0 };
-        if w.write_all(&frame).await.is_err() {
+        let written = w.write_all(&frame).await.is_ok();
+        if !is_control {
+            room.signal(bulk_units(frame.len()));
+        }
+        if !written {
             return None;
         }
         pending = true;
@@ -180,6 +198,19 @@ async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8
     }
 }
 
+/// Bytes of bulk frames queued toward one client, besides the `frame_queue_depth` bound on
+/// their number (review: 256 frames of 512 KiB read batches held 128 MiB per connection).
+const BULK_LANE_BYTES: u64 = 16 << 20;
+
+/// The lane room a bulk frame of `len` bytes takes: its length, or all of the room for a frame
+/// larger than that (it then waits for an empty lane).
+fn bulk_units(len: usize) -> u64 {
+    (len as u64).clamp(1, BULK_LANE_BYTES)
+}
+
+/// Reads of one connection that build a batch at the same time (see `Conn::stream_read`).
+const READ_SLOTS: u64 = 4;
+
 /// Control frames written in a row before one waiting bulk frame is let through.
 const CONTROL_RUN: u32 = 64;
 
@@ -190,6 +221,8 @@ struct Conn {
     append_budget: Rc<Semaphore>,
     read_budget: Rc<Semaphore>,
     read_overflow: Rc<Semaphore>,
+    /// [`READ_SLOTS`] permits: a read builds a batch only while it holds one.
+    read_slots: Rc<Semaphore>,
     subscriptions: Rc<Cell<usize>>,
     inflight: Rc<Cell<usize>>,
     cancels: Rc<RefCell<HashMap<u64, Rc<Cell<bool>>>>>,
@@ -240,12 +273,20 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
     let (ctl_tx, ctl_rx) = flume::bounded(bp.max_inflight_per_conn.max(64));
     let (bulk_tx, bulk_rx) = flume::bounded(bp.frame_queue_depth.max(1));
     let (abandon_tx, abandon_rx) = flume::bounded(1);
-    let egress_task = glommio::spawn_local(egress(writer, ctl_rx, bulk_rx));
+    let bulk_room = Rc::new(Semaphore::new(BULK_LANE_BYTES));
+    let room = bulk_room.clone();
+    let egress_task = glommio::spawn_local(async move {
+        let out = egress(writer, ctl_rx, bulk_rx, &room).await;
+        // Whoever still waits for room gives up: nothing will be written any more.
+        room.close();
+        out
+    });
     let conn = Rc::new(Conn {
-        lanes: Lanes { control: ctl_tx, bulk: bulk_tx, max_frame_len: ctx.settings.server.max_frame_len, abandoned: Rc::new(Cell::new(false)), abandon_tx },
+        lanes: Lanes { control: ctl_tx, bulk: bulk_tx, bulk_room, max_frame_len: ctx.settings.server.max_frame_len, abandoned: Rc::new(Cell::new(false)), abandon_tx },
         append_budget: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
         read_budget: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
         read_overflow: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
+        read_slots: Rc::new(Semaphore::new(READ_SLOTS)),
         subscriptions: Rc::new(Cell::new(0)),
         inflight: Rc::new(Cell::new(0)),
         cancels: Rc::new(RefCell::new(HashMap::new())),
@@ -748,16 +789,44 @@ impl Conn {
         futures_lite::future::or(fetched, abandoned).await
     }
 
+    /// Waits for one of the connection's [`READ_SLOTS`]; `None` once the read is cancelled
+    /// (or the server shuts down) meanwhile.
+    async fn read_slot(&self, cancel: &Cell<bool>) -> Option<glommio::sync::StaticPermit> {
+        if let Ok(p) = self.read_slots.try_acquire_static_permit(1) {
+            return Some(p);
+        }
+        futures_lite::future::or(async { self.read_slots.acquire_static_permit(1).await.ok() }, async {
+            while !cancel.get() && !self.ctx.is_shutting_down() {
+                glommio::timer::sleep(Duration::from_millis(25)).await;
+            }
+            None
+        })
+        .await
+    }
+
     /// Streams a read as `ReadEvents` batches then `ReadEnd`; stops silently on cancel.
+    ///
+    /// Each batch is built while holding one of the connection's [`READ_SLOTS`], given back
+    /// with the batch's buffers once the batch is queued: however many reads a connection has
+    /// running (up to `max_inflight_per_conn`), at most that many hold a batch in the making or
+    /// wait for room in the bulk lane (review: 512 reads on a client that never read its socket
+    /// held ~600 MB per connection, each with its own half-built batch).
     async fn stream_read(&self, id: u64, mut reads: crate::read::Reads, cancel: &Cell<bool>) {
         let watermark = reads.watermark().get();
         let cfg = &self.ctx.settings.server.reads;
         let mut enc = ReadEventsEncoder::new();
         let mut count = 0usize;
         let mut budget = READ_STEP;
+        let mut slot = None;
         loop {
             if cancel.get() || self.ctx.is_shutting_down() {
                 return;
+            }
+            if slot.is_none() {
+                slot = self.read_slot(cancel).await;
+                if slot.is_none() {
+                    return;
+                }
             }
             let (full, done) = match reads.step(&mut budget) {
                 Step::Blocked(warm) => {
@@ -795,8 +864,16 @@ impl Conn {
                     (count >= cfg.batch_events || enc.events_len() >= cfg.batch_bytes, false)
                 }
             };
-            if full && !self.flush_batch(id, &mut enc, &mut count).await {
-                return;
+            if full {
+                if !self.flush_batch(id, &mut enc, &mut count).await {
+                    return;
+                }
+                if !done {
+                    // Queued: give the slot back, and the memory with it.
+                    slot = None;
+                    enc = ReadEventsEncoder::new();
+                    reads.release_window();
+                }
             }
             if done {
                 self.lanes.bulk(id, response::Kind::ReadEnd(pb::ReadEnd { watermark })).await;
