@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use support::{run_to_exit, RawConn, Server};
 use tephra::client::{tls, Client, SubEvent};
-use tephra::proto::{self, request, response, Request};
+use tephra::proto::{self, request, response, Request, Response};
 use tephra::{Event, EventType, Position, Query, Tags};
 
 fn bin() -> PathBuf {
@@ -224,6 +224,27 @@ fn the_idle_timeout_reaps_a_stalled_partial_frame_when_the_frame_timer_is_off() 
     let took = closed_within(&mut raw.stream, Duration::from_secs(6));
     assert!(took < Duration::from_millis(3500), "reaped late: {took:?}");
     assert_eq!(stats_until(srv.addr, "the reap", |s| s.connections_reaped >= 1).connections_reaped, 1);
+}
+
+/// A frame that keeps arriving is activity: a slow upload is not idle, only a stalled one is
+/// (reference protocol §2.7). Review: a 1 MB append sent in 40 KB pieces every 200 ms was
+/// reaped under idle_secs = 2 and lost; the reference acknowledged it.
+#[test]
+fn a_frame_still_arriving_is_not_idle() {
+    let srv = Server::start(&bin(), &[("TEPHRA__SERVER__TIMEOUTS__IDLE_SECS", "1"), ("TEPHRA__SERVER__TIMEOUTS__INCOMPLETE_FRAME_SECS", "0")]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    let req = Request::new(2, request::Kind::Append(proto::AppendRequest { events: vec![proto::Event { r#type: "P".into(), tags: vec![], payload: vec![b'x'; 100_000] }], condition: None }));
+    let mut frame = Vec::new();
+    proto::encode_frame(&req, proto::DEFAULT_MAX_FRAME_LEN, &mut frame).unwrap();
+    // 3 s of trickle, 2.5 idle timeouts, every piece within 0.5 s of the one before.
+    let pieces = 12;
+    for chunk in frame.chunks(frame.len().div_ceil(pieces)) {
+        raw.send_bytes(chunk);
+        thread::sleep(Duration::from_millis(250));
+    }
+    let r = raw.recv().expect("the append's answer");
+    assert_eq!(r, Response::new(2, response::Kind::Append(proto::AppendResponse { first: 1, last: 1 })));
+    assert_eq!(stats_until(srv.addr, "stats", |_| true).connections_reaped, 0);
 }
 
 #[test]

@@ -403,11 +403,11 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 client_closed = true;
                 break 'conn;
             }
-            Wake::Read(Ok(_)) => {
-                if !dec.has_partial() || partial_since.is_none() {
-                    last_activity = Instant::now();
-                }
-            }
+            // Any byte is activity, a frame still arriving included (reference protocol §2.7:
+            // idle is "no complete frame or progressing byte"); a frame that never completes
+            // is for incomplete_frame_secs to end (review: a 1 MB append uploaded over 4 s was
+            // reaped under idle_secs = 2 and lost; the reference acknowledged it).
+            Wake::Read(Ok(_)) => last_activity = Instant::now(),
         }
     }
     for flag in conn.cancels.borrow().values() {
