@@ -992,16 +992,21 @@ fn a_stalled_tls_handshake_does_not_hold_up_shutdown() {
     drop((silent, partial));
 }
 
+/// SIGINT and SIGHUP (a closed terminal, a supervisor's stop) shut down gracefully like
+/// SIGTERM, as the reference's do (review: SIGHUP killed ours at once, exit 129).
 #[test]
-fn sigint_is_graceful_too() {
-    let mut srv = Server::start(&bin(), &[]);
-    let mut c = Client::connect(srv.addr).unwrap();
-    c.append(vec![ev("E", &["k:1"], b"x")], None).unwrap();
-    srv.signal(libc::SIGINT);
-    assert_eq!(srv.wait_exit(Duration::from_secs(10)).expect("exit").code(), Some(0));
-    assert!(c.stats().is_err());
-    srv.restart(&bin(), &[]);
-    assert_eq!(Client::connect(srv.addr).unwrap().stats().unwrap().event_count, 1);
+fn sigint_and_sighup_are_graceful_too() {
+    for sig in [libc::SIGINT, libc::SIGHUP] {
+        let mut srv = Server::start(&bin(), &[]);
+        let mut c = Client::connect(srv.addr).unwrap();
+        c.append(vec![ev("E", &["k:1"], b"x")], None).unwrap();
+        srv.signal(sig);
+        assert_eq!(srv.wait_exit(Duration::from_secs(10)).expect("exit").code(), Some(0), "signal {sig}");
+        assert!(srv.log().contains("shutting down gracefully"), "{}", srv.log());
+        assert!(c.stats().is_err());
+        srv.restart(&bin(), &[]);
+        assert_eq!(Client::connect(srv.addr).unwrap().stats().unwrap().event_count, 1);
+    }
 }
 
 /// Drop-in replacement: stop the reference (or ourselves) with clients connected, start ours on

@@ -5,7 +5,7 @@
 //! ```
 //!
 //! Settings: built-in defaults < TOML file < `TEPHRA__SECTION__KEY` environment < flags (seed
-//! "Configuring the server"). Exit codes: 0 after a graceful shutdown (first SIGINT/SIGTERM),
+//! "Configuring the server"). Exit codes: 0 after a graceful shutdown (first SIGINT/SIGTERM/SIGHUP),
 //! 143 on a second signal, 1 on a configuration or start-up error or a failed healthcheck.
 
 use clap::Parser;
@@ -70,6 +70,9 @@ fn main() -> ExitCode {
     let mut set = nix::sys::signal::SigSet::empty();
     set.add(nix::sys::signal::Signal::SIGINT);
     set.add(nix::sys::signal::Signal::SIGTERM);
+    // A closed terminal or a supervisor's stop: graceful too, as the reference's (ctrlc's
+    // termination set) is.
+    set.add(nix::sys::signal::Signal::SIGHUP);
     if let Err(e) = set.thread_block() {
         eprintln!("cannot block signals: {e}");
         return ExitCode::from(1);
