@@ -208,6 +208,25 @@ fn bulk_units(len: usize) -> u64 {
     (len as u64).clamp(1, BULK_LANE_BYTES)
 }
 
+/// How full the `ReadEvents` batch in the making is, by the reference's measure (its protocol
+/// §1.7): events, and bytes of the events as the engine encodes them (type, tags, payload and
+/// their lengths, as stored), not their protobuf size. A batch is sent once either reaches
+/// `server.reads.batch_events` / `batch_bytes`, checked after each event.
+#[derive(Default)]
+struct Fill {
+    count: usize,
+    bytes: usize,
+}
+
+impl Fill {
+    /// Counts `ev` in; true when the batch is now full.
+    fn add(&mut self, ev: &crate::event::EventRef<'_>, cfg: &crate::config::ReadsSettings) -> bool {
+        self.count += 1;
+        self.bytes += ev.as_bytes().len();
+        self.count >= cfg.batch_events || self.bytes >= cfg.batch_bytes
+    }
+}
+
 /// Reads of one connection that build a batch at the same time (see `Conn::stream_read`).
 const READ_SLOTS: u64 = 4;
 
@@ -815,7 +834,7 @@ impl Conn {
         let watermark = reads.watermark().get();
         let cfg = &self.ctx.settings.server.reads;
         let mut enc = ReadEventsEncoder::new();
-        let mut count = 0usize;
+        let mut fill = Fill::default();
         let mut budget = READ_STEP;
         let mut slot = None;
         loop {
@@ -855,17 +874,16 @@ impl Conn {
                 Step::Event(p, ev) => {
                     if self.lanes.needs_new_frame(&enc, &ev) {
                         // Keep every frame within max_frame_len: send what we have first.
-                        if !self.flush_batch(id, &mut enc, &mut count).await {
+                        if !self.flush_batch(id, &mut enc, &mut fill).await {
                             return;
                         }
                     }
                     enc.push(p, &ev);
-                    count += 1;
-                    (count >= cfg.batch_events || enc.events_len() >= cfg.batch_bytes, false)
+                    (fill.add(&ev, cfg), false)
                 }
             };
             if full {
-                if !self.flush_batch(id, &mut enc, &mut count).await {
+                if !self.flush_batch(id, &mut enc, &mut fill).await {
                     return;
                 }
                 if !done {
@@ -883,8 +901,8 @@ impl Conn {
         }
     }
 
-    async fn flush_batch(&self, id: u64, enc: &mut ReadEventsEncoder, count: &mut usize) -> bool {
-        *count = 0;
+    async fn flush_batch(&self, id: u64, enc: &mut ReadEventsEncoder, fill: &mut Fill) -> bool {
+        *fill = Fill::default();
         let frame = match enc.finish(id, self.lanes.max_frame_len) {
             Ok(f) => f.to_vec(),
             Err(e) => {
@@ -927,7 +945,9 @@ impl Conn {
         let tick = self.ctx.settings.server.subscriptions.wait_tick();
         let mut announced = false;
         let mut enc = ReadEventsEncoder::new();
-        let mut count = 0usize;
+        let mut fill = Fill::default();
+        // Events delivered so far in the reference-sized poll under way.
+        let mut in_poll = 0usize;
         loop {
             if cancel.get() || self.ctx.is_shutting_down() {
                 return;
@@ -935,7 +955,7 @@ impl Conn {
             let mut failed = None;
             let mut frames = Vec::new();
             let mut budget = READ_STEP;
-            let polled = sub.poll_within(crate::read::POLL_BATCH_EVENTS, &mut budget, |p, ev| {
+            let polled = sub.poll_within(crate::read::POLL_BATCH_EVENTS - in_poll, &mut budget, |p, ev| {
                 if failed.is_some() {
                     return;
                 }
@@ -948,29 +968,42 @@ impl Conn {
                         Err(e) => failed = Some(e.to_string()),
                     }
                     enc.clear();
-                    count = 0;
+                    fill = Fill::default();
                     if failed.is_some() {
                         return;
                     }
                 }
                 enc.push(p, &ev);
-                count += 1;
-                if count >= cfg.batch_events || enc.events_len() >= cfg.batch_bytes {
+                if fill.add(&ev, cfg) {
                     match enc.finish(id, self.lanes.max_frame_len) {
                         Ok(f) => frames.push(f.to_vec()),
                         Err(e) => failed = Some(e.to_string()),
                     }
                     enc.clear();
-                    count = 0;
+                    fill = Fill::default();
                 }
             });
-            if failed.is_none() && !enc.is_empty() {
+            // The reference frames each poll of up to POLL_BATCH_EVENTS events on its own (its
+            // protocol §1.7); ours may stop a poll early (the step budget, a fetch from the disk)
+            // and resume it, so the rest of a batch is sent only where the reference's poll
+            // would have ended: that many events, the live edge, or a failure.
+            let poll_ended = match &polled {
+                Ok(p) => {
+                    in_poll += p.delivered;
+                    p.caught_up || in_poll >= crate::read::POLL_BATCH_EVENTS
+                }
+                Err(_) => true,
+            };
+            if poll_ended {
+                in_poll = 0;
+            }
+            if failed.is_none() && !enc.is_empty() && poll_ended {
                 match enc.finish(id, self.lanes.max_frame_len) {
                     Ok(f) => frames.push(f.to_vec()),
                     Err(e) => failed = Some(e.to_string()),
                 }
                 enc.clear();
-                count = 0;
+                fill = Fill::default();
             }
             // The frames built before a failure go out first: the subscriber gets every event
             // up to the one that failed, as a read does.
