@@ -57,6 +57,7 @@ fn main() -> ExitCode {
             tracing::warn!(configured = secs, effective = tephra::config::MAX_KEEPALIVE_SECS, "{key} is over what Linux accepts and is clamped");
         }
     }
+    open_files_for(settings.server.limits.connection_cap().map(|c| c.get()));
     let usable = tephra::server::min_usable_frame_len();
     if (settings.server.max_frame_len as usize) < usable {
         // Accepted, as by the reference, but no handshake can succeed.
@@ -269,5 +270,21 @@ impl rustls::client::danger::ServerCertVerifier for Pinned {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.algorithms.supported_schemes()
+    }
+}
+
+/// Raises the soft open-files limit to the hard one (a service manager's default soft limit,
+/// often 1,024, is below what `max_connections` = 1,024 needs once the server's own files are
+/// counted), and says so at start when the limit still leaves no room for `cap` connections.
+fn open_files_for(cap: Option<usize>) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return };
+    let limit = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() { hard } else { soft };
+    // The server's own descriptors: rings, segments, indexes, listeners, a few per shard.
+    const OWN: u64 = 128;
+    if let Some(cap) = cap {
+        if limit < cap as u64 + OWN {
+            tracing::warn!(open_files = limit, max_connections = cap, "the open-files limit leaves no room for server.limits.max_connections: connections past it are reset at accept (raise it, e.g. ulimit -n or LimitNOFILE)");
+        }
     }
 }

@@ -39,7 +39,8 @@ pub struct Context {
     pub active_connections: AtomicU64,
     /// Live subscriptions, all shards.
     pub active_subscriptions: AtomicU64,
-    /// Connections closed at accept because of `max_connections`.
+    /// Connections closed at accept: over `max_connections`, or reset while the process was out
+    /// of file descriptors.
     pub connections_refused: AtomicU64,
     /// Connections closed by a timeout.
     pub connections_reaped: AtomicU64,
@@ -544,8 +545,8 @@ fn foreign_listeners(addr: SocketAddr, ours: &[u64]) -> Result<Vec<SocketAddr>, 
 /// `SO_REUSEADDR` (a restart binds at once even while connections of the previous process sit
 /// in TIME_WAIT on the port, as the reference's listener does; glommio's own `bind` sets only
 /// the first), backlog 1024. Also returns the socket's inode number (for
-/// [`foreign_listeners`]).
-fn listen(addr: SocketAddr) -> std::io::Result<(glommio::net::TcpListener, u64)> {
+/// [`foreign_listeners`]) and its descriptor (owned by the listener).
+fn listen(addr: SocketAddr) -> std::io::Result<(glommio::net::TcpListener, u64, std::os::fd::RawFd)> {
     use socket2::{Domain, Protocol, Socket, Type};
     use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
     let sk = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -554,8 +555,78 @@ fn listen(addr: SocketAddr) -> std::io::Result<(glommio::net::TcpListener, u64)>
     sk.bind(&addr.into())?;
     sk.listen(1024)?;
     let inode = nix::sys::stat::fstat(sk.as_raw_fd())?.st_ino;
+    let fd = sk.into_raw_fd();
     // SAFETY: a bound, listening TCP socket whose descriptor is handed over exactly once.
-    Ok((unsafe { glommio::net::TcpListener::from_raw_fd(sk.into_raw_fd()) }, inode))
+    Ok((unsafe { glommio::net::TcpListener::from_raw_fd(fd) }, inode, fd))
+}
+
+/// A descriptor held in reserve (`/dev/null`), so that a shard out of descriptors can still
+/// take pending connections off its listener and reset them instead of leaving them to wait.
+struct SpareDescriptor(Option<std::fs::File>);
+
+impl SpareDescriptor {
+    fn open() -> SpareDescriptor {
+        SpareDescriptor(std::fs::File::open("/dev/null").ok())
+    }
+
+    /// Gives the reserve up, accepts and resets (RST) every connection pending on `listener`,
+    /// then takes the reserve back. Returns how many were reset.
+    fn shed(&mut self, listener: std::os::fd::RawFd) -> u64 {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use nix::sys::socket::{accept4, SockFlag};
+        use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+        self.0 = None;
+        let mut shed = 0;
+        loop {
+            // SAFETY: the listener outlives this call.
+            let fd = unsafe { BorrowedFd::borrow_raw(listener) };
+            // Only when a connection is waiting: the listener itself blocks.
+            let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+            if !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1)) {
+                break;
+            }
+            match accept4(listener, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK) {
+                Ok(conn) => {
+                    // SAFETY: a descriptor accept4 just returned, owned here alone.
+                    let conn = unsafe { OwnedFd::from_raw_fd(conn) };
+                    let _ = socket2::SockRef::from(&conn).set_linger(Some(std::time::Duration::ZERO));
+                    shed += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        *self = SpareDescriptor::open();
+        shed
+    }
+}
+
+/// Accept failures, said at most once a second per shard (a shard out of descriptors fails
+/// every accept it tries).
+#[derive(Default)]
+struct AcceptErrors {
+    last_said: Option<Instant>,
+    failed: u64,
+    reset: u64,
+}
+
+impl AcceptErrors {
+    /// Counts a failed accept; `reset` is how many pending connections were reset after it,
+    /// `None` when the failure was not for want of descriptors.
+    fn note(&mut self, shard: usize, reset: Option<u64>, e: &dyn std::fmt::Display) {
+        self.failed += 1;
+        self.reset += reset.unwrap_or(0);
+        if self.last_said.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1)) {
+            return;
+        }
+        self.last_said = Some(Instant::now());
+        let (failed, reset_total) = (std::mem::take(&mut self.failed), std::mem::take(&mut self.reset));
+        if reset.is_some() {
+            let reset = reset_total;
+            tracing::warn!(shard, error = %e, failed, reset, "accept failed: out of file descriptors; new connections are reset (raise the open-files limit, e.g. LimitNOFILE, or lower server.limits.max_connections)");
+        } else {
+            tracing::warn!(shard, error = %e, failed, "accept failed");
+        }
+    }
 }
 
 async fn shard_main(
@@ -567,8 +638,8 @@ async fn shard_main(
     released: flume::Sender<()>,
 ) {
     let mut addr = addr;
-    let listener = loop {
-        let (listener, inode) = match listen(addr) {
+    let (listener, listener_fd) = loop {
+        let (listener, inode, fd) = match listen(addr) {
             Ok(l) => l,
             Err(e) => {
                 let _ = bound.send(Err(format!("cannot bind {addr}: {e}")));
@@ -584,7 +655,7 @@ async fn shard_main(
         // listener closes here, resetting whatever connected meanwhile, before any request is
         // read.
         match words.recv_async().await {
-            Ok(Word::Accept) => break listener,
+            Ok(Word::Accept) => break (listener, fd),
             Ok(Word::Release) => {
                 drop(listener);
                 let _ = released.send(());
@@ -601,6 +672,8 @@ async fn shard_main(
     glommio::spawn_local(shards::reliable_wakes(router.clone().dispatch(replies))).detach();
     let live = Rc::new(std::cell::Cell::new(0usize));
     let closing = Rc::new(event_listener::Event::new());
+    let mut spare = SpareDescriptor::open();
+    let mut accept_errors = AcceptErrors::default();
     loop {
         let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
             ctx.wait_shutdown().await;
@@ -611,7 +684,20 @@ async fn shard_main(
             None => break,
             Some(Ok(s)) => s,
             Some(Err(e)) => {
-                tracing::warn!(shard, error = %e, "accept failed");
+                let errno = match &e {
+                    glommio::GlommioError::IoError(io) => io.raw_os_error(),
+                    _ => None,
+                };
+                if matches!(errno, Some(libc::EMFILE) | Some(libc::ENFILE)) {
+                    // Out of descriptors: the pending connections would wait in the backlog
+                    // for their clients' own timeouts. Reset them now (review: 33 of 60 Hellos
+                    // hung, and the log took ~190 lines a second).
+                    let n = spare.shed(listener_fd);
+                    ctx.connections_refused.fetch_add(n, Ordering::Relaxed);
+                    accept_errors.note(shard, Some(n), &e);
+                } else {
+                    accept_errors.note(shard, None, &e);
+                }
                 glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
                 continue;
             }
