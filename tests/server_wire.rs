@@ -1034,3 +1034,59 @@ fn reads_nobody_reads_hold_bounded_memory() {
         }
     }
 }
+
+/// Bulk frames leave in the order they were queued, whatever their size: a read of one 12 MB
+/// event on a connection whose busy subscription keeps the bulk lane full (a client reading at
+/// ~20 MB/s while another appends at ~45 MB/s) is answered in seconds, as by the reference
+/// (2.9 s). Review: the small subscription frames kept taking the lane's room and the read's
+/// frame waited until the appends stopped.
+#[test]
+fn a_large_read_frame_is_not_starved_by_a_busy_subscription() {
+    let srv = start(&[("TEPHRA__SEGMENT__SIZE", "268435456")]);
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append(vec![ev("Big", &["big:1"], &vec![b'z'; 12_000_000])], None).unwrap();
+    let mut a = RawConn::connect_hello(srv.addr);
+    a.send(&subscribe_all_req(3, 1));
+    assert!(matches!(a.recv().unwrap().kind, Some(response::Kind::CaughtUp(_))));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, addr) = (stop.clone(), srv.addr);
+        thread::spawn(move || {
+            let mut w = Client::connect(addr).unwrap();
+            let payload = vec![b'p'; 4000];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                w.append((0..100).map(|_| ev("P", &[], &payload)), None).unwrap();
+            }
+        })
+    };
+    thread::sleep(Duration::from_secs(1));
+    let query = proto::Query { all: false, items: vec![proto::QueryItem { types: vec![], tags: vec!["big:1".into()] }] };
+    a.send(&Request::new(9, request::Kind::Read(proto::ReadRequest { query: Some(query), ..Default::default() })));
+    // Read like a client that takes its frames at ~20 MB/s, until the read's events arrive.
+    let started = Instant::now();
+    let (mut taken, mut found) = (0usize, false);
+    while !found && started.elapsed() < Duration::from_secs(20) {
+        let mut head = [0u8; 4];
+        a.stream.read_exact(&mut head).unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(head) as usize];
+        for chunk in body.chunks_mut(64 << 10) {
+            a.stream.read_exact(chunk).unwrap();
+            taken += chunk.len();
+            let due = Duration::from_secs_f64(taken as f64 / 20e6);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                thread::sleep(wait);
+            }
+        }
+        let r = <Response as prost::Message>::decode(&body[..]).unwrap();
+        if r.request_id == 9 {
+            let Some(response::Kind::ReadEvents(b)) = r.kind else { panic!("{:?}", r.kind.map(|_| ())) };
+            assert_eq!(b.events.len(), 1);
+            assert_eq!(b.events[0].position, 1);
+            found = true;
+        }
+    }
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(found && took < Duration::from_secs(10), "the read's frame took {took:?} (found: {found})");
+}
