@@ -136,10 +136,10 @@ pub fn resolve_sources(
     };
 
     for (var, path, raw) in env_vars(env)? {
-        // A whole number past what TOML holds (i64) would otherwise be reported as a string
-        // where a number belongs.
+        // A negative whole number past what TOML holds (i64) would otherwise be reported as a
+        // string where a number belongs (a positive one is clamped by `coerce`).
         if let (Some(Value::Integer(_)), Ok(n)) = (kind_at(&kinds, &path), raw.trim().parse::<i128>()) {
-            if i64::try_from(n).is_err() {
+            if n < i128::from(i64::MIN) {
                 return Err(ConfigError::Schema {
                     key: path.join("."),
                     message: format!("{n} is out of range: configuration numbers are 64-bit signed integers ({} to {})", i64::MIN, i64::MAX),
@@ -381,7 +381,14 @@ fn coerce_value(value: &mut Value, kind: &Value) {
         (Value::String(_), Value::Integer(i)) => Some(Value::String(i.to_string())),
         (Value::String(_), Value::Float(f)) => Some(Value::String(f.to_string())),
         (Value::String(_), Value::Boolean(b)) => Some(Value::String(b.to_string())),
-        (Value::Integer(_), Value::String(s)) => s.parse::<i64>().ok().map(Value::Integer),
+        (Value::Integer(_), Value::String(s)) => match s.parse::<i64>() {
+            Ok(n) => Some(Value::Integer(n)),
+            // A whole number past i64 (only a variable can hold one): the reference reads its
+            // numbers as u64 and clamps larger ones to u64::MAX; TOML stops at i64::MAX, which
+            // means "unlimited" or "never" for every key just as well.
+            Err(_) if is_whole_number(s) => Some(Value::Integer(i64::MAX)),
+            Err(_) => None,
+        },
         (Value::Integer(_), Value::Float(f))
             if f.fract() == 0.0 && *f >= i64::MIN as f64 && *f < i64::MAX as f64 =>
         {
@@ -398,6 +405,12 @@ fn coerce_value(value: &mut Value, kind: &Value) {
     if let Some(replacement) = replacement {
         *value = replacement;
     }
+}
+
+/// True for a run of decimal digits, optionally after a `+`.
+fn is_whole_number(s: &str) -> bool {
+    let digits = s.strip_prefix('+').unwrap_or(s);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The schema's value at `path` in `kinds` (its type is the key's), if the key exists.
