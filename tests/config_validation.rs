@@ -24,13 +24,19 @@ fn invalid_message(result: Result<Settings, ConfigError>) -> String {
     }
 }
 
+/// `server.max_frame_len = 0` starts, as with the reference (second review: ours refused it);
+/// the server then warns that no Hello can be answered.
+#[test]
+fn a_zero_frame_cap_is_accepted_as_by_the_reference() {
+    assert_eq!(from_env(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "0")]).unwrap().server.max_frame_len, 0);
+}
+
 #[test]
 fn counts_that_must_be_at_least_one() {
     for key in [
         "writer.queue_capacity",
         "writer.max_batch_records",
         "read.scan_bias",
-        "server.max_frame_len",
         "server.reads.batch_events",
         "server.reads.batch_bytes",
         "server.subscriptions.wait_tick_ms",
