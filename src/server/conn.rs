@@ -24,7 +24,40 @@ use std::time::{Duration, Instant};
 /// The transport: plain TCP or TLS over it.
 enum Io {
     Plain(TcpStream),
-    Tls(Box<futures_rustls::server::TlsStream<TcpStream>>),
+    Tls(Box<futures_rustls::server::TlsStream<Heard>>),
+}
+
+/// A TCP stream that notes when it last received bytes: under TLS the connection's reader sees
+/// only whole decrypted records, and a record still arriving is activity too (reference
+/// protocol §2.7: "no complete frame or progressing byte").
+struct Heard {
+    stream: TcpStream,
+    last: Rc<Cell<Instant>>,
+}
+
+impl AsyncRead for Heard {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut TaskCx<'_>, buf: &mut [u8]) -> Poll<std::io::Result<usize>> {
+        let me = self.get_mut();
+        let got = Pin::new(&mut me.stream).poll_read(cx, buf);
+        if let Poll::Ready(Ok(n)) = &got {
+            if *n > 0 {
+                me.last.set(Instant::now());
+            }
+        }
+        got
+    }
+}
+
+impl AsyncWrite for Heard {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut TaskCx<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+    fn poll_close(self: Pin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_close(cx)
+    }
 }
 
 impl AsyncRead for Io {
@@ -337,11 +370,14 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
     }
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let timeouts = ctx.settings.server.timeouts.clone();
+    // When bytes last arrived under TLS (a plain connection's reader sees every byte itself).
+    let heard = Rc::new(Cell::new(accepted));
     let io = match &ctx.tls {
         None => Io::Plain(stream),
         Some(cfg) => {
             let acceptor = futures_rustls::TlsAcceptor::from(cfg.clone());
             let limit = timeouts.tls_handshake().unwrap_or(Duration::from_secs(3600));
+            let stream = Heard { stream, last: heard.clone() };
             let hs = futures_lite::future::or(async { Some(acceptor.accept(stream).await) }, async {
                 glommio::timer::sleep(limit).await;
                 None
@@ -489,7 +525,11 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
         )
         .await;
         match got {
-            Wake::Tick => continue,
+            Wake::Tick => {
+                // Part of a TLS record arrived meanwhile: the client is not idle.
+                last_activity = last_activity.max(heard.get());
+                continue;
+            }
             // Not the client's doing: its answers still go out before the close.
             Wake::Shutdown => break 'conn,
             Wake::Read(Ok(0)) | Wake::Read(Err(_)) => {
