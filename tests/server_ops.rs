@@ -389,7 +389,7 @@ fn half_configured_or_unreadable_tls_refuses_to_start() {
 fn unknown_keys_refuse_to_start() {
     expect_config_error(Some("bogus_key = 1\n"), &[], "unknown field `bogus_key`");
     expect_config_error(Some("[server.timeouts]\nidle = 3\n"), &[], "unknown field `idle`");
-    let out = run_to_exit(&bin(), &["--bind", "127.0.0.1:0"], &[], Some("[server]\nmax_frame_len = 0\n"), Duration::from_secs(20));
+    let out = run_to_exit(&bin(), &["--bind", "127.0.0.1:0"], &[], Some("[server.reads]\nbatch_events = 0\n"), Duration::from_secs(20));
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.starts_with("configuration error: "), "{}", out.stderr);
 }
