@@ -1409,8 +1409,10 @@ impl Drop for Frozen {
     }
 }
 
-/// Out of file descriptors, a server resets the connections it cannot take instead of leaving
-/// them in the backlog until their clients give up, and says so about once a second (review:
+/// Out of file descriptors, a server resets the connections it cannot take (its listener's
+/// queue is shut down and listened on again) instead of leaving them in the backlog until their
+/// clients give up (CI once saw the first version, which accepted and reset them with a
+/// reserve descriptor, hang a connection: another shard had taken the freed descriptor), and says so about once a second (review:
 /// under `ulimit -n 48`, 33 of 60 Hellos hung and the log took ~190 lines a second). Once
 /// connections close, new ones are served again.
 #[test]
@@ -1424,9 +1426,25 @@ fn out_of_descriptors_new_connections_are_reset_not_left_hanging() {
     let (mut answered, mut refused) = (0, 0);
     let mut held = Vec::new();
     for _ in 0..60 {
-        let mut raw = RawConn::connect(srv.addr);
+        // While a shard resets its queue its listener is briefly out of the group: a connect
+        // may be refused then, which is as prompt an answer as a reset.
+        let stream = match TcpStream::connect(srv.addr) {
+            Ok(s) => s,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                refused += 1;
+                continue;
+            }
+            Err(e) => panic!("connect: {e}"),
+        };
+        let mut raw = RawConn { stream, dec: proto::FrameDecoder::new(proto::DEFAULT_MAX_FRAME_LEN) };
         raw.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        raw.send(&Request::hello(1, None));
+        let mut hello = Vec::new();
+        proto::encode_frame(&Request::hello(1, None), proto::DEFAULT_MAX_FRAME_LEN, &mut hello).unwrap();
+        if raw.stream.write_all(&hello).is_err() {
+            // Reset before the Hello went out.
+            refused += 1;
+            continue;
+        }
         let started = Instant::now();
         let mut buf = [0u8; 64];
         match raw.stream.read(&mut buf) {
@@ -1447,7 +1465,8 @@ fn out_of_descriptors_new_connections_are_reset_not_left_hanging() {
     loop {
         match Client::connect(srv.addr) {
             Ok(mut c) => {
-                assert!(c.stats().unwrap().connections_refused >= refused);
+                // Connects refused by the kernel never reached a queue; the resets are counted.
+                assert!(c.stats().unwrap().connections_refused >= 1);
                 break;
             }
             Err(_) if started.elapsed() < Duration::from_secs(10) => thread::sleep(Duration::from_millis(100)),

@@ -553,52 +553,43 @@ fn listen(addr: SocketAddr) -> std::io::Result<(glommio::net::TcpListener, u64, 
     sk.set_reuse_address(true)?;
     sk.set_reuse_port(true)?;
     sk.bind(&addr.into())?;
-    sk.listen(1024)?;
+    sk.listen(LISTEN_BACKLOG)?;
     let inode = nix::sys::stat::fstat(sk.as_raw_fd())?.st_ino;
     let fd = sk.into_raw_fd();
     // SAFETY: a bound, listening TCP socket whose descriptor is handed over exactly once.
     Ok((unsafe { glommio::net::TcpListener::from_raw_fd(fd) }, inode, fd))
 }
 
-/// A descriptor held in reserve (`/dev/null`), so that a shard out of descriptors can still
-/// take pending connections off its listener and reset them instead of leaving them to wait.
-struct SpareDescriptor(Option<std::fs::File>);
-
-impl SpareDescriptor {
-    fn open() -> SpareDescriptor {
-        SpareDescriptor(std::fs::File::open("/dev/null").ok())
-    }
-
-    /// Gives the reserve up, accepts and resets (RST) every connection pending on `listener`,
-    /// then takes the reserve back. Returns how many were reset.
-    fn shed(&mut self, listener: std::os::fd::RawFd) -> u64 {
-        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-        use nix::sys::socket::{accept4, SockFlag};
-        use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
-        self.0 = None;
-        let mut shed = 0;
-        loop {
-            // SAFETY: the listener outlives this call.
-            let fd = unsafe { BorrowedFd::borrow_raw(listener) };
-            // Only when a connection is waiting: the listener itself blocks.
-            let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-            if !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(1)) {
-                break;
-            }
-            match accept4(listener, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK) {
-                Ok(conn) => {
-                    // SAFETY: a descriptor accept4 just returned, owned here alone.
-                    let conn = unsafe { OwnedFd::from_raw_fd(conn) };
-                    let _ = socket2::SockRef::from(&conn).set_linger(Some(std::time::Duration::ZERO));
-                    shed += 1;
-                }
-                Err(_) => break,
-            }
+/// Resets every connection waiting in the accept queue of `listener` (a listening socket's
+/// descriptor) and listens again: a shard out of file descriptors cannot accept them, and left
+/// in the backlog they would wait for their clients' own timeouts. Shutting a listening socket
+/// down resets its queue and keeps its address; `listen` then puts it back in the
+/// `SO_REUSEPORT` group. No descriptor is needed (a reserve one, the usual trick, can be taken
+/// by another shard the moment it is freed: CI saw a connection hang that way). Returns how
+/// many were waiting.
+fn reset_backlog(listener: std::os::fd::RawFd) -> std::io::Result<u64> {
+    // SAFETY: plain socket calls on a descriptor the caller's listener owns; `info` is a
+    // properly sized, writable tcp_info.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // For a listening socket `tcpi_unacked` is the length of its accept queue.
+        let waiting = if libc::getsockopt(listener, libc::IPPROTO_TCP, libc::TCP_INFO, (&mut info as *mut libc::tcp_info).cast(), &mut len) == 0 { u64::from(info.tcpi_unacked) } else { 0 };
+        if waiting == 0 {
+            return Ok(0);
         }
-        *self = SpareDescriptor::open();
-        shed
+        if libc::shutdown(listener, libc::SHUT_RD) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::listen(listener, LISTEN_BACKLOG) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(waiting)
     }
 }
+
+/// The listeners' accept queue length.
+const LISTEN_BACKLOG: i32 = 1024;
 
 /// Accept failures, said at most once a second per shard (a shard out of descriptors fails
 /// every accept it tries).
@@ -672,7 +663,6 @@ async fn shard_main(
     glommio::spawn_local(shards::reliable_wakes(router.clone().dispatch(replies))).detach();
     let live = Rc::new(std::cell::Cell::new(0usize));
     let closing = Rc::new(event_listener::Event::new());
-    let mut spare = SpareDescriptor::open();
     let mut accept_errors = AcceptErrors::default();
     loop {
         let accepted = futures_lite::future::or(async { Some(listener.accept().await) }, async {
@@ -692,9 +682,13 @@ async fn shard_main(
                     // Out of descriptors: the pending connections would wait in the backlog
                     // for their clients' own timeouts. Reset them now (review: 33 of 60 Hellos
                     // hung, and the log took ~190 lines a second).
-                    let n = spare.shed(listener_fd);
-                    ctx.connections_refused.fetch_add(n, Ordering::Relaxed);
-                    accept_errors.note(shard, Some(n), &e);
+                    match reset_backlog(listener_fd) {
+                        Ok(n) => {
+                            ctx.connections_refused.fetch_add(n, Ordering::Relaxed);
+                            accept_errors.note(shard, Some(n), &e);
+                        }
+                        Err(le) => tracing::error!(shard, error = %le, "could not reset the connections waiting to be accepted, nor listen again"),
+                    }
                 } else {
                     accept_errors.note(shard, None, &e);
                 }
