@@ -597,13 +597,13 @@ impl Reads {
     }
 
     /// Plans segments (in walk order) until some position is queued or none is left.
-    fn refill(&mut self) -> Result<(), ReadError> {
+    fn refill(&mut self) {
         let (first, last) = self.range();
         let limit = self.remaining.map_or(usize::MAX, |n| n as usize);
         let dir = if self.forward { Direction::Forward } else { Direction::Backward };
-        let Plan::Indexed { queue, next_seg } = &mut self.plan else { return Ok(()) };
+        let Plan::Indexed { queue, next_seg } = &mut self.plan else { return };
         while queue.is_empty() {
-            let Some(si) = *next_seg else { return Ok(()) };
+            let Some(si) = *next_seg else { return };
             let snap = self.cursor.snap.clone();
             *next_seg = if self.forward {
                 (si + 1 < snap.segments.len() && snap.segments[si + 1].base <= last).then_some(si + 1)
@@ -617,7 +617,6 @@ impl Reads {
             let base = snap.segments[si].base;
             queue.extend(snap.indexes[si].matches(&self.query, lo, hi, dir, limit).into_iter().map(|l| base + l as u64));
         }
-        Ok(())
     }
 
     /// The next matching event, or `None` at the end.
@@ -662,10 +661,7 @@ impl Reads {
                 }
                 Plan::Indexed { queue, .. } => {
                     if queue.is_empty() {
-                        if let Err(e) = self.refill() {
-                            self.remaining = Some(0);
-                            return Step::Failed(e);
-                        }
+                        self.refill();
                     }
                     let Plan::Indexed { queue, .. } = &mut self.plan else { unreachable!() };
                     let Some(pos) = queue.pop_front() else {

@@ -642,8 +642,9 @@ const LINGER_BYTES: usize = 64 << 20;
 /// whether the shard's other work is due (each costs about 0.1 µs: ~50 µs per step).
 const READ_STEP: usize = 512;
 
-/// How often a read waiting for a fetch looks whether it was cancelled (see `Conn::fetch`).
-const FETCH_CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+/// How often a read waiting for a fetch or a slot looks whether it was abandoned (see
+/// `Conn::abandoned`).
+const ABANDON_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The longest a connection's reader waits for bytes before re-checking its deadlines (and
 /// re-polling the socket). Deadlines themselves are waited for exactly; the tick only bounds
@@ -913,13 +914,20 @@ impl Conn {
             warm.run();
             warm
         });
-        let abandoned = async {
-            while !cancel.get() && !self.ctx.is_shutting_down() {
-                glommio::timer::sleep(FETCH_CANCEL_POLL).await;
-            }
+        futures_lite::future::or(fetched, async {
+            self.abandoned(cancel).await;
             None
-        };
-        futures_lite::future::or(fetched, abandoned).await
+        })
+        .await
+    }
+
+    /// Returns once the request behind `cancel` is abandoned: cancelled (by the client, or by
+    /// its connection closing) or the server is shutting down. Polled every
+    /// [`ABANDON_POLL`], for waits that cannot be woken by it.
+    async fn abandoned(&self, cancel: &Cell<bool>) {
+        while !cancel.get() && !self.ctx.is_shutting_down() {
+            glommio::timer::sleep(ABANDON_POLL).await;
+        }
     }
 
     /// Waits for one of the connection's [`READ_SLOTS`]; `None` once the read is cancelled
@@ -929,9 +937,7 @@ impl Conn {
             return Some(p);
         }
         futures_lite::future::or(async { self.read_slots.acquire_static_permit(1).await.ok() }, async {
-            while !cancel.get() && !self.ctx.is_shutting_down() {
-                glommio::timer::sleep(Duration::from_millis(25)).await;
-            }
+            self.abandoned(cancel).await;
             None
         })
         .await

@@ -610,10 +610,10 @@ impl AcceptErrors {
             return;
         }
         self.last_said = Some(Instant::now());
-        let (failed, reset_total) = (std::mem::take(&mut self.failed), std::mem::take(&mut self.reset));
+        let failed = std::mem::take(&mut self.failed);
+        let reset_since = std::mem::take(&mut self.reset);
         if reset.is_some() {
-            let reset = reset_total;
-            tracing::warn!(shard, error = %e, failed, reset, "accept failed: out of file descriptors; new connections are reset (raise the open-files limit, e.g. LimitNOFILE, or lower server.limits.max_connections)");
+            tracing::warn!(shard, error = %e, failed, reset = reset_since, "accept failed: out of file descriptors; new connections are reset (raise the open-files limit, e.g. LimitNOFILE, or lower server.limits.max_connections)");
         } else {
             tracing::warn!(shard, error = %e, failed, "accept failed");
         }
