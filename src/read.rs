@@ -181,7 +181,7 @@ impl Shared {
             closed: AtomicBool::new(false),
             failure: Mutex::new(None),
             subscribers: AtomicU64::new(0),
-            scan_bias: scan_bias.max(1),
+            scan_bias,
         }
     }
 
@@ -496,7 +496,7 @@ pub enum Step<'a> {
 ///
 /// The planner picks, once per read, between a scan and the indexes: the index when
 /// `estimate × scan_bias ≤ range width` (the estimate sums, over the segments in range, each
-/// query item's shortest tag posting list, or the width for a tagless item); `scan_bias = 1`
+/// query item's shortest tag posting list, or the width for a tagless item); `scan_bias` 0 or 1
 /// always takes the index, `u32::MAX` always scans, [`Query::All`] is always a scan. Either way
 /// the answer is the same.
 pub struct Reads {

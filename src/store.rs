@@ -22,7 +22,7 @@ use std::sync::Arc;
 /// range is at least this many times the estimated result. It changes speed, never results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadConfig {
-    /// Planner bias; 1 always prefers an index, `u32::MAX` always scans.
+    /// Planner bias; 0 and 1 always prefer an index, `u32::MAX` always scans.
     pub scan_bias: u32,
 }
 

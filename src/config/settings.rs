@@ -179,8 +179,8 @@ impl Default for WriterSettings {
 #[serde(default, deny_unknown_fields)]
 pub struct ReadSettings {
     /// `read.scan_bias`: the planner uses the index only when the candidate range is at least
-    /// this many times the estimated result count. Default 4. Must be at least 1. Changes speed,
-    /// never results.
+    /// this many times the estimated result count. Default 4; 0 and 1 always take the index,
+    /// `u32::MAX` always scans (reference engine, "the planner"). Changes speed, never results.
     pub scan_bias: u32,
 }
 
@@ -232,10 +232,11 @@ impl Default for ServerSettings {
 #[serde(default, deny_unknown_fields)]
 pub struct ReadsSettings {
     /// `server.reads.batch_events`: a streamed read or subscription sends a frame once it holds
-    /// this many events. Default 1,024. Must be at least 1.
+    /// this many events. Default 1,024; 0 acts as 1 (checked after each event, as in the
+    /// reference's §1.7).
     pub batch_events: usize,
     /// `server.reads.batch_bytes`: ... or once its buffered events reach this many bytes.
-    /// Default 524,288 (512 KiB). Must be at least 1.
+    /// Default 524,288 (512 KiB); 0 acts as 1.
     pub batch_bytes: usize,
     /// `server.reads.worker_threads`: size of the shared read pool. Default 0, meaning one
     /// worker per logical CPU; see [`ReadsSettings::worker_count`].

@@ -34,8 +34,7 @@ impl Settings {
     /// Checks every rule and returns the first one broken, as [`ConfigError::Invalid`] whose
     /// message names the key:
     ///
-    /// - `writer.queue_capacity`, `writer.max_batch_records`, `read.scan_bias`,
-    ///   `server.reads.batch_events`, `server.reads.batch_bytes`,
+    /// - `writer.queue_capacity`, `writer.max_batch_records`,
     ///   `server.subscriptions.wait_tick_ms`, `server.subscriptions.max_concurrent`,
     ///   `server.backpressure.max_inflight_per_conn`, `server.backpressure.frame_queue_depth`,
     ///   `server.keepalive.idle_secs`, `server.keepalive.interval_secs`:
@@ -62,11 +61,11 @@ impl Settings {
                 self.segment.size
             )));
         }
-        at_least_one("read.scan_bias", u64::from(self.read.scan_bias))?;
+        // `read.scan_bias`, `server.reads.batch_events` and `batch_bytes` may be 0, as in the
+        // reference (its table gives them no lower bound and it starts with 0): a bias of 0
+        // always takes the index, and thresholds of 0 send every event in a frame of its own.
         // `server.max_frame_len` has no lower bound, as in the reference: under ~45 bytes no
         // Hello can be answered, which the server says at start.
-        at_least_one("server.reads.batch_events", s.reads.batch_events as u64)?;
-        at_least_one("server.reads.batch_bytes", s.reads.batch_bytes as u64)?;
         at_least_one(
             "server.subscriptions.wait_tick_ms",
             s.subscriptions.wait_tick_ms,

@@ -802,4 +802,18 @@ fn batches_are_cut_by_the_engines_encoded_size() {
     assert_eq!(frame_sizes(&mut raw, 3), [3, 3, 2]);
     raw.send(&Request::new(4, request::Kind::Subscribe(proto::SubscribeRequest { query: all(), after: 0 })));
     assert_eq!(frame_sizes(&mut raw, 4), [3, 3, 3, 1]);
+
+    // Thresholds of 0, which the reference starts with (ours refused them): one event a frame.
+    for (events, bytes) in [("0", "1048576"), ("1024", "0")] {
+        let Some(srv) = start(&[("TEPHRA__SERVER__READS__BATCH_EVENTS", events), ("TEPHRA__SERVER__READS__BATCH_BYTES", bytes), ("TEPHRA__READ__SCAN_BIAS", "0")]) else { return };
+        let mut c = Client::connect(srv.addr).unwrap();
+        c.append((0..4).map(|i| ev("A", &[&format!("k:{i}")], b"z")), None).unwrap();
+        let mut raw = RawConn::connect_hello(srv.addr);
+        raw.send(&Request::new(2, request::Kind::Read(proto::ReadRequest { query: all(), ..Default::default() })));
+        assert_eq!(frame_sizes(&mut raw, 2), [1, 1, 1, 1], "batch_events {events}, batch_bytes {bytes}");
+        // A selective read, planned with scan_bias 0 (always the index).
+        let one = Some(proto::Query { all: false, items: vec![proto::QueryItem { types: vec![], tags: vec!["k:2".into()] }] });
+        raw.send(&Request::new(3, request::Kind::Read(proto::ReadRequest { query: one, ..Default::default() })));
+        assert_eq!(frame_sizes(&mut raw, 3), [1]);
+    }
 }
