@@ -389,7 +389,7 @@ fn half_configured_or_unreadable_tls_refuses_to_start() {
 fn unknown_keys_refuse_to_start() {
     expect_config_error(Some("bogus_key = 1\n"), &[], "unknown field `bogus_key`");
     expect_config_error(Some("[server.timeouts]\nidle = 3\n"), &[], "unknown field `idle`");
-    let out = run_to_exit(&bin(), &["--bind", "127.0.0.1:0"], &[], Some("[server.reads]\nbatch_events = 0\n"), Duration::from_secs(20));
+    let out = run_to_exit(&bin(), &["--bind", "127.0.0.1:0"], &[], Some("[server.backpressure]\nframe_queue_depth = 0\n"), Duration::from_secs(20));
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.starts_with("configuration error: "), "{}", out.stderr);
 }
@@ -1522,4 +1522,31 @@ fn a_tls_record_still_arriving_is_not_idle() {
         thread::sleep(Duration::from_millis(400));
     }
     assert_eq!(answer(&mut tls_conn, &mut tcp), Response::new(2, response::Kind::Append(proto::AppendResponse { first: 1, last: 1 })));
+}
+
+/// A program of the same user that binds the server's port with `SO_REUSEPORT` while the server
+/// listens joins its listeners' group (the kernel allows it); it must get no connection, where
+/// the kernel's own choice would have handed it a share of the clients (a third of them with
+/// two shards). The reference's exclusive listener refuses such a program outright.
+#[test]
+fn a_listener_joining_the_port_later_gets_no_connections() {
+    use socket2::{Domain, Socket, Type};
+    let srv = Server::start(&bin(), &[]);
+    let foreign = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    foreign.set_reuse_port(true).unwrap();
+    foreign.bind(&srv.addr.into()).unwrap();
+    foreign.listen(128).unwrap();
+    foreign.set_nonblocking(true).unwrap();
+    // The kernel completes a handshake for whichever listener it picks, so connecting alone
+    // shows where each connection went.
+    let conns: Vec<TcpStream> = (0..48).map(|_| TcpStream::connect(srv.addr).unwrap()).collect();
+    thread::sleep(Duration::from_millis(200));
+    let mut stolen = 0;
+    while foreign.accept().is_ok() {
+        stolen += 1;
+    }
+    assert_eq!(stolen, 0, "the foreign listener got {stolen} of {} connections", conns.len());
+    drop(conns);
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append([ev("A", &["t"], b"x")], None).unwrap();
 }

@@ -390,7 +390,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         word_tx.push(to_shard);
         let released = released_tx.clone();
         let cpu = (n <= cpus).then_some(shard);
-        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, addr, tx, words, released))
+        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, n, addr, tx, words, released))
             .map_err(|e| StartError::Io(format!("cannot start shard {shard}: {e}")))?;
         shards.push(h);
         // Shard 0 binds first so `--bind host:0` resolves to one port every shard shares.
@@ -541,12 +541,13 @@ fn foreign_listeners(addr: SocketAddr, ours: &[u64]) -> Result<Vec<SocketAddr>, 
         .collect())
 }
 
-/// This shard's listener on `addr`: `SO_REUSEPORT` (every shard binds the same address) and
-/// `SO_REUSEADDR` (a restart binds at once even while connections of the previous process sit
-/// in TIME_WAIT on the port, as the reference's listener does; glommio's own `bind` sets only
-/// the first), backlog 1024. Also returns the socket's inode number (for
-/// [`foreign_listeners`]) and its descriptor (owned by the listener).
-fn listen(addr: SocketAddr) -> std::io::Result<(glommio::net::TcpListener, u64, std::os::fd::RawFd)> {
+/// This shard's listener on `addr`, one of `shards`: `SO_REUSEPORT` (every shard binds the
+/// same address, [`steer`] keeps the group to them) and `SO_REUSEADDR` (a restart binds at once
+/// even while connections of the previous process sit in TIME_WAIT on the port, as the
+/// reference's listener does; glommio's own `bind` sets only the first), backlog 1024. Also
+/// returns the socket's inode number (for [`foreign_listeners`]) and its descriptor (owned by
+/// the listener).
+fn listen(addr: SocketAddr, shards: usize) -> std::io::Result<(glommio::net::TcpListener, u64, std::os::fd::RawFd)> {
     use socket2::{Domain, Protocol, Socket, Type};
     use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
     let sk = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -554,10 +555,42 @@ fn listen(addr: SocketAddr) -> std::io::Result<(glommio::net::TcpListener, u64, 
     sk.set_reuse_port(true)?;
     sk.bind(&addr.into())?;
     sk.listen(LISTEN_BACKLOG)?;
+    steer(sk.as_raw_fd(), shards)?;
     let inode = nix::sys::stat::fstat(sk.as_raw_fd())?.st_ino;
     let fd = sk.into_raw_fd();
     // SAFETY: a bound, listening TCP socket whose descriptor is handed over exactly once.
     Ok((unsafe { glommio::net::TcpListener::from_raw_fd(fd) }, inode, fd))
+}
+
+/// `SO_ATTACH_REUSEPORT_CBPF` (`asm-generic/socket.h`; not in the libc crate for Linux).
+const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+
+/// Gives the `SO_REUSEPORT` group of `listener` (one of `shards` listening sockets) a classic BPF
+/// program that sends each new connection to a random one of the group's first `shards`
+/// sockets. The shards' listeners are the group's first members; any socket another program of
+/// the same user binds to the port later joins after them and so never gets a connection,
+/// where the kernel's own choice (a hash over all members) would hand it a share of the
+/// clients: the reference's exclusive listener refuses such a program, the kernel cannot refuse
+/// it here, so it is ignored instead. The program belongs to the group: attaching it from every
+/// shard, and again after [`reset_backlog`] listens anew, sets the same one.
+///
+/// # Errors
+/// The kernel refused the program (it needs Linux 4.5).
+fn steer(listener: std::os::fd::RawFd, shards: usize) -> std::io::Result<()> {
+    let stmt = |code: u32, k: u32| libc::sock_filter { code: code as u16, jt: 0, jf: 0, k };
+    let program = [
+        // A = a random u32; A %= shards; return A (the index in the group).
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, (libc::SKF_AD_OFF + libc::SKF_AD_RANDOM) as u32),
+        stmt(libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K, shards.max(1) as u32),
+        stmt(libc::BPF_RET | libc::BPF_A, 0),
+    ];
+    let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut libc::sock_filter };
+    // SAFETY: `fprog` points at `program`, both alive for the call; the kernel copies them.
+    let r = unsafe { libc::setsockopt(listener, libc::SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, (&fprog as *const libc::sock_fprog).cast(), std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Resets every connection waiting in the accept queue of `listener` (a listening socket's
@@ -567,7 +600,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<(glommio::net::TcpListener, u64, 
 /// `SO_REUSEPORT` group. No descriptor is needed (a reserve one, the usual trick, can be taken
 /// by another shard the moment it is freed: CI saw a connection hang that way). Returns how
 /// many were waiting.
-fn reset_backlog(listener: std::os::fd::RawFd) -> std::io::Result<u64> {
+fn reset_backlog(listener: std::os::fd::RawFd, shards: usize) -> std::io::Result<u64> {
     // SAFETY: plain socket calls on a descriptor the caller's listener owns; `info` is a
     // properly sized, writable tcp_info.
     unsafe {
@@ -584,6 +617,8 @@ fn reset_backlog(listener: std::os::fd::RawFd) -> std::io::Result<u64> {
         if libc::listen(listener, LISTEN_BACKLOG) != 0 {
             return Err(std::io::Error::last_os_error());
         }
+        // Back in the group (the group and its program are new when it was the only member).
+        steer(listener, shards)?;
         Ok(waiting)
     }
 }
@@ -623,6 +658,7 @@ impl AcceptErrors {
 async fn shard_main(
     ctx: Arc<Context>,
     shard: usize,
+    shards: usize,
     addr: SocketAddr,
     bound: flume::Sender<Result<(SocketAddr, u64), String>>,
     words: flume::Receiver<Word>,
@@ -630,7 +666,7 @@ async fn shard_main(
 ) {
     let mut addr = addr;
     let (listener, listener_fd) = loop {
-        let (listener, inode, fd) = match listen(addr) {
+        let (listener, inode, fd) = match listen(addr, shards) {
             Ok(l) => l,
             Err(e) => {
                 let _ = bound.send(Err(format!("cannot bind {addr}: {e}")));
@@ -682,7 +718,7 @@ async fn shard_main(
                     // Out of descriptors: the pending connections would wait in the backlog
                     // for their clients' own timeouts. Reset them now (review: 33 of 60 Hellos
                     // hung, and the log took ~190 lines a second).
-                    match reset_backlog(listener_fd) {
+                    match reset_backlog(listener_fd, shards) {
                         Ok(n) => {
                             ctx.connections_refused.fetch_add(n, Ordering::Relaxed);
                             accept_errors.note(shard, Some(n), &e);
