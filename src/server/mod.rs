@@ -618,7 +618,11 @@ fn reset_backlog(listener: std::os::fd::RawFd, shards: usize) -> std::io::Result
             return Err(std::io::Error::last_os_error());
         }
         // Back in the group (the group and its program are new when it was the only member).
-        steer(listener, shards)?;
+        // The program was accepted at start; should it be refused now, the socket listens
+        // anyway and the kernel's own choice applies.
+        if let Err(e) = steer(listener, shards) {
+            tracing::warn!(error = %e, "could not set the listeners' connection steering again");
+        }
         Ok(waiting)
     }
 }
