@@ -878,10 +878,10 @@ impl Conn {
             let permit = match run_permit {
                 Some(p) => Some(p),
                 None => {
+                    // Queued: until a running slot frees up, or the read is abandoned (cancelled,
+                    // its connection closed, the server shutting down).
                     let p = futures_lite::future::or(async { me.read_budget.acquire_static_permit(1).await.ok() }, async {
-                        while !cancel.get() {
-                            glommio::timer::sleep(Duration::from_millis(25)).await;
-                        }
+                        me.abandoned(&cancel).await;
                         None
                     })
                     .await;
