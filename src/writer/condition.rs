@@ -2,9 +2,11 @@
 //!
 //! The boundary clause (`fail_if_events_match` above `after`) is checked first, then, only if it
 //! passes, the existence clause (`fail_if_exists` over the whole log). Each clause asks the
-//! durable log first (a durable hit is terminal and carries the lowest matching position), then
-//! the events staged earlier in the same group commit (a hit there is retryable: that event may
-//! never commit). Neither arm may ever give a false negative.
+//! events staged earlier in the same round first (a hit there is `SameBatch`, retryable: that
+//! event may never commit), then the log (a hit is terminal and carries the lowest matching
+//! position), in the reference's order (its §4.3: the staged arm, then the durable arm), so a
+//! condition that matches both gets the reference's answer. Neither arm may ever give a false
+//! negative.
 
 use crate::event::EventRef;
 use crate::model::{AppendCondition, Query};
@@ -133,11 +135,11 @@ pub fn evaluate<E>(
         if q.is_none() {
             continue;
         }
-        if let Some(p) = durable(q, after)? {
-            return Ok(Verdict::Conflict { clause, at: ConflictSite::Durable(p) });
-        }
         if staged.matches(q) {
             return Ok(Verdict::Conflict { clause, at: ConflictSite::SameBatch });
+        }
+        if let Some(p) = durable(q, after)? {
+            return Ok(Verdict::Conflict { clause, at: ConflictSite::Durable(p) });
         }
     }
     Ok(Verdict::Pass)
@@ -211,12 +213,12 @@ mod tests {
             let mut want = Verdict::Pass;
             for (clause, q, after) in clauses {
                 let Some(q) = q else { continue };
-                if let Some(p) = linear(&durable, q, after) {
-                    want = Verdict::Conflict { clause, at: ConflictSite::Durable(p) };
-                    break;
-                }
                 if staged.iter().any(|e| q.matches(&e.as_ref())) {
                     want = Verdict::Conflict { clause, at: ConflictSite::SameBatch };
+                    break;
+                }
+                if let Some(p) = linear(&durable, q, after) {
+                    want = Verdict::Conflict { clause, at: ConflictSite::Durable(p) };
                     break;
                 }
             }
@@ -224,6 +226,31 @@ mod tests {
             // The existence clause is asked over the whole log, the boundary above `after`.
             prop_assert!(calls.iter().all(|&a| a == 0 || a == cond.after.get()));
         }
+    }
+
+    /// A condition matching both a staged event and a durable one is answered `SameBatch`, as
+    /// by the reference, whose staged arm goes first (review: ours answered `Durable`, with a
+    /// position and not retryable, where the reference said retryable).
+    #[test]
+    fn the_staged_arm_answers_before_the_log() {
+        let e = Event::new(&crate::model::EventType::new("A").unwrap(), &crate::model::Tags::new(["t"]).unwrap(), b"x").unwrap();
+        let mut s = Staged::new();
+        s.push(e.as_ref());
+        let q = Query::item(crate::model::QueryItem::with_tags(crate::model::Tags::new(["t"]).unwrap()));
+        let c = AppendCondition::new(q.clone());
+        assert_eq!(evaluate(&c, &s, |_, _| Ok::<_, ()>(Some(1))), Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::SameBatch }));
+        // Not asked of the log at all then; with nothing staged, the log's answer.
+        assert_eq!(evaluate(&c, &s, |_, _| Err::<Option<u64>, _>("not asked")), Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::SameBatch }));
+        assert_eq!(evaluate(&c, &Staged::new(), |_, _| Ok::<_, ()>(Some(1))), Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::Durable(1) }));
+        // The boundary clause still goes before the existence clause: a durable boundary hit
+        // wins over a staged existence hit.
+        let u = Query::item(crate::model::QueryItem::with_tags(crate::model::Tags::new(["u"]).unwrap()));
+        let both = AppendCondition::new(q.clone()).fail_if_exists(u.clone());
+        let mut other = Staged::new();
+        let f = Event::new(&crate::model::EventType::new("B").unwrap(), &crate::model::Tags::new(["u"]).unwrap(), b"y").unwrap();
+        other.push(f.as_ref());
+        assert_eq!(evaluate(&both, &other, |asked, _| Ok::<_, ()>((asked == &q).then_some(1))), Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::Durable(1) }));
+        assert_eq!(evaluate(&both, &other, |_, _| Ok::<_, ()>(None)), Ok(Verdict::Conflict { clause: ConflictClause::Existence, at: ConflictSite::SameBatch }));
     }
 
     #[test]

@@ -817,3 +817,57 @@ fn batches_are_cut_by_the_engines_encoded_size() {
         assert_eq!(frame_sizes(&mut raw, 3), [1]);
     }
 }
+
+/// A condition that matches both a durable event and one staged earlier in the same group
+/// commit is answered as a same-batch conflict (retryable, no position): the staged events are
+/// checked first (reference engine §4.3; review: ours answered the durable position, terminal,
+/// where the reference said retryable). Whether two pipelined appends share a group commit
+/// depends on timing, so rounds repeat until one does; every answer must be well formed.
+#[test]
+fn a_condition_matching_staged_and_durable_events_is_a_same_batch_conflict() {
+    let Some(srv) = start(&[]) else { return };
+    let mut raw = RawConn::connect_hello(srv.addr);
+    let event = |ty: &str| proto::Event { r#type: ty.into(), tags: vec!["order-7".into()], payload: b"x".to_vec() };
+    let guard = proto::AppendCondition { fail_if_events_match: Some(proto::Query { all: false, items: vec![proto::QueryItem { types: vec![], tags: vec!["order-7".into()] }] }), after: 0, fail_if_exists: None };
+    raw.send(&Request::new(1, request::Kind::Append(proto::AppendRequest { events: vec![event("Placed")], condition: None })));
+    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::Append(_))));
+    let mut same_batch = 0;
+    for round in 0..200u64 {
+        // Both in one write: an unconditional append, then one guarded by the same tag.
+        let (a, b) = (10 + 2 * round, 11 + 2 * round);
+        let mut burst = Vec::new();
+        for msg in [
+            Request::new(a, request::Kind::Append(proto::AppendRequest { events: vec![event("Paid")], condition: None })),
+            Request::new(b, request::Kind::Append(proto::AppendRequest { events: vec![event("Shipped")], condition: Some(guard.clone()) })),
+        ] {
+            let body = prost::Message::encode_to_vec(&msg);
+            burst.extend((body.len() as u32).to_be_bytes());
+            burst.extend(body);
+        }
+        raw.send_bytes(&burst);
+        for _ in 0..2 {
+            let r = raw.recv().unwrap();
+            match (r.request_id, r.kind) {
+                (id, Some(response::Kind::Append(_))) if id == a => {}
+                (id, Some(response::Kind::Error(e))) if id == b => {
+                    assert_eq!(e.code(), ErrorCode::Conflict, "{e:?}");
+                    if e.retryable {
+                        assert_eq!(e.conflict_position, None, "{e:?}");
+                        assert_eq!(e.message, "append condition conflict (Boundary, SameBatch)");
+                        same_batch += 1;
+                    } else {
+                        // Judged in a later group commit than the first append: its lowest
+                        // durable match, the first event.
+                        assert_eq!(e.conflict_position, Some(1), "{e:?}");
+                        assert_eq!(e.message, "append condition conflict (Boundary, Durable(Position(1)))");
+                    }
+                }
+                other => panic!("round {round}: unexpected {other:?}"),
+            }
+        }
+        if same_batch >= 3 {
+            return;
+        }
+    }
+    panic!("in 200 rounds only {same_batch} guarded appends shared a group commit with the append before them");
+}
