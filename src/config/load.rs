@@ -347,13 +347,14 @@ fn key_kinds() -> Table {
 /// - string keys take any scalar, written out as text (`bind = 9000` is `"9000"`, and so is
 ///   `TEPHRA__BIND=9000`);
 /// - integer keys take a string holding an integer (`queue_capacity = "64"`, and every
-///   `TEPHRA__*` variable arrives as a string) and a float with no fractional part;
+///   `TEPHRA__*` variable arrives as a string), and a float or a string holding one, rounded
+///   ([`float_to_count`]);
 /// - boolean keys take `true`/`false`/`yes`/`no`/`on`/`off`/`1`/`0` as a string in any case, and
 ///   integers (non-zero is true).
 ///
 /// Anything else is left alone for deserialization to reject with its usual message: a string
-/// that is not a number for an integer key, a fractional number, a value where a table belongs,
-/// and every unknown key.
+/// that is not a number for an integer key, a negative integer for a count, a value where a
+/// table belongs, and every unknown key.
 fn coerce(table: &mut Table, kinds: &Table) {
     for (key, value) in table.iter_mut() {
         if let Some(kind) = kinds.get(key) {
@@ -387,13 +388,11 @@ fn coerce_value(value: &mut Value, kind: &Value) {
             // numbers as u64 and clamps larger ones to u64::MAX; TOML stops at i64::MAX, which
             // means "unlimited" or "never" for every key just as well.
             Err(_) if is_whole_number(s) => Some(Value::Integer(i64::MAX)),
-            Err(_) => None,
+            // A number written as a float (`1048576.0`, `1e3`, `2.5`), which the reference's
+            // environment source reads as one (review: ours refused it).
+            Err(_) => s.parse::<f64>().ok().map(|f| Value::Integer(float_to_count(f))),
         },
-        (Value::Integer(_), Value::Float(f))
-            if f.fract() == 0.0 && *f >= i64::MIN as f64 && *f < i64::MAX as f64 =>
-        {
-            Some(Value::Integer(*f as i64))
-        }
+        (Value::Integer(_), Value::Float(f)) => Some(Value::Integer(float_to_count(*f))),
         (Value::Boolean(_), Value::String(s)) => match s.to_ascii_lowercase().as_str() {
             "true" | "yes" | "on" | "1" => Some(Value::Boolean(true)),
             "false" | "no" | "off" | "0" => Some(Value::Boolean(false)),
@@ -404,6 +403,22 @@ fn coerce_value(value: &mut Value, kind: &Value) {
     };
     if let Some(replacement) = replacement {
         *value = replacement;
+    }
+}
+
+/// A float where a count belongs, taken as the reference's loader takes it: rounded to the
+/// nearest whole number (halves away from zero), a negative one or NaN as 0, and anything past
+/// what TOML holds as [`i64::MAX`] (the reference saturates at `u64::MAX`; either means
+/// "unlimited" or "never" for every key). So `0.4` is 0 and `2.5` is 3, and the key's own rule
+/// then applies (`server.keepalive.idle_secs = 0.4` must be at least 1).
+fn float_to_count(f: f64) -> i64 {
+    let r = f.round();
+    if r.is_nan() || r <= 0.0 {
+        0
+    } else if r >= i64::MAX as f64 {
+        i64::MAX
+    } else {
+        r as i64
     }
 }
 
@@ -469,10 +484,15 @@ mod tests {
             coerced("segment.size", Value::Float(4096.0)),
             Value::Integer(4096)
         );
-        assert_eq!(
-            coerced("segment.size", Value::Float(4096.5)),
-            Value::Float(4096.5)
-        );
+        // Floats are rounded, as by the reference's loader (it starts with all of these).
+        assert_eq!(coerced("segment.size", Value::Float(4096.5)), Value::Integer(4097));
+        assert_eq!(coerced("segment.size", s("1.048576e6")), Value::Integer(1_048_576));
+        assert_eq!(coerced("server.limits.max_connections", s("1e3")), Value::Integer(1000));
+        assert_eq!(coerced("server.limits.max_connections", s("0.4")), Value::Integer(0));
+        assert_eq!(coerced("server.limits.max_connections", Value::Float(-1.0)), Value::Integer(0));
+        assert_eq!(coerced("server.limits.max_connections", s("nan")), Value::Integer(0));
+        assert_eq!(coerced("server.limits.max_connections", s("inf")), Value::Integer(i64::MAX));
+        assert_eq!(coerced("server.limits.max_connections", Value::Float(1e30)), Value::Integer(i64::MAX));
         assert_eq!(coerced("segment.size", s("lots")), s("lots"));
         assert_eq!(
             coerced("auth.allow_insecure", s("On")),
