@@ -161,6 +161,10 @@ impl Store {
         let mut active_index = None;
         let mut active_fingerprint = None;
         let capacity = cfg.segment.max_records();
+        // Sealed indexes rebuilt because their files were missing or unusable: how many, the
+        // first one's segment and reason, and the time spent. Said in one line once the log is
+        // open (review: a directory the reference wrote, 786 segments, gave 786 lines).
+        let mut rebuilt: (u64, Option<(PathBuf, String)>, std::time::Duration) = (0, None, std::time::Duration::ZERO);
         let rec = open_log(&dir, &cfg.segment, |w| {
             let base = w.segment.base;
             let count = w.offsets.len() as u64;
@@ -171,9 +175,14 @@ impl Store {
                         indexes.push(SegIndex::Sealed(Arc::new(ix)));
                         return Ok(());
                     }
-                    Err(why) => tracing::info!(segment = %w.segment.path.display(), %why, "rebuilding the sealed index from the log"),
+                    Err(why) => {
+                        tracing::debug!(segment = %w.segment.path.display(), %why, "rebuilding the sealed index from the log");
+                        rebuilt.0 += 1;
+                        rebuilt.1.get_or_insert_with(|| (w.segment.path.clone(), why));
+                    }
                 }
             }
+            let started = std::time::Instant::now();
             let mut ix = ActiveWriter::new(base, capacity);
             for (k, bytes) in w.payloads().enumerate() {
                 let pos = base + k as u64;
@@ -196,9 +205,15 @@ impl Store {
                 let bytes = ix.encode_sealed(fingerprint.value());
                 let sealed = crate::index::persist_sealed(&dir, base, count, fingerprint.value(), bytes).expect("a freshly encoded index validates");
                 indexes.push(SegIndex::Sealed(Arc::new(sealed)));
+                rebuilt.2 += started.elapsed();
             }
             Ok(())
         })?;
+        if let (n, Some((first, why)), took) = rebuilt {
+            // Index files are ours alone: a directory another server wrote (the reference) has
+            // none for its segments. Each rebuilt one is written, so the next start loads it.
+            tracing::info!(segments = n, first = %first.display(), first_reason = %why, took_ms = took.as_millis() as u64, "rebuilt sealed indexes from the log (their files were missing or unusable; written now for the next start)");
+        }
         let active_index = active_index.expect("open_log walks the active segment last");
         indexes.push(SegIndex::Active(active_index.shared().clone()));
         let head = rec.next_position - 1;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use support::{run_to_exit, RawConn, Server};
 use tephra::client::{tls, Client, SubEvent};
 use tephra::proto::{self, request, response, Request, Response};
-use tephra::{Event, EventType, Position, Query, Tags};
+use tephra::{Event, EventType, Position, Query, QueryItem, Tags};
 
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
@@ -1549,4 +1549,39 @@ fn a_listener_joining_the_port_later_gets_no_connections() {
     drop(conns);
     let mut c = Client::connect(srv.addr).unwrap();
     c.append([ev("A", &["t"], b"x")], None).unwrap();
+}
+
+/// A directory whose sealed segments have no index files (one the reference wrote: the files
+/// are ours alone) is opened with one log line for all the rebuilt indexes, not one per segment
+/// (review: 786 lines for 786 segments), and the rebuilt files are written, so the next start
+/// rebuilds nothing.
+#[test]
+fn missing_index_files_are_rebuilt_with_one_log_line() {
+    let env = [("TEPHRA__SEGMENT__SIZE", "65536")];
+    let mut srv = Server::start(&bin(), &env);
+    let mut c = Client::connect(srv.addr).unwrap();
+    for i in 0..40 {
+        c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
+    }
+    drop(c);
+    srv.signal(libc::SIGTERM);
+    assert!(srv.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    let data = srv.data_dir();
+    let segments = std::fs::read_dir(&data).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log")).count();
+    assert!(segments >= 5, "{segments} segments");
+    std::fs::remove_dir_all(data.join("tagindex")).unwrap();
+    srv.restart(&bin(), &env);
+    let log = srv.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("sealed index")).collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].contains(&format!("segments={}", segments - 1)), "{}", lines[0]);
+    let mut c = Client::connect(srv.addr).unwrap();
+    let q = Query::item(QueryItem::with_tags(Tags::new(["k:17-3"]).unwrap()));
+    let (got, _) = c.read(q, Position::ZERO, None).unwrap().collect_all().unwrap();
+    assert_eq!(got.iter().map(|e| e.position.get()).collect::<Vec<_>>(), vec![174]);
+    drop(c);
+    srv.signal(libc::SIGTERM);
+    assert!(srv.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    srv.restart(&bin(), &env);
+    assert!(!srv.log().contains("sealed index"), "{}", srv.log());
 }
