@@ -537,6 +537,18 @@ impl Reads {
         self.cursor.install(warm);
     }
 
+    /// Lowers a forward read's pinned watermark to `w` before its first step; true when that
+    /// changed it.
+    fn cap(&mut self, w: u64) -> bool {
+        debug_assert!(self.forward && matches!(self.plan, Plan::Unplanned { .. }));
+        if w >= self.watermark {
+            return false;
+        }
+        self.watermark = w;
+        self.last = self.last.min(w);
+        true
+    }
+
     /// Chooses the plan, once.
     fn plan(&mut self) {
         if let Plan::Unplanned { scan_bias } = self.plan {
@@ -756,16 +768,20 @@ pub struct Subscription {
     cursor: u64,
     /// Polls never wait for the disk ([`Subscription::without_waiting`]).
     nowait: bool,
-    /// The range the last poll stopped at, to fetch before the next one.
-    warm: Option<Warm>,
-    /// That range, fetched: the next poll starts from its bytes.
-    fetched: Option<Warm>,
+    /// The range the last poll stopped at, to fetch before the next one, with that poll's
+    /// watermark.
+    warm: Option<(Warm, u64)>,
+    /// That range, fetched, with the same watermark: the next poll starts from its bytes and
+    /// goes no further than that watermark.
+    fetched: Option<(Warm, u64)>,
+    /// The watermark of the range [`take_warm`](Self::take_warm) last gave out.
+    warm_pinned: u64,
 }
 
 impl Subscription {
     pub(crate) fn new(shared: Arc<Shared>, query: Query, after: Position) -> Subscription {
         shared.subscribers.fetch_add(1, Ordering::SeqCst);
-        Subscription { shared, query, cursor: after.get(), nowait: false, warm: None, fetched: None }
+        Subscription { shared, query, cursor: after.get(), nowait: false, warm: None, fetched: None, warm_pinned: 0 }
     }
 
     /// Makes every poll stop, instead of waiting for the disk, at a record neither in memory
@@ -779,13 +795,15 @@ impl Subscription {
 
     /// The range the last poll stopped at (see [`without_waiting`](Self::without_waiting)).
     pub fn take_warm(&mut self) -> Option<Warm> {
-        self.warm.take()
+        let (warm, pinned) = self.warm.take()?;
+        self.warm_pinned = pinned;
+        Some(warm)
     }
 
     /// Hands back a [`Warm`] from [`take_warm`](Self::take_warm) after [`Warm::run`]: the next
     /// poll reads from its bytes.
     pub fn fetched(&mut self, warm: Warm) {
-        self.fetched = Some(warm);
+        self.fetched = Some((warm, self.warm_pinned));
     }
 
     /// The exclusive cursor: every match at or below it has been delivered.
@@ -813,7 +831,16 @@ impl Subscription {
     pub fn poll_within(&mut self, max_events: usize, budget: &mut usize, mut f: impl FnMut(Position, EventRef<'_>)) -> Result<Polled, ReadError> {
         let mut reads = Reads::forward(&self.shared, self.query.clone(), Position(self.cursor), Some(max_events as u64));
         reads.cursor.nowait = self.nowait;
-        if let Some(warm) = self.fetched.take() {
+        // A fetched range holds the file as it was when it was read, which may be after the
+        // poll that asked for it but before later commits: its bytes past that poll's
+        // watermark can be zeros or a block still being written. This poll stops at that
+        // watermark (every position up to it was durable before the range was read); the next
+        // one reads on with a fresh window (review: a subscription catching up under appends
+        // failed with "record checksum mismatch" on events the fetch read before they were
+        // written).
+        let mut capped = false;
+        if let Some((warm, pinned)) = self.fetched.take() {
+            capped = reads.cap(pinned);
             reads.cursor.install(warm);
         }
         let w = reads.watermark;
@@ -833,11 +860,12 @@ impl Subscription {
                 }
                 Step::Blocked(warm) => {
                     self.cursor = reads.examined_through().max(self.cursor);
-                    self.warm = Some(warm);
+                    self.warm = Some((warm, w));
                     return Ok(Polled { delivered, caught_up: false });
                 }
                 Step::End => {
-                    let caught_up = delivered < max_events;
+                    // Stopped short of the live watermark by a fetched range: not caught up.
+                    let caught_up = delivered < max_events && !capped;
                     self.cursor = if caught_up { w.max(self.cursor) } else { last };
                     return Ok(Polled { delivered, caught_up });
                 }
