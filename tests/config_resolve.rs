@@ -522,7 +522,6 @@ fn a_wrong_type_is_rejected_naming_the_key() {
     for doc in [
         "[writer]\ncondition_force_scan = \"maybe\"\n",
         "[writer]\nqueue_capacity = -1\n",
-        "[writer]\nqueue_capacity = true\n",
         "[read]\nscan_bias = 5000000000\n",
         "[server]\nreads = 3\n",
         "[auth]\ntokens = \"secret\"\n",

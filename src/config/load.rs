@@ -350,7 +350,8 @@ fn key_kinds() -> Table {
 ///   `TEPHRA__*` variable arrives as a string), and a float or a string holding one, rounded
 ///   ([`float_to_count`]);
 /// - boolean keys take `true`/`false`/`yes`/`no`/`on`/`off`/`1`/`0` as a string in any case, and
-///   integers (non-zero is true).
+///   numbers, or strings holding one (non-zero is true); integer keys take `true`/`false` (and
+///   those words as strings) as 1 and 0.
 ///
 /// Anything else is left alone for deserialization to reject with its usual message: a string
 /// that is not a number for an integer key, a negative integer for a count, a value where a
@@ -388,21 +389,37 @@ fn coerce_value(value: &mut Value, kind: &Value) {
             // numbers as u64 and clamps larger ones to u64::MAX; TOML stops at i64::MAX, which
             // means "unlimited" or "never" for every key just as well.
             Err(_) if is_whole_number(s) => Some(Value::Integer(i64::MAX)),
-            // A number written as a float (`1048576.0`, `1e3`, `2.5`), which the reference's
-            // environment source reads as one (review: ours refused it).
-            Err(_) => s.parse::<f64>().ok().map(|f| Value::Integer(float_to_count(f))),
+            // A truth word is 1 or 0, and a number written as a float (`1048576.0`, `1e3`,
+            // `2.5`) is rounded, as by the reference's loader (review: ours refused both).
+            Err(_) => match truth_word(s) {
+                Some(b) => Some(Value::Integer(i64::from(b))),
+                None => s.parse::<f64>().ok().map(|f| Value::Integer(float_to_count(f))),
+            },
         },
         (Value::Integer(_), Value::Float(f)) => Some(Value::Integer(float_to_count(*f))),
-        (Value::Boolean(_), Value::String(s)) => match s.to_ascii_lowercase().as_str() {
-            "true" | "yes" | "on" | "1" => Some(Value::Boolean(true)),
-            "false" | "no" | "off" | "0" => Some(Value::Boolean(false)),
-            _ => None,
-        },
+        (Value::Integer(_), Value::Boolean(b)) => Some(Value::Integer(i64::from(*b))),
+        // A truth word, or any number: non-zero is true (the reference's loader reads a
+        // variable holding a number as that number, then takes it so).
+        (Value::Boolean(_), Value::String(s)) => truth_word(s)
+            .or_else(|| s.parse::<i64>().ok().map(|i| i != 0))
+            .or_else(|| s.parse::<f64>().ok().map(|f| f != 0.0))
+            .map(Value::Boolean),
         (Value::Boolean(_), Value::Integer(i)) => Some(Value::Boolean(*i != 0)),
+        (Value::Boolean(_), Value::Float(f)) => Some(Value::Boolean(*f != 0.0)),
         _ => None,
     };
     if let Some(replacement) = replacement {
         *value = replacement;
+    }
+}
+
+/// `true`/`yes`/`on`/`1` and `false`/`no`/`off`/`0` in any case, as the reference's loader
+/// reads them.
+fn truth_word(s: &str) -> Option<bool> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" | "1" => Some(true),
+        "false" | "no" | "off" | "0" => Some(false),
+        _ => None,
     }
 }
 
@@ -503,6 +520,15 @@ mod tests {
             Value::Boolean(false)
         );
         assert_eq!(coerced("auth.allow_insecure", s("maybe")), s("maybe"));
+        // Numbers where a boolean belongs, and truth values where a count belongs, as the
+        // reference's loader takes them (it starts with all of these).
+        assert_eq!(coerced("writer.condition_force_scan", s("2")), Value::Boolean(true));
+        assert_eq!(coerced("writer.condition_force_scan", s("-1")), Value::Boolean(true));
+        assert_eq!(coerced("writer.condition_force_scan", s("0.0")), Value::Boolean(false));
+        assert_eq!(coerced("writer.condition_force_scan", Value::Float(1.0)), Value::Boolean(true));
+        assert_eq!(coerced("server.limits.max_connections", Value::Boolean(true)), Value::Integer(1));
+        assert_eq!(coerced("server.limits.max_connections", s("Yes")), Value::Integer(1));
+        assert_eq!(coerced("server.limits.max_connections", s("false")), Value::Integer(0));
         assert_eq!(coerced("server", s("3")), s("3"));
         assert_eq!(coerced("server.bogus", s("3")), s("3"));
         let token = |v: Value| {
