@@ -254,10 +254,10 @@ impl Default for ReadsSettings {
 }
 
 impl ReadsSettings {
-    /// The read pool size to start: `worker_threads`, or when it is 0,
-    /// `std::thread::available_parallelism()` (1 if that cannot be determined).
+    /// The read pool size to start: `worker_threads`, at most [`super::MAX_SHARDS`], or when
+    /// it is 0, `std::thread::available_parallelism()` (1 if that cannot be determined).
     pub fn worker_count(&self) -> NonZeroUsize {
-        NonZeroUsize::new(self.worker_threads)
+        NonZeroUsize::new(self.worker_threads.min(super::MAX_SHARDS))
             .unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
     }
 }

@@ -343,6 +343,9 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         settings,
     });
     let n = ctx.settings.server.reads.worker_count().get();
+    if ctx.settings.server.reads.worker_threads > n {
+        tracing::warn!(worker_threads = ctx.settings.server.reads.worker_threads, shards = n, "server.reads.worker_threads is above the most shards a server starts; starting that many");
+    }
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let (addr_tx, addr_rx) = flume::bounded::<Result<(SocketAddr, u64), String>>(n);
     let mut shards = Vec::with_capacity(n);
