@@ -1585,3 +1585,16 @@ fn missing_index_files_are_rebuilt_with_one_log_line() {
     srv.restart(&bin(), &env);
     assert!(!srv.log().contains("sealed index"), "{}", srv.log());
 }
+
+/// A shard whose thread dies before it has bound (a thread it needs cannot start under a
+/// process limit, injected here) makes the start fail at once, with exit code 1 and the shard
+/// named, instead of leaving a server that never listens and ignores SIGTERM (review: it hung
+/// with `worker_threads = 64` under `ulimit -v 1000000`).
+#[test]
+fn a_shard_that_dies_before_binding_fails_the_start() {
+    let Some(faulty) = crash_points_bin() else { return };
+    let out = run_to_exit(&faulty, &["--bind", "127.0.0.1:0"], &[("TEPHRA__SERVER__READS__WORKER_THREADS", "3"), ("TEPHRA_CRASH_POINT", "shard_start:abort:1")], None, Duration::from_secs(20));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("shard 1 stopped before it could listen"), "{out:?}");
+    assert!(!out.stdout.contains("server listening"), "{out:?}");
+}

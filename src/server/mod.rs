@@ -347,7 +347,6 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         tracing::warn!(worker_threads = ctx.settings.server.reads.worker_threads, shards = n, "server.reads.worker_threads is above the most shards a server starts; starting that many");
     }
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let (addr_tx, addr_rx) = flume::bounded::<Result<(SocketAddr, u64), String>>(n);
     let mut shards = Vec::with_capacity(n);
     // The writer's own thread, unpinned: the scheduler may run it on whichever CPU is free.
     let writer = match writer_task {
@@ -386,24 +385,36 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         Err(StartError::Io(e))
     };
     let mut ours = Vec::with_capacity(n);
+    // Each shard's channel for what its bind gave (again after a `Word::Bind`).
+    let mut bound_rx = Vec::with_capacity(n);
     for shard in 0..n {
         let ctx2 = ctx.clone();
-        let tx = addr_tx.clone();
+        // Its own channel, so a shard whose thread dies before it has bound (a thread it
+        // cannot start, under a process limit) is seen at once instead of waited for forever
+        // (review: the server hung, never listening, deaf to SIGTERM).
+        let (tx, bound) = flume::bounded::<Result<(SocketAddr, u64), String>>(1);
         let (to_shard, words) = flume::bounded::<Word>(1);
         word_tx.push(to_shard);
         let released = released_tx.clone();
         let cpu = (n <= cpus).then_some(shard);
-        let h = shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, n, addr, tx, words, released))
-            .map_err(|e| StartError::Io(format!("cannot start shard {shard}: {e}")))?;
-        shards.push(h);
+        match shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, n, addr, tx, words, released)) {
+            Ok(h) => shards.push(h),
+            Err(e) => return refuse(&ctx, shards, word_tx, format!("cannot start shard {shard}: {e}")),
+        }
         // Shard 0 binds first so `--bind host:0` resolves to one port every shard shares.
-        match addr_rx.recv() {
+        let got = bound.recv();
+        bound_rx.push(bound);
+        match got {
             Ok(Ok((a, inode))) => {
                 addr = a;
                 ours.push(inode);
             }
             Ok(Err(e)) => return refuse(&ctx, shards, word_tx, e),
-            Err(_) => return Err(StartError::Io(format!("shard {shard} stopped while binding"))),
+            Err(_) => {
+                // Its thread is gone: do not join it with the others.
+                let _ = shards.pop();
+                return refuse(&ctx, shards, word_tx, format!("shard {shard} stopped before it could listen (a thread it needs could not start?)"));
+            }
         }
     }
     // The probe and the binds are two steps: a server started in the same few milliseconds
@@ -445,11 +456,11 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         tracing::info!(%addr, "another server started on this address at the same moment; binding again");
         tell(&word_tx, Word::Bind);
         ours.clear();
-        for _ in 0..n {
-            match addr_rx.recv() {
+        for bound in &bound_rx {
+            match bound.recv() {
                 Ok(Ok((_, inode))) => ours.push(inode),
                 Ok(Err(e)) => return refuse(&ctx, shards, word_tx, e),
-                Err(_) => return Err(StartError::Io("a shard stopped while binding".into())),
+                Err(_) => return refuse(&ctx, shards, word_tx, "a shard stopped while binding".into()),
             }
         }
     }
@@ -671,6 +682,11 @@ async fn shard_main(
     words: flume::Receiver<Word>,
     released: flume::Sender<()>,
 ) {
+    // Fault injection: the shard's thread dies before it binds, as when a thread it needs
+    // cannot be started under a process limit.
+    if crate::fault::fires("shard_start") {
+        panic!("injected fault: shard {shard} dies before it binds");
+    }
     let mut addr = addr;
     let (listener, listener_fd) = loop {
         let (listener, inode, fd) = match listen(addr, shards) {
