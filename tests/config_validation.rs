@@ -228,11 +228,15 @@ fn hand_built_settings_validate_the_same_way() {
 fn an_empty_data_dir_is_refused_and_too_many_shards_are_capped() {
     assert_eq!(invalid_message(from_file("data_dir = \"\"\n")), "data_dir must not be empty");
     assert_eq!(invalid_message(from_env(&[("TEPHRA__DATA_DIR", "")])), "data_dir must not be empty");
-    // The reference starts with any number of read workers; ours starts at most MAX_SHARDS
-    // shards (each is a thread with io_uring rings), with a warning (review: 1025 refused).
-    let s = from_env(&[("TEPHRA__SERVER__READS__WORKER_THREADS", "100000")]).unwrap();
-    assert_eq!(s.server.reads.worker_count().get(), tephra::config::MAX_SHARDS);
-    assert_eq!(from_env(&[("TEPHRA__SERVER__READS__WORKER_THREADS", "1024")]).unwrap().server.reads.worker_count().get(), 1024);
+    // The reference starts with any number of read workers; ours starts at most
+    // MAX_SHARDS_PER_CPU shards per CPU and MAX_SHARDS in all (each is a thread with io_uring
+    // rings and I/O memory), with a warning (reviews: 1025 refused; then 1025 shards, 4.4 GB).
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let cap = (cpus * tephra::config::MAX_SHARDS_PER_CPU).min(tephra::config::MAX_SHARDS);
+    for n in ["100000", "1025", "1024"] {
+        assert_eq!(from_env(&[("TEPHRA__SERVER__READS__WORKER_THREADS", n)]).unwrap().server.reads.worker_count().get(), cap, "{n}");
+    }
     assert_eq!(from_env(&[("TEPHRA__SERVER__READS__WORKER_THREADS", "3")]).unwrap().server.reads.worker_count().get(), 3);
+    assert_eq!(from_env(&[]).unwrap().server.reads.worker_count().get(), cpus.min(cap));
     from_env(&[("TEPHRA__SERVER__READS__WORKER_THREADS", "0")]).unwrap();
 }

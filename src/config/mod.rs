@@ -29,7 +29,7 @@ mod settings;
 mod validate;
 
 pub use cli::ServerArgs;
-pub use validate::MAX_SHARDS;
+pub use validate::{MAX_SHARDS, MAX_SHARDS_PER_CPU};
 pub use error::{ConfigError, Origin};
 pub use load::{
     process_env, read_config_file, resolve, resolve_sources, FileSource, Overrides, ENV_PREFIX,

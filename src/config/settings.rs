@@ -254,11 +254,13 @@ impl Default for ReadsSettings {
 }
 
 impl ReadsSettings {
-    /// The read pool size to start: `worker_threads`, at most [`super::MAX_SHARDS`], or when
-    /// it is 0, `std::thread::available_parallelism()` (1 if that cannot be determined).
+    /// The number of shards to start: `worker_threads`, or when it is 0 the number of CPUs
+    /// (`std::thread::available_parallelism()`, 1 if that cannot be determined); at most
+    /// [`super::MAX_SHARDS_PER_CPU`] per CPU and [`super::MAX_SHARDS`] in all.
     pub fn worker_count(&self) -> NonZeroUsize {
-        NonZeroUsize::new(self.worker_threads.min(super::MAX_SHARDS))
-            .unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
+        let cpus = std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN).get();
+        let cap = (cpus * super::MAX_SHARDS_PER_CPU).min(super::MAX_SHARDS);
+        NonZeroUsize::new(self.worker_threads.min(cap)).unwrap_or(NonZeroUsize::new(cpus.min(cap)).unwrap_or(NonZeroUsize::MIN))
     }
 }
 

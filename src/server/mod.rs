@@ -344,7 +344,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     });
     let n = ctx.settings.server.reads.worker_count().get();
     if ctx.settings.server.reads.worker_threads > n {
-        tracing::warn!(worker_threads = ctx.settings.server.reads.worker_threads, shards = n, "server.reads.worker_threads is above the most shards a server starts; starting that many");
+        tracing::warn!(worker_threads = ctx.settings.server.reads.worker_threads, shards = n, "server.reads.worker_threads is above the most shards this server starts ({} per CPU, {} in all; each is a thread with its own io_uring rings and I/O memory); starting that many", crate::config::MAX_SHARDS_PER_CPU, crate::config::MAX_SHARDS);
     }
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let mut shards = Vec::with_capacity(n);
