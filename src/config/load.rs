@@ -147,15 +147,16 @@ pub fn resolve_sources(
                 });
             }
         }
+        let value = env_value(raw, kind_at(&kinds, &path));
         // Check the variable on its own first, so an error names it.
         let mut alone = Table::new();
-        insert_path(&mut alone, &path, Value::String(raw.clone()));
+        insert_path(&mut alone, &path, value.clone());
         check(alone, &kinds).map_err(|(key, message)| ConfigError::Schema {
             key,
             message,
             origin: Origin::Env { var: var.clone() },
         })?;
-        insert_path(&mut table, &path, Value::String(raw));
+        insert_path(&mut table, &path, value);
     }
 
     let mut settings = check(table, &kinds).map_err(|(key, message)| ConfigError::Schema {
@@ -389,21 +390,16 @@ fn coerce_value(value: &mut Value, kind: &Value) {
             // numbers as u64 and clamps larger ones to u64::MAX; TOML stops at i64::MAX, which
             // means "unlimited" or "never" for every key just as well.
             Err(_) if is_whole_number(s) => Some(Value::Integer(i64::MAX)),
-            // A truth word is 1 or 0, and a number written as a float (`1048576.0`, `1e3`,
-            // `2.5`) is rounded, as by the reference's loader (review: ours refused both).
-            Err(_) => match truth_word(s) {
-                Some(b) => Some(Value::Integer(i64::from(b))),
-                None => s.parse::<f64>().ok().map(|f| Value::Integer(float_to_count(f))),
-            },
+            // A truth word is 1 or 0, as for the reference's loader. (A variable holding a
+            // float arrives here as a float: `env_value`; in the file, a string holding one is
+            // refused, as by the reference.)
+            Err(_) => truth_word(s).map(|b| Value::Integer(i64::from(b))),
         },
         (Value::Integer(_), Value::Float(f)) => Some(Value::Integer(float_to_count(*f))),
         (Value::Integer(_), Value::Boolean(b)) => Some(Value::Integer(i64::from(*b))),
-        // A truth word, or any number: non-zero is true (the reference's loader reads a
-        // variable holding a number as that number, then takes it so).
-        (Value::Boolean(_), Value::String(s)) => truth_word(s)
-            .or_else(|| s.parse::<i64>().ok().map(|i| i != 0))
-            .or_else(|| s.parse::<f64>().ok().map(|f| f != 0.0))
-            .map(Value::Boolean),
+        // A truth word (a variable holding another number arrives as that number:
+        // `env_value`).
+        (Value::Boolean(_), Value::String(s)) => truth_word(s).map(Value::Boolean),
         (Value::Boolean(_), Value::Integer(i)) => Some(Value::Boolean(*i != 0)),
         (Value::Boolean(_), Value::Float(f)) => Some(Value::Boolean(*f != 0.0)),
         _ => None,
@@ -411,6 +407,23 @@ fn coerce_value(value: &mut Value, kind: &Value) {
     if let Some(replacement) = replacement {
         *value = replacement;
     }
+}
+
+/// The value of a `TEPHRA__*` variable for a key of `kind`: the reference's loader reads a
+/// variable holding a number as that number, so for a number or boolean key an integer or a
+/// float (`1048576.0`, `1e3`, `2`) becomes one (and is then coerced like one in the file:
+/// rounded for a count, non-zero for a boolean); anything else stays text (truth words, a
+/// whole number past i64, which `coerce` clamps, and what the key then refuses).
+fn env_value(raw: String, kind: Option<&Value>) -> Value {
+    if matches!(kind, Some(Value::Integer(_)) | Some(Value::Boolean(_))) && truth_word(&raw).is_none() {
+        if let Ok(i) = raw.parse::<i64>() {
+            return Value::Integer(i);
+        }
+        if let (false, Ok(f)) = (is_whole_number(&raw), raw.parse::<f64>()) {
+            return Value::Float(f);
+        }
+    }
+    Value::String(raw)
 }
 
 /// `true`/`yes`/`on`/`1` and `false`/`no`/`off`/`0` in any case, as the reference's loader
@@ -503,13 +516,22 @@ mod tests {
         );
         // Floats are rounded, as by the reference's loader (it starts with all of these).
         assert_eq!(coerced("segment.size", Value::Float(4096.5)), Value::Integer(4097));
-        assert_eq!(coerced("segment.size", s("1.048576e6")), Value::Integer(1_048_576));
-        assert_eq!(coerced("server.limits.max_connections", s("1e3")), Value::Integer(1000));
-        assert_eq!(coerced("server.limits.max_connections", s("0.4")), Value::Integer(0));
+        assert_eq!(coerced("server.limits.max_connections", Value::Float(0.4)), Value::Integer(0));
         assert_eq!(coerced("server.limits.max_connections", Value::Float(-1.0)), Value::Integer(0));
-        assert_eq!(coerced("server.limits.max_connections", s("nan")), Value::Integer(0));
-        assert_eq!(coerced("server.limits.max_connections", s("inf")), Value::Integer(i64::MAX));
+        assert_eq!(coerced("server.limits.max_connections", Value::Float(f64::NAN)), Value::Integer(0));
+        assert_eq!(coerced("server.limits.max_connections", Value::Float(f64::INFINITY)), Value::Integer(i64::MAX));
         assert_eq!(coerced("server.limits.max_connections", Value::Float(1e30)), Value::Integer(i64::MAX));
+        // A string holding a float is refused in the file, as by the reference; a variable
+        // holding one arrives as a number (`env_value`).
+        assert_eq!(coerced("segment.size", s("1.048576e6")), s("1.048576e6"));
+        let kinds = key_kinds();
+        let kind = |key: &str| kind_at(&kinds, &key.split('.').map(str::to_owned).collect::<Vec<_>>()).cloned();
+        assert_eq!(env_value("1.048576e6".into(), kind("segment.size").as_ref()), Value::Float(1_048_576.0));
+        assert_eq!(env_value("1e3".into(), kind("server.limits.max_connections").as_ref()), Value::Float(1000.0));
+        assert_eq!(env_value("2".into(), kind("writer.condition_force_scan").as_ref()), Value::Integer(2));
+        assert_eq!(env_value("yes".into(), kind("writer.condition_force_scan").as_ref()), s("yes"));
+        assert_eq!(env_value("99999999999999999999".into(), kind("segment.size").as_ref()), s("99999999999999999999"));
+        assert_eq!(env_value("1e3".into(), kind("bind").as_ref()), s("1e3"));
         assert_eq!(coerced("segment.size", s("lots")), s("lots"));
         assert_eq!(
             coerced("auth.allow_insecure", s("On")),
@@ -522,10 +544,12 @@ mod tests {
         assert_eq!(coerced("auth.allow_insecure", s("maybe")), s("maybe"));
         // Numbers where a boolean belongs, and truth values where a count belongs, as the
         // reference's loader takes them (it starts with all of these).
-        assert_eq!(coerced("writer.condition_force_scan", s("2")), Value::Boolean(true));
-        assert_eq!(coerced("writer.condition_force_scan", s("-1")), Value::Boolean(true));
-        assert_eq!(coerced("writer.condition_force_scan", s("0.0")), Value::Boolean(false));
+        assert_eq!(coerced("writer.condition_force_scan", Value::Integer(-1)), Value::Boolean(true));
+        assert_eq!(coerced("writer.condition_force_scan", Value::Float(0.0)), Value::Boolean(false));
         assert_eq!(coerced("writer.condition_force_scan", Value::Float(1.0)), Value::Boolean(true));
+        // In the file a string holding a number other than 0 or 1 is refused, as by the
+        // reference.
+        assert_eq!(coerced("writer.condition_force_scan", s("2")), s("2"));
         assert_eq!(coerced("server.limits.max_connections", Value::Boolean(true)), Value::Integer(1));
         assert_eq!(coerced("server.limits.max_connections", s("Yes")), Value::Integer(1));
         assert_eq!(coerced("server.limits.max_connections", s("false")), Value::Integer(0));
