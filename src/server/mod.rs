@@ -569,7 +569,11 @@ fn listen(addr: SocketAddr, shards: usize) -> std::io::Result<(glommio::net::Tcp
     sk.set_reuse_port(true)?;
     sk.bind(&addr.into())?;
     sk.listen(LISTEN_BACKLOG)?;
-    steer(sk.as_raw_fd(), shards)?;
+    // A kernel that refuses the program (before Linux 4.5, or a filter forbidding it) leaves
+    // the kernel's own choice, which serves our shards just as well.
+    if let Err(e) = steer(sk.as_raw_fd(), shards) {
+        tracing::warn!(error = %e, "could not attach the listeners' connection steering; another program binding this port with SO_REUSEPORT would get a share of the connections");
+    }
     let inode = nix::sys::stat::fstat(sk.as_raw_fd())?.st_ino;
     let fd = sk.into_raw_fd();
     // SAFETY: a bound, listening TCP socket whose descriptor is handed over exactly once.
@@ -589,7 +593,7 @@ const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 /// shard, and again after [`reset_backlog`] listens anew, sets the same one.
 ///
 /// # Errors
-/// The kernel refused the program (it needs Linux 4.5).
+/// The kernel refused the program (it needs Linux 4.5); the caller warns and goes on.
 fn steer(listener: std::os::fd::RawFd, shards: usize) -> std::io::Result<()> {
     let stmt = |code: u32, k: u32| libc::sock_filter { code: code as u16, jt: 0, jf: 0, k };
     let program = [
