@@ -48,6 +48,9 @@ pub struct Warm {
     /// The bytes read by `run`: `[off, off + bytes.len())`, fewer than `len` at the end of the
     /// file or on an error.
     bytes: Vec<u8>,
+    /// The watermark of the read that stopped at this range: every position up to it was
+    /// durable before `run` read the file; later ones may not be in `bytes` yet.
+    pinned: u64,
 }
 
 impl Warm {
@@ -360,7 +363,7 @@ impl Cursor {
     fn miss(&mut self, si: usize, lo: u64, n: usize) -> Result<(), ReadError> {
         self.win_seg = usize::MAX;
         self.win_len = 0;
-        self.warm = Some(Warm { seg: self.snap.segments[si].clone(), off: lo, len: n, bytes: Vec::new() });
+        self.warm = Some(Warm { seg: self.snap.segments[si].clone(), off: lo, len: n, bytes: Vec::new(), pinned: 0 });
         Err(ReadError::WouldBlock)
     }
 
@@ -690,7 +693,8 @@ impl Reads {
                     Plan::Indexed { queue, .. } => queue.push_front(pos),
                     _ => *budget = budget.saturating_add(1),
                 }
-                let warm = self.cursor.warm.take().expect("a miss leaves its range");
+                let mut warm = self.cursor.warm.take().expect("a miss leaves its range");
+                warm.pinned = self.watermark;
                 return Step::Blocked(warm);
             }
             if self.forward {
@@ -768,20 +772,17 @@ pub struct Subscription {
     cursor: u64,
     /// Polls never wait for the disk ([`Subscription::without_waiting`]).
     nowait: bool,
-    /// The range the last poll stopped at, to fetch before the next one, with that poll's
-    /// watermark.
-    warm: Option<(Warm, u64)>,
-    /// That range, fetched, with the same watermark: the next poll starts from its bytes and
-    /// goes no further than that watermark.
-    fetched: Option<(Warm, u64)>,
-    /// The watermark of the range [`take_warm`](Self::take_warm) last gave out.
-    warm_pinned: u64,
+    /// The range the last poll stopped at, to fetch before the next one.
+    warm: Option<Warm>,
+    /// That range, fetched: the next poll starts from its bytes and goes no further than the
+    /// watermark of the poll that stopped at it.
+    fetched: Option<Warm>,
 }
 
 impl Subscription {
     pub(crate) fn new(shared: Arc<Shared>, query: Query, after: Position) -> Subscription {
         shared.subscribers.fetch_add(1, Ordering::SeqCst);
-        Subscription { shared, query, cursor: after.get(), nowait: false, warm: None, fetched: None, warm_pinned: 0 }
+        Subscription { shared, query, cursor: after.get(), nowait: false, warm: None, fetched: None }
     }
 
     /// Makes every poll stop, instead of waiting for the disk, at a record neither in memory
@@ -795,15 +796,13 @@ impl Subscription {
 
     /// The range the last poll stopped at (see [`without_waiting`](Self::without_waiting)).
     pub fn take_warm(&mut self) -> Option<Warm> {
-        let (warm, pinned) = self.warm.take()?;
-        self.warm_pinned = pinned;
-        Some(warm)
+        self.warm.take()
     }
 
     /// Hands back a [`Warm`] from [`take_warm`](Self::take_warm) after [`Warm::run`]: the next
     /// poll reads from its bytes.
     pub fn fetched(&mut self, warm: Warm) {
-        self.fetched = Some((warm, self.warm_pinned));
+        self.fetched = Some(warm);
     }
 
     /// The exclusive cursor: every match at or below it has been delivered.
@@ -839,8 +838,8 @@ impl Subscription {
         // failed with "record checksum mismatch" on events the fetch read before they were
         // written).
         let mut capped = false;
-        if let Some((warm, pinned)) = self.fetched.take() {
-            capped = reads.cap(pinned);
+        if let Some(warm) = self.fetched.take() {
+            capped = reads.cap(warm.pinned);
             reads.cursor.install(warm);
         }
         let w = reads.watermark;
@@ -860,7 +859,7 @@ impl Subscription {
                 }
                 Step::Blocked(warm) => {
                     self.cursor = reads.examined_through().max(self.cursor);
-                    self.warm = Some((warm, w));
+                    self.warm = Some(warm);
                     return Ok(Polled { delivered, caught_up: false });
                 }
                 Step::End => {
