@@ -334,6 +334,16 @@ impl Fill {
     }
 }
 
+/// Ends the `ReadEvents` frame of request `id` that `enc` holds, into `frames`, and starts the
+/// next one (a subscription's poll cannot send from inside its callback, so it collects
+/// frames); the error is why the frame could not be encoded (over `max_frame_len`).
+fn cut_frame(enc: &mut ReadEventsEncoder, fill: &mut Fill, id: u64, max_frame_len: u32, frames: &mut Vec<Vec<u8>>) -> Result<(), String> {
+    let cut = enc.finish(id, max_frame_len).map(|f| frames.push(f.to_vec())).map_err(|e| e.to_string());
+    enc.clear();
+    *fill = Fill::default();
+    cut
+}
+
 /// Reads of one connection that build a batch at the same time (see `Conn::stream_read`).
 const READ_SLOTS: u64 = 4;
 
@@ -1083,24 +1093,14 @@ impl Conn {
                 // event that failed may be delivered, or a subscriber resuming from the last
                 // position it saw would never get that event.
                 if self.lanes.needs_new_frame(&enc, &ev) {
-                    match enc.finish(id, self.lanes.max_frame_len) {
-                        Ok(f) => frames.push(f.to_vec()),
-                        Err(e) => failed = Some(e.to_string()),
-                    }
-                    enc.clear();
-                    fill = Fill::default();
-                    if failed.is_some() {
+                    if let Err(e) = cut_frame(&mut enc, &mut fill, id, self.lanes.max_frame_len, &mut frames) {
+                        failed = Some(e);
                         return;
                     }
                 }
                 enc.push(p, &ev);
                 if fill.add(&ev, cfg) {
-                    match enc.finish(id, self.lanes.max_frame_len) {
-                        Ok(f) => frames.push(f.to_vec()),
-                        Err(e) => failed = Some(e.to_string()),
-                    }
-                    enc.clear();
-                    fill = Fill::default();
+                    failed = cut_frame(&mut enc, &mut fill, id, self.lanes.max_frame_len, &mut frames).err();
                 }
             });
             // The reference frames each poll of up to POLL_BATCH_EVENTS events on its own (its
@@ -1118,12 +1118,7 @@ impl Conn {
                 in_poll = 0;
             }
             if failed.is_none() && !enc.is_empty() && poll_ended {
-                match enc.finish(id, self.lanes.max_frame_len) {
-                    Ok(f) => frames.push(f.to_vec()),
-                    Err(e) => failed = Some(e.to_string()),
-                }
-                enc.clear();
-                fill = Fill::default();
+                failed = cut_frame(&mut enc, &mut fill, id, self.lanes.max_frame_len, &mut frames).err();
             }
             // The frames built before a failure go out first: the subscriber gets every event
             // up to the one that failed, as a read does.
