@@ -410,11 +410,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
                 ours.push(inode);
             }
             Ok(Err(e)) => return refuse(&ctx, shards, word_tx, e),
-            Err(_) => {
-                // Its thread is gone: do not join it with the others.
-                let _ = shards.pop();
-                return refuse(&ctx, shards, word_tx, format!("shard {shard} stopped before it could listen (a thread it needs could not start?)"));
-            }
+            Err(_) => return refuse(&ctx, shards, word_tx, format!("shard {shard} stopped before it could listen (a thread it needs could not start?)")),
         }
     }
     // The probe and the binds are two steps: a server started in the same few milliseconds
