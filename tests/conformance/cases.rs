@@ -840,9 +840,7 @@ fn a_condition_matching_staged_and_durable_events_is_a_same_batch_conflict() {
             Request::new(a, request::Kind::Append(proto::AppendRequest { events: vec![event("Paid")], condition: None })),
             Request::new(b, request::Kind::Append(proto::AppendRequest { events: vec![event("Shipped")], condition: Some(guard.clone()) })),
         ] {
-            let body = prost::Message::encode_to_vec(&msg);
-            burst.extend((body.len() as u32).to_be_bytes());
-            burst.extend(body);
+            proto::encode_frame(&msg, u32::MAX, &mut burst).unwrap();
         }
         raw.send_bytes(&burst);
         for _ in 0..2 {
