@@ -1598,3 +1598,38 @@ fn a_shard_that_dies_before_binding_fails_the_start() {
     assert!(out.stderr.contains("shard 1 stopped before it could listen"), "{out:?}");
     assert!(!out.stdout.contains("server listening"), "{out:?}");
 }
+
+/// The index of a full segment is sealed by a thread in the idle scheduling class; when that
+/// thread falls behind (held here at a pause point, as on a machine whose CPUs stay busy) a
+/// catch-up thread seals the waiting indexes, so frozen indexes do not pile up in memory.
+#[test]
+fn a_sealing_backlog_is_sealed_by_a_catch_up_thread() {
+    let Some(faulty) = crash_points_bin() else { return };
+    let release_dir = tempfile::tempdir().unwrap();
+    let release = release_dir.path().join("release");
+    let release_str = release.to_str().unwrap().to_owned();
+    let env = [("TEPHRA__SEGMENT__SIZE", "65536"), ("TEPHRA_CRASH_POINT", "seal_idle:pause"), ("TEPHRA_CRASH_RELEASE", release_str.as_str())];
+    let mut srv = Server::start(&faulty, &env);
+    let mut c = Client::connect(srv.addr).unwrap();
+    for i in 0..40 {
+        c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
+    }
+    let data = srv.data_dir();
+    let bases: Vec<u64> = tephra::log::segment::list_segments(&data).unwrap().iter().map(|s| s.0).collect();
+    assert!(bases.len() >= 6, "{} segments", bases.len());
+    let sealed = |base: u64| tephra::index::index_path(&data, base).exists();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while bases[1..4].iter().any(|&b| !sealed(b)) {
+        assert!(Instant::now() < deadline, "the waiting indexes were not sealed while the idle-class thread was held\n{}", srv.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(srv.log().contains("pause point seal_idle"), "{}", srv.log());
+    assert!(!sealed(bases[0]), "the held index was sealed");
+    std::fs::write(format!("{release_str}-seal_idle"), b"").unwrap();
+    drop(c);
+    srv.signal(libc::SIGTERM);
+    assert!(srv.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()), "{}", srv.log());
+    for &b in &bases[..bases.len() - 1] {
+        assert!(sealed(b), "segment {b} has no sealed index after shutdown\n{}", srv.log());
+    }
+}

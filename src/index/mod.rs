@@ -37,7 +37,11 @@ pub fn index_path(dir: &Path, base: u64) -> PathBuf {
 }
 
 /// Writes a sealed index file durably: a temporary file, fsync, rename over the final name,
-/// fsync of the folder (creating it, and syncing the data directory, on first use).
+/// fsync of the folder (creating it, and syncing the data directory, on first use). The bytes
+/// go to the disk [`INDEX_WRITE_CHUNK`] at a time, each waited for before the next is written:
+/// a sealed index of a 256 MiB segment is several MiB, and handed to the disk at once by the
+/// fsync it sat in the device queue ahead of the group commits' writes (appends in the ~30 ms
+/// it took saw p99 latency double; measured with `tephra-bench append -c 16 -b 64`).
 ///
 /// # Errors
 /// The I/O error; the caller logs it and carries on (the file is rebuilt at the next open).
@@ -52,11 +56,33 @@ pub fn write_index_file(dir: &Path, base: u64, bytes: &[u8]) -> std::io::Result<
     let path = index_path(dir, base);
     let tmp = path.with_extension("tix.tmp");
     let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
+    let mut at = 0usize;
+    for chunk in bytes.chunks(INDEX_WRITE_CHUNK) {
+        f.write_all(chunk)?;
+        write_out(&f, at, chunk.len())?;
+        at += chunk.len();
+    }
     f.sync_data()?;
     drop(f);
     std::fs::rename(&tmp, &path)?;
     std::fs::File::open(&folder)?.sync_all()
+}
+
+/// How much of a sealed index file [`write_index_file`] hands to the disk at a time, in bytes.
+pub const INDEX_WRITE_CHUNK: usize = 256 << 10;
+
+/// Starts writing back `len` bytes of `f` at `offset` and waits until they are written
+/// (`sync_file_range`; the data only, not the file's metadata, which the final fsync covers).
+fn write_out(f: &std::fs::File, offset: usize, len: usize) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: a plain system call on a descriptor `f` owns for the duration of the call.
+    let r = unsafe { libc::sync_file_range(f.as_raw_fd(), offset as libc::off64_t, len as libc::off64_t, flags) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Loads the sealed index file of the log segment `base` holding `count` events with
