@@ -1633,3 +1633,13 @@ fn a_sealing_backlog_is_sealed_by_a_catch_up_thread() {
         assert!(sealed(b), "segment {b} has no sealed index after shutdown\n{}", srv.log());
     }
 }
+
+/// The server turns transparent huge pages off for its process (a first touch of a 2 MiB page
+/// inside the writer stalled every append in flight for up to 25 ms).
+#[test]
+fn the_server_runs_without_transparent_huge_pages() {
+    let srv = Server::start(&bin(), &[]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", srv.pid())).unwrap();
+    let line = status.lines().find(|l| l.starts_with("THP_enabled:")).unwrap_or_else(|| panic!("no THP_enabled line:\n{status}"));
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+}
