@@ -1643,3 +1643,45 @@ fn the_server_runs_without_transparent_huge_pages() {
     let line = status.lines().find(|l| l.starts_with("THP_enabled:")).unwrap_or_else(|| panic!("no THP_enabled line:\n{status}"));
     assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
 }
+
+/// At shutdown the indexes still waiting for sealing are sealed by a catch-up thread too: the
+/// idle-class thread may be starved by other programs (held here at a pause point) and the
+/// shutdown waits for every sealing.
+#[test]
+fn a_shutdown_seals_the_waiting_indexes_without_the_idle_class_thread() {
+    let Some(faulty) = crash_points_bin() else { return };
+    let release_dir = tempfile::tempdir().unwrap();
+    let release = release_dir.path().join("release").to_str().unwrap().to_owned();
+    let env = [("TEPHRA__SEGMENT__SIZE", "65536"), ("TEPHRA_CRASH_POINT", "seal_idle:pause"), ("TEPHRA_CRASH_RELEASE", release.as_str())];
+    let mut srv = Server::start(&faulty, &env);
+    let mut c = Client::connect(srv.addr).unwrap();
+    let data = srv.data_dir();
+    let segments = || tephra::log::segment::list_segments(&data).unwrap().iter().map(|s| s.0).collect::<Vec<u64>>();
+    // Three segments: the first one's index held at the pause point, the second's waiting
+    // behind it (too few to start a catch-up thread while running).
+    let mut i = 0;
+    while segments().len() < 3 {
+        c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
+        i += 1;
+        assert!(i < 100, "no third segment");
+    }
+    let bases = segments();
+    let sealed = |base: u64| tephra::index::index_path(&data, base).exists();
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !srv.log().contains("pause point seal_idle") {
+        assert!(Instant::now() < deadline, "the sealing thread never reached its pause\n{}", srv.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!sealed(bases[1]), "sealed before the shutdown");
+    srv.signal(libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sealed(bases[1]) {
+        assert!(Instant::now() < deadline, "the shutdown did not seal the waiting index\n{}", srv.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!sealed(bases[0]), "the held index was sealed");
+    std::fs::write(format!("{release}-seal_idle"), b"").unwrap();
+    assert!(srv.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()), "{}", srv.log());
+    assert!(sealed(bases[0]) && sealed(bases[1]), "{}", srv.log());
+}

@@ -298,6 +298,30 @@ struct Sealing {
     catching_up: Arc<std::sync::atomic::AtomicBool>,
 }
 
+impl Sealing {
+    /// Starts a `tephra-seal-catch-up` thread at nice +10 that seals from the queue until it is
+    /// empty, unless one is running.
+    fn catch_up(&mut self, dir: &Path, shared: &Arc<Shared>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.threads.retain(|h| !h.is_finished());
+        if self.catching_up.swap(true, SeqCst) {
+            return;
+        }
+        let (dir, shared, flag, rx) = (dir.to_owned(), shared.clone(), self.catching_up.clone(), self.rx.clone());
+        let spawned = std::thread::Builder::new().name("tephra-seal-catch-up".into()).spawn(move || {
+            background_priority(false);
+            while let Ok(sealer) = rx.try_recv() {
+                seal_one(&dir, &shared, sealer);
+            }
+            flag.store(false, SeqCst);
+        });
+        match spawned {
+            Ok(h) => self.threads.push(h),
+            Err(_) => self.catching_up.store(false, SeqCst),
+        }
+    }
+}
+
 /// Encodes a frozen index, persists it and swaps it into the snapshot.
 fn seal_one(dir: &Path, shared: &Shared, sealer: Sealer) {
     let (base, count, fingerprint) = (sealer.base(), sealer.count(), sealer.fingerprint());
@@ -310,12 +334,13 @@ fn seal_one(dir: &Path, shared: &Shared, sealer: Sealer) {
 
 /// Puts the calling thread in the idle scheduling class (`SCHED_IDLE`: it runs only on a CPU
 /// nothing else wants, and any woken thread of the server takes the CPU from it; nice +10 where
-/// that is refused) and its I/O in the idle class: for background work (index sealing, spare
-/// segments) that must not compete with the append path on a busy machine. At nice +10 the
+/// that is refused) and its I/O in the idle class: for background work (index sealing) that
+/// must not compete with the append path on a busy machine. At nice +10 the
 /// ~100 ms of CPU that encoding a 256 MiB segment's index takes still showed in the append
 /// latency of the ~100 ms after each rollover (`tephra-bench append -c 16 -b 64`: 1.3-2.9% of
 /// requests over 2.5 ms against 0.3% in the rest of the cycle). With `idle` false, only nice
-/// +10 (a thread that must make progress on a saturated machine). Best effort: refusals are
+/// +10 (a thread that must make progress on a saturated machine: the catch-up sealing, the
+/// spare segment's zeroing, which a rollover waits to stop). Best effort: refusals are
 /// ignored.
 fn background_priority(idle: bool) {
     // SAFETY: plain system calls on the calling thread (pid/who = 0).
@@ -492,6 +517,13 @@ impl Writer {
 
     /// Waits for every queued index sealing (shutdown).
     fn finish_sealing(&mut self) {
+        // What still waits is sealed at nice +10 too: the idle class may be starved by other
+        // programs, and the shutdown waits for it.
+        if let Some(sealing) = &mut self.sealing {
+            if !sealing.tx.is_empty() {
+                sealing.catch_up(&self.dir, &self.shared);
+            }
+        }
         if let Some(Sealing { tx, threads, .. }) = self.sealing.take() {
             drop(tx);
             for h in threads {
@@ -530,20 +562,8 @@ impl Writer {
         }
         let Some(sealing) = &mut self.sealing else { return };
         let _ = sealing.tx.send(sealer);
-        sealing.threads.retain(|h| !h.is_finished());
-        if sealing.tx.len() > SEAL_BACKLOG && !sealing.catching_up.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            let (dir, shared, flag, rx) = (self.dir.clone(), self.shared.clone(), sealing.catching_up.clone(), sealing.rx.clone());
-            let spawned = std::thread::Builder::new().name("tephra-seal-catch-up".into()).spawn(move || {
-                background_priority(false);
-                while let Ok(sealer) = rx.try_recv() {
-                    seal_one(&dir, &shared, sealer);
-                }
-                flag.store(false, std::sync::atomic::Ordering::SeqCst);
-            });
-            match spawned {
-                Ok(h) => sealing.threads.push(h),
-                Err(_) => sealing.catching_up.store(false, std::sync::atomic::Ordering::SeqCst),
-            }
+        if sealing.tx.len() > SEAL_BACKLOG {
+            sealing.catch_up(&self.dir, &self.shared);
         }
     }
 
@@ -774,7 +794,9 @@ impl Writer {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (dir, cfg, halt) = (self.dir.clone(), self.seg_cfg, stop.clone());
         match std::thread::Builder::new().name("tephra-prepare".into()).spawn(move || {
-            background_priority(true);
+            // Not the idle class: a rollover waits for this thread to stop, and a starved
+            // one (another program keeping the CPUs busy) would hold every append meanwhile.
+            background_priority(false);
             let path = prepare_segment(&dir, &cfg)?;
             let mut held_until = std::time::Instant::now();
             let mut hold = || {
