@@ -177,7 +177,7 @@ impl Follower {
                 // Never persisted, so no fingerprint is needed to tie it to the segment.
                 SegIndex::Sealed(Arc::new(SealedIndex::load(w.encode_sealed(0), b, n, 0).expect("a freshly encoded index validates")))
             });
-            let index = ActiveWriter::new(base, self.cfg.segment.max_records());
+            let index = ActiveWriter::new(base, seg.max_records());
             let shared_index = SegIndex::Active(index.shared().clone());
             t.index = Some(index);
             t.segments.push(seg.clone());

@@ -160,7 +160,6 @@ impl Store {
         let mut indexes = Vec::new();
         let mut active_index = None;
         let mut active_fingerprint = None;
-        let capacity = cfg.segment.max_records();
         // Sealed indexes rebuilt because their files were missing or unusable: how many, the
         // first one's segment and reason, and the time spent. Said in one line once the log is
         // open (review: a directory the reference wrote, 786 segments, gave 786 lines).
@@ -183,7 +182,7 @@ impl Store {
                 }
             }
             let started = std::time::Instant::now();
-            let mut ix = ActiveWriter::new(base, capacity);
+            let mut ix = ActiveWriter::new(base, w.segment.max_records());
             for (k, bytes) in w.payloads().enumerate() {
                 let pos = base + k as u64;
                 match crate::event::EventRef::from_bytes(bytes) {

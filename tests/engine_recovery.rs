@@ -522,3 +522,32 @@ fn a_marker_disagreeing_with_the_record_count_is_refused() {
     let err = assert_refused(d.path(), SIZE, &seg, None, "marker count mismatch");
     assert!(err.contains("commit marker says position 7"), "{err}");
 }
+
+/// A store written with larger segments than configured now opens and is read whole, its
+/// sealed and active segments alike, and takes appends into new segments of the configured
+/// size (review: reopening 1 MiB segments with `segment.size` 64 KiB panicked in the offsets
+/// table, sized from the configured segment).
+#[test]
+fn a_store_written_with_larger_segments_opens_with_a_smaller_size() {
+    let d = dir();
+    let mut all = fill(d.path(), 1 << 20, &[1000; 50]);
+    let before = segments(d.path()).len();
+    assert!(before >= 2, "{before} segments");
+    let s = Store::open(d.path(), cfg(64 << 10)).unwrap();
+    let h = s.handle();
+    assert_contents(&h, &all);
+    let more: Vec<Event> = (0..5000).map(|k| event_for(all.len() as u64 + 1 + k)).collect();
+    for chunk in more.chunks(500) {
+        h.append(chunk.to_vec(), None).unwrap();
+    }
+    all.extend(more);
+    assert_contents(&h, &all);
+    let q = Query::item(QueryItem::with_tags(Tags::new(["k:29999"]).unwrap()));
+    let got = h.read(q, Position::ZERO, None).collect_owned().unwrap();
+    assert_eq!(got.iter().map(|(p, _)| p.get()).collect::<Vec<_>>(), vec![29999]);
+    drop(h);
+    drop(s);
+    assert!(segments(d.path()).len() > before, "no segment of the new size was created");
+    let s = Store::open(d.path(), cfg(64 << 10)).unwrap();
+    assert_contents(&s.handle(), &all);
+}

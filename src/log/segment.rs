@@ -58,8 +58,13 @@ impl SegmentConfig {
 
     /// Most data records one segment can hold (each at least 13 bytes).
     pub fn max_records(&self) -> usize {
-        (self.capacity() / (RECORD_HEAD as u64 + 5)) as usize + 1
+        max_records_in(self.capacity())
     }
+}
+
+/// Most data records `capacity` bytes of a segment can hold (each at least 13 bytes).
+fn max_records_in(capacity: u64) -> usize {
+    (capacity / (RECORD_HEAD as u64 + 5)) as usize + 1
 }
 
 /// The file name of the segment starting at `base`.
@@ -273,13 +278,24 @@ pub struct Segment {
 }
 
 impl Segment {
-    /// Opens a read handle on an existing segment file.
+    /// Opens a read handle on an existing segment file. Its offsets table holds as many
+    /// records as the larger of the configured size and the file can: a segment written with a
+    /// larger `segment.size` than the one configured now is read whole (review: a store written
+    /// with 1 MiB segments and reopened with 64 KiB ones panicked at open).
     ///
     /// # Errors
     /// [`LogError::Io`].
     pub fn open(base: u64, path: PathBuf, cfg: &SegmentConfig) -> Result<Segment, LogError> {
-        let file = File::open(&path).map_err(|source| LogError::Io { path: path.clone(), source })?;
-        Ok(Segment { base, path, file, offsets: AtomicColumn::new(cfg.max_records()) })
+        let io = |source: std::io::Error| LogError::Io { path: path.clone(), source };
+        let file = File::open(&path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let records = cfg.max_records().max(max_records_in(len.saturating_sub(cfg.header_size)));
+        Ok(Segment { base, path, file, offsets: AtomicColumn::new(records) })
+    }
+
+    /// Most records this segment's tables hold (see [`Segment::open`]).
+    pub fn max_records(&self) -> usize {
+        self.offsets.capacity()
     }
 
     /// Reads up to `buf.len()` bytes at `off`, returning how many were read (short at EOF).
