@@ -287,6 +287,10 @@ impl WriterMetrics {
 /// (see [`Writer::seal`]).
 const SEAL_BACKLOG: usize = 2;
 
+/// The longest a shutdown waits for index sealing (a sealing thread starved by other programs
+/// made SIGTERM take 10-14 s in review, past a container runtime's default stop timeout).
+const SEAL_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The threads sealing the indexes of full segments, and their queue.
 struct Sealing {
     tx: flume::Sender<Sealer>,
@@ -526,6 +530,17 @@ impl Writer {
         }
         if let Some(Sealing { tx, threads, .. }) = self.sealing.take() {
             drop(tx);
+            // A sealing still running when the wait is over is left to finish on its own or
+            // to die with the process: the next open rebuilds that index from the log (its
+            // file is written under a temporary name and renamed once complete).
+            let deadline = std::time::Instant::now() + SEAL_SHUTDOWN_WAIT;
+            while threads.iter().any(|h| !h.is_finished()) {
+                if std::time::Instant::now() >= deadline {
+                    tracing::warn!(waited_ms = SEAL_SHUTDOWN_WAIT.as_millis() as u64, "an index sealing is still running at shutdown (the CPUs are busy); the next start rebuilds what it did not finish");
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
             for h in threads {
                 let _ = h.join();
             }
