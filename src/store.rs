@@ -164,6 +164,8 @@ impl Store {
         // first one's segment and reason, and the time spent. Said in one line once the log is
         // open (review: a directory the reference wrote, 786 segments, gave 786 lines).
         let mut rebuilt: (u64, Option<(PathBuf, String)>, std::time::Duration) = (0, None, std::time::Duration::ZERO);
+        // Rebuilt indexes whose files could not be written, and the first error.
+        let mut unwritten: (u64, Option<std::io::Error>) = (0, None);
         let rec = open_log(&dir, &cfg.segment, |w| {
             let base = w.segment.base;
             let count = w.offsets.len() as u64;
@@ -202,7 +204,11 @@ impl Store {
                 active_fingerprint = Some(fingerprint);
             } else {
                 let bytes = ix.encode_sealed(fingerprint.value());
-                let sealed = crate::index::persist_sealed(&dir, base, count, fingerprint.value(), bytes).expect("a freshly encoded index validates");
+                let (sealed, failed) = crate::index::persist_sealed_quietly(&dir, base, count, fingerprint.value(), bytes).expect("a freshly encoded index validates");
+                if let Some(e) = failed {
+                    unwritten.0 += 1;
+                    unwritten.1.get_or_insert(e);
+                }
                 indexes.push(SegIndex::Sealed(Arc::new(sealed)));
                 rebuilt.2 += started.elapsed();
             }
@@ -211,7 +217,19 @@ impl Store {
         if let (n, Some((first, why)), took) = rebuilt {
             // Index files are ours alone: a directory another server wrote (the reference) has
             // none for its segments. Each rebuilt one is written, so the next start loads it.
-            tracing::info!(segments = n, first = %first.display(), first_reason = %why, took_ms = took.as_millis() as u64, "rebuilt sealed indexes from the log (their files were missing or unusable; written now for the next start)");
+            match unwritten {
+                (0, _) => tracing::info!(segments = n, first = %first.display(), first_reason = %why, took_ms = took.as_millis() as u64, "rebuilt sealed indexes from the log (their files were missing or unusable; written now for the next start)"),
+                (failed, e) => tracing::warn!(
+                    segments = n,
+                    first = %first.display(),
+                    first_reason = %why,
+                    took_ms = took.as_millis() as u64,
+                    not_written = failed,
+                    error = %e.map(|e| e.to_string()).unwrap_or_default(),
+                    "rebuilt sealed indexes from the log (their files were missing or unusable); {failed} could not be written, so the next start rebuilds them again (check {})",
+                    dir.join(crate::index::INDEX_DIR).display()
+                ),
+            }
         }
         let active_index = active_index.expect("open_log walks the active segment last");
         indexes.push(SegIndex::Active(active_index.shared().clone()));

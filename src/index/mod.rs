@@ -46,7 +46,6 @@ pub fn index_path(dir: &Path, base: u64) -> PathBuf {
 /// # Errors
 /// The I/O error; the caller logs it and carries on (the file is rebuilt at the next open).
 pub fn write_index_file(dir: &Path, base: u64, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
     let folder = dir.join(INDEX_DIR);
     if !folder.exists() {
         std::fs::create_dir_all(&folder)?;
@@ -55,7 +54,19 @@ pub fn write_index_file(dir: &Path, base: u64, bytes: &[u8]) -> std::io::Result<
     crate::fault::io_point("index_write")?;
     let path = index_path(dir, base);
     let tmp = path.with_extension("tix.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
+    let written = write_then_rename(&tmp, &path, &folder, bytes);
+    if written.is_err() {
+        // A full disk or a failed write leaves no half-written temporary file behind (review).
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// The steps of [`write_index_file`] after the folder exists: write `tmp`, sync, rename to
+/// `path`, sync `folder`.
+fn write_then_rename(tmp: &Path, path: &Path, folder: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(tmp)?;
     let mut at = 0usize;
     for chunk in bytes.chunks(INDEX_WRITE_CHUNK) {
         f.write_all(chunk)?;
@@ -64,8 +75,8 @@ pub fn write_index_file(dir: &Path, base: u64, bytes: &[u8]) -> std::io::Result<
     }
     f.sync_data()?;
     drop(f);
-    std::fs::rename(&tmp, &path)?;
-    std::fs::File::open(&folder)?.sync_all()
+    std::fs::rename(tmp, path)?;
+    std::fs::File::open(folder)?.sync_all()
 }
 
 /// How much of a sealed index file [`write_index_file`] hands to the disk at a time, in bytes.
@@ -107,6 +118,16 @@ pub fn persist_sealed(dir: &Path, base: u64, count: u64, fingerprint: u32, bytes
         tracing::warn!(base, error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
     }
     SealedIndex::load(bytes, base, count, fingerprint)
+}
+
+/// Like [`persist_sealed`], but a failed write is returned beside the index instead of logged
+/// (the store's open says all of them in one line).
+///
+/// # Errors
+/// The [`sealed::IndexFileError`] of the load (not expected: the bytes were just encoded).
+pub fn persist_sealed_quietly(dir: &Path, base: u64, count: u64, fingerprint: u32, bytes: Vec<u8>) -> Result<(SealedIndex, Option<std::io::Error>), sealed::IndexFileError> {
+    let written = write_index_file(dir, base, &bytes).err();
+    SealedIndex::load(bytes, base, count, fingerprint).map(|ix| (ix, written))
 }
 
 /// One segment's index as readers and the writer see it.
