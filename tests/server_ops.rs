@@ -1551,14 +1551,10 @@ fn a_listener_joining_the_port_later_gets_no_connections() {
     c.append([ev("A", &["t"], b"x")], None).unwrap();
 }
 
-/// A directory whose sealed segments have no index files (one the reference wrote: the files
-/// are ours alone) is opened with one log line for all the rebuilt indexes, not one per segment
-/// (review: 786 lines for 786 segments), and the rebuilt files are written, so the next start
-/// rebuilds nothing.
-#[test]
-fn missing_index_files_are_rebuilt_with_one_log_line() {
-    let env = [("TEPHRA__SEGMENT__SIZE", "65536")];
-    let mut srv = Server::start(&bin(), &env);
+/// A server on `env` (small segments) given 40 appends of 10 events tagged `k:{i}-{k}`
+/// (position `10 i + k + 1`), then stopped with SIGTERM.
+fn stopped_store_of_small_segments(env: &[(&str, &str)]) -> Server {
+    let mut srv = Server::start(&bin(), env);
     let mut c = Client::connect(srv.addr).unwrap();
     for i in 0..40 {
         c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
@@ -1566,6 +1562,17 @@ fn missing_index_files_are_rebuilt_with_one_log_line() {
     drop(c);
     srv.signal(libc::SIGTERM);
     assert!(srv.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    srv
+}
+
+/// A directory whose sealed segments have no index files (one the reference wrote: the files
+/// are ours alone) is opened with one log line for all the rebuilt indexes, not one per segment
+/// (review: 786 lines for 786 segments), and the rebuilt files are written, so the next start
+/// rebuilds nothing.
+#[test]
+fn missing_index_files_are_rebuilt_with_one_log_line() {
+    let env = [("TEPHRA__SEGMENT__SIZE", "65536")];
+    let mut srv = stopped_store_of_small_segments(&env);
     let data = srv.data_dir();
     let segments = tephra::log::segment::list_segments(&data).unwrap().len();
     assert!(segments >= 5, "{segments} segments");
@@ -1599,17 +1606,32 @@ fn a_shard_that_dies_before_binding_fails_the_start() {
     assert!(!out.stdout.contains("server listening"), "{out:?}");
 }
 
+/// The crash-points server on 64 KiB segments with its idle-class sealing thread held at the
+/// `seal_idle` pause point until the file `<release>-seal_idle` exists (at most 60 s), with the
+/// directory that file goes in and `<release>`; `None` when that server is not built.
+fn server_with_held_sealing() -> Option<(Server, tempfile::TempDir, String)> {
+    let faulty = crash_points_bin()?;
+    let release_dir = tempfile::tempdir().unwrap();
+    let release = release_dir.path().join("release").to_str().unwrap().to_owned();
+    let env = [("TEPHRA__SEGMENT__SIZE", "65536"), ("TEPHRA_CRASH_POINT", "seal_idle:pause"), ("TEPHRA_CRASH_RELEASE", release.as_str())];
+    Some((Server::start(&faulty, &env), release_dir, release))
+}
+
+/// Waits until the sealing thread of [`server_with_held_sealing`] is held.
+fn wait_for_held_sealing(srv: &Server) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !srv.log().contains("pause point seal_idle") {
+        assert!(Instant::now() < deadline, "the sealing thread never reached its pause\n{}", srv.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The index of a full segment is sealed by a thread in the idle scheduling class; when that
 /// thread falls behind (held here at a pause point, as on a machine whose CPUs stay busy) a
 /// catch-up thread seals the waiting indexes, so frozen indexes do not pile up in memory.
 #[test]
 fn a_sealing_backlog_is_sealed_by_a_catch_up_thread() {
-    let Some(faulty) = crash_points_bin() else { return };
-    let release_dir = tempfile::tempdir().unwrap();
-    let release = release_dir.path().join("release");
-    let release_str = release.to_str().unwrap().to_owned();
-    let env = [("TEPHRA__SEGMENT__SIZE", "65536"), ("TEPHRA_CRASH_POINT", "seal_idle:pause"), ("TEPHRA_CRASH_RELEASE", release_str.as_str())];
-    let mut srv = Server::start(&faulty, &env);
+    let Some((mut srv, _release_dir, release_str)) = server_with_held_sealing() else { return };
     let mut c = Client::connect(srv.addr).unwrap();
     for i in 0..40 {
         c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
@@ -1649,11 +1671,7 @@ fn the_server_runs_without_transparent_huge_pages() {
 /// shutdown waits for every sealing.
 #[test]
 fn a_shutdown_seals_the_waiting_indexes_without_the_idle_class_thread() {
-    let Some(faulty) = crash_points_bin() else { return };
-    let release_dir = tempfile::tempdir().unwrap();
-    let release = release_dir.path().join("release").to_str().unwrap().to_owned();
-    let env = [("TEPHRA__SEGMENT__SIZE", "65536"), ("TEPHRA_CRASH_POINT", "seal_idle:pause"), ("TEPHRA_CRASH_RELEASE", release.as_str())];
-    let mut srv = Server::start(&faulty, &env);
+    let Some((mut srv, _release_dir, release)) = server_with_held_sealing() else { return };
     let mut c = Client::connect(srv.addr).unwrap();
     let data = srv.data_dir();
     let segments = || tephra::log::segment::list_segments(&data).unwrap().iter().map(|s| s.0).collect::<Vec<u64>>();
@@ -1668,11 +1686,7 @@ fn a_shutdown_seals_the_waiting_indexes_without_the_idle_class_thread() {
     let bases = segments();
     let sealed = |base: u64| tephra::index::index_path(&data, base).exists();
     drop(c);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !srv.log().contains("pause point seal_idle") {
-        assert!(Instant::now() < deadline, "the sealing thread never reached its pause\n{}", srv.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_held_sealing(&srv);
     assert!(!sealed(bases[1]), "sealed before the shutdown");
     srv.signal(libc::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -1691,21 +1705,13 @@ fn a_shutdown_seals_the_waiting_indexes_without_the_idle_class_thread() {
 /// warning, the server exits 0, and the next start rebuilds that index.
 #[test]
 fn a_shutdown_does_not_wait_long_for_a_starved_sealing() {
-    let Some(faulty) = crash_points_bin() else { return };
-    let release_dir = tempfile::tempdir().unwrap();
-    let release = release_dir.path().join("never").to_str().unwrap().to_owned();
-    let env = [("TEPHRA__SEGMENT__SIZE", "65536"), ("TEPHRA_CRASH_POINT", "seal_idle:pause"), ("TEPHRA_CRASH_RELEASE", release.as_str())];
-    let mut srv = Server::start(&faulty, &env);
+    let Some((mut srv, _release_dir, _never_released)) = server_with_held_sealing() else { return };
     let mut c = Client::connect(srv.addr).unwrap();
     for i in 0..10 {
         c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
     }
     drop(c);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !srv.log().contains("pause point seal_idle") {
-        assert!(Instant::now() < deadline, "the sealing thread never reached its pause\n{}", srv.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_held_sealing(&srv);
     let started = Instant::now();
     srv.signal(libc::SIGTERM);
     assert!(srv.wait_exit(Duration::from_secs(15)).is_some_and(|s| s.success()), "{}", srv.log());
@@ -1726,14 +1732,7 @@ fn a_shutdown_does_not_wait_long_for_a_starved_sealing() {
 #[test]
 fn unwritable_index_files_are_said_once_and_not_claimed_written() {
     let env = [("TEPHRA__SEGMENT__SIZE", "65536")];
-    let mut srv = Server::start(&bin(), &env);
-    let mut c = Client::connect(srv.addr).unwrap();
-    for i in 0..40 {
-        c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
-    }
-    drop(c);
-    srv.signal(libc::SIGTERM);
-    assert!(srv.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    let mut srv = stopped_store_of_small_segments(&env);
     let data = srv.data_dir();
     std::fs::remove_dir_all(data.join("tagindex")).unwrap();
     std::fs::write(data.join("tagindex"), b"not a directory").unwrap();
