@@ -1619,11 +1619,7 @@ fn server_with_held_sealing() -> Option<(Server, tempfile::TempDir, String)> {
 
 /// Waits until the sealing thread of [`server_with_held_sealing`] is held.
 fn wait_for_held_sealing(srv: &Server) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !srv.log().contains("pause point seal_idle") {
-        assert!(Instant::now() < deadline, "the sealing thread never reached its pause\n{}", srv.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(srv.log_shows("pause point seal_idle", Duration::from_secs(10)), "the sealing thread never reached its pause\n{}", srv.log());
 }
 
 /// The index of a full segment is sealed by a thread in the idle scheduling class; when that
@@ -1645,7 +1641,7 @@ fn a_sealing_backlog_is_sealed_by_a_catch_up_thread() {
         assert!(Instant::now() < deadline, "the waiting indexes were not sealed while the idle-class thread was held\n{}", srv.log());
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(srv.log().contains("pause point seal_idle"), "{}", srv.log());
+    assert!(srv.log_shows("pause point seal_idle", Duration::from_secs(5)), "{}", srv.log());
     assert!(!sealed(bases[0]), "the held index was sealed");
     std::fs::write(format!("{release_str}-seal_idle"), b"").unwrap();
     drop(c);
@@ -1716,7 +1712,7 @@ fn a_shutdown_does_not_wait_long_for_a_starved_sealing() {
     srv.signal(libc::SIGTERM);
     assert!(srv.wait_exit(Duration::from_secs(15)).is_some_and(|s| s.success()), "{}", srv.log());
     assert!(started.elapsed() < Duration::from_secs(10), "shutdown took {:?}", started.elapsed());
-    assert!(srv.log().contains("an index sealing is still running at shutdown"), "{}", srv.log());
+    assert!(srv.log_shows("an index sealing is still running at shutdown", Duration::from_secs(5)), "{}", srv.log());
     srv.restart(&bin(), &[("TEPHRA__SEGMENT__SIZE", "65536")]);
     assert!(srv.log().contains("rebuilt sealed indexes"), "{}", srv.log());
     let mut c = Client::connect(srv.addr).unwrap();

@@ -161,6 +161,21 @@ impl Server {
         self.log.lock().unwrap().clone()
     }
 
+    /// Whether the server's output contains `needle` within `timeout` (its lines reach the
+    /// test through a reader thread, a moment after the server wrote them).
+    pub fn log_shows(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if self.log().contains(needle) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// The data directory.
     pub fn data_dir(&self) -> PathBuf {
         self.data.clone()
