@@ -300,6 +300,8 @@ struct Sealing {
     threads: Vec<std::thread::JoinHandle<()>>,
     /// A catch-up thread is running.
     catching_up: Arc<std::sync::atomic::AtomicBool>,
+    /// The idle-class thread's thread id (0 until it has started).
+    idle_tid: Arc<std::sync::atomic::AtomicI32>,
 }
 
 impl Sealing {
@@ -506,13 +508,15 @@ impl Writer {
         if let Some(h) = self.committer.take() {
             let _ = h.join();
         }
-        self.finish_sealing();
+        // The spare segment first: its zeroing would compete with the sealing waited for next,
+        // and the file is removed anyway (review).
         if let Some(p) = self.preparing.take() {
             p.stop.store(true, std::sync::atomic::Ordering::Relaxed);
             if let Ok(Ok(path)) = p.thread.join() {
                 let _ = std::fs::remove_file(path);
             }
         }
+        self.finish_sealing();
         self.shared.close();
         if let Some(ack) = ack {
             let _ = ack.send(());
@@ -524,6 +528,19 @@ impl Writer {
         // What still waits is sealed at nice +10 too: the idle class may be starved by other
         // programs, and the shutdown waits for it.
         if let Some(sealing) = &mut self.sealing {
+            // The idle-class thread leaves the idle class where the process may raise it (root,
+            // CAP_SYS_NICE or a permissive RLIMIT_NICE): starved by other programs it held a
+            // shutdown, and the process's exit after it, for seconds (review). Best effort.
+            let tid = sealing.idle_tid.load(std::sync::atomic::Ordering::SeqCst);
+            if tid > 0 {
+                // SAFETY: plain system calls naming a thread of this process by its id.
+                unsafe {
+                    let param = libc::sched_param { sched_priority: 0 };
+                    if libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) == 0 {
+                        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+                    }
+                }
+            }
             if !sealing.tx.is_empty() {
                 sealing.catch_up(&self.dir, &self.shared);
             }
@@ -559,7 +576,10 @@ impl Writer {
             let (tx, rx) = flume::unbounded::<Sealer>();
             let (dir, shared) = (self.dir.clone(), self.shared.clone());
             let queue = rx.clone();
+            let idle_tid = Arc::new(std::sync::atomic::AtomicI32::new(0));
+            let tid_slot = idle_tid.clone();
             let spawned = std::thread::Builder::new().name("tephra-seal".into()).spawn(move || {
+                tid_slot.store(nix::unistd::gettid().as_raw(), std::sync::atomic::Ordering::SeqCst);
                 background_priority(true);
                 for sealer in queue.iter() {
                     // A test holds this thread here to stand for one the machine starves.
@@ -568,7 +588,7 @@ impl Writer {
                 }
             });
             match spawned {
-                Ok(h) => self.sealing = Some(Sealing { tx, rx, threads: vec![h], catching_up: Arc::new(std::sync::atomic::AtomicBool::new(false)) }),
+                Ok(h) => self.sealing = Some(Sealing { tx, rx, threads: vec![h], idle_tid, catching_up: Arc::new(std::sync::atomic::AtomicBool::new(false)) }),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start the index sealing thread; the index stays in memory and is rebuilt at the next open");
                     return;
