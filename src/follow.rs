@@ -205,6 +205,21 @@ impl Follower {
             let n = seg.read_at(&mut buf, start).map_err(|source| LogError::Io { path: seg.path.clone(), source })?;
             buf.truncate(n);
             let w = walk(&buf, 0);
+            // The segment's tables were sized when the follower opened it; a writer restarted
+            // with a larger `segment.size` grows the active file past them (review: the
+            // follower's thread panicked and it served a frozen prefix, healthy as far as any
+            // check could tell). Refuse the refresh, said in the follower's log, instead.
+            let room = seg.max_records().saturating_sub((t.next - seg.base) as usize);
+            if w.offsets.len() > room {
+                return Err(LogError::InvalidConfig {
+                    reason: format!(
+                        "{} grew past the {} records this follower sized it for (the writer's segment.size was raised?); restart the follower",
+                        seg.path.display(),
+                        seg.max_records()
+                    ),
+                }
+                .into());
+            }
             for (k, off) in w.offsets.iter().enumerate() {
                 let o = *off as usize;
                 let len = (u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) & LENGTH_MASK) as usize;

@@ -167,3 +167,28 @@ fn a_follower_writes_nothing_and_opens_a_read_only_mount() {
     let _ = std::process::Command::new("umount").arg(&ro).status();
     result.unwrap();
 }
+
+/// A writer restarted with a larger `segment.size` grows the active segment past the tables a
+/// follower sized from it: the follower's refresh fails with that reason instead of panicking
+/// its thread (review), and what it serves stays exact.
+#[test]
+fn a_segment_grown_past_the_followers_tables_fails_the_refresh_with_its_reason() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = dir.path().join("data");
+    {
+        let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(65536))).unwrap();
+        store.handle().append(vec![ev(0)], None).unwrap();
+    }
+    let f = Follower::open(&data, FollowerConfig::new(SegmentConfig::new(65536))).unwrap();
+    assert_eq!(f.handle().head(), Position(1));
+    let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(1 << 20))).unwrap();
+    let h = store.handle();
+    for chunk in (1..20_000u64).collect::<Vec<_>>().chunks(1000) {
+        h.append(chunk.iter().map(|&i| ev(i)).collect(), None).unwrap();
+    }
+    let err = f.refresh().expect_err("the grown segment must be refused");
+    assert!(err.to_string().contains("grew past"), "{err}");
+    let got = f.handle().read(Query::all(), Position::ZERO, None).collect_owned().unwrap();
+    assert!(got.iter().enumerate().all(|(k, (p, e))| p.get() == k as u64 + 1 && e.as_bytes() == ev(k as u64).as_bytes()));
+    f.close();
+}
