@@ -315,7 +315,7 @@ impl Sealing {
         }
         let (dir, shared, flag, rx) = (dir.to_owned(), shared.clone(), self.catching_up.clone(), self.rx.clone());
         let spawned = std::thread::Builder::new().name("tephra-seal-catch-up".into()).spawn(move || {
-            background_priority(false);
+            background_priority(0, false);
             while let Ok(sealer) = rx.try_recv() {
                 seal_one(&dir, &shared, sealer);
             }
@@ -344,19 +344,22 @@ fn seal_one(dir: &Path, shared: &Shared, sealer: Sealer) {
 /// must not compete with the append path on a busy machine. At nice +10 the
 /// ~100 ms of CPU that encoding a 256 MiB segment's index takes still showed in the append
 /// latency of the ~100 ms after each rollover (`tephra-bench append -c 16 -b 64`: 1.3-2.9% of
-/// requests over 2.5 ms against 0.3% in the rest of the cycle). With `idle` false, only nice
-/// +10 (a thread that must make progress on a saturated machine: the catch-up sealing, the
-/// spare segment's zeroing, which a rollover waits to stop). Best effort: refusals are
-/// ignored.
-fn background_priority(idle: bool) {
-    // SAFETY: plain system calls on the calling thread (pid/who = 0).
+/// requests over 2.5 ms against 0.3% in the rest of the cycle). With `idle` false, the normal
+/// class at nice +10 (a thread that must make progress on a saturated machine: the catch-up
+/// sealing, the spare segment's zeroing, which a rollover waits to stop, and the idle-class
+/// thread itself once a shutdown waits for it; leaving the idle class needs root,
+/// `CAP_SYS_NICE` or a permissive `RLIMIT_NICE`). `tid` names the thread, 0 the calling one.
+/// Best effort: refusals are ignored.
+fn background_priority(tid: libc::pid_t, idle: bool) {
+    // SAFETY: plain system calls naming a thread of this process (0: the calling one).
     unsafe {
         let param = libc::sched_param { sched_priority: 0 };
-        if !idle || libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
-            libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+        if !idle || libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) != 0 {
+            libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param);
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
         }
-        // ioprio_set(IOPRIO_WHO_PROCESS, this thread, IOPRIO_CLASS_IDLE << 13)
-        libc::syscall(libc::SYS_ioprio_set, 1, 0, 3 << 13);
+        // ioprio_set(IOPRIO_WHO_PROCESS, the thread, IOPRIO_CLASS_IDLE << 13)
+        libc::syscall(libc::SYS_ioprio_set, 1, tid, 3 << 13);
     }
 }
 
@@ -528,18 +531,12 @@ impl Writer {
         // What still waits is sealed at nice +10 too: the idle class may be starved by other
         // programs, and the shutdown waits for it.
         if let Some(sealing) = &mut self.sealing {
-            // The idle-class thread leaves the idle class where the process may raise it (root,
-            // CAP_SYS_NICE or a permissive RLIMIT_NICE): starved by other programs it held a
-            // shutdown, and the process's exit after it, for seconds (review). Best effort.
+            // The idle-class thread leaves the idle class where the process may raise it:
+            // starved by other programs it held a shutdown, and the process's exit after it,
+            // for seconds (review).
             let tid = sealing.idle_tid.load(std::sync::atomic::Ordering::SeqCst);
             if tid > 0 {
-                // SAFETY: plain system calls naming a thread of this process by its id.
-                unsafe {
-                    let param = libc::sched_param { sched_priority: 0 };
-                    if libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) == 0 {
-                        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
-                    }
-                }
+                background_priority(tid, false);
             }
             if !sealing.tx.is_empty() {
                 sealing.catch_up(&self.dir, &self.shared);
@@ -580,7 +577,7 @@ impl Writer {
             let tid_slot = idle_tid.clone();
             let spawned = std::thread::Builder::new().name("tephra-seal".into()).spawn(move || {
                 tid_slot.store(nix::unistd::gettid().as_raw(), std::sync::atomic::Ordering::SeqCst);
-                background_priority(true);
+                background_priority(0, true);
                 for sealer in queue.iter() {
                     // A test holds this thread here to stand for one the machine starves.
                     crate::fault::pause_point("seal_idle");
@@ -831,7 +828,7 @@ impl Writer {
         match std::thread::Builder::new().name("tephra-prepare".into()).spawn(move || {
             // Not the idle class: a rollover waits for this thread to stop, and a starved
             // one (another program keeping the CPUs busy) would hold every append meanwhile.
-            background_priority(false);
+            background_priority(0, false);
             let path = prepare_segment(&dir, &cfg)?;
             let mut held_until = std::time::Instant::now();
             let mut hold = || {
@@ -944,7 +941,7 @@ mod tests {
 
     fn policy_and_nice(idle: bool) -> (i32, i32) {
         std::thread::spawn(move || {
-            background_priority(idle);
+            background_priority(0, idle);
             // SAFETY: plain queries of the calling thread.
             unsafe { (libc::sched_getscheduler(0), libc::getpriority(libc::PRIO_PROCESS, 0)) }
         })
