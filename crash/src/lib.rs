@@ -297,9 +297,10 @@ fn finish_round(mut s: Site, cycle: u64, rng: &mut Rng, rep: &mut SoakReport) ->
 }
 
 /// Every named crash site, the action armed, and how many hits pass first (`lo..=hi`).
-pub const CRASH_SITES: [(&str, &str, u64, u64); 9] = [
+pub const CRASH_SITES: [(&str, &str, u64, u64); 10] = [
     ("segment_extend", "abort", 0, 1),
     ("segment_created_before_commit", "abort", 0, 1),
+    ("spare_written_before_naming", "abort", 0, 1),
     ("commit_shortwrite", "abort", 5, 60),
     ("commit_before_fsync", "abort", 5, 60),
     ("torn_marker", "abort", 5, 60),
@@ -415,7 +416,8 @@ fn fail_stop(s: &mut Site, arm: &str, rng: &mut Rng, expect_zero_acks: bool, log
     // What was there before the armed run (a fault may stop the writer before any ack).
     let base_head = workload::connect_timeout(srv.addr()).and_then(|mut c| c.stats().map_err(|e| e.to_string())).map_err(|e| fail(s, format!("stats before the fault: {e}")))?.event_count;
     let mut ctx = s.ctx(srv.addr(), "fault", Some(2));
-    ctx.acks_after_errors = logged != "writer stopped";
+    // Only a failed rollover leaves the writer accepting appends after it.
+    ctx.acks_after_errors = logged == "rollover failed";
     let run = workload::start(Workload::Pure, &ctx, rng);
     let t = Instant::now();
     while run.live() > 0 && t.elapsed() < Duration::from_secs(90) {
@@ -488,6 +490,13 @@ fn faults_once(binary: &Path, seed: u64, run_dir: &Path, segment_size: u64) -> R
         lines.push(fail_stop(&mut s, &format!("commit_fsync:eio:{skip}"), &mut rng, skip == 0, "writer stopped")?);
         s.remove();
     }
+    // A new segment that cannot be named after its first commit (the rename fails): its
+    // batch is not acknowledged and the writer stops, as after a failed fdatasync; the
+    // restart finds everything acknowledged.
+    let mut s = Site::new(run_dir.join("fault-naming"), binary, segment_size, seed);
+    warm(&mut s, &mut rng)?;
+    lines.push(fail_stop(&mut s, "segment_naming:eio:0", &mut rng, false, "naming the new segment")?);
+    s.remove();
     // A short write: half the batch reaches the disk, then the writer stops.
     let mut s = Site::new(run_dir.join("fault-shortwrite"), binary, segment_size, seed);
     warm(&mut s, &mut rng)?;

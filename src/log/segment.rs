@@ -152,7 +152,7 @@ const ZERO_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Creates the spare segment file for a later rollover: `segment_size` bytes reserved with
 /// `fallocate` (read back as zeros, reference engine §3.2) and synced, under
-/// [`PREPARED_NAME`]. It is usable by [`adopt_prepared`] as soon as this returns; a
+/// [`PREPARED_NAME`]. It is usable by [`claim_prepared`] as soon as this returns; a
 /// [`zero_prepared`] afterwards only makes appends into it cheaper. A spare left over from an
 /// earlier run is replaced.
 ///
@@ -185,8 +185,8 @@ pub fn prepare_segment(dir: &Path, cfg: &SegmentConfig) -> Result<PathBuf, LogEr
 /// It is an optimisation only, so it gives way: before each write it asks `hold()`, and while
 /// that says true (the caller's view that the disk is busy) it sleeps 1 ms and asks again; it
 /// returns as soon as `stop` is set. Returns the bytes zeroed. The zeros are not synced:
-/// the file's reads are zeros either way, and [`adopt_prepared`] syncs the file before it
-/// becomes a segment. Only whole blocks are written (a partial last block stays reserved).
+/// the file's reads are zeros either way, and the segment's first commit syncs the file
+/// before [`name_prepared`] makes it a segment. Only whole blocks are written (a partial last block stays reserved).
 ///
 /// # Errors
 /// [`LogError::Io`] naming the file. The spare stays usable after a failed write (the range
@@ -210,33 +210,51 @@ pub fn zero_prepared(path: &Path, cfg: &SegmentConfig, stop: &std::sync::atomic:
     Ok(off)
 }
 
-/// Turns a file from [`prepare_segment`] into segment `base` durably: write the header, fsync,
-/// rename it to `{base:020}.log` (never over an existing file), fsync the directory. A crash
-/// before the rename leaves only the spare file; after it, a complete segment.
+/// Checks that the spare at `prepared` (from [`prepare_segment`]) can become segment `base`:
+/// it has exactly `segment_size` bytes and no segment of that name exists. Returns the
+/// segment's path, `{base:020}.log`. Nothing is written: the writer then writes the header
+/// (reference engine §3.2) as the first bytes of the segment's first commit, and once that
+/// commit is durable [`name_prepared`] gives the file its name. A crash in between leaves only
+/// the spare, which no server reads as a segment.
 ///
 /// # Errors
-/// [`LogError::Io`] naming the file: wrong size, or any failed step (the spare file is then
-/// left for the caller to remove or reuse).
-pub fn adopt_prepared(dir: &Path, prepared: &Path, base: u64, cfg: &SegmentConfig) -> Result<PathBuf, LogError> {
+/// [`LogError::Io`] naming the spare: unreadable, the wrong size, or the name already taken.
+pub fn claim_prepared(dir: &Path, prepared: &Path, base: u64, cfg: &SegmentConfig) -> Result<PathBuf, LogError> {
     let path = dir.join(segment_name(base));
     let io = |source: std::io::Error| LogError::Io { path: prepared.to_owned(), source };
-    let f = OpenOptions::new().read(true).write(true).open(prepared).map_err(io)?;
-    let len = f.metadata().map_err(io)?.len();
+    let len = std::fs::metadata(prepared).map_err(io)?.len();
     if len != cfg.segment_size {
         return Err(io(std::io::Error::other(format!("prepared segment has {len} bytes, expected {}", cfg.segment_size))));
     }
-    let h = SegmentHeader { created_at_nanos: now_nanos(), base_position: base };
-    f.write_all_at(&h.encode(), 0).map_err(io)?;
-    f.sync_data().map_err(io)?;
-    nix::fcntl::renameat2(None, prepared, None, &path, nix::fcntl::RenameFlags::RENAME_NOREPLACE).map_err(|e| io(e.into()))?;
+    if path.try_exists().map_err(io)? {
+        return Err(io(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{} already exists", path.display()))));
+    }
+    Ok(path)
+}
+
+/// Renames the spare at `prepared`, whose header and first records are durable, to the
+/// segment `path` from [`claim_prepared`] (never over an existing file) and syncs the
+/// directory: from then on the segment survives a crash.
+///
+/// # Errors
+/// [`LogError::Io`] naming the spare: the rename failed (the spare stays), or the directory
+/// sync did (the new name is removed again, so that nothing unsynced poses as a segment).
+pub fn name_prepared(dir: &Path, prepared: &Path, path: &Path) -> Result<(), LogError> {
+    let io = |source: std::io::Error| LogError::Io { path: prepared.to_owned(), source };
+    crate::fault::io_point("segment_naming").map_err(io)?;
+    nix::fcntl::renameat2(None, prepared, None, path, nix::fcntl::RenameFlags::RENAME_NOREPLACE).map_err(|e| io(e.into()))?;
     if let Err(e) = sync_dir(dir) {
-        // Not a segment yet as far as the caller knows: take the name back, so that a later
-        // rollover can create it.
-        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(path);
         let _ = sync_dir(dir);
         return Err(e);
     }
-    Ok(path)
+    Ok(())
+}
+
+/// The 64-byte header of a new segment starting at `base`, stamped now (reference engine
+/// §3.2).
+pub fn new_header(base: u64) -> [u8; HEADER_LEN] {
+    SegmentHeader { created_at_nanos: now_nanos(), base_position: base }.encode()
 }
 
 /// What ties a derived file (a sealed index) to one segment's content: CRC-32 over the
@@ -353,6 +371,17 @@ mod tests {
         tempfile::tempdir_in(root).unwrap()
     }
 
+    /// What the writer does with a spare at a rollover: claim it, write the header (with the
+    /// first commit's records, none here) and sync, then name it.
+    fn adopt(dir: &Path, spare: &Path, base: u64, cfg: &SegmentConfig) -> Result<PathBuf, LogError> {
+        let path = claim_prepared(dir, spare, base, cfg)?;
+        let f = OpenOptions::new().write(true).open(spare).unwrap();
+        f.write_all_at(&new_header(base), 0).unwrap();
+        f.sync_data().unwrap();
+        name_prepared(dir, spare, &path)?;
+        Ok(path)
+    }
+
     #[test]
     fn a_spare_segment_becomes_exactly_what_create_segment_makes() {
         let d = scratch();
@@ -365,7 +394,7 @@ mod tests {
         let bytes = std::fs::read(&spare).unwrap();
         assert_eq!(bytes.len() as u64, cfg.segment_size);
         assert!(bytes.iter().all(|&b| b == 0));
-        let adopted = adopt_prepared(d.path(), &spare, 7, &cfg).unwrap();
+        let adopted = adopt(d.path(), &spare, 7, &cfg).unwrap();
         assert_eq!(adopted, d.path().join(segment_name(7)));
         assert!(!spare.exists());
         let created = create_segment(d.path(), 8, &cfg).unwrap();
@@ -382,10 +411,14 @@ mod tests {
         let d = scratch();
         let cfg = SegmentConfig::new(8192);
         let spare = prepare_segment(d.path(), &cfg).unwrap();
-        assert!(adopt_prepared(d.path(), &spare, 1, &SegmentConfig::new(16384)).is_err());
+        assert!(claim_prepared(d.path(), &spare, 1, &SegmentConfig::new(16384)).is_err());
+        let claimed = claim_prepared(d.path(), &spare, 1, &cfg).unwrap();
+        // A segment of that name appears between the claim and the naming: it is kept.
         let existing = create_segment(d.path(), 1, &cfg).unwrap();
+        assert_eq!(claimed, existing);
         let before = std::fs::read(&existing).unwrap();
-        assert!(adopt_prepared(d.path(), &spare, 1, &cfg).is_err(), "adopted over an existing segment");
+        assert!(claim_prepared(d.path(), &spare, 1, &cfg).is_err(), "claimed an existing segment's name");
+        assert!(name_prepared(d.path(), &spare, &existing).is_err(), "named over an existing segment");
         assert_eq!(std::fs::read(&existing).unwrap(), before);
         assert!(spare.exists(), "a refused spare stays for the caller");
     }
@@ -413,7 +446,7 @@ mod tests {
         // Stopped before the first write: nothing more is written.
         assert_eq!(zero_prepared(&spare, &cfg, &stop, &mut || false).unwrap(), 0);
         // Half-zeroed, it still becomes a whole segment that reads as zeros after its header.
-        let seg = adopt_prepared(d.path(), &spare, 1, &cfg).unwrap();
+        let seg = adopt(d.path(), &spare, 1, &cfg).unwrap();
         let bytes = std::fs::read(&seg).unwrap();
         assert_eq!(bytes.len() as u64, 8 * chunk);
         assert!(bytes[HEADER_LEN..].iter().all(|&b| b == 0));

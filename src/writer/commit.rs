@@ -19,9 +19,10 @@
 use super::{deliver, AppendError, AppendResult, PositionRange, ReplyTo, WriterMetrics};
 use crate::log::aligned::{AlignedBuf, BLOCK};
 use crate::log::record::{frame_marker, MARKER_LEN};
-use crate::log::segment::Segment;
+use crate::log::segment::{name_prepared, Segment};
 use crate::read::Shared;
 use std::fs::File;
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -31,6 +32,16 @@ pub(super) enum Reply {
     Staged(PositionRange),
     /// A verdict reached without staging (a condition conflict, a read error, ...).
     Done(AppendResult),
+}
+
+/// A new segment still under its spare's name ([`crate::log::segment::PREPARED_NAME`]): the
+/// first batch committed into it renames it once its header and records are durable
+/// ([`name_prepared`]), before anyone in that batch is answered.
+pub(super) struct Naming {
+    /// The spare's path.
+    pub(super) spare: PathBuf,
+    /// The data directory.
+    pub(super) dir: PathBuf,
 }
 
 /// The open batch: records staged since the committer last took one, laid out exactly as they
@@ -54,6 +65,8 @@ pub(super) struct Batch {
     replies: Vec<(ReplyTo, Reply)>,
     /// The segment's configured size: the file never grows past it.
     limit: u64,
+    /// Set on a new segment's batches until one with events is committed.
+    naming: Option<Naming>,
 }
 
 impl Batch {
@@ -65,7 +78,16 @@ impl Batch {
         debug_assert_eq!(tail.len() as u64, end - start);
         buf.clear();
         buf.extend_from_slice(tail);
-        Batch { seg, file, start, prefix: tail.len(), buf, events: 0, highest: 0, replies: Vec::new(), limit }
+        Batch { seg, file, start, prefix: tail.len(), buf, events: 0, highest: 0, replies: Vec::new(), limit, naming: None }
+    }
+
+    /// Makes this (empty) batch continue `seg` at byte `end` instead, as [`Batch::new`] does,
+    /// keeping its buffer; `naming` when `seg` is a spare still to be named.
+    pub(super) fn restart(&mut self, seg: Arc<Segment>, file: Arc<File>, limit: u64, end: u64, tail: &[u8], naming: Option<Naming>) {
+        debug_assert!(self.replies.is_empty() && self.events == 0);
+        let buf = std::mem::replace(&mut self.buf, AlignedBuf::with_capacity(0));
+        *self = Batch::new(seg, file, limit, end, tail, buf);
+        self.naming = naming;
     }
 
     /// File offset where the next staged record goes.
@@ -175,6 +197,18 @@ impl GroupCommit {
         f(&mut st.open)
     }
 
+    /// Waits until the committer has taken everything staged so far (it may still be writing
+    /// or syncing it), then runs `f` on the (empty) open batch: the writer's step before a
+    /// rollover moves the open batch to a new segment.
+    pub(super) fn handed_over<R>(&self, f: impl FnOnce(&mut Batch) -> R) -> R {
+        let mut st = self.lock();
+        while !st.open.replies.is_empty() {
+            self.work.notify_one();
+            st = self.progress.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        f(&mut st.open)
+    }
+
     /// True when the last commit was slow ([`SLOW_COMMIT`]).
     pub(super) fn last_commit_slow(&self) -> bool {
         self.last_commit_slow.load(std::sync::atomic::Ordering::Relaxed)
@@ -260,7 +294,16 @@ impl GroupCommit {
             Some(reason) => Err(reason.clone()),
             None => {
                 let t = std::time::Instant::now();
-                let r = write_and_sync(&mut batch).map_err(|e| format!("{}: {e}", batch.seg.path.display()));
+                let r = write_and_sync(&mut batch).map_err(|e| format!("{}: {e}", batch.seg.path.display())).and_then(|sync_time| match batch.naming.take() {
+                    None => Ok(sync_time),
+                    Some(n) => {
+                        // The new segment's header and first records are durable: name it.
+                        crate::fault::crash_point("spare_written_before_naming");
+                        name_prepared(&n.dir, &n.spare, &batch.seg.path).map_err(|e| format!("naming the new segment {}: {e}", batch.seg.path.display()))?;
+                        crate::fault::crash_point("segment_created_before_commit");
+                        Ok(sync_time)
+                    }
+                });
                 let kib = (batch.buf.len() >> 10) as u32;
                 self.last_commit_slow.store(t.elapsed() > SLOW_COMMIT + SLOW_COMMIT_PER_MIB * kib / 1024, std::sync::atomic::Ordering::Relaxed);
                 r

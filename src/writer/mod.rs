@@ -18,7 +18,8 @@ use crate::event::{Event, EventRef};
 use crate::log::record::{frame_data, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
 use commit::{Batch, GroupCommit, Reply};
 use crate::log::aligned::{AlignedBuf, BLOCK};
-use crate::log::segment::{adopt_prepared, create_segment, prepare_segment, zero_prepared, Fingerprint, Segment, SegmentConfig, PREPARED_NAME};
+use crate::log::segment::{claim_prepared, create_segment, new_header, prepare_segment, zero_prepared, Fingerprint, Segment, SegmentConfig, PREPARED_NAME};
+use commit::Naming;
 use crate::model::AppendCondition;
 use crate::read::{Cursor, ReadError, Shared};
 use condition::{evaluate, ConflictClause, ConflictSite, Staged, Verdict};
@@ -370,6 +371,12 @@ const INLINE_COMMIT_MAX: usize = 32 << 10;
 /// How long zeroing the spare holds off after a slow commit (`GroupCommit::last_commit_slow`):
 /// the zeros would sit in the same disk queues as the commits.
 const ZERO_HOLD: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The spare segment's zeroing stops once less than 1/this of the active segment is free
+/// (8 MiB of 256 MiB: ~30 ms of appends at 16 writers x batch 64), so that the rollover finds
+/// its thread done instead of waiting for its last write with every append held (0.1-1.1 ms
+/// measured at 16 x 64).
+const ZERO_STOP_FRACTION: u64 = 32;
 
 /// A spare segment on its way: reserved by [`prepare_segment`], then zeroed by
 /// [`zero_prepared`], on a thread of its own; `stop` ends the zeroing (the spare is usable
@@ -724,12 +731,10 @@ impl Writer {
                 b.end() + (staged_bytes + markers * MARKER_LEN) as u64 <= self.seg_cfg.segment_size
             });
             if !fits {
-                // Everything staged goes to the old segment first; its index is then complete.
+                // Everything staged so far goes to the old segment; its index is then complete.
                 let started = std::time::Instant::now();
-                line.quiesce(|_| ());
-                let quiet = started.elapsed();
                 let rolled = self.rollover(&line);
-                tracing::debug!(base = self.next, quiesce_us = quiet.as_micros() as u64, total_us = started.elapsed().as_micros() as u64, "rollover");
+                tracing::debug!(base = self.next, took_us = started.elapsed().as_micros() as u64, "rollover");
                 if let Err(e) = rolled {
                     // Nothing was written and the writer's state is as before (the new file,
                     // if any, was removed): these appends fail, and the next one tries again,
@@ -766,8 +771,17 @@ impl Writer {
             }
             (batch.end(), batch.staged_bytes())
         });
-        if end > self.seg_cfg.segment_size / 8 && self.preparing.is_none() && self.prepared_for != self.active_seg.base {
+        // Not before the active segment's first commit: until then the active segment may be
+        // the last spare, still under the spare's name, which a new preparation would replace.
+        if end > self.seg_cfg.segment_size / 8 && self.preparing.is_none() && self.prepared_for != self.active_seg.base && self.shared.watermark() >= self.active_seg.base {
             self.start_preparing();
+        }
+        if end > self.seg_cfg.segment_size - self.seg_cfg.segment_size / ZERO_STOP_FRACTION {
+            if let Some(p) = &self.preparing {
+                // The rollover is near: let the zeroing end now, so that the rollover does not
+                // wait for its last write (up to a millisecond on a busy disk).
+                p.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         // A large batch goes to the committer thread, so staging the next one overlaps its
         // write and sync; a small one is committed here, since handing it over costs a thread
@@ -864,52 +878,77 @@ impl Writer {
         }
     }
 
-    /// Starts a new segment at the head; the pipeline must be quiet (everything staged is
-    /// durable). The old segment's index is sealed on a thread of its own.
+    /// Starts a new segment at the head, once the committer has taken everything staged for
+    /// the old one (it may still be writing or syncing it: batches are committed in order, so
+    /// the new segment's first batch becomes durable after the old segment's last). The old
+    /// segment's index is sealed on a thread of its own.
+    ///
+    /// With a spare segment ready ([`Writer::start_preparing`]) nothing is written here: the
+    /// new segment's header goes out as the first bytes of its first commit, which names the
+    /// file once that write is durable ([`name_prepared`]). Without one, the segment is
+    /// created here, header synced and named, before anything is staged in it.
     ///
     /// # Errors
     /// The new segment could not be created or opened; then nothing changed (a file this
     /// attempt made is removed) and a later call may succeed.
     fn rollover(&mut self, line: &GroupCommit) -> Result<(), String> {
         let base = self.next;
-        let adopted = self.take_prepared().and_then(|spare| match adopt_prepared(&self.dir, &spare, base, &self.seg_cfg) {
-            Ok(path) => Some(path),
+        let claimed = self.take_prepared().and_then(|spare| match claim_prepared(&self.dir, &spare, base, &self.seg_cfg) {
+            Ok(path) => Some((spare, path)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot use the prepared segment; creating one");
                 let _ = std::fs::remove_file(&spare);
                 None
             }
         });
-        let path = match adopted {
-            Some(path) => path,
-            None => create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?,
-        };
-        crate::fault::crash_point("segment_created_before_commit");
         let header_len = crate::log::header::HEADER_LEN as u64;
-        let opened = Segment::open(base, path.clone(), &self.seg_cfg)
-            .map_err(|e| e.to_string())
-            .and_then(|seg| Self::open_active(&seg, header_len).map(|(file, header)| (Arc::new(seg), file, header)).map_err(|e| format!("opening the new segment: {e}")));
-        let (seg, file, header) = match opened {
-            Ok(o) => o,
-            Err(e) => {
-                // Nothing is in it yet: remove it, so that the next attempt can create it.
-                let _ = std::fs::remove_file(&path);
-                let _ = crate::log::segment::sync_dir(&self.dir);
-                return Err(e);
+        let opened = match claimed {
+            Some((spare, path)) => match Self::open_spare(base, &spare, path, &self.seg_cfg) {
+                Ok((seg, file, header)) => Ok((seg, file, header, Some(Naming { spare, dir: self.dir.clone() }))),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&spare);
+                    Err(format!("opening the prepared segment: {e}"))
+                }
+            },
+            None => {
+                let path = create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?;
+                crate::fault::crash_point("segment_created_before_commit");
+                Segment::open(base, path.clone(), &self.seg_cfg)
+                    .map_err(|e| e.to_string())
+                    .and_then(|seg| Self::open_active(&seg, header_len).map(|(file, header)| (Arc::new(seg), file, header, None)).map_err(|e| format!("opening the new segment: {e}")))
+                    .inspect_err(|_| {
+                        // Nothing is in it yet: remove it, so that the next attempt can create it.
+                        let _ = std::fs::remove_file(&path);
+                        let _ = crate::log::segment::sync_dir(&self.dir);
+                    })
             }
         };
+        let (seg, file, header, naming) = opened?;
         let fingerprint = std::mem::replace(&mut self.fingerprint, Fingerprint::new(&header)).value();
         let sealer = std::mem::replace(&mut self.index, ActiveWriter::new(base, self.seg_cfg.max_records())).into_sealer(fingerprint);
         self.shared.roll(None, seg.clone(), SegIndex::Active(self.index.shared().clone()));
         // The old segment's index is frozen; readers and conditions keep using it until its
         // sealed form is encoded and persisted off this thread (a failed write only costs a
-        // rebuild at the next open).
+        // rebuild at the next open; a sealed index whose segment lost its last batch to a
+        // failed commit is refused at the next open, its fingerprint no longer matching).
         self.seal(sealer);
-        let buf = self.batch_buffer();
         let limit = self.seg_cfg.segment_size;
-        line.quiesce(|open| *open = Batch::new(seg.clone(), file, limit, header_len, &header, buf));
+        // The open batch's buffer carries over: a fresh one would be zeroed here, with every
+        // append waiting (0.6-1 ms for the 1 MiB buffer, page faults included).
+        line.handed_over(|open| open.restart(seg.clone(), file, limit, header_len, &header, naming));
         self.active_seg = seg;
         Ok(())
+    }
+
+    /// Opens the claimed spare at `spare` as segment `base`, to be named `path` by its first
+    /// commit: the read handle (carrying `path`), the O_DIRECT write handle, and the header
+    /// that commit writes.
+    fn open_spare(base: u64, spare: &Path, path: PathBuf, cfg: &SegmentConfig) -> std::io::Result<(Arc<Segment>, Arc<std::fs::File>, Vec<u8>)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut seg = Segment::open(base, spare.to_owned(), cfg).map_err(std::io::Error::other)?;
+        let file = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(spare)?;
+        seg.path = path;
+        Ok((Arc::new(seg), Arc::new(file), new_header(base).to_vec()))
     }
 }
 
