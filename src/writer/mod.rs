@@ -852,8 +852,10 @@ impl Writer {
                 }
                 now < held_until
             };
-            if let Err(e) = zero_prepared(&path, &cfg, &halt, &mut hold) {
-                tracing::debug!(error = %e, "zeroing the spare segment failed; it stays usable");
+            let started = std::time::Instant::now();
+            match zero_prepared(&path, &cfg, &halt, &mut hold) {
+                Ok(zeroed) => tracing::debug!(zeroed_mib = zeroed >> 20, of_mib = cfg.segment_size >> 20, took_ms = started.elapsed().as_millis() as u64, "spare segment zeroed"),
+                Err(e) => tracing::debug!(error = %e, "zeroing the spare segment failed; it stays usable"),
             }
             Ok(path)
         }) {
