@@ -60,6 +60,9 @@ struct Tail {
     next: u64,
     /// The active segment's index, fed as commits become visible.
     index: Option<ActiveWriter>,
+    /// The active segment was reopened with larger tables and is being read again from its
+    /// start into them; readers keep the old tables until the new ones hold as much.
+    regrown: Option<u64>,
 }
 
 /// A read-only follower of a data directory. Dropping it stops polling and ends subscriptions.
@@ -93,7 +96,7 @@ impl Follower {
         let dir = dir.as_ref().to_path_buf();
         let f = Arc::new(Follower {
             shared: Arc::new(Shared::new(Snapshot::new(Vec::new(), Vec::new()), 0, cfg.scan_bias)),
-            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, next: 1, index: None }),
+            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, next: 1, index: None, regrown: None }),
             stop: Arc::new(AtomicBool::new(false)),
             poller: Mutex::new(None),
             dir,
@@ -208,17 +211,11 @@ impl Follower {
             // The segment's tables were sized when the follower opened it; a writer restarted
             // with a larger `segment.size` grows the active file past them (review: the
             // follower's thread panicked and it served a frozen prefix, healthy as far as any
-            // check could tell). Refuse the refresh, said in the follower's log, instead.
+            // check could tell). Reopen it with tables for its new length and read it again.
             let room = seg.max_records().saturating_sub((t.next - seg.base) as usize);
             if w.offsets.len() > room {
-                return Err(LogError::InvalidConfig {
-                    reason: format!(
-                        "{} grew past the {} records this follower sized it for (the writer's segment.size was raised?); restart the follower",
-                        seg.path.display(),
-                        seg.max_records()
-                    ),
-                }
-                .into());
+                self.regrow(t)?;
+                return self.scan_active(t);
             }
             for (k, off) in w.offsets.iter().enumerate() {
                 let o = *off as usize;
@@ -244,9 +241,39 @@ impl Follower {
                 continue;
             }
             if !(ran_out || record_too_big) || w.committed_end == 0 {
+                if let Some(served) = t.regrown {
+                    if t.next >= served {
+                        // The new tables hold everything the old ones did: swap them in.
+                        let index = t.index.as_ref().expect("an active segment has an index").shared().clone();
+                        self.shared.replace_last(seg.clone(), SegIndex::Active(index));
+                        t.regrown = None;
+                        tracing::info!(segment = %seg.path.display(), records = seg.max_records(), "the active segment grew past this follower's tables; reopened it with larger ones");
+                    }
+                }
                 return Ok(());
             }
         }
+    }
+
+    /// Reopens the active segment with tables sized for its file as it is now, and restarts
+    /// reading it from its first record into them (see [`Tail::regrown`]).
+    ///
+    /// # Errors
+    /// The file cannot be opened, or did not grow (then the records cannot be held).
+    fn regrow(&self, t: &mut Tail) -> Result<(), FollowerError> {
+        let old = t.segments.last().cloned().expect("an active segment");
+        let seg = Arc::new(Segment::open(old.base, old.path.clone(), &self.cfg.segment)?);
+        if seg.max_records() <= old.max_records() {
+            return Err(LogError::InvalidConfig { reason: format!("{} holds more records than its length allows ({})", old.path.display(), old.max_records()) });
+        }
+        // What the old tables served (an unfinished earlier regrow served no more than that).
+        let served = t.regrown.unwrap_or(t.next);
+        *t.segments.last_mut().expect("an active segment") = seg.clone();
+        t.index = Some(ActiveWriter::new(seg.base, seg.max_records()));
+        t.next = seg.base;
+        t.active_end = HEADER_LEN as u64;
+        t.regrown = Some(served);
+        Ok(())
     }
 
     /// The data directory followed.

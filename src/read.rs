@@ -219,6 +219,18 @@ impl Shared {
         *g = Arc::new(Snapshot::new(segments, indexes));
     }
 
+    /// Replaces the last segment and its index (a follower's active segment reopened with
+    /// larger tables). Readers holding the old snapshot keep it.
+    pub(crate) fn replace_last(&self, seg: Arc<Segment>, index: SegIndex) {
+        let mut g = self.snapshot.write().unwrap_or_else(|e| e.into_inner());
+        let (mut segments, mut indexes) = (g.segments.clone(), g.indexes.clone());
+        if let (Some(s), Some(i)) = (segments.last_mut(), indexes.last_mut()) {
+            *s = seg;
+            *i = index;
+        }
+        *g = Arc::new(Snapshot::new(segments, indexes));
+    }
+
     /// Swaps in the sealed index of the segment starting at `base` (it replaces that segment's
     /// frozen active index once the sealed form is built).
     pub(crate) fn seal(&self, base: u64, sealed: SegIndex) {
