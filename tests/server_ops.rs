@@ -1764,3 +1764,51 @@ fn unwritable_index_files_are_said_once_and_not_claimed_written() {
     let (got, _) = c.read(q, Position::ZERO, None).unwrap().collect_all().unwrap();
     assert_eq!(got.iter().map(|e| e.position.get()).collect::<Vec<_>>(), vec![174]);
 }
+
+/// Takes the POSIX record lock the server takes on `data/LOCK`, from this (test) process.
+fn hold_data_lock(data: &std::path::Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(data).unwrap();
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(data.join("LOCK")).unwrap();
+    // SAFETY: plain old data, zeroed then filled in.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: F_SETLK with a valid flock on our own descriptor.
+    assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) }, 0, "{}", io::Error::last_os_error());
+    f
+}
+
+#[test]
+fn a_start_waits_briefly_for_a_data_directory_lock_being_released() {
+    // Review: a restart right after `kill -9` on a busy host was refused with the directory
+    // locked while the old process was still being torn down.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = dir.path().join("data");
+    let lock = hold_data_lock(&data);
+    let released = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(1200));
+        drop(lock);
+    });
+    let t = Instant::now();
+    let srv = Server::start_on(&bin(), Some(&data), &[], None);
+    assert!(t.elapsed() >= Duration::from_millis(1000), "started while the lock was held");
+    assert!(srv.log_shows("data directory locked; waiting up to 3s", Duration::from_secs(5)), "{}", srv.log());
+    released.join().unwrap();
+    let mut c = Client::connect(srv.addr).unwrap();
+    assert_eq!(c.append(vec![Event::new(&EventType::new("A").unwrap(), &Tags::new(["t"]).unwrap(), b"x").unwrap()], None).unwrap().first, Position(1));
+}
+
+#[test]
+fn a_start_on_a_directory_another_process_keeps_locked_is_refused_after_the_wait() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = dir.path().join("data");
+    let _lock = hold_data_lock(&data);
+    let t = Instant::now();
+    let out = run_to_exit(&bin(), &["--data-dir", data.to_str().unwrap(), "--bind", "127.0.0.1:0"], &[], None, Duration::from_secs(30));
+    let took = t.elapsed();
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let all = format!("{}{}", out.stdout, out.stderr);
+    assert!(all.contains("data directory is locked"), "{all}");
+    assert!(took >= Duration::from_secs(3) && took < Duration::from_secs(10), "refused after {took:?}");
+}

@@ -306,7 +306,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     };
     let (store, writer_task, follower, handle) = match follow {
         None => {
-            let (store, task) = Store::open_parts(&settings.data_dir, cfg)?;
+            let (store, task) = open_waiting_for_lock(&settings.data_dir, cfg)?;
             let h = store.handle();
             (Some(store), Some(task), None, h)
         }
@@ -476,6 +476,34 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     // `warn,tephra_server=info`.
     tracing::info!(target: "tephra_server", addr = %addr, "tephra server listening");
     Ok(Running { addr, metrics_addr, ctx, shards, store, follower, writer })
+}
+
+/// How long a start waits for the data directory's `LOCK` while another process holds it.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// [`Store::open_parts`], retried for up to [`LOCK_WAIT`] while another process holds the data
+/// directory's lock: a server restarted the moment the previous one was told to exit can find
+/// the lock still held, since the old process releases it only once the kernel has run each of
+/// its threads to its end, which on a host other programs keep busy took seconds (review: a
+/// restart right after `kill -9` was refused with the directory locked). A server that keeps
+/// running there is still refused, after the wait.
+fn open_waiting_for_lock(dir: &std::path::Path, cfg: StoreConfig) -> Result<(Store, crate::store::WriterTask), crate::store::OpenError> {
+    use crate::log::{lock::LockError, LogError};
+    use crate::store::OpenError;
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let mut announced = false;
+    loop {
+        match Store::open_parts(dir, cfg.clone()) {
+            Err(OpenError::Log(LogError::Lock(LockError::Locked { path, holder }))) if holder != Some(std::process::id()) && std::time::Instant::now() < deadline => {
+                if !std::mem::replace(&mut announced, true) {
+                    let holder = holder.map_or_else(|| "another process".to_string(), |p| format!("pid {p}"));
+                    tracing::info!(lock = %path.display(), %holder, "data directory locked; waiting up to {LOCK_WAIT:?} for it to be released");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            r => return r,
+        }
+    }
 }
 
 /// [`probe_exclusive`], retried for up to [`BIND_WAIT`] while the address is in use: a server
