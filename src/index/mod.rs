@@ -108,20 +108,10 @@ pub fn load_index_file(dir: &Path, base: u64, count: u64, fingerprint: u32) -> R
     SealedIndex::load(bytes, base, count, fingerprint).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Persists the bytes of a sealed index ([`write_index_file`]; a failed write is only logged:
-/// the file is rebuilt at the next open) and loads them for readers.
-///
-/// # Errors
-/// The [`sealed::IndexFileError`] of the load (not expected: the bytes were just encoded).
-pub fn persist_sealed(dir: &Path, base: u64, count: u64, fingerprint: u32, bytes: Vec<u8>) -> Result<SealedIndex, sealed::IndexFileError> {
-    if let Err(e) = write_index_file(dir, base, &bytes) {
-        tracing::warn!(base, error = %e, "cannot write the sealed index file; it will be rebuilt at the next open");
-    }
-    SealedIndex::load(bytes, base, count, fingerprint)
-}
-
-/// Like [`persist_sealed`], but a failed write is returned beside the index instead of logged
-/// (the store's open says all of them in one line).
+/// Persists the bytes of a sealed index ([`write_index_file`]) and loads them for readers. A
+/// failed write is returned beside the index, for the caller to say (the file is rebuilt at
+/// the next open): the store's open says all of them in one line, the sealing threads at most
+/// once a minute.
 ///
 /// # Errors
 /// The [`sealed::IndexFileError`] of the load (not expected: the bytes were just encoded).

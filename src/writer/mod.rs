@@ -303,6 +303,49 @@ struct Sealing {
     catching_up: Arc<std::sync::atomic::AtomicBool>,
     /// The idle-class thread's thread id (0 until it has started).
     idle_tid: Arc<std::sync::atomic::AtomicI32>,
+    /// What the sealing threads say about index files they could not write.
+    writes: Arc<IndexWrites>,
+}
+
+/// How often failed index-file writes are said again while they go on.
+const INDEX_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Says failed sealed-index writes without a line per segment (review: an unwritable
+/// `tagindex` directory gave 779 warnings in 5 s on 64 KiB segments): the first failure, then
+/// at most one line a minute counting the failures since, and one line once a write succeeds
+/// again.
+#[derive(Default)]
+struct IndexWrites(std::sync::Mutex<IndexWriteState>);
+
+#[derive(Default)]
+struct IndexWriteState {
+    /// Failures since the last line said.
+    unsaid: u64,
+    /// When a failure was last said; `None` while writes succeed.
+    said_at: Option<std::time::Instant>,
+}
+
+impl IndexWrites {
+    fn failed(&self, base: u64, error: &std::io::Error) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        match s.said_at {
+            Some(t) if now.duration_since(t) < INDEX_WARN_EVERY => s.unsaid += 1,
+            _ => {
+                let before = std::mem::take(&mut s.unsaid);
+                tracing::warn!(base, %error, more_since_last_said = before, "cannot write the sealed index file; it will be rebuilt at the next open (said again at most once a minute while writes fail)");
+                s.said_at = Some(now);
+            }
+        }
+    }
+
+    fn written(&self) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if s.said_at.take().is_some() {
+            let unsaid = std::mem::take(&mut s.unsaid);
+            tracing::info!(failed_unsaid = unsaid, "sealed index files are written again");
+        }
+    }
 }
 
 impl Sealing {
@@ -314,11 +357,11 @@ impl Sealing {
         if self.catching_up.swap(true, SeqCst) {
             return;
         }
-        let (dir, shared, flag, rx) = (dir.to_owned(), shared.clone(), self.catching_up.clone(), self.rx.clone());
+        let (dir, shared, flag, rx, writes) = (dir.to_owned(), shared.clone(), self.catching_up.clone(), self.rx.clone(), self.writes.clone());
         let spawned = std::thread::Builder::new().name("tephra-seal-catch-up".into()).spawn(move || {
             background_priority(0, false);
             while let Ok(sealer) = rx.try_recv() {
-                seal_one(&dir, &shared, sealer);
+                seal_one(&dir, &shared, sealer, &writes);
             }
             flag.store(false, SeqCst);
         });
@@ -330,10 +373,16 @@ impl Sealing {
 }
 
 /// Encodes a frozen index, persists it and swaps it into the snapshot.
-fn seal_one(dir: &Path, shared: &Shared, sealer: Sealer) {
+fn seal_one(dir: &Path, shared: &Shared, sealer: Sealer, writes: &IndexWrites) {
     let (base, count, fingerprint) = (sealer.base(), sealer.count(), sealer.fingerprint());
-    match crate::index::persist_sealed(dir, base, count, fingerprint, sealer.encode()) {
-        Ok(ix) => shared.seal(base, SegIndex::Sealed(Arc::new(ix))),
+    match crate::index::persist_sealed_quietly(dir, base, count, fingerprint, sealer.encode()) {
+        Ok((ix, failed)) => {
+            match failed {
+                Some(e) => writes.failed(base, &e),
+                None => writes.written(),
+            }
+            shared.seal(base, SegIndex::Sealed(Arc::new(ix)))
+        }
         // Cannot happen (the bytes were just encoded); the frozen index stays in use.
         Err(e) => tracing::error!(base, error = %e, "sealing an index failed; keeping the in-memory index"),
     }
@@ -582,17 +631,19 @@ impl Writer {
             let queue = rx.clone();
             let idle_tid = Arc::new(std::sync::atomic::AtomicI32::new(0));
             let tid_slot = idle_tid.clone();
+            let writes = Arc::new(IndexWrites::default());
+            let said = writes.clone();
             let spawned = std::thread::Builder::new().name("tephra-seal".into()).spawn(move || {
                 tid_slot.store(nix::unistd::gettid().as_raw(), std::sync::atomic::Ordering::SeqCst);
                 background_priority(0, true);
                 for sealer in queue.iter() {
                     // A test holds this thread here to stand for one the machine starves.
                     crate::fault::pause_point("seal_idle");
-                    seal_one(&dir, &shared, sealer);
+                    seal_one(&dir, &shared, sealer, &said);
                 }
             });
             match spawned {
-                Ok(h) => self.sealing = Some(Sealing { tx, rx, threads: vec![h], idle_tid, catching_up: Arc::new(std::sync::atomic::AtomicBool::new(false)) }),
+                Ok(h) => self.sealing = Some(Sealing { tx, rx, threads: vec![h], idle_tid, catching_up: Arc::new(std::sync::atomic::AtomicBool::new(false)), writes }),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start the index sealing thread; the index stays in memory and is rebuilt at the next open");
                     return;
