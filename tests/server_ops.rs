@@ -1841,3 +1841,49 @@ fn a_start_on_a_directory_another_process_keeps_locked_is_refused_after_the_wait
     assert!(all.contains("data directory is locked"), "{all}");
     assert!(took >= Duration::from_secs(3) && took < Duration::from_secs(10), "refused after {took:?}");
 }
+
+/// A signal while the server is still starting (here held before binding; in real life a long
+/// recovery) stops it at once, instead of waiting for the start to finish (review: the signal
+/// was taken only once the server listened). The store opens normally afterwards.
+#[test]
+fn a_signal_during_startup_stops_the_server_at_once() {
+    let Some(paused_bin) = crash_points_bin() else { return };
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = tmp.path().join("data");
+    let release = tmp.path().join("release").display().to_string();
+    let env = [("TEPHRA_CRASH_POINT", "before_bind:pause"), ("TEPHRA_CRASH_RELEASE", release.as_str())];
+    let (mut child, rx) = spawn_on_port(&paused_bin, 0, &data, &env);
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !seen.contains("pause point before_bind") {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => seen.push_str(&format!("{line}\n")),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the server never reached its pause:\n{seen}");
+            }
+        }
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("SIGTERM during startup did not stop the server:\n{seen}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    while let Ok(line) = rx.recv_timeout(Duration::from_millis(500)) {
+        seen.push_str(&format!("{line}\n"));
+    }
+    assert_eq!(status.code(), Some(143), "{seen}");
+    assert!(seen.contains("signal during startup"), "{seen}");
+    assert!(!seen.contains("server listening"), "{seen}");
+    let srv = Server::start_on(&bin(), Some(&data), &[], None);
+    let mut c = Client::connect(srv.addr).unwrap();
+    assert_eq!(c.append([ev("A", &["t"], b"x")], None).unwrap().first, Position(1));
+}

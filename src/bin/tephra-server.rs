@@ -88,6 +88,47 @@ fn main() -> ExitCode {
         eprintln!("cannot block signals: {e}");
         return ExitCode::from(1);
     }
+    // The signal thread runs from here on, so a signal during a long start (recovering a large
+    // store, rebuilding its indexes) is not left waiting for the start to finish (review: it
+    // was taken only once the server listened). Until the server is up it exits at once:
+    // nothing is served yet, and an interrupted recovery is redone at the next start.
+    let serving: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<tephra::server::Context>>> = Default::default();
+    let slot = serving.clone();
+    std::thread::Builder::new()
+        .name("tephra-signals".into())
+        .spawn(move || {
+            let mut first = true;
+            loop {
+                let Ok(sig) = set.wait() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                // A start that has just logged `listening` is handing its context over.
+                let ctx = slot.get().cloned().or_else(|| {
+                    let until = std::time::Instant::now() + Duration::from_millis(500);
+                    while std::time::Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(10));
+                        if let Some(c) = slot.get() {
+                            return Some(c.clone());
+                        }
+                    }
+                    None
+                });
+                match ctx {
+                    Some(ctx) if first => {
+                        tracing::info!(signal = ?sig, "shutting down gracefully; a second signal exits at once");
+                        ctx.shutdown();
+                        first = false;
+                    }
+                    Some(_) => std::process::exit(143),
+                    None => {
+                        tracing::info!(signal = ?sig, "signal during startup: exiting before serving");
+                        std::process::exit(143);
+                    }
+                }
+            }
+        })
+        .expect("signal thread");
     let started = if args.follow {
         tephra::server::start_follower(settings, Duration::from_millis(args.follow_poll_ms.unwrap_or(100)))
     } else {
@@ -101,24 +142,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let ctx = running.context().clone();
-    std::thread::Builder::new()
-        .name("tephra-signals".into())
-        .spawn(move || {
-            let mut first = true;
-            loop {
-                match set.wait() {
-                    Ok(sig) if first => {
-                        tracing::info!(signal = ?sig, "shutting down gracefully; a second signal exits at once");
-                        ctx.shutdown();
-                        first = false;
-                    }
-                    Ok(_) => std::process::exit(143),
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        })
-        .expect("signal thread");
+    let _ = serving.set(running.context().clone());
     running.wait();
     ExitCode::SUCCESS
 }
