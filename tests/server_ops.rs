@@ -1560,9 +1560,22 @@ fn stopped_store_of_small_segments(env: &[(&str, &str)]) -> Server {
         c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
     }
     drop(c);
+    stop_gracefully(&mut srv);
+    srv
+}
+
+/// Reads the one event of [`stopped_store_of_small_segments`]'s tag `k:17-3` (position 174)
+/// through the index.
+fn assert_indexed_read_finds_174(c: &mut Client) {
+    let q = Query::item(QueryItem::with_tags(Tags::new(["k:17-3"]).unwrap()));
+    let (got, _) = c.read(q, Position::ZERO, None).unwrap().collect_all().unwrap();
+    assert_eq!(got.iter().map(|e| e.position.get()).collect::<Vec<_>>(), vec![174]);
+}
+
+/// SIGTERM, then a clean exit within 20 s.
+fn stop_gracefully(srv: &mut Server) {
     srv.signal(libc::SIGTERM);
     assert!(srv.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
-    srv
 }
 
 /// A directory whose sealed segments have no index files (one the reference wrote: the files
@@ -1583,12 +1596,9 @@ fn missing_index_files_are_rebuilt_with_one_log_line() {
     assert_eq!(lines.len(), 1, "{log}");
     assert!(lines[0].contains(&format!("segments={}", segments - 1)), "{}", lines[0]);
     let mut c = Client::connect(srv.addr).unwrap();
-    let q = Query::item(QueryItem::with_tags(Tags::new(["k:17-3"]).unwrap()));
-    let (got, _) = c.read(q, Position::ZERO, None).unwrap().collect_all().unwrap();
-    assert_eq!(got.iter().map(|e| e.position.get()).collect::<Vec<_>>(), vec![174]);
+    assert_indexed_read_finds_174(&mut c);
     drop(c);
-    srv.signal(libc::SIGTERM);
-    assert!(srv.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    stop_gracefully(&mut srv);
     srv.restart(&bin(), &env);
     assert!(!srv.log().contains("sealed index"), "{}", srv.log());
 }
@@ -1760,9 +1770,7 @@ fn unwritable_index_files_are_said_once_and_not_claimed_written() {
     assert_eq!(lines.len(), 1, "{log}");
     assert!(lines[0].contains("could not be written") && !lines[0].contains("written now"), "{}", lines[0]);
     let mut c = Client::connect(srv.addr).unwrap();
-    let q = Query::item(QueryItem::with_tags(Tags::new(["k:17-3"]).unwrap()));
-    let (got, _) = c.read(q, Position::ZERO, None).unwrap().collect_all().unwrap();
-    assert_eq!(got.iter().map(|e| e.position.get()).collect::<Vec<_>>(), vec![174]);
+    assert_indexed_read_finds_174(&mut c);
 }
 
 /// With `tagindex` unwritable, the sealing after each rollover says its failure once, not once
@@ -1782,13 +1790,10 @@ fn index_files_that_cannot_be_written_at_rollovers_are_said_once() {
     }
     let segments = tephra::log::segment::list_segments(&data).unwrap().len();
     assert!(segments >= 8, "{segments} segments: too few rollovers to tell");
-    let q = Query::item(QueryItem::with_tags(Tags::new(["k:17-3"]).unwrap()));
-    let (got, _) = c.read(q, Position::ZERO, None).unwrap().collect_all().unwrap();
-    assert_eq!(got.iter().map(|e| e.position.get()).collect::<Vec<_>>(), vec![174]);
+    assert_indexed_read_finds_174(&mut c);
     drop(c);
     // The shutdown seals whatever still waits, so every sealing has run once it exits.
-    srv.signal(libc::SIGTERM);
-    assert!(srv.wait_exit(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    stop_gracefully(&mut srv);
     let log = srv.log();
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("cannot write the sealed index file")).collect();
     assert_eq!(lines.len(), 1, "{log}");
