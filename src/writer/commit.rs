@@ -294,11 +294,15 @@ impl GroupCommit {
             Some(reason) => Err(reason.clone()),
             None => {
                 let t = std::time::Instant::now();
-                let r = write_and_sync(&mut batch).map_err(|e| format!("{}: {e}", batch.seg.path.display())).and_then(|sync_time| match batch.naming.take() {
+                // A new segment's first commit writes its spare, not yet under its name.
+                let shown = batch.naming.as_ref().map_or(&batch.seg.path, |n| &n.spare).display().to_string();
+                let r = write_and_sync(&mut batch).map_err(|e| format!("{shown}: {e}")).and_then(|sync_time| match batch.naming.take() {
                     None => Ok(sync_time),
                     Some(n) => {
                         // The new segment's header and first records are durable: name it.
                         crate::fault::crash_point("spare_written_before_naming");
+                        // A test holds the naming here, to act while the segment is unnamed.
+                        crate::fault::pause_point("spare_written_before_naming");
                         name_prepared(&n.dir, &n.spare, &batch.seg.path).map_err(|e| format!("naming the new segment {}: {e}", batch.seg.path.display()))?;
                         crate::fault::crash_point("segment_created_before_commit");
                         Ok(sync_time)
@@ -325,11 +329,16 @@ impl GroupCommit {
                 (None, spare)
             }
             Err(reason) => {
-                if failed.is_none() {
+                let reason = if failed.is_none() {
                     tracing::error!(%reason, "writer stopped: appends are refused until restart, reads continue");
+                    // What every later append is answered, too: say how to get out of it.
+                    let reason = format!("{reason} (the writer has stopped; appends are refused until the server restarts)");
                     shared.fail(reason.clone());
                     self.fail(reason.clone());
-                }
+                    reason
+                } else {
+                    reason
+                };
                 (Some(reason), Some(buf))
             }
         };

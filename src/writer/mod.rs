@@ -946,7 +946,14 @@ impl Writer {
     /// attempt made is removed) and a later call may succeed.
     fn rollover(&mut self, line: &GroupCommit) -> Result<(), String> {
         let base = self.next;
-        let claimed = self.take_prepared().and_then(|spare| match claim_prepared(&self.dir, &spare, base, &self.seg_cfg) {
+        let claimed = self.take_prepared().and_then(|spare| match claim_prepared(&self.dir, &spare, base, &self.seg_cfg).and_then(|path| {
+            // The spare is named by its first commit, when a failure can no longer be undone
+            // (fail-stop): a directory that cannot be written now (an immutable or read-only
+            // one, changed permissions) is found here instead, and the rollover falls back to
+            // creating the segment, which fails and is retried (review).
+            nix::unistd::access(&self.dir, nix::unistd::AccessFlags::W_OK).map_err(|e| crate::log::LogError::Io { path: self.dir.clone(), source: e.into() })?;
+            Ok(path)
+        }) {
             Ok(path) => Some((spare, path)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot use the prepared segment; creating one");
@@ -964,6 +971,11 @@ impl Writer {
                 }
             },
             None => {
+                // A segment named at once may be named only once everything before it is
+                // durable, its predecessor's name included: otherwise a crash (or a power loss
+                // before the last batch's fdatasync) leaves a segment after a gap, and the store
+                // refuses to open (review: a predecessor still an unnamed spare, then kill -9).
+                line.quiesce(|_| ());
                 let path = create_segment(&self.dir, base, &self.seg_cfg).map_err(|e| e.to_string())?;
                 crate::fault::crash_point("segment_created_before_commit");
                 Segment::open(base, path.clone(), &self.seg_cfg)
