@@ -128,9 +128,13 @@ impl Follower {
                     std::thread::sleep(every);
                     let Some(f) = me.upgrade() else { return };
                     match f.refresh() {
-                        Ok(_) => failures = 0,
+                        Ok(_) => {
+                            failures = 0;
+                            f.shared.set_refresh_failures(0);
+                        }
                         Err(e) => {
                             failures += 1;
+                            f.shared.set_refresh_failures(failures as u64);
                             if failures == 1 || failures % 100 == 0 {
                                 tracing::warn!(error = %e, failures, "follower refresh failed; retrying");
                             }

@@ -170,6 +170,8 @@ pub struct Shared {
     changed: event_listener::Event,
     closed: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// A follower's failed refreshes in a row (0 on a writer's store).
+    refresh_failures: AtomicU64,
     subscribers: AtomicU64,
     scan_bias: u32,
 }
@@ -183,6 +185,7 @@ impl Shared {
             changed: event_listener::Event::new(),
             closed: AtomicBool::new(false),
             failure: Mutex::new(None),
+            refresh_failures: AtomicU64::new(0),
             subscribers: AtomicU64::new(0),
             scan_bias,
         }
@@ -270,6 +273,15 @@ impl Shared {
     /// Why the writer stopped accepting appends (fail-stop), if it did.
     pub fn failure(&self) -> Option<String> {
         self.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn set_refresh_failures(&self, n: u64) {
+        self.refresh_failures.store(n, Ordering::Relaxed);
+    }
+
+    /// A follower's failed refreshes in a row: 0 while it follows (and on a writer's store).
+    pub fn refresh_failures(&self) -> u64 {
+        self.refresh_failures.load(Ordering::Relaxed)
     }
 }
 

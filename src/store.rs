@@ -400,6 +400,12 @@ impl StoreHandle {
         self.shared.failure()
     }
 
+    /// On a follower's handle, its failed refreshes in a row (it serves what it had meanwhile);
+    /// 0 while it follows, and always on a writer's handle.
+    pub fn refresh_failures(&self) -> u64 {
+        self.shared.refresh_failures()
+    }
+
     /// Writer metrics (fsync latency, batch sizes, conflicts).
     pub fn metrics(&self) -> &WriterMetrics {
         &self.metrics

@@ -2013,3 +2013,61 @@ fn an_unwritable_directory_at_a_rollover_onto_a_spare_is_retried_not_fail_stop()
     assert_eq!(all.len() as u64, r.last.get());
     assert!(!srv.log().contains("writer stopped"), "{}", srv.log());
 }
+
+/// `tephra_writer_stopped` turns 1 once a failed fdatasync stopped the writer (the protocol's
+/// stats cannot say so, and `--healthcheck` passes), 0 before.
+#[test]
+fn the_metrics_say_when_the_writer_has_stopped() {
+    let Some(faulty) = crash_points_bin() else { return };
+    let srv = Server::start(&faulty, &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA_CRASH_POINT", "commit_fsync:eio:3")]);
+    let maddr = metrics_addr(&srv);
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append([ev("A", &["t"], b"x")], None).unwrap();
+    assert_eq!(sample(&http(maddr, "GET /metrics HTTP/1.1"), "tephra_writer_stopped"), "0");
+    let mut refused = None;
+    for _ in 0..10 {
+        if let Err(e) = c.append([ev("A", &["t"], b"x")], None) {
+            refused = Some(e.to_string());
+            break;
+        }
+    }
+    let refused = refused.expect("the injected fsync failure never came");
+    assert!(refused.contains("until the server restarts"), "{refused}");
+    let body = http(maddr, "GET /metrics HTTP/1.1");
+    assert_eq!(sample(&body, "tephra_writer_stopped"), "1");
+    assert_eq!(sample(&body, "tephra_follower_refresh_failures"), "0");
+}
+
+/// A follower whose refresh keeps failing (here a segment file whose header names another
+/// base) counts the failures in `tephra_follower_refresh_failures`, and the count returns to
+/// 0 once it follows again.
+#[test]
+fn the_metrics_count_a_followers_failed_refreshes() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = tmp.path().join("data");
+    {
+        let store = tephra::Store::open(&data, tephra::StoreConfig::new(tephra::SegmentConfig::new(65536))).unwrap();
+        store.handle().append(vec![ev("A", &["t"], b"x")], None).unwrap();
+        store.shutdown();
+    }
+    let follower = Server::start_args(&bin(), &data, &["--follow", "--follow-poll-ms", "10"], &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__SEGMENT__SIZE", "65536")]);
+    let maddr = metrics_addr(&follower);
+    let failures = || sample(&http(maddr, "GET /metrics HTTP/1.1"), "tephra_follower_refresh_failures").parse::<u64>().unwrap();
+    assert_eq!(failures(), 0);
+    // The next segment's name, with a header that names base 99.
+    let bogus = data.join(tephra::log::segment::segment_name(2));
+    let mut header = tephra::log::header::SegmentHeader { created_at_nanos: 1, base_position: 99 }.encode().to_vec();
+    header.resize(65536, 0);
+    std::fs::write(&bogus, header).unwrap();
+    let t = Instant::now();
+    while failures() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the failing refreshes were not counted");
+        thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::remove_file(&bogus).unwrap();
+    let t = Instant::now();
+    while failures() != 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the count did not return to 0");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
