@@ -153,6 +153,7 @@ impl Follower {
     pub fn refresh(&self) -> Result<u64, FollowerError> {
         let mut t = self.tail.lock().unwrap_or_else(|e| e.into_inner());
         let listed = list_segments(&self.dir)?;
+        let last_listed = listed.last().map(|(b, _)| *b);
         // Open segments we have not seen yet, in order, as long as they are contiguous.
         for (base, path) in listed {
             if t.segments.iter().any(|s| s.base == base) {
@@ -176,7 +177,9 @@ impl Follower {
             } else if base != 1 {
                 return Err(LogError::NonContiguous { path, found: base, expected: 1 });
             }
-            let seg = Arc::new(Segment::open(base, path, &self.cfg.segment)?);
+            // One with a later segment after it is sealed: tables for its length, not for the
+            // configured size (see `Segment::open_sealed`).
+            let seg = Arc::new(if Some(base) == last_listed { Segment::open(base, path, &self.cfg.segment)? } else { Segment::open_by_length(base, path, &self.cfg.segment)? });
             // The old active segment is final: seal its index (in memory; the writer persists
             // the file, a follower writes nothing).
             let sealed = t.index.take().map(|w| {

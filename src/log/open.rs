@@ -210,7 +210,8 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
                 ),
             });
         }
-        let seg = Segment::open(base, path, cfg)?;
+        // Only the active segment grows: the sealed ones get tables for what they hold.
+        let seg = if i == last { Segment::open(base, path, cfg)? } else { Segment::open_sealed(base, path, w.offsets.len())? };
         for (k, &off) in w.offsets.iter().enumerate() {
             seg.offsets.set(k, off);
         }

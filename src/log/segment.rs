@@ -311,6 +311,30 @@ impl Segment {
         Ok(Segment { base, path, file, offsets: AtomicColumn::new(records) })
     }
 
+    /// Opens a read handle on a sealed segment (one that will not grow) whose tables hold
+    /// `records` records: what its recovery walk counted. Sizing every segment of a store for
+    /// the configured size instead cost memory in proportion to segments × `segment.size`
+    /// (review: 14,577 segments of 64 KiB opened with 256 MiB configured took 1.86 GB and 2.5 s,
+    /// with 1 GiB 7 GB).
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn open_sealed(base: u64, path: PathBuf, records: usize) -> Result<Segment, LogError> {
+        let io = |source: std::io::Error| LogError::Io { path: path.clone(), source };
+        let file = File::open(&path).map_err(io)?;
+        Ok(Segment { base, path, file, offsets: AtomicColumn::new(records.max(1)) })
+    }
+
+    /// Opens a read handle on a segment sized by its file alone (as many records as its length
+    /// can hold), for one known to be sealed before its records are counted (a follower's).
+    ///
+    /// # Errors
+    /// [`LogError::Io`].
+    pub fn open_by_length(base: u64, path: PathBuf, cfg: &SegmentConfig) -> Result<Segment, LogError> {
+        let len = std::fs::metadata(&path).map_err(|source| LogError::Io { path: path.clone(), source })?.len();
+        Segment::open_sealed(base, path, max_records_in(len.saturating_sub(cfg.header_size)))
+    }
+
     /// Most records this segment's tables hold (see [`Segment::open`]).
     pub fn max_records(&self) -> usize {
         self.offsets.capacity()
