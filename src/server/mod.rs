@@ -288,7 +288,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     // since opening a large store takes a while.
     let bind = settings.bind_addr().map_err(|e| StartError::Io(e.to_string()))?;
     if bind.port() != 0 {
-        probe_until_free(bind).map_err(|e| StartError::Io(format!("cannot bind {bind}: {e}")))?;
+        probe_until_free(bind, &settings.data_dir).map_err(|e| StartError::Io(format!("cannot bind {bind}: {e}")))?;
     }
     let mut segment = crate::log::segment::SegmentConfig::new(settings.segment.size);
     segment.max_record_len = settings.segment.max_record_len();
@@ -357,7 +357,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     // the same address too (and take half the connections). Like the reference, refuse to
     // start on an address another listener holds: probe it with a plain socket first.
     if bind.port() != 0 {
-        if let Err(e) = probe_until_free(bind) {
+        if let Err(e) = probe_until_free(bind, &ctx.settings.data_dir) {
             ctx.shutdown();
             return Err(StartError::Io(format!("cannot bind {bind}: {e}")));
         }
@@ -481,6 +481,25 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
 /// How long a start waits for the data directory's `LOCK` while another process holds it.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// How long a start waits, past [`LOCK_WAIT`] or [`BIND_WAIT`], while the previous server of
+/// its data directory is still being torn down (see [`previous_server_exiting`]).
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// True when `pid` is a process on its way out: its main thread has exited (zombie) while some
+/// of its threads have not yet run to their end (`/proc/PID/stat` state `Z` or `X`).
+fn exiting(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))).unwrap_or(false)
+}
+
+/// True when the process named in `dir/LOCK` (the last server of the directory) is on its way
+/// out. After `kill -9` on a host other programs keep busy, its idle-class sealing thread can
+/// keep it, its listeners and the lock alive for seconds (review: a restart right after it was
+/// refused 1 time in 4 or 5, with the address or the directory still held).
+fn previous_server_exiting(dir: &std::path::Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(dir.join("LOCK")).ok()?.trim().parse().ok()?;
+    (pid != std::process::id() && exiting(pid)).then_some(pid)
+}
+
 /// [`Store::open_parts`], retried for up to [`LOCK_WAIT`] while another process holds the data
 /// directory's lock: a server restarted the moment the previous one was told to exit can find
 /// the lock still held, since the old process releases it only once the kernel has run each of
@@ -494,10 +513,12 @@ fn open_waiting_for_lock(dir: &std::path::Path, cfg: StoreConfig) -> Result<(Sto
     let mut announced = false;
     loop {
         match Store::open_parts(dir, cfg.clone()) {
-            Err(OpenError::Log(LogError::Lock(LockError::Locked { path, holder }))) if holder != Some(std::process::id()) && std::time::Instant::now() < deadline => {
+            Err(OpenError::Log(LogError::Lock(LockError::Locked { path, holder })))
+                if holder != Some(std::process::id()) && (std::time::Instant::now() < deadline || (holder.is_some_and(exiting) && std::time::Instant::now() < deadline - LOCK_WAIT + EXIT_WAIT)) =>
+            {
                 if !std::mem::replace(&mut announced, true) {
                     let holder = holder.map_or_else(|| "another process".to_string(), |p| format!("pid {p}"));
-                    tracing::info!(lock = %path.display(), %holder, "data directory locked; waiting up to {LOCK_WAIT:?} for it to be released");
+                    tracing::info!(lock = %path.display(), %holder, "data directory locked; waiting up to {LOCK_WAIT:?} for it to be released (longer while its holder is exiting)");
                 }
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
@@ -509,16 +530,23 @@ fn open_waiting_for_lock(dir: &std::path::Path, cfg: StoreConfig) -> Result<(Sto
 /// [`probe_exclusive`], retried for up to [`BIND_WAIT`] while the address is in use: a server
 /// restarted the moment the previous one exited can find the old listener still held, since
 /// the kernel tears down an exited process's io_uring (and the accept pending in it) in the
-/// background (review: 2 of 32 immediate restarts failed with "Address already in use").
-/// Another server that keeps the address is still refused, after the wait.
-fn probe_until_free(addr: SocketAddr) -> std::io::Result<()> {
-    let deadline = std::time::Instant::now() + BIND_WAIT;
+/// background (review: 2 of 32 immediate restarts failed with "Address already in use"),
+/// and for up to [`EXIT_WAIT`] while the data directory's previous server is still exiting
+/// ([`previous_server_exiting`]). Another server that keeps the address is still refused,
+/// after the wait.
+fn probe_until_free(addr: SocketAddr, data_dir: &std::path::Path) -> std::io::Result<()> {
+    let started = std::time::Instant::now();
     let mut announced = false;
+    let mut exit_announced = false;
     loop {
         match probe_exclusive(addr) {
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline => {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && (started.elapsed() < BIND_WAIT || (started.elapsed() < EXIT_WAIT && previous_server_exiting(data_dir).is_some())) => {
                 if !std::mem::replace(&mut announced, true) {
                     tracing::info!(%addr, "address in use; waiting up to {BIND_WAIT:?} for it to be released");
+                }
+                if started.elapsed() >= BIND_WAIT && !std::mem::replace(&mut exit_announced, true) {
+                    let pid = previous_server_exiting(data_dir).unwrap_or(0);
+                    tracing::info!(%addr, pid, "the data directory's previous server is still exiting; waiting up to {EXIT_WAIT:?} for it");
                 }
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
