@@ -103,9 +103,13 @@ fn main() -> ExitCode {
                     std::thread::sleep(Duration::from_millis(10));
                     continue;
                 };
-                // A start that has just logged `listening` is handing its context over.
+                // A start that has bound its listeners is handing its context over; before
+                // that, nothing is served yet.
                 let ctx = slot.get().cloned().or_else(|| {
-                    let until = std::time::Instant::now() + Duration::from_millis(500);
+                    if !tephra::server::LISTENING.load(std::sync::atomic::Ordering::SeqCst) {
+                        return None;
+                    }
+                    let until = std::time::Instant::now() + Duration::from_secs(5);
                     while std::time::Instant::now() < until {
                         std::thread::sleep(Duration::from_millis(10));
                         if let Some(c) = slot.get() {

@@ -474,9 +474,15 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     // The readiness line, exactly as the reference logs it (target `tephra_server`, nothing
     // after the address; reference §2.1): harnesses wait for it, some under filters such as
     // `warn,tephra_server=info`.
+    LISTENING.store(true, Ordering::SeqCst);
     tracing::info!(target: "tephra_server", addr = %addr, "tephra server listening");
     Ok(Running { addr, metrics_addr, ctx, shards, store, follower, writer })
 }
+
+/// Set once a server of this process has bound its listeners (just before its `listening`
+/// line): from then on a signal is a graceful shutdown, before it the process just exits
+/// (the binary's signal thread).
+pub static LISTENING: AtomicBool = AtomicBool::new(false);
 
 /// How long a start waits for the data directory's `LOCK` while another process holds it.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
