@@ -67,6 +67,12 @@ fn max_records_in(capacity: u64) -> usize {
     (capacity / (RECORD_HEAD as u64 + 5)) as usize + 1
 }
 
+/// Most data records the segment file at `path` can hold, by its length.
+fn records_in_file(path: &Path, cfg: &SegmentConfig) -> Result<usize, LogError> {
+    let len = std::fs::metadata(path).map_err(|source| LogError::Io { path: path.to_owned(), source })?.len();
+    Ok(max_records_in(len.saturating_sub(cfg.header_size)))
+}
+
 /// The file name of the segment starting at `base`.
 pub fn segment_name(base: u64) -> String {
     format!("{base:020}.log")
@@ -122,8 +128,7 @@ pub fn create_segment(dir: &Path, base: u64, cfg: &SegmentConfig) -> Result<Path
             .map_err(|e| io(e.into()))?;
         f.sync_all().map_err(io)?;
         sync_dir(dir)?;
-        let h = SegmentHeader { created_at_nanos: now_nanos(), base_position: base };
-        f.write_all_at(&h.encode(), 0).map_err(io)?;
+        f.write_all_at(&new_header(base), 0).map_err(io)?;
         f.sync_all().map_err(io)?;
         Ok(())
     })();
@@ -211,14 +216,18 @@ pub fn zero_prepared(path: &Path, cfg: &SegmentConfig, stop: &std::sync::atomic:
 }
 
 /// Checks that the spare at `prepared` (from [`prepare_segment`]) can become segment `base`:
-/// it has exactly `segment_size` bytes and no segment of that name exists. Returns the
+/// it has exactly `segment_size` bytes, no segment of that name exists, and `dir` can be
+/// written (`access(W_OK)`: an immutable or read-only directory, or changed permissions, is
+/// found here, while the caller can still fall back, instead of at the naming, where a failure
+/// is fail-stop; review). Returns the
 /// segment's path, `{base:020}.log`. Nothing is written: the writer then writes the header
 /// (reference engine §3.2) as the first bytes of the segment's first commit, and once that
 /// commit is durable [`name_prepared`] gives the file its name. A crash in between leaves only
 /// the spare, which no server reads as a segment.
 ///
 /// # Errors
-/// [`LogError::Io`] naming the spare: unreadable, the wrong size, or the name already taken.
+/// [`LogError::Io`] naming the spare: unreadable, the wrong size, or the name already taken;
+/// naming `dir` when it cannot be written.
 pub fn claim_prepared(dir: &Path, prepared: &Path, base: u64, cfg: &SegmentConfig) -> Result<PathBuf, LogError> {
     let path = dir.join(segment_name(base));
     let io = |source: std::io::Error| LogError::Io { path: prepared.to_owned(), source };
@@ -229,6 +238,7 @@ pub fn claim_prepared(dir: &Path, prepared: &Path, base: u64, cfg: &SegmentConfi
     if path.try_exists().map_err(io)? {
         return Err(io(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{} already exists", path.display()))));
     }
+    nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK).map_err(|e| LogError::Io { path: dir.to_owned(), source: e.into() })?;
     Ok(path)
 }
 
@@ -304,11 +314,8 @@ impl Segment {
     /// # Errors
     /// [`LogError::Io`].
     pub fn open(base: u64, path: PathBuf, cfg: &SegmentConfig) -> Result<Segment, LogError> {
-        let io = |source: std::io::Error| LogError::Io { path: path.clone(), source };
-        let file = File::open(&path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        let records = cfg.max_records().max(max_records_in(len.saturating_sub(cfg.header_size)));
-        Ok(Segment { base, path, file, offsets: AtomicColumn::new(records) })
+        let records = cfg.max_records().max(records_in_file(&path, cfg)?);
+        Segment::open_sealed(base, path, records)
     }
 
     /// Opens a read handle on a sealed segment (one that will not grow) whose tables hold
@@ -331,8 +338,8 @@ impl Segment {
     /// # Errors
     /// [`LogError::Io`].
     pub fn open_by_length(base: u64, path: PathBuf, cfg: &SegmentConfig) -> Result<Segment, LogError> {
-        let len = std::fs::metadata(&path).map_err(|source| LogError::Io { path: path.clone(), source })?.len();
-        Segment::open_sealed(base, path, max_records_in(len.saturating_sub(cfg.header_size)))
+        let records = records_in_file(&path, cfg)?;
+        Segment::open_sealed(base, path, records)
     }
 
     /// Most records this segment's tables hold (see [`Segment::open`]).

@@ -515,12 +515,12 @@ fn previous_server_exiting(dir: &std::path::Path) -> Option<u32> {
 fn open_waiting_for_lock(dir: &std::path::Path, cfg: StoreConfig) -> Result<(Store, crate::store::WriterTask), crate::store::OpenError> {
     use crate::log::{lock::LockError, LogError};
     use crate::store::OpenError;
-    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let started = std::time::Instant::now();
     let mut announced = false;
     loop {
         match Store::open_parts(dir, cfg.clone()) {
             Err(OpenError::Log(LogError::Lock(LockError::Locked { path, holder })))
-                if holder != Some(std::process::id()) && (std::time::Instant::now() < deadline || (holder.is_some_and(exiting) && std::time::Instant::now() < deadline - LOCK_WAIT + EXIT_WAIT)) =>
+                if holder != Some(std::process::id()) && (started.elapsed() < LOCK_WAIT || (started.elapsed() < EXIT_WAIT && holder.is_some_and(exiting))) =>
             {
                 if !std::mem::replace(&mut announced, true) {
                     let holder = holder.map_or_else(|| "another process".to_string(), |p| format!("pid {p}"));

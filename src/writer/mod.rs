@@ -477,8 +477,7 @@ impl Writer {
     /// The file cannot be opened for writing (permissions, an immutable file, a read-only
     /// mount) or its last block cannot be read.
     pub(crate) fn open_active(seg: &Segment, end: u64) -> std::io::Result<(Arc<std::fs::File>, Vec<u8>)> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(&seg.path)?;
+        let file = open_for_commits(&seg.path)?;
         let start = end & !(BLOCK as u64 - 1);
         let mut tail = vec![0u8; (end - start) as usize];
         let got = seg.read_at(&mut tail, start)?;
@@ -946,14 +945,9 @@ impl Writer {
     /// attempt made is removed) and a later call may succeed.
     fn rollover(&mut self, line: &GroupCommit) -> Result<(), String> {
         let base = self.next;
-        let claimed = self.take_prepared().and_then(|spare| match claim_prepared(&self.dir, &spare, base, &self.seg_cfg).and_then(|path| {
-            // The spare is named by its first commit, when a failure can no longer be undone
-            // (fail-stop): a directory that cannot be written now (an immutable or read-only
-            // one, changed permissions) is found here instead, and the rollover falls back to
-            // creating the segment, which fails and is retried (review).
-            nix::unistd::access(&self.dir, nix::unistd::AccessFlags::W_OK).map_err(|e| crate::log::LogError::Io { path: self.dir.clone(), source: e.into() })?;
-            Ok(path)
-        }) {
+        // A spare that cannot be claimed (a directory that cannot be written included) leaves
+        // the rollover to create the segment, which fails and is retried like any other.
+        let claimed = self.take_prepared().and_then(|spare| match claim_prepared(&self.dir, &spare, base, &self.seg_cfg) {
             Ok(path) => Some((spare, path)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot use the prepared segment; creating one");
@@ -1009,12 +1003,17 @@ impl Writer {
     /// commit: the read handle (carrying `path`), the O_DIRECT write handle, and the header
     /// that commit writes.
     fn open_spare(base: u64, spare: &Path, path: PathBuf, cfg: &SegmentConfig) -> std::io::Result<(Arc<Segment>, Arc<std::fs::File>, Vec<u8>)> {
-        use std::os::unix::fs::OpenOptionsExt;
         let mut seg = Segment::open(base, spare.to_owned(), cfg).map_err(std::io::Error::other)?;
-        let file = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(spare)?;
+        let file = open_for_commits(spare)?;
         seg.path = path;
         Ok((Arc::new(seg), Arc::new(file), new_header(base).to_vec()))
     }
+}
+
+/// The descriptor group commit writes a segment through: read-write, O_DIRECT.
+fn open_for_commits(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path)
 }
 
 /// The results bound for one shard's sink, each with its caller's token.
