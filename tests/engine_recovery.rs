@@ -64,6 +64,17 @@ fn event_for(i: u64) -> Event {
 }
 
 /// Appends batches of the given sizes; returns every event by position (index 0 = position 1).
+/// Appends `n` more of [`event_for`]'s events after `all` in batches of 500, adds them to
+/// `all`, and checks the store holds exactly `all`.
+fn append_more(h: &StoreHandle, all: &mut Vec<Event>, n: u64) {
+    let more: Vec<Event> = (0..n).map(|k| event_for(all.len() as u64 + 1 + k)).collect();
+    for chunk in more.chunks(500) {
+        h.append(chunk.to_vec(), None).unwrap();
+    }
+    all.extend(more);
+    assert_contents(h, all);
+}
+
 fn fill(dir: &Path, size: u64, batch_sizes: &[usize]) -> Vec<Event> {
     let s = Store::open(dir, cfg(size)).unwrap();
     let h = s.handle();
@@ -536,12 +547,7 @@ fn a_store_written_with_larger_segments_opens_with_a_smaller_size() {
     let s = Store::open(d.path(), cfg(64 << 10)).unwrap();
     let h = s.handle();
     assert_contents(&h, &all);
-    let more: Vec<Event> = (0..5000).map(|k| event_for(all.len() as u64 + 1 + k)).collect();
-    for chunk in more.chunks(500) {
-        h.append(chunk.to_vec(), None).unwrap();
-    }
-    all.extend(more);
-    assert_contents(&h, &all);
+    append_more(&h, &mut all, 5000);
     let q = Query::item(QueryItem::with_tags(Tags::new(["k:29999"]).unwrap()));
     let got = h.read(q, Position::ZERO, None).collect_owned().unwrap();
     assert_eq!(got.iter().map(|(p, _)| p.get()).collect::<Vec<_>>(), vec![29999]);
@@ -574,12 +580,7 @@ fn sealed_segments_get_tables_for_what_they_hold_whatever_the_configured_size() 
     let s = Store::open(d.path(), StoreConfig::new(big)).unwrap();
     let h = s.handle();
     assert_contents(&h, &all);
-    let more: Vec<Event> = (0..2000).map(|k| event_for(all.len() as u64 + 1 + k)).collect();
-    for chunk in more.chunks(500) {
-        h.append(chunk.to_vec(), None).unwrap();
-    }
-    all.extend(more);
-    assert_contents(&h, &all);
+    append_more(&h, &mut all, 2000);
     let q = Query::item(QueryItem::with_tags(Tags::new(["k:17"]).unwrap()));
     assert_eq!(h.read(q, Position::ZERO, None).collect_owned().unwrap().iter().map(|(p, _)| p.get()).collect::<Vec<_>>(), vec![17]);
 }
