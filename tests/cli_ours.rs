@@ -42,6 +42,37 @@ fn the_timeout_covers_a_server_that_never_answers_the_hello() {
     drop(silent);
 }
 
+/// `--timeout` takes any number of seconds over 0: one past what a `Duration` holds (`1e30`,
+/// `1e309`, which parses as infinity, `inf`) means no practical limit (review: `1e30` was
+/// refused with "expected a positive number of seconds"); NaN, 0, a negative number and text
+/// that is not a number are refused as bad usage (exit 2), each with a message that says why.
+#[test]
+fn a_timeout_past_any_practical_limit_is_taken_and_bad_ones_are_named() {
+    let Some(srv) = start(&[]) else { return };
+    for secs in ["1e30", "1e309", "inf", "2.5"] {
+        let o = tephra(srv.addr, &["--timeout", secs, "append", "--type", "E"]);
+        assert_code(&o, 0);
+        let o = tephra(srv.addr, &["--json", "--timeout", secs, "read"]);
+        assert_code(&o, 0);
+    }
+    assert_eq!(event_count(srv.addr), 4);
+    for (secs, why) in [
+        ("nan", "expected a number of seconds, not NaN"),
+        ("NaN", "expected a number of seconds, not NaN"),
+        ("0", "the timeout must be more than 0 seconds"),
+        ("-0.0", "the timeout must be more than 0 seconds"),
+        ("-1", "the timeout must be more than 0 seconds"),
+        ("-inf", "the timeout must be more than 0 seconds"),
+        ("soon", "expected a number of seconds, such as 10 or 0.5"),
+        ("", "expected a number of seconds, such as 10 or 0.5"),
+    ] {
+        let o = tephra(srv.addr, &["--timeout", secs, "stats"]);
+        assert_code(&o, 2);
+        assert!(stderr(&o).contains(&format!("invalid value '{secs}' for '--timeout <SECS>': {why}")), "{secs}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("positive"), "{}", stderr(&o));
+    }
+}
+
 /// Without `--timeout` the connect and the Hello still give up, after 10 s: a server that
 /// never answers (not a Tephra server) must not hang a command forever.
 #[test]

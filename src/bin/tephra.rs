@@ -58,9 +58,11 @@ pub struct Global {
     /// Connect with TLS, trusting the system's root certificates.
     #[arg(long, global = true)]
     tls: bool,
-    /// Give up on a server that does not answer within SECS seconds (not for `subscribe`).
-    #[arg(long, global = true, value_name = "SECS")]
-    timeout: Option<f64>,
+    /// Give up on a server that does not answer within SECS seconds (not for `subscribe`): a
+    /// number over 0, fractions allowed; anything from 100 years up (`inf` included) means no
+    /// practical limit.
+    #[arg(long, global = true, value_name = "SECS", allow_hyphen_values = true, value_parser = timeout_secs)]
+    timeout: Option<Duration>,
     /// Machine-readable output: JSON lines on stdout, errors as JSON on stderr.
     #[arg(long, global = true)]
     json: bool,
@@ -85,6 +87,28 @@ fn max_frame_len(arg: &str) -> Result<u32, String> {
         ));
     }
     Ok(n)
+}
+
+/// The longest `--timeout`: 100 years, no practical limit. A larger value (up to infinity) is
+/// taken as this one: `Duration` cannot hold every `f64`, and a deadline computed from the
+/// timeout must stay representable (`Instant + Duration` panics on overflow).
+const LONGEST_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// Parses `--timeout`: a number of seconds over 0 (`2`, `0.25`, `1e3`), as a duration between
+/// 1 ns (a positive value below it is rounded up) and [`LONGEST_TIMEOUT`] (a larger value,
+/// `inf` included, is taken as it).
+///
+/// Errors: text that is not a number, NaN, and 0 or less, each with its own message.
+fn timeout_secs(arg: &str) -> Result<Duration, String> {
+    let secs: f64 = arg.trim().parse().map_err(|_| "expected a number of seconds, such as 10 or 0.5".to_owned())?;
+    if secs.is_nan() {
+        return Err("expected a number of seconds, not NaN".to_owned());
+    }
+    if secs <= 0.0 {
+        return Err("the timeout must be more than 0 seconds (leave --timeout out for no limit on the calls; the connect and the Hello then give up after 10 s)".to_owned());
+    }
+    let d = Duration::try_from_secs_f64(secs).unwrap_or(LONGEST_TIMEOUT);
+    Ok(d.clamp(Duration::from_nanos(1), LONGEST_TIMEOUT))
 }
 
 #[derive(Debug, Subcommand)]
@@ -240,16 +264,8 @@ fn untrusted_hint(e: &io::Error, ca: Option<&std::path::Path>) -> String {
 /// after it too. The connect and the Hello are bounded by `--timeout`, or [`HELLO_TIMEOUT`].
 pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
     let token = g.token.as_deref();
-    // Checked before connecting: the timeout bounds the connect and the Hello too.
-    let limit = match g.timeout {
-        Some(secs) => Some(
-            Duration::try_from_secs_f64(secs)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| CliError::usage(format!("--timeout {secs}: expected a positive number of seconds")))?,
-        ),
-        None => None,
-    };
+    // The timeout bounds the connect and the Hello too.
+    let limit = g.timeout;
     let use_tls = g.tls || g.tls_ca.is_some() || g.tls_server_name.is_some();
     let result = if use_tls {
         let config = match &g.tls_ca {
