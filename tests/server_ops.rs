@@ -416,6 +416,88 @@ fn the_readiness_line_names_the_bound_port_on_stdout() {
     assert!(log.contains(&format!("tephra server listening addr=127.0.0.1:{}", quiet.addr.port())), "{log}");
 }
 
+/// Our server on a free port with `args` and `env`, stopped with SIGINT once it answers a
+/// stats call; returns its exit code and everything it printed, stderr lines marked
+/// `[stderr] `. For starts that print no readiness line.
+fn run_until_served(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    use std::io::BufRead;
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut child = std::process::Command::new(bin())
+        .args(["--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(data.path().join("data"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env("TEPHRA__SEGMENT__SIZE", "16777216")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let printed = Arc::new(Mutex::new(String::new()));
+    let readers: Vec<_> = [("", Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>), ("[stderr] ", Box::new(child.stderr.take().unwrap()))]
+        .into_iter()
+        .map(|(mark, out)| {
+            let printed = printed.clone();
+            thread::spawn(move || {
+                for line in io::BufReader::new(out).lines().map_while(Result::ok) {
+                    printed.lock().unwrap().push_str(&format!("{mark}{line}\n"));
+                }
+            })
+        })
+        .collect();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Client::connect(addr).and_then(|mut c| c.stats().map_err(|e| io::Error::other(e.to_string()))).is_err() {
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the server with {args:?} {env:?} never served:\n{}", printed.lock().unwrap());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on the pid of our own child, which has not been reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the server with {args:?} did not stop on SIGINT:\n{}", printed.lock().unwrap());
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    for r in readers {
+        r.join().unwrap();
+    }
+    let printed = printed.lock().unwrap().clone();
+    (status.code(), printed)
+}
+
+/// An empty log filter (`--log ''`, or an empty `TEPHRA_LOG`) logs nothing, the readiness line
+/// included, exactly as the reference's does (checked against 0.4.4: it runs and serves, and
+/// prints nothing on either stream), so the server says so once on stderr, where it is seen
+/// (review: a tool waiting for `listening` waited with no clue). `--log off` asks for silence
+/// and gets it, with no note, as from the reference.
+#[test]
+fn an_empty_log_filter_logs_nothing_like_the_reference_and_says_so_on_stderr() {
+    let note = "[stderr] tephra-server: note: the log filter (--log, the log key, TEPHRA__LOG or TEPHRA_LOG) is empty, so nothing is logged";
+    for (args, env) in [(&["--log", ""][..], &[][..]), (&["-l", " , "], &[]), (&[], &[("TEPHRA_LOG", "")])] {
+        let (code, printed) = run_until_served(args, env);
+        assert_eq!(code, Some(0), "{args:?} {env:?}: {printed}");
+        assert_eq!(printed.lines().count(), 1, "{args:?} {env:?}: only the note: {printed}");
+        assert!(printed.starts_with(note), "{args:?} {env:?}: {printed}");
+    }
+    for args in [&["-l", "off"][..], &["--log", "OFF"]] {
+        let (code, printed) = run_until_served(args, &[]);
+        assert_eq!((code, printed.as_str()), (Some(0), ""), "{args:?}");
+    }
+}
+
 #[test]
 fn a_batch_budget_over_the_segment_is_clamped_with_one_warning_and_zero_with_its_own() {
     // 64 KiB segments: the default 8 MiB budget is clamped (reference §2.1, startup order),

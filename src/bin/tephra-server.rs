@@ -45,6 +45,10 @@ fn main() -> ExitCode {
     if args.healthcheck {
         return healthcheck(&settings);
     }
+    if blank_filter(&settings.log_filter(config::process_env())) {
+        // Logging is off from here on, as in the reference, so say it where it is still seen.
+        eprintln!("tephra-server: note: the log filter (--log, the log key, TEPHRA__LOG or TEPHRA_LOG) is empty, so nothing is logged, the `tephra server listening` line included, as the reference does; leave it unset for info, or set it to off to silence the server without this note");
+    }
     let (targets, warning) = settings.log_targets(config::process_env());
     use tracing_subscriber::prelude::*;
     let ansi = std::env::var_os("NO_COLOR").is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout());
@@ -149,6 +153,13 @@ fn main() -> ExitCode {
     let _ = serving.set(running.context().clone());
     running.wait();
     ExitCode::SUCCESS
+}
+
+/// Whether the log filter `filter` holds no directive at all (`""`, `" "`, `","`): it then
+/// enables nothing, as the reference's does, which an operator may not have meant (an unset
+/// shell variable in `--log "$FILTER"`), unlike `off`.
+fn blank_filter(filter: &str) -> bool {
+    filter.split(',').all(|directive| directive.trim().is_empty())
 }
 
 /// `--healthcheck`: Hello (first token), one stats call, exit 0 or 1; opens no store.
