@@ -63,6 +63,9 @@ struct Tail {
     /// The active segment was reopened with larger tables and is being read again from its
     /// start into them; readers keep the old tables until the new ones hold as much.
     regrown: Option<u64>,
+    /// The directory held no segment when the follower opened, and the log said it waits for
+    /// the writer to create the first one; cleared (and said) once that segment is followed.
+    awaiting_first: bool,
 }
 
 /// A read-only follower of a data directory. Dropping it stops polling and ends subscriptions.
@@ -89,23 +92,31 @@ impl Follower {
     /// Opens `dir` read-only and catches up with every committed event; call
     /// [`Follower::start_polling`] (or [`Follower::refresh`]) to follow new commits.
     ///
+    /// A directory in which no writer has created a segment yet (a follower started before its
+    /// writer) opens as an empty store, head 0, and logs once that it waits for the writer to
+    /// create the first segment; the follower takes that segment up at the first refresh that
+    /// finds it, like any later one.
+    ///
     /// # Errors
-    /// [`LogError::Io`] when the directory cannot be read, a header or contiguity error in the
-    /// committed chain, or `InvalidConfig` when the directory holds no segment yet.
+    /// [`LogError::Io`] when the directory cannot be read (it does not exist included: a
+    /// follower creates nothing), or a header or contiguity error in the committed chain.
     pub fn open(dir: impl AsRef<Path>, cfg: FollowerConfig) -> Result<Arc<Follower>, FollowerError> {
         let dir = dir.as_ref().to_path_buf();
         let f = Arc::new(Follower {
             shared: Arc::new(Shared::new(Snapshot::new(Vec::new(), Vec::new()), 0, cfg.scan_bias)),
-            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, next: 1, index: None, regrown: None }),
+            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, next: 1, index: None, regrown: None, awaiting_first: false }),
             stop: Arc::new(AtomicBool::new(false)),
             poller: Mutex::new(None),
             dir,
             cfg,
         });
         f.refresh()?;
-        if f.tail.lock().unwrap_or_else(|e| e.into_inner()).segments.is_empty() {
-            return Err(LogError::InvalidConfig { reason: format!("{} holds no segment yet", f.dir.display()) });
+        let mut t = f.tail.lock().unwrap_or_else(|e| e.into_inner());
+        if t.segments.is_empty() {
+            t.awaiting_first = true;
+            tracing::info!(poll_ms = f.cfg.poll_interval.as_millis() as u64, "waiting for the writer to create the first segment in {}", f.dir.display());
         }
+        drop(t);
         Ok(f)
     }
 
@@ -192,7 +203,10 @@ impl Follower {
             t.index = Some(index);
             t.segments.push(seg.clone());
             t.active_end = HEADER_LEN as u64;
-            self.shared.roll(sealed, seg, shared_index);
+            self.shared.roll(sealed, seg.clone(), shared_index);
+            if std::mem::take(&mut t.awaiting_first) {
+                tracing::info!(segment = %seg.path.display(), "the writer created the first segment; following it");
+            }
         }
         if !t.segments.is_empty() {
             self.scan_active(&mut t)?;

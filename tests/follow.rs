@@ -209,3 +209,54 @@ fn a_segment_grown_past_the_followers_tables_is_reopened_and_followed() {
     assert_eq!(tagged.iter().map(|(p, _)| p.get()).collect::<Vec<_>>(), (1..=sent).filter(|p| (p - 1) % 5 == 3).collect::<Vec<_>>());
     f.close();
 }
+
+/// A follower started before its writer, on a directory that holds no segment yet, serves an
+/// empty store (review: it refused to start with "invalid configuration: ... holds no segment
+/// yet"), says once that it waits for the writer, passes the healthcheck meanwhile, and follows
+/// the writer's first segment once the writer creates it: a subscription opened while it
+/// waited and a later read both get the writer's event.
+#[test]
+fn a_follower_started_before_its_writer_waits_for_the_first_segment() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let follower = Server::start_args(&ours(), &data, &["--follow", "--follow-poll-ms", "20"], &[("TEPHRA__SEGMENT__SIZE", SEG)]);
+    let waiting = format!("waiting for the writer to create the first segment in {}", data.display());
+    assert!(follower.log_shows(&waiting, Duration::from_secs(5)), "{}", follower.log());
+
+    let mut f = Client::connect(follower.addr).unwrap();
+    let s = f.stats().unwrap();
+    assert_eq!((s.event_count, s.segment_count), (0, 0));
+    let (events, watermark) = f.read_all(Query::all(), Position::ZERO).unwrap();
+    assert!(events.is_empty());
+    assert_eq!(watermark, Position::ZERO);
+    let hc = support::run_to_exit(&ours(), &["--healthcheck", "--bind", &follower.addr.to_string()], &[], None, Duration::from_secs(20));
+    assert_eq!(hc.code, Some(0), "{hc:?}");
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let faddr = follower.addr;
+    std::thread::spawn(move || {
+        let mut c = Client::connect(faddr).unwrap();
+        let (stream, _cancel) = c.subscribe(Query::all(), Position::ZERO).unwrap();
+        for item in stream {
+            if tx.send(item.unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    assert!(matches!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), SubEvent::CaughtUp(p) if p == Position::ZERO));
+
+    let writer = Server::start_args(&ours(), &data, &[], &[("TEPHRA__SEGMENT__SIZE", SEG)]);
+    let r = Client::connect(writer.addr).unwrap().append(vec![ev(0)], None).unwrap();
+    assert_eq!(r.first.get(), 1);
+    match rx.recv_timeout(Duration::from_secs(10)).unwrap() {
+        SubEvent::Event(e) => assert_eq!((e.position().get(), e.event().as_bytes()), (1, ev(0).as_bytes())),
+        other => panic!("expected the writer's event, got {other:?}"),
+    }
+    let (events, watermark) = f.read_all(Query::all(), Position::ZERO).unwrap();
+    assert_eq!(watermark, Position(1));
+    assert_eq!(events.iter().map(|e| e.event().as_bytes().to_vec()).collect::<Vec<_>>(), [ev(0).as_bytes().to_vec()]);
+    assert_eq!(f.stats().unwrap().segment_count, 1);
+    assert!(follower.log_shows("the writer created the first segment; following it", Duration::from_secs(5)), "{}", follower.log());
+    assert_eq!(follower.log().matches(&waiting).count(), 1, "{}", follower.log());
+}

@@ -275,8 +275,12 @@ pub fn start(settings: Settings) -> Result<Running, StartError> {
 /// Starts a read-only server over a follower of `settings.data_dir` polled every `poll`
 /// (issue: follower; seed "Running a second process against a live store").
 ///
+/// A directory in which no writer has created a segment yet is served as an empty store until
+/// the writer creates one (see [`crate::follow::Follower::open`]).
+///
 /// # Errors
-/// As [`start`]; also when the directory holds no segment yet.
+/// As [`start`]; also when the directory cannot be read (a follower creates nothing, so it must
+/// exist).
 pub fn start_follower(settings: Settings, poll: std::time::Duration) -> Result<Running, StartError> {
     start_mode(settings, Some(poll))
 }
