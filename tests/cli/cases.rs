@@ -346,6 +346,61 @@ fn subscribe_follows_until_ctrl_c_and_exits_0() {
     assert_eq!(stdout(&o).split_whitespace().collect::<Vec<_>>(), ["3", "C", "[k]", "live"]);
 }
 
+/// A start position past the store's tip is answered by the server as any other (a read ends at
+/// once with the tip as its watermark, a subscription is caught up at its `after`: reference
+/// protocol §1.6, the same from both servers), so the command line says so in a note on stderr
+/// instead of returning nothing, or "caught up at 999999999", without a word (review). A
+/// position within the store, or a backward read from past the tip, gets no note.
+#[test]
+fn a_start_past_the_tip_gets_a_note() {
+    let Some(srv) = start(&[]) else { return };
+    let a = srv.addr;
+    for i in 0..5 {
+        assert_code(&tephra(a, &["append", "--type", "E", "--tag", &format!("k:{i}")]), 0);
+    }
+    let o = tephra(a, &["read", "--after", "1000"]);
+    assert_code(&o, 0);
+    assert_eq!(stdout(&o), "");
+    assert_eq!(stderr(&o), "(0 events, watermark 5)\ntephra: note: --after 1000 is past the tip, 5: no event follows it yet\n");
+    let o = tephra(a, &["--json", "read", "--after", "1000"]);
+    assert_code(&o, 0);
+    assert_eq!(json_lines(&o), [serde_json::json!({"watermark": 5})]);
+    assert_eq!(stderr(&o), "{\"note\":\"--after 1000 is past the tip, 5: no event follows it yet\"}\n");
+    let o = tephra(a, &["export", "--after", "1000"]);
+    assert_code(&o, 0);
+    assert_eq!(stderr(&o), "tephra: note: --after 1000 is past the tip, 5: no event follows it yet\nexported 0 events\n");
+    for args in [&["read", "--after", "5"][..], &["read", "--after", "3"], &["read", "--backward", "--after", "1000", "--limit", "2"], &["export", "--after", "5"]] {
+        let o = tephra(a, args);
+        assert_code(&o, 0);
+        assert!(!stderr(&o).contains("note"), "{args:?}: {}", stderr(&o));
+    }
+
+    // A subscription from past the tip: the note, then caught up at --after, then only the
+    // events after it as they come.
+    let mut cmd = cli(a);
+    cmd.args(["subscribe", "--after", "7"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    assert_eq!(err_lines.next().unwrap().unwrap(), "tephra: note: --after 7 is past the current tip, 5: the subscription skips the events up to 7 and shows those after it as the store reaches them (caught up at 7 meanwhile)");
+    assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 7");
+    for i in 5..9 {
+        assert_code(&tephra(a, &["append", "--type", "E", "--tag", &format!("k:{i}")]), 0);
+    }
+    let mut out_lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let shown: Vec<String> = (0..2).map(|_| out_lines.next().unwrap().unwrap().split_whitespace().next().unwrap().to_owned()).collect();
+    assert_eq!(shown, ["8", "9"]);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_code(&child.wait_with_output().unwrap(), 0);
+    // Within the store: no note.
+    let mut cmd = cli(a);
+    cmd.args(["subscribe", "--after", "9"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 9");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_code(&child.wait_with_output().unwrap(), 0);
+}
+
 const AUTH_TOML: &str = r#"
 [auth]
 allow_insecure = true

@@ -213,7 +213,8 @@ pub fn append(g: &Global, args: &AppendArgs) -> Result<(), CliError> {
 #[command(after_help = "\
 Output: one line per event (position, type, tags, payload); --json gives one JSON object per
 event (the export format, with \"position\") and a last line {\"watermark\":N}: the durable tip
-the read was pinned to.")]
+the read was pinned to. A forward read with --after past that tip returns nothing and says so
+in a note on stderr.")]
 pub struct ReadArgs {
     #[command(flatten)]
     query: QueryArgs,
@@ -282,15 +283,35 @@ pub fn read(g: &Global, args: &ReadArgs) -> Result<(), CliError> {
     if !g.json {
         eprintln!("({count} event{}, watermark {watermark})", if count == 1 { "" } else { "s" });
     }
+    match args.after {
+        Some(after) if !args.backward && after > watermark.get() => {
+            note(g, &format!("--after {after} is past the tip, {watermark}: no event follows it yet"))
+        }
+        _ => {}
+    }
     Ok(())
+}
+
+/// Says on stderr (`tephra: note: ...`, or a `{"note": ...}` line with `--json`) what a
+/// successful command's output does not show, such as a start position past the store's tip:
+/// the server answers that as any other (reference protocol §1.6: a read from past the tip
+/// ends at once with the tip as its watermark, a subscription's cursor starts at its `after`,
+/// reported as "caught up at AFTER"), so without a note an empty result looks like no match.
+fn note(g: &Global, message: &str) {
+    if g.json {
+        eprintln!("{}", serde_json::json!({ "note": message }));
+    } else {
+        eprintln!("tephra: note: {message}");
+    }
 }
 
 /// `tephra subscribe`.
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Output: events as `read` prints them, as they arrive; the live edge is reported as
-\"caught up at N\" on stderr, or as a {\"caught_up\":N} line with --json. Ctrl-C (or SIGTERM)
-cancels the subscription and exits 0.")]
+\"caught up at N\" on stderr, or as a {\"caught_up\":N} line with --json. With --after past the
+store's tip, a note on stderr says so: the subscription is then caught up at --after and shows
+only the events after it. Ctrl-C (or SIGTERM) cancels the subscription and exits 0.")]
 pub struct SubscribeArgs {
     #[command(flatten)]
     query: QueryArgs,
@@ -307,6 +328,13 @@ pub fn subscribe(g: &Global, args: &SubscribeArgs) -> Result<(), CliError> {
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .map_err(|e| CliError::other(format!("installing the Ctrl-C handler: {e}")))?;
     let signal_handle = signals.handle();
+    if args.after > 0 {
+        let tip = client.stats().map_err(|e| CliError::client("stats failed", e))?.event_count;
+        if args.after > tip {
+            let after = args.after;
+            note(g, &format!("--after {after} is past the current tip, {tip}: the subscription skips the events up to {after} and shows those after it as the store reaches them (caught up at {after} meanwhile)"));
+        }
+    }
     let (stream, cancel) =
         client.subscribe(query, Position(args.after)).map_err(|e| CliError::client("subscribe failed", e))?;
     let watcher = std::thread::spawn(move || {
@@ -417,6 +445,9 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
     let query = args.query.query()?;
     let mut client = connect(g, true)?;
     let tip = client.stats().map_err(|e| CliError::client("stats failed", e))?.event_count;
+    if args.after > tip {
+        note(g, &format!("--after {} is past the tip, {tip}: no event follows it yet", args.after));
+    }
     let end = args.to.map_or(tip, |t| t.min(tip));
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(BufWriter::new(
