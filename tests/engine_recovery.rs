@@ -247,10 +247,12 @@ fn torn_first_batch_of_a_fresh_segment_rolls_back_to_the_previous_segment() {
     assert_eq!(b.len(), 1, "expected the last batch alone in the last segment");
     let last = &b[0];
     assert_eq!(last.start, HEADER_LEN);
-    flip(&seg, last.records[1].0 + 9, 0x10);
+    // The batch's marker never landed (a flipped byte under an intact marker is refused:
+    // `a_flipped_byte_in_the_last_batch_under_its_intact_marker_is_refused`).
+    patch(&seg, last.marker, &[0u8; MARKER_LEN]);
     let n = all.len() as u64;
     let end = nonzero_end(&seg);
-    assert!(end > last.marker as u64 && end <= last.end as u64);
+    assert!(end > last.records[1].0 as u64 && end <= last.marker as u64);
     let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (HEADER_LEN as u64, end), positions: Some((n - 1, n)) };
     assert_rolled_back_then_healthy(d.path(), 512, &all[..all.len() - 2], want);
 }
@@ -271,8 +273,11 @@ fn rolled_back_records_never_come_back_after_a_shorter_append() {
     let seg = last_segment(d.path());
     let last = batches(&seg).pop().unwrap();
     assert!(last.records[2].0 > (last.start / 4096 + 1) * 4096, "the stale records must reach past the block of the next write");
-    // Damage the first record of the last batch; its marker stays valid.
-    flip(&seg, last.records[0].0 + 9, 0x40);
+    // A torn write: a sector inside the first record of the last batch never landed; its
+    // marker did.
+    let sector = (last.records[0].0 / 512 + 1) * 512;
+    assert!(sector + 512 <= last.records[0].1);
+    patch(&seg, sector, &[0u8; 512]);
     {
         let s = Store::open(d.path(), cfg(size)).unwrap();
         assert!(matches!(s.open_outcome(), OpenOutcome::RolledBack { positions: Some((4, 6)), .. }), "{:?}", s.open_outcome());
@@ -376,7 +381,7 @@ fn an_all_zero_only_segment_is_replaced_by_a_fresh_store() {
 fn a_never_written_segment_in_the_middle_is_refused() {
     let d = dir();
     let (_, segs) = sealed_store(d.path());
-    patch(&segs[1], 0, &[0u8; HEADER_LEN]);
+    std::fs::write(&segs[1], vec![0u8; 512]).unwrap();
     let err = assert_refused(d.path(), 512, &segs[1], None, "unwritten middle segment");
     assert!(err.contains("never written"), "{err}");
     // The same for a zero-length file in the middle: nothing is deleted.
@@ -384,6 +389,53 @@ fn a_never_written_segment_in_the_middle_is_refused() {
     let (_, segs) = sealed_store(d.path());
     std::fs::OpenOptions::new().write(true).open(&segs[1]).unwrap().set_len(0).unwrap();
     assert_refused(d.path(), 512, &segs[1], None, "empty middle segment");
+}
+
+/// A segment whose header reads as zeros but which holds records after it is damaged, not a
+/// creation that never finished (no server writes records before the header): refused with
+/// the file named, and nothing removed, in the active segment and in a sealed one (review:
+/// the active segment was removed with every acknowledged event in it, as the reference does).
+#[test]
+fn a_zeroed_header_over_records_is_refused_not_removed() {
+    let d = dir();
+    fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    patch(&seg, 0, &[0u8; HEADER_LEN]);
+    let err = assert_refused(d.path(), SIZE, &seg, Some(0), "zeroed header of the only segment");
+    assert!(err.contains("header is all zeros") && err.contains(&format!("offset {HEADER_LEN}")), "{err}");
+    let d = dir();
+    let (_, segs) = sealed_store(d.path());
+    for seg in [&segs[1], segs.last().unwrap()] {
+        let header = std::fs::read(seg).unwrap()[..HEADER_LEN].to_vec();
+        patch(seg, 0, &[0u8; HEADER_LEN]);
+        let err = assert_refused(d.path(), 512, seg, Some(0), "zeroed header of a segment in a chain");
+        assert!(err.contains("header is all zeros"), "{err}");
+        patch(seg, 0, &header);
+    }
+    assert_eq!(Store::open(d.path(), cfg(512)).unwrap().open_outcome(), &OpenOutcome::Clean);
+}
+
+/// A flipped byte in any record of the last batch, whose own commit marker is intact, is
+/// refused with the file and the record's offset: a torn write leaves whole sectors unwritten
+/// (zeros here), it does not flip bytes under a marker that landed (review: the reference, and
+/// we before, rolled the acknowledged batch back and zeroed it).
+#[test]
+fn a_flipped_byte_in_the_last_batch_under_its_intact_marker_is_refused() {
+    let d = dir();
+    fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let last = batches(&seg).pop().unwrap();
+    for &(rec, end) in &last.records {
+        for off in rec..end {
+            let mask = 1u8 << ((off - rec) % 8);
+            flip(&seg, off, mask);
+            assert_refused(d.path(), SIZE, &seg, Some(rec), &format!("flip {mask:#x} at {off} (record at {rec} of the last batch)"));
+            flip(&seg, off, mask);
+        }
+    }
+    let s = Store::open(d.path(), cfg(SIZE)).unwrap();
+    assert_eq!(s.open_outcome(), &OpenOutcome::Clean);
+    assert_eq!(s.handle().head(), Position(6));
 }
 
 #[test]

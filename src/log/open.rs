@@ -62,9 +62,40 @@ fn classify(base: u64, path: &Path) -> Result<Class, LogError> {
     match SegmentHeader::decode(&b[..n]) {
         Ok(h) if h.base_position == base => Ok(Class::Ready),
         Ok(h) => Err(LogError::BasePositionMismatch { path: path.to_owned(), header: h.base_position, name: base }),
-        Err(HeaderError::Unwritten) => Ok(Class::Unwritten),
+        Err(HeaderError::Unwritten) => match nonzero_after_header(&f) {
+            // A creation that never finished has nothing after its header either: each
+            // server writes a segment's header before (or with) its first records, and ours
+            // names a segment only once both are durable. A zeroed header over records is
+            // damage, refused rather than removed with every event in the file (review; the
+            // reference removes it).
+            Ok(Some(offset)) => Err(LogError::Corrupt {
+                path: path.to_owned(),
+                offset: 0,
+                detail: format!("the segment header is all zeros but the file holds data after it (a non-zero byte at offset {offset}); refusing to remove it as a segment whose creation never finished"),
+            }),
+            Ok(None) => Ok(Class::Unwritten),
+            Err(source) => Err(LogError::Io { path: path.to_owned(), source }),
+        },
         Err(source) => Err(LogError::Header { path: path.to_owned(), source }),
     }
+}
+
+/// How far past the header [`nonzero_after_header`] looks, in bytes: a segment's first record
+/// starts right after the header, and every record's head has a non-zero checksum.
+const UNWRITTEN_PROBE: usize = 4096;
+
+/// The offset of the first non-zero byte in the [`UNWRITTEN_PROBE`] bytes after a segment
+/// file's header, if any.
+fn nonzero_after_header(f: &std::fs::File) -> std::io::Result<Option<u64>> {
+    let mut b = vec![0u8; UNWRITTEN_PROBE];
+    let mut n = 0;
+    while n < b.len() {
+        match f.read_at(&mut b[n..], (HEADER_LEN + n) as u64)? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(b[..n].iter().position(|&x| x != 0).map(|i| (HEADER_LEN + i) as u64))
 }
 
 /// A segment just walked at open, handed to the caller so derived state (the indexes) can be
