@@ -464,6 +464,9 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
             }
         }
     }
+    // From here connections are served, so a signal is a graceful shutdown (before, a client
+    // that had its answer could see the process exit 143: a test caught it under load).
+    LISTENING.store(true, Ordering::SeqCst);
     tell(&word_tx, Word::Accept);
     let metrics_addr = match ctx.settings.metrics_addr().map_err(|e| StartError::Io(e.to_string()))? {
         Some(a) => {
@@ -478,14 +481,13 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     // The readiness line, exactly as the reference logs it (target `tephra_server`, nothing
     // after the address; reference §2.1): harnesses wait for it, some under filters such as
     // `warn,tephra_server=info`.
-    LISTENING.store(true, Ordering::SeqCst);
     tracing::info!(target: "tephra_server", addr = %addr, "tephra server listening");
     Ok(Running { addr, metrics_addr, ctx, shards, store, follower, writer })
 }
 
-/// Set once a server of this process has bound its listeners (just before its `listening`
-/// line): from then on a signal is a graceful shutdown, before it the process just exits
-/// (the binary's signal thread).
+/// Set once a server of this process has bound its listeners, just before its shards start
+/// accepting connections: from then on a signal is a graceful shutdown, before it the process
+/// just exits (the binary's signal thread).
 pub static LISTENING: AtomicBool = AtomicBool::new(false);
 
 /// How long a start waits for the data directory's `LOCK` while another process holds it.
