@@ -256,12 +256,16 @@ impl Follower {
             // growing the window if one record did not fit.
             let ran_out = n == window && w.stop_offset + crate::log::record::RECORD_HEAD >= n.saturating_sub(1);
             let record_too_big = matches!(w.stop, crate::log::record::Stop::PastEnd) && n == window;
-            if w.committed_end == 0 && record_too_big {
-                let len = u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap_or([0; 4])) & LENGTH_MASK;
-                window = window.max(len as usize + 64);
+            if w.committed_end == 0 && (ran_out || record_too_big) {
+                // Not one whole batch in the window (a group commit holds up to
+                // `writer.max_batch_bytes`, 8 MiB by default): read twice as much, and at least
+                // the record that did not fit (it used to stay the same, and the walk was
+                // retried for ever with the tail held, at a batch over 4 MiB).
+                let len = if record_too_big { u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap_or([0; 4])) & LENGTH_MASK } else { 0 };
+                window = (window * 2).max(w.stop_offset + crate::log::record::RECORD_HEAD + len as usize + 64);
                 continue;
             }
-            if !(ran_out || record_too_big) || w.committed_end == 0 {
+            if !(ran_out || record_too_big) {
                 if let Some(served) = t.regrown {
                     if t.next >= served {
                         // The new tables hold everything the old ones did: swap them in.

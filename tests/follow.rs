@@ -263,3 +263,30 @@ fn a_follower_started_before_its_writer_waits_for_the_first_segment() {
     assert!(follower.log_shows("the writer created the first segment; following it", Duration::from_secs(5)), "{}", follower.log());
     assert_eq!(follower.log().matches(&waiting).count(), 1, "{}", follower.log());
 }
+
+/// An event of type `Ev` tagged `n:i` with a 1,000-byte payload that depends on `i`.
+fn big(i: u64) -> Event {
+    let payload: Vec<u8> = (0..1000u64).map(|k| (i * 7 + k) as u8).collect();
+    Event::new(&EventType::new("Ev").unwrap(), &Tags::new([format!("n:{i}")]).unwrap(), &payload).unwrap()
+}
+
+/// A batch larger than the follower's 4 MiB read window (a group commit holds up to
+/// `writer.max_batch_bytes`, 8 MiB by default) is read whole: the follower's walk used to
+/// retry the same window for ever, holding its tail, at such a batch.
+#[test]
+fn a_follower_reads_a_batch_larger_than_its_read_window() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = dir.path().join("data");
+    let cfg = SegmentConfig::new(16 << 20);
+    let store = Store::open(&data, StoreConfig::new(cfg)).unwrap();
+    let r = store.handle().append((0..6000).map(big).collect(), None).unwrap();
+    assert_eq!(r.last.get(), 6000);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let opened = data.clone();
+    std::thread::spawn(move || {
+        let f = Follower::open(&opened, FollowerConfig::new(cfg)).unwrap();
+        let _ = tx.send((f.handle().head(), f.refresh().unwrap()));
+    });
+    let (head, refreshed) = rx.recv_timeout(Duration::from_secs(30)).expect("the follower did not open within 30 s");
+    assert_eq!((head, refreshed), (Position(6000), 6000));
+}
