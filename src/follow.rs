@@ -15,9 +15,16 @@
 //! - **Same host only**: visibility relies on a shared page cache (not NFS or SMB).
 //! - **Cost at open**: the follower scans every segment once and builds its indexes in memory
 //!   (it never writes index files).
+//! - **Damage**: a damaged record that the writer's recovery would refuse (one followed by
+//!   committed batches, or one that ends a sealed segment short of the next one's base) stops
+//!   the follower there for good: it serves the committed prefix before it and nothing past it,
+//!   and every refresh fails with [`LogError::Corrupt`] naming the file and byte offset
+//!   (logged at once, then at most once a minute, and counted in
+//!   `tephra_follower_refresh_failures`). It opens on such a store all the same: it cannot
+//!   repair anything, and the prefix is as exact as ever.
 
 use crate::log::header::{HeaderError, SegmentHeader, HEADER_LEN};
-use crate::log::record::{walk, LENGTH_MASK};
+use crate::log::record::{classify_tail, walk, Stop, TailVerdict, LENGTH_MASK};
 use crate::log::segment::{list_segments, Segment, SegmentConfig};
 use crate::log::LogError;
 use crate::event::EventRef;
@@ -31,7 +38,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Follower settings.
 #[derive(Clone, Debug)]
@@ -56,6 +63,9 @@ struct Tail {
     segments: Vec<Arc<Segment>>,
     /// Byte offset just past the active segment's last commit marker.
     active_end: u64,
+    /// Byte offset in the active segment where the last walk stopped: the record after the
+    /// committed prefix, not written yet or damaged (see [`Follower::refresh`]).
+    stopped_at: u64,
     /// The next position to expect.
     next: u64,
     /// The active segment's index, fed as commits become visible.
@@ -76,6 +86,24 @@ pub struct Follower {
     tail: Mutex<Tail>,
     stop: Arc<AtomicBool>,
     poller: Mutex<Option<std::thread::JoinHandle<()>>>,
+    failures: Mutex<Failures>,
+}
+
+/// How often a refresh that keeps failing is said again in the log.
+const FAILURE_SAID_EVERY: Duration = Duration::from_secs(60);
+
+/// Failed refreshes in a row, and what the log has said of them: the first failure at once,
+/// then at most one line a minute counting the failures since, and one line once a refresh
+/// succeeds again (review: a follower stopped at a damaged record polls every 100 ms; a line
+/// per poll would flood the log, none left it silent).
+#[derive(Default)]
+struct Failures {
+    /// Failed refreshes in a row (`tephra_follower_refresh_failures`).
+    in_a_row: u64,
+    /// Failures since the last line said.
+    unsaid: u64,
+    /// When a failure was last said; `None` while refreshes succeed.
+    said_at: Option<Instant>,
 }
 
 /// Why a follower could not open or refresh.
@@ -97,6 +125,12 @@ impl Follower {
     /// create the first segment; the follower takes that segment up at the first refresh that
     /// finds it, like any later one.
     ///
+    /// A store with a damaged record that the writer would refuse to open (see
+    /// [`Follower::refresh`]) opens all the same, with the committed prefix before the damage:
+    /// the damage is logged as an error naming the file and byte offset and counted as a failed
+    /// refresh (`tephra_follower_refresh_failures` is 1), and every later refresh fails alike.
+    /// A follower cannot repair a store, and refusing would take away the exact prefix too.
+    ///
     /// # Errors
     /// [`LogError::Io`] when the directory cannot be read (it does not exist included: a
     /// follower creates nothing), or a header or contiguity error in the committed chain.
@@ -104,13 +138,19 @@ impl Follower {
         let dir = dir.as_ref().to_path_buf();
         let f = Arc::new(Follower {
             shared: Arc::new(Shared::new(Snapshot::new(Vec::new(), Vec::new()), 0, cfg.scan_bias)),
-            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, next: 1, index: None, regrown: None, awaiting_first: false }),
+            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, stopped_at: HEADER_LEN as u64, next: 1, index: None, regrown: None, awaiting_first: false }),
             stop: Arc::new(AtomicBool::new(false)),
             poller: Mutex::new(None),
+            failures: Mutex::new(Failures::default()),
             dir,
             cfg,
         });
-        f.refresh()?;
+        match f.refresh() {
+            Ok(_) => {}
+            // Damage: serve the prefix before it, say so and count it, as while following.
+            Err(e @ LogError::Corrupt { .. }) => f.note(Err(&e)),
+            Err(e) => return Err(e),
+        }
         let mut t = f.tail.lock().unwrap_or_else(|e| e.into_inner());
         if t.segments.is_empty() {
             t.awaiting_first = true;
@@ -134,23 +174,11 @@ impl Follower {
         let h = std::thread::Builder::new()
             .name("tephra-follower".into())
             .spawn(move || {
-                let mut failures = 0u32;
                 while !stop.load(Ordering::SeqCst) {
                     std::thread::sleep(every);
                     let Some(f) = me.upgrade() else { return };
-                    match f.refresh() {
-                        Ok(_) => {
-                            failures = 0;
-                            f.shared.set_refresh_failures(0);
-                        }
-                        Err(e) => {
-                            failures += 1;
-                            f.shared.set_refresh_failures(failures as u64);
-                            if failures == 1 || failures % 100 == 0 {
-                                tracing::warn!(error = %e, failures, "follower refresh failed; retrying");
-                            }
-                        }
-                    }
+                    let refreshed = f.refresh();
+                    f.note(refreshed.as_ref().map(|_| ()));
                 }
             })
             .expect("follower thread");
@@ -159,10 +187,61 @@ impl Follower {
 
     /// Picks up newly committed events and new segments; returns the visible head.
     ///
+    /// Whatever was committed before a failure is published all the same, so a follower that
+    /// keeps failing serves the prefix it could read.
+    ///
     /// # Errors
-    /// I/O errors, or a chain that breaks contiguity (then nothing new is published).
+    /// I/O errors, or a chain that breaks contiguity; [`LogError::Corrupt`] (the file and the
+    /// byte offset of the damaged record) for damage the writer's recovery would refuse: a
+    /// damaged record followed by committed batches, a committed record that is no valid event,
+    /// or a sealed segment whose committed records end before the next segment's base. The
+    /// follower never reads past such a record, so every later refresh fails the same way.
     pub fn refresh(&self) -> Result<u64, FollowerError> {
         let mut t = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let advanced = self.advance(&mut t);
+        let head = t.next - 1;
+        if head > self.shared.watermark() {
+            self.shared.publish(head);
+        }
+        advanced.map(|()| head)
+    }
+
+    /// Counts a refresh's outcome in `tephra_follower_refresh_failures` and says failures in
+    /// the log as [`Failures`] describes: damage as an error, anything else as a warning.
+    fn note(&self, outcome: Result<(), &FollowerError>) {
+        let mut s = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let error = match outcome {
+            Ok(()) => {
+                if s.in_a_row > 0 {
+                    self.shared.set_refresh_failures(0);
+                    if s.said_at.take().is_some() {
+                        tracing::info!(failures = s.in_a_row, head = self.shared.watermark(), "follower refreshes succeed again");
+                    }
+                    *s = Failures::default();
+                }
+                return;
+            }
+            Err(e) => e,
+        };
+        s.in_a_row += 1;
+        self.shared.set_refresh_failures(s.in_a_row);
+        let now = Instant::now();
+        if matches!(s.said_at, Some(t) if now.duration_since(t) < FAILURE_SAID_EVERY) {
+            s.unsaid += 1;
+            return;
+        }
+        let unsaid = std::mem::take(&mut s.unsaid);
+        s.said_at = Some(now);
+        let (failures, head) = (s.in_a_row, self.shared.watermark());
+        if matches!(error, LogError::Corrupt { .. }) {
+            tracing::error!(%error, head, failures, more_since_last_said = unsaid, "the followed store is damaged: this follower serves the events before the damage and nothing past it (it cannot repair the store; the writer refuses to open it at its next start); said again at most once a minute");
+        } else {
+            tracing::warn!(%error, head, failures, more_since_last_said = unsaid, "follower refresh failed; serving what it had and retrying (said again at most once a minute while it fails)");
+        }
+    }
+
+    /// The work of [`Follower::refresh`], up to its first failure; publishes nothing.
+    fn advance(&self, t: &mut Tail) -> Result<(), FollowerError> {
         let listed = list_segments(&self.dir)?;
         let last_listed = listed.last().map(|(b, _)| *b);
         // Open segments we have not seen yet, in order, as long as they are contiguous.
@@ -177,13 +256,28 @@ impl Follower {
                 Ok(h) => return Err(LogError::BasePositionMismatch { path, header: h.base_position, name: base }),
                 Err(source) => return Err(LogError::Header { path, source }),
             }
-            if let Some(_last) = t.segments.last() {
+            if let Some(last) = t.segments.last().cloned() {
                 // Drain the old active segment before moving on: its tail is final now.
-                self.scan_active(&mut t)?;
-                if base != t.next {
-                    // A new segment starts where the old one ends; until the old one's last
-                    // batch is visible to us, wait.
-                    break;
+                self.scan_active(t)?;
+                if base < t.next {
+                    return Err(LogError::NonContiguous { path, found: base, expected: t.next });
+                }
+                if base > t.next {
+                    // The writer names a segment only once every batch before it has been
+                    // written (its first commit names a spare after the batches before it;
+                    // one created at once waits for them), so the old segment is complete:
+                    // its committed records end short of this base at a damaged record, as
+                    // the writer's recovery finds (review: this waited here for good, without
+                    // a word, while the writer went on).
+                    return Err(LogError::Corrupt {
+                        path: last.path.clone(),
+                        offset: t.stopped_at,
+                        detail: format!(
+                            "a damaged record in a sealed segment: its committed records end at position {}, the next segment starts at {base}; this follower serves positions up to {} and cannot read past it",
+                            t.next - 1,
+                            t.next - 1
+                        ),
+                    });
                 }
             } else if base != 1 {
                 return Err(LogError::NonContiguous { path, found: base, expected: 1 });
@@ -203,32 +297,43 @@ impl Follower {
             t.index = Some(index);
             t.segments.push(seg.clone());
             t.active_end = HEADER_LEN as u64;
+            t.stopped_at = HEADER_LEN as u64;
             self.shared.roll(sealed, seg.clone(), shared_index);
             if std::mem::take(&mut t.awaiting_first) {
                 tracing::info!(segment = %seg.path.display(), "the writer created the first segment; following it");
             }
         }
         if !t.segments.is_empty() {
-            self.scan_active(&mut t)?;
+            self.scan_active(t)?;
         }
-        let head = t.next - 1;
-        if head > self.shared.watermark() {
-            self.shared.publish(head);
-        }
-        Ok(head)
+        Ok(())
     }
 
     /// Walks the active segment from its last commit point, feeding offsets for newly committed
     /// records (the same commit rule as recovery; never modifies anything).
+    ///
+    /// A walk stops at the first record that is not there yet, which is where a live writer's
+    /// log ends, or at a damaged one. The two differ in what follows: the writer writes one batch
+    /// at a time, each only once the one before it is durable, so only the last batch can be
+    /// incomplete, and a stop followed by committed batches is damage (the verdict of
+    /// [`classify_tail`], as the writer's recovery decides). Such a stop is read a second time
+    /// before it is reported: one read may see a batch as it was before its write and later
+    /// batches already written, but a read started after that one sees the batch written.
+    ///
+    /// # Errors
+    /// An I/O error; [`LogError::Corrupt`] for a damaged record followed by committed batches
+    /// or a committed record that is no valid event (the batches before it are fed first).
     fn scan_active(&self, t: &mut Tail) -> Result<(), FollowerError> {
         let Some(seg) = t.segments.last().cloned() else { return Ok(()) };
         let mut window = 4usize << 20;
+        // Byte offset of a damaged record seen once, to be read again before it is reported.
+        let mut suspect: Option<u64> = None;
         loop {
             let start = t.active_end;
             let mut buf = vec![0u8; window];
             let n = seg.read_at(&mut buf, start).map_err(|source| LogError::Io { path: seg.path.clone(), source })?;
             buf.truncate(n);
-            let w = walk(&buf, 0);
+            let mut w = walk(&buf, 0);
             // The segment's tables were sized when the follower opened it; a writer restarted
             // with a larger `segment.size` grows the active file past them (review: the
             // follower's thread panicked and it served a frozen prefix, healthy as far as any
@@ -238,45 +343,87 @@ impl Follower {
                 self.regrow(t)?;
                 return self.scan_active(t);
             }
+            // A committed record that is no valid event ends what can be served: only the
+            // batches committed before it are fed, from a walk that ends at it.
+            let mut invalid = None;
             for (k, off) in w.offsets.iter().enumerate() {
                 let o = *off as usize;
                 let len = (u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) & LENGTH_MASK) as usize;
-                let pos = t.next + k as u64;
-                let ev = EventRef::from_bytes(&buf[o + RECORD_HEAD..o + RECORD_HEAD + len]).map_err(|e| LogError::Corrupt {
-                    path: seg.path.clone(),
-                    offset: start + *off as u64,
-                    detail: format!("committed record at position {pos} is not a valid event: {e}"),
-                })?;
-                t.index.as_mut().expect("an active segment has an index").absorb(pos, &ev);
+                if let Err(e) = EventRef::from_bytes(&buf[o + RECORD_HEAD..o + RECORD_HEAD + len]) {
+                    invalid = Some((o, t.next + k as u64, e));
+                    break;
+                }
+            }
+            if let Some((o, _, _)) = invalid {
+                w = walk(&buf[..o], 0);
+            }
+            for (k, off) in w.offsets.iter().enumerate() {
+                let o = *off as usize;
+                let len = (u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) & LENGTH_MASK) as usize;
+                let ev = EventRef::from_bytes(&buf[o + RECORD_HEAD..o + RECORD_HEAD + len]).expect("validated above");
+                t.index.as_mut().expect("an active segment has an index").absorb(t.next + k as u64, &ev);
                 seg.offsets.set((t.next - seg.base) as usize + k, (start + *off as u64) as u32);
             }
             t.next += w.offsets.len() as u64;
             t.active_end = start + w.committed_end as u64;
-            // Keep reading while the walk ran to the end of a full window (more may follow),
-            // growing the window if one record did not fit.
-            let ran_out = n == window && w.stop_offset + crate::log::record::RECORD_HEAD >= n.saturating_sub(1);
-            let record_too_big = matches!(w.stop, crate::log::record::Stop::PastEnd) && n == window;
-            if w.committed_end == 0 && (ran_out || record_too_big) {
-                // Not one whole batch in the window (a group commit holds up to
-                // `writer.max_batch_bytes`, 8 MiB by default): read twice as much, and at least
-                // the record that did not fit (it used to stay the same, and the walk was
-                // retried for ever with the tail held, at a batch over 4 MiB).
-                let len = if record_too_big { u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap_or([0; 4])) & LENGTH_MASK } else { 0 };
-                window = (window * 2).max(w.stop_offset + crate::log::record::RECORD_HEAD + len as usize + 64);
+            t.stopped_at = start + w.stop_offset as u64;
+            if let Some((o, pos, e)) = invalid {
+                t.stopped_at = start + o as u64;
+                return Err(LogError::Corrupt {
+                    path: seg.path.clone(),
+                    offset: t.stopped_at,
+                    detail: format!("committed record at position {pos} is not a valid event: {e}; this follower serves positions up to {} and cannot read past it", t.next - 1),
+                });
+            }
+            // Keep reading while the walk stopped at the end of a full window (more may follow):
+            // within its last record head, or at a record that did not fit in it. A record
+            // declared to end past the file is no record that did not fit but a damaged length
+            // field (the window grew to as much as 1 GiB for it at every poll).
+            let edge = n == window
+                && (w.stop_offset + RECORD_HEAD >= n.saturating_sub(1)
+                    || (w.stop == Stop::PastEnd && {
+                        let len = u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap()) & LENGTH_MASK;
+                        let file_len = seg.file.metadata().map_err(|source| LogError::Io { path: seg.path.clone(), source })?.len();
+                        t.stopped_at + (RECORD_HEAD as u64) + len as u64 <= file_len
+                    }));
+            if edge {
+                if w.committed_end == 0 {
+                    // Not one whole batch in the window (a group commit holds up to
+                    // `writer.max_batch_bytes`, 8 MiB by default, and a record up to
+                    // `segment.max_record_len`): read twice as much, and at least that record.
+                    let len = if w.stop == Stop::PastEnd { u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap()) & LENGTH_MASK } else { 0 };
+                    window = (window * 2).max(w.stop_offset + RECORD_HEAD + len as usize + 64);
+                }
                 continue;
             }
-            if !(ran_out || record_too_big) {
-                if let Some(served) = t.regrown {
-                    if t.next >= served {
-                        // The new tables hold everything the old ones did: swap them in.
-                        let index = t.index.as_ref().expect("an active segment has an index").shared().clone();
-                        self.shared.replace_last(seg.clone(), SegIndex::Active(index));
-                        t.regrown = None;
-                        tracing::info!(segment = %seg.path.display(), records = seg.max_records(), "the active segment grew past this follower's tables; reopened it with larger ones");
-                    }
+            if let Some(served) = t.regrown {
+                if t.next >= served {
+                    // The new tables hold everything the old ones did: swap them in.
+                    let index = t.index.as_ref().expect("an active segment has an index").shared().clone();
+                    self.shared.replace_last(seg.clone(), SegIndex::Active(index));
+                    t.regrown = None;
+                    tracing::info!(segment = %seg.path.display(), records = seg.max_records(), "the active segment grew past this follower's tables; reopened it with larger ones");
                 }
-                return Ok(());
             }
+            // A stop inside the window: the end of what the writer has written so far, or
+            // damage (review: a damaged record in the middle of the active segment was
+            // taken for the end of the log, and the follower served the prefix before it
+            // as all there was).
+            if let TailVerdict::Corrupt { stop, .. } = classify_tail(&buf, &w, t.next) {
+                if suspect != Some(t.stopped_at) {
+                    suspect = Some(t.stopped_at);
+                    continue;
+                }
+                return Err(LogError::Corrupt {
+                    path: seg.path.clone(),
+                    offset: t.stopped_at,
+                    detail: format!(
+                        "a damaged record ({stop:?}) is followed by committed batches; this follower serves positions up to {} and cannot read past it",
+                        t.next - 1
+                    ),
+                });
+            }
+            return Ok(());
         }
     }
 

@@ -270,6 +270,135 @@ fn big(i: u64) -> Event {
     Event::new(&EventType::new("Ev").unwrap(), &Tags::new([format!("n:{i}")]).unwrap(), &payload).unwrap()
 }
 
+/// Flips every bit of byte `at` of the segment `path`; returns where a walk of the file now
+/// stops (the damaged record's offset) and how many records it commits before that.
+fn damage(path: &Path, at: u64) -> (u64, u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[!b[0]], at).unwrap();
+    let bytes = std::fs::read(path).unwrap();
+    let w = tephra::log::record::walk(&bytes, tephra::log::header::HEADER_LEN);
+    (w.stop_offset as u64, w.offsets.len() as u64)
+}
+
+/// The metrics port a server logged (`metrics_addr=`).
+fn metrics_addr(srv: &Server) -> std::net::SocketAddr {
+    let log = srv.log();
+    let line = log.lines().find(|l| l.contains("metrics_addr=")).unwrap_or_else(|| panic!("no metrics_addr line:\n{log}"));
+    let rest = &line[line.find("metrics_addr=").unwrap() + "metrics_addr=".len()..];
+    rest.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// The value of the unlabelled sample `name` in a scrape of `addr`.
+fn scrape(addr: std::net::SocketAddr, name: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).unwrap_or_else(|| panic!("no sample {name}:\n{body}")).parse().unwrap()
+}
+
+/// A follower that reaches a damaged record in a sealed segment of a live writer says so in
+/// its log, naming the file and byte offset, once (not once per poll), counts it in
+/// `tephra_follower_refresh_failures` for as long as it stays there, and serves exactly the
+/// events before the damage (review: it stopped at position 130 of 350 for good, logging
+/// nothing, the gauge at 0, while the writer went on).
+#[test]
+fn a_follower_stopped_by_a_damaged_sealed_segment_says_so_counts_it_and_serves_the_prefix() {
+    let writer = Server::start(&ours(), &[("TEPHRA__SEGMENT__SIZE", "65536")]);
+    let data = writer.data_dir();
+    let mut w = Client::connect(writer.addr).unwrap();
+    for i in 0..300 {
+        w.append(vec![big(i)], None).unwrap();
+    }
+    let segments = tephra::log::segment::list_segments(&data).unwrap();
+    assert!(segments.len() >= 3, "{} segments: the second must be sealed", segments.len());
+    let (base, path) = segments[1].clone();
+    let (stop, committed) = damage(&path, 5000);
+    let prefix = base + committed - 1;
+
+    let follower = Server::start_args(&ours(), &data, &["--follow", "--follow-poll-ms", "20"], &[("TEPHRA__SEGMENT__SIZE", "65536"), ("TEPHRA__METRICS__BIND", "127.0.0.1:0")]);
+    for i in 300..325 {
+        w.append(vec![big(i)], None).unwrap();
+    }
+    assert_eq!(w.stats().unwrap().event_count, 325);
+    let said = format!("segment {} is corrupt at byte offset {stop}", path.display());
+    assert!(follower.log_shows(&said, Duration::from_secs(10)), "the damage was not said:\n{}", follower.log());
+    let maddr = metrics_addr(&follower);
+    let first = scrape(maddr, "tephra_follower_refresh_failures");
+    assert!(first >= 1, "the gauge says {first} while the follower is stopped at the damage");
+    // About 50 more polls, each of them stopped at the damage.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(scrape(maddr, "tephra_follower_refresh_failures") > first, "the failed refreshes were not counted");
+
+    let mut f = Client::connect(follower.addr).unwrap();
+    let (events, watermark) = f.read_all(Query::all(), Position::ZERO).unwrap();
+    assert_eq!(watermark.get(), prefix);
+    assert_eq!(events.len() as u64, prefix);
+    for (k, e) in events.iter().enumerate() {
+        assert_eq!((e.position().get(), e.event().as_bytes()), (k as u64 + 1, big(k as u64).as_bytes()), "follower event {} differs", k + 1);
+    }
+    assert_eq!(f.stats().unwrap().event_count, prefix);
+    assert_eq!(follower.log().matches(&said).count(), 1, "said more than once:\n{}", follower.log());
+}
+
+/// A store the writer refuses to open, for a damaged record in the middle of its active
+/// segment or of a sealed one, opens as a follower all the same (it cannot repair anything),
+/// with exactly the events before the damage; the damage counts as a failed refresh, and every
+/// refresh reports the file and byte offset the writer names (review: the follower opened
+/// without a word and served 1..246 or 1..130 of 300 events as all there was).
+#[test]
+fn a_follower_opens_a_store_the_writer_refuses_with_the_prefix_before_the_damage() {
+    for sealed in [true, false] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let data = dir.path().join("data");
+        let size = if sealed { 65536 } else { 1 << 20 };
+        {
+            let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(size))).unwrap();
+            let h = store.handle();
+            for i in 0..300 {
+                h.append(vec![big(i)], None).unwrap();
+            }
+            store.shutdown();
+        }
+        let segments = tephra::log::segment::list_segments(&data).unwrap();
+        let (base, path) = if sealed { segments[1].clone() } else { segments.last().unwrap().clone() };
+        assert!(!sealed || segments.len() >= 3, "{} segments", segments.len());
+        // A payload byte: in the sealed case the reviewer's byte 5000, in the active one
+        // half-way through its 300 events.
+        let at = if sealed {
+            5000
+        } else {
+            let w = tephra::log::record::walk(&std::fs::read(&path).unwrap(), tephra::log::header::HEADER_LEN);
+            assert_eq!(w.offsets.len(), 300);
+            w.offsets[150] as u64 + 20
+        };
+        let (stop, committed) = damage(&path, at);
+        let prefix = base + committed - 1;
+        let refused = Store::open(&data, StoreConfig::new(SegmentConfig::new(size))).err().expect("the writer opened a damaged store").to_string();
+        let said = format!("segment {} is corrupt at byte offset {stop}", path.display());
+        assert!(refused.contains(&said), "sealed {sealed}: the writer says {refused}");
+
+        let f = Follower::open(&data, FollowerConfig::new(SegmentConfig::new(size))).unwrap();
+        let h = f.handle();
+        assert_eq!(h.head(), Position(prefix), "sealed {sealed}");
+        assert_eq!(h.refresh_failures(), 1, "sealed {sealed}");
+        match f.refresh() {
+            Err(e @ tephra::log::LogError::Corrupt { .. }) => assert!(e.to_string().contains(&said), "sealed {sealed}: {e}"),
+            other => panic!("sealed {sealed}: the refresh gave {other:?}"),
+        }
+        assert_eq!(h.head(), Position(prefix));
+        let all = h.read(Query::all(), Position::ZERO, None).collect_owned().unwrap();
+        assert_eq!(all.len() as u64, prefix, "sealed {sealed}");
+        assert!(all.iter().enumerate().all(|(k, (p, e))| p.get() == k as u64 + 1 && e.as_bytes() == big(k as u64).as_bytes()), "sealed {sealed}");
+        f.close();
+    }
+}
+
 /// A batch larger than the follower's 4 MiB read window (a group commit holds up to
 /// `writer.max_batch_bytes`, 8 MiB by default) is read whole: the follower's walk used to
 /// retry the same window for ever, holding its tail, at such a batch.

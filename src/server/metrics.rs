@@ -121,7 +121,7 @@ pub fn render(ctx: &Context) -> String {
     // Health an operator alerts on: the protocol's stats cannot say either (its fields are
     // the reference's), so `--healthcheck` passes in both states.
     metric(&mut out, "tephra_writer_stopped", "gauge", "1 once the writer stopped accepting appends after a failed write or sync (fail-stop, until a restart), else 0.", u64::from(ctx.store.failure().is_some()));
-    metric(&mut out, "tephra_follower_refresh_failures", "gauge", "A follower's failed refreshes in a row (it serves what it had meanwhile); 0 while it follows and on a writer.", ctx.store.refresh_failures());
+    metric(&mut out, "tephra_follower_refresh_failures", "gauge", "A follower's failed refreshes in a row, every poll of one stopped at a damaged record included (it serves what it had meanwhile); 0 while it follows and on a writer.", ctx.store.refresh_failures());
     let m = ctx.store.metrics().snapshot();
     metric(&mut out, "tephra_commits_total", "counter", "Group commits made durable.", m.commits);
     metric(&mut out, "tephra_conflicts_total", "counter", "Appends refused by a boundary condition (CONFLICT).", m.conflicts);
