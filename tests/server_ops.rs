@@ -1457,6 +1457,38 @@ fn a_rollover_that_cannot_create_its_segment_is_retried_by_the_next_append() {
     assert!(!srv.log().contains("writer stopped"), "{}", srv.log());
 }
 
+/// A rollover that keeps failing says so once, not once per refused append (review: a full
+/// 3 MiB tmpfs gave 302 lines in about a second, on a disk the log may share), and says once,
+/// with the count, when a rollover succeeds again.
+#[test]
+fn a_rollover_that_keeps_failing_is_said_once_not_once_per_refused_append() {
+    let srv = Server::start(&bin(), &[("TEPHRA__SEGMENT__SIZE", "1048576")]);
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append([ev("A", &["t"], b"first")], None).unwrap();
+    let data = srv.data_dir();
+    let frozen = Frozen::new(&data, 0o555, 0o755);
+    // 150 KB events: the seventh or so needs a second segment, which cannot be created.
+    let big = vec![7u8; 150_000];
+    let mut refused = 0;
+    for _ in 0..200 {
+        if let Err(e) = c.append([ev("Big", &["t"], &big)], None) {
+            assert!(e.to_string().contains("cannot create a new segment"), "{e}");
+            refused += 1;
+        }
+    }
+    assert!(refused >= 150, "only {refused} of 200 appends were refused");
+    assert_eq!(srv.log().matches("rollover failed").count(), 1, "{}", srv.log());
+    drop(frozen);
+    c.append([ev("Big", &["t"], &big)], None).unwrap_or_else(|e| panic!("the append after the cause was gone: {e}\n{}", srv.log()));
+    assert!(srv.log_shows("rollovers succeed again", Duration::from_secs(5)), "{}", srv.log());
+    let log = srv.log();
+    let again: Vec<&str> = log.lines().filter(|l| l.contains("rollovers succeed again")).collect();
+    assert_eq!(again.len(), 1, "{log}");
+    assert!(again[0].contains(&format!("failed={refused}")), "{log}");
+    // Nothing else is said once per refused append either.
+    assert!(log.lines().count() < 20, "{log}");
+}
+
 /// Makes `path` unwritable until dropped: immutable (`chattr +i`) as root, whom permission bits
 /// do not stop, else mode `read_only`; dropping clears the flag or sets mode `writable` (a
 /// temporary directory holding an immutable file could not be removed otherwise).

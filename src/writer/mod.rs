@@ -242,6 +242,8 @@ pub struct Writer {
     prepared_for: u64,
     failed: Option<String>,
     metrics: Arc<WriterMetrics>,
+    /// What the log has said of failed rollovers.
+    rollovers: RolloverFailures,
 }
 
 /// Counters and histograms the writer keeps for monitoring.
@@ -345,6 +347,48 @@ impl IndexWrites {
             let unsaid = std::mem::take(&mut s.unsaid);
             tracing::info!(failed_unsaid = unsaid, "sealed index files are written again");
         }
+    }
+}
+
+/// How often failed rollovers are said again while they go on.
+const ROLLOVER_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Says failed rollovers without a line per refused append (review: a full 3 MiB tmpfs gave
+/// 302 lines in about a second, on a disk the log may share): the first failure, then at most
+/// one line a minute counting the failures since, and one line once a rollover succeeds again.
+/// Owned by the writer's thread, the only one that rolls over.
+#[derive(Default)]
+struct RolloverFailures {
+    /// Failures since the last line said.
+    unsaid: u64,
+    /// Failures since the last rollover that succeeded.
+    since_success: u64,
+    /// When a failure was last said; `None` while rollovers succeed.
+    said_at: Option<std::time::Instant>,
+}
+
+impl RolloverFailures {
+    /// A rollover to the segment starting at position `base` failed for `reason`.
+    fn failed(&mut self, base: u64, reason: &str) {
+        self.since_success += 1;
+        let now = std::time::Instant::now();
+        match self.said_at {
+            Some(t) if now.duration_since(t) < ROLLOVER_WARN_EVERY => self.unsaid += 1,
+            _ => {
+                let before = std::mem::take(&mut self.unsaid);
+                tracing::warn!(%reason, base, more_since_last_said = before, "rollover failed; the appends that needed it are refused and the next append tries again (said again at most once a minute while rollovers fail)");
+                self.said_at = Some(now);
+            }
+        }
+    }
+
+    /// A rollover created the segment starting at position `base`.
+    fn succeeded(&mut self, base: u64) {
+        if self.said_at.take().is_some() {
+            tracing::info!(base, failed = self.since_success, "rollovers succeed again");
+        }
+        self.since_success = 0;
+        self.unsaid = 0;
     }
 }
 
@@ -467,7 +511,7 @@ impl Writer {
         cfg.queue_capacity = cfg.queue_capacity.max(1);
         cfg.max_batch_records = cfg.max_batch_records.max(1);
         let tips = Tips::new(next - 1, cfg.tips_window);
-        Writer { dir, seg_cfg, cfg, shared, line: None, committer: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, preparing: None, prepared_for: 0, failed: None, metrics }
+        Writer { dir, seg_cfg, cfg, shared, line: None, committer: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, preparing: None, prepared_for: 0, failed: None, metrics, rollovers: RolloverFailures::default() }
     }
 
     /// Opens the active segment for O_DIRECT writes at byte `end`: the file and its partial
@@ -793,10 +837,11 @@ impl Writer {
                     // the cause was gone). Their verdicts may rest on each other's staged
                     // events, so all of them fail.
                     let reason = format!("cannot create a new segment: {e}");
-                    tracing::warn!(%reason, base = self.next, "rollover failed; the appends that needed it are refused and the next append tries again");
+                    self.rollovers.failed(self.next, &reason);
                     deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
                     return;
                 }
+                self.rollovers.succeeded(self.next);
             }
             self.absorb(&drain, &decisions, n_staged);
         }
