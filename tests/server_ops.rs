@@ -423,18 +423,7 @@ fn run_until_served(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String
     use std::io::BufRead;
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let data = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let mut child = std::process::Command::new(bin())
-        .args(["--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(data.path().join("data"))
-        .args(args)
-        .env("NO_COLOR", "1")
-        .env("TEPHRA__SEGMENT__SIZE", "16777216")
-        .envs(env.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = piped_server(&bin(), port, &data.path().join("data"), args, env).spawn().unwrap();
     let printed = Arc::new(Mutex::new(String::new()));
     let readers: Vec<_> = [("", Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>), ("[stderr] ", Box::new(child.stderr.take().unwrap()))]
         .into_iter()
@@ -1119,21 +1108,27 @@ fn restart_on_the_same_port_after(first: &std::path::Path) {
     assert!(ready, "our server did not listen on port {port} after {}:\n{seen}", first.display());
 }
 
-/// Starts `binary --bind 127.0.0.1:port --data-dir data` (16 MiB segments, then `env`) with
-/// its stdout and stderr piped: every line of either arrives on the receiver.
-fn spawn_on_port(binary: &std::path::Path, port: u16, data: &std::path::Path, env: &[(&str, &str)]) -> (std::process::Child, mpsc::Receiver<String>) {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(binary)
-        .args(["--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
+/// The command `binary --bind 127.0.0.1:port --data-dir data args` with 16 MiB segments, then
+/// `env`, no colours, no stdin, and stdout and stderr piped.
+fn piped_server(binary: &std::path::Path, port: u16, data: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(binary);
+    cmd.args(["--bind", &format!("127.0.0.1:{port}"), "--data-dir"])
         .arg(data)
+        .args(args)
         .env("NO_COLOR", "1")
         .env("TEPHRA__SEGMENT__SIZE", "16777216")
         .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// Starts `binary --bind 127.0.0.1:port --data-dir data` (16 MiB segments, then `env`) with
+/// its stdout and stderr piped: every line of either arrives on the receiver.
+fn spawn_on_port(binary: &std::path::Path, port: u16, data: &std::path::Path, env: &[(&str, &str)]) -> (std::process::Child, mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut child = piped_server(binary, port, data, &[], env).spawn().unwrap();
     let (tx, rx) = mpsc::channel();
     for out in [Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>, Box::new(child.stderr.take().unwrap())] {
         let tx = tx.clone();
