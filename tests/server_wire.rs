@@ -357,6 +357,40 @@ fn an_event_that_could_not_be_read_back_is_refused() {
     assert_eq!(got[0].event.data().len(), fits);
 }
 
+/// Under a tiny `server.max_frame_len` (64) an append whose event could not be read back is
+/// still answered TOO_LARGE, its message cut to fit the cap (review: the error frame was over
+/// the cap, so the client got only a closed connection), and the connection stays open.
+#[test]
+fn an_error_over_a_tiny_frame_cap_is_sent_with_its_message_cut_to_fit() {
+    let cap = 64usize;
+    let srv = Server::start_with(&bin(), &[], Some(&format!("[server]\nmax_frame_len = {cap}\n")));
+    let mut raw = RawConn::connect_hello(srv.addr);
+    // Payload sizes whose append frame passes the cap but whose read frame would not.
+    let append_len = |n: usize| {
+        let mut frame = Vec::new();
+        proto::encode_frame(&append_req(1, "t", &vec![b'p'; n]), u32::MAX, &mut frame).unwrap();
+        frame.len() - 4
+    };
+    let unreadable: Vec<usize> = (0..cap)
+        .filter(|&n| append_len(n) <= cap && proto::batch::lone_event_frame_len(proto::batch::event_body_len(&ev("E", &["t"], &vec![b'p'; n]).as_ref())) > cap)
+        .collect();
+    assert!(!unreadable.is_empty());
+    for (id, n) in [(7u64, unreadable[0]), (8, *unreadable.last().unwrap())] {
+        let payload = vec![b'p'; n];
+        let mut frame = Vec::new();
+        proto::encode_frame(&append_req(id, "t", &payload), u32::MAX, &mut frame).unwrap();
+        raw.send_bytes(&frame);
+        let r = raw.recv().unwrap_or_else(|| panic!("no answer to append {id}:\n{}", srv.log()));
+        let e = error_of(&r);
+        assert_eq!((r.request_id, e.code()), (id, ErrorCode::TooLarge));
+        assert!(!e.message.is_empty() && "event too large to read back".starts_with(&e.message[..e.message.len().min(28)]), "{}", e.message);
+        let mut sent = Vec::new();
+        proto::encode_frame(&r, u32::MAX, &mut sent).unwrap();
+        assert!(sent.len() - 4 <= cap, "{} bytes", sent.len() - 4);
+    }
+    assert!(!srv.log().contains("response frame not sent"), "{}", srv.log());
+}
+
 /// A reply over a tiny `server.max_frame_len` cannot be sent: the connection is closed instead
 /// of leaving the client waiting for it (here the HelloAck itself does not fit).
 #[test]

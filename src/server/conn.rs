@@ -114,9 +114,27 @@ impl Lanes {
         !enc.is_empty() && enc.events_len() + body + FRAME_HEAD_ROOM > self.max_frame_len as usize
     }
 
+    /// Encodes a response frame, `None` when it cannot fit `max_frame_len`. An error whose
+    /// message makes it too long goes out with the message cut to fit (on a char boundary), so
+    /// its client still learns the code: under a tiny cap (64 bytes) an append refused as too
+    /// large to read back got only a closed connection (review).
     fn encode(&self, id: u64, kind: response::Kind) -> Option<Vec<u8>> {
         let mut out = Vec::new();
-        match pb::encode_frame(&pb::Response::new(id, kind), self.max_frame_len, &mut out) {
+        let mut resp = pb::Response::new(id, kind);
+        let mut result = pb::encode_frame(&resp, self.max_frame_len, &mut out);
+        if let (Err(pb::FrameError::TooLong { len, max }), Some(response::Kind::Error(e))) = (&result, &mut resp.kind) {
+            let excess = (*len - u64::from(*max)) as usize;
+            if excess <= e.message.len() {
+                let mut keep = e.message.len() - excess;
+                while !e.message.is_char_boundary(keep) {
+                    keep -= 1;
+                }
+                e.message.truncate(keep);
+                out.clear();
+                result = pb::encode_frame(&resp, self.max_frame_len, &mut out);
+            }
+        }
+        match result {
             Ok(()) => Some(out),
             Err(e) => {
                 tracing::warn!(error = %e, "response frame not sent");
