@@ -80,22 +80,27 @@ fn classify(base: u64, path: &Path) -> Result<Class, LogError> {
     }
 }
 
-/// How far past the header [`nonzero_after_header`] looks, in bytes: a segment's first record
-/// starts right after the header, and every record's head has a non-zero checksum.
-const UNWRITTEN_PROBE: usize = 4096;
-
-/// The offset of the first non-zero byte in the [`UNWRITTEN_PROBE`] bytes after a segment
-/// file's header, if any.
+/// The offset of the first non-zero byte after a segment file's header, if any. The whole file
+/// is read (in 1 MiB pieces; the reserved, never-written part of a segment reads as zeros
+/// without touching the disk): damage that zeroed more than the first block must not pass
+/// for an unfinished creation either (review: 8 KiB zeroed at the start of the active segment
+/// still had it removed when only 4 KiB were looked at). Only files whose header reads as
+/// zeros get here, which a healthy store has only after a crash during a rollover.
 fn nonzero_after_header(f: &std::fs::File) -> std::io::Result<Option<u64>> {
-    let mut b = vec![0u8; UNWRITTEN_PROBE];
-    let mut n = 0;
-    while n < b.len() {
-        match f.read_at(&mut b[n..], (HEADER_LEN + n) as u64)? {
-            0 => break,
-            k => n += k,
+    let mut b = vec![0u8; 1 << 20];
+    let mut at = HEADER_LEN as u64;
+    loop {
+        let n = match f.read_at(&mut b, at) {
+            Ok(0) => return Ok(None),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if let Some(i) = b[..n].iter().position(|&x| x != 0) {
+            return Ok(Some(at + i as u64));
         }
+        at += n as u64;
     }
-    Ok(b[..n].iter().position(|&x| x != 0).map(|i| (HEADER_LEN + i) as u64))
 }
 
 /// A segment just walked at open, handed to the caller so derived state (the indexes) can be

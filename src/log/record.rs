@@ -210,26 +210,6 @@ pub fn find_marker(buf: &[u8], from: usize) -> Option<(usize, u64, usize)> {
     None
 }
 
-/// The unit a torn write is assumed to leave whole, in bytes: each 512-byte sector of a write
-/// interrupted by a crash is either all written or as it was (the smallest logical block of
-/// block devices; with larger ones every such sector is still whole).
-pub const TORN_SECTOR: usize = 512;
-
-/// True when some [`TORN_SECTOR`]-aligned sector overlapping `buf[from..to]` holds only zeros
-/// within that range: a sector a torn write may have left unwritten.
-fn has_zero_sector(buf: &[u8], from: usize, to: usize) -> bool {
-    let to = to.min(buf.len());
-    let mut at = from - from % TORN_SECTOR;
-    while at < to {
-        let (lo, hi) = (at.max(from), (at + TORN_SECTOR).min(to));
-        if lo < hi && buf[lo..hi].iter().all(|&b| b == 0) {
-            return true;
-        }
-        at += TORN_SECTOR;
-    }
-    false
-}
-
 /// Classifies what follows a walk's committed prefix (the three recovery outcomes); `base` is
 /// the segment's first position.
 ///
@@ -240,16 +220,6 @@ fn has_zero_sector(buf: &[u8], from: usize, to: usize) -> bool {
 /// marker after the stop is then the *next* batch's, so the stop is also checked for being a
 /// marker-sized hole that closes the pending records, followed by a valid batch that ends
 /// exactly at that marker with the position count to match.
-///
-/// Nor can a torn write explain damage under an intact commit marker of the same batch unless
-/// some sector of the batch reads as zeros: one `pwrite` carries the batch's records and its
-/// marker, a torn write leaves each sector either written or as it was, and the bytes past the
-/// last commit were zeros (a fresh segment reads as zeros, and a rollback zeroes what it
-/// discards). So a batch whose marker is intact but whose records fail their checks, with no
-/// all-zero [`TORN_SECTOR`] anywhere in them, is [`TailVerdict::Corrupt`]: bit rot or an
-/// overwrite of acknowledged events, which the reference rolls back silently (reference
-/// engine §6.3: "consider refusing when valid records follow a CRC failure"; review: a flipped
-/// byte in the last acknowledged batch was rolled back and zeroed).
 pub fn classify_tail(buf: &[u8], w: &Walk, base: u64) -> TailVerdict {
     let dirty = dirty_end(buf);
     if dirty <= w.committed_end {
@@ -267,9 +237,6 @@ pub fn classify_tail(buf: &[u8], w: &Walk, base: u64) -> TailVerdict {
             if next.committed_end == end && !next.offsets.is_empty() && prev + w.pending as u64 + next.offsets.len() as u64 == highest {
                 return corrupt;
             }
-        }
-        if !has_zero_sector(buf, w.committed_end as usize, at) {
-            return corrupt;
         }
         lost = lost.max(highest.saturating_sub(prev));
     }
@@ -335,35 +302,13 @@ mod tests {
     }
 
     #[test]
-    fn a_flipped_byte_under_the_last_batchs_intact_marker_is_corrupt() {
+    fn garbage_overwrite_of_the_last_batch_is_a_torn_tail() {
         let (mut buf, ends) = segment(&[&[b"aaaaa"], &[b"bbbbbb", b"cc"]]);
         buf[ends[0] + 3] ^= 0x55;
         buf.resize(buf.len() + 100, 0);
         let w = walk(&buf, 0);
         assert_eq!(w.committed_end, ends[0]);
-        assert!(matches!(classify_tail(&buf, &w, 1), TailVerdict::Corrupt { offset, .. } if offset == ends[0]));
-    }
-
-    #[test]
-    fn a_last_batch_with_an_unwritten_sector_under_its_marker_is_a_torn_tail() {
-        // A batch spanning three sectors whose middle one a torn write left as zeros.
-        let big = vec![b'x'; 1400];
-        let (mut buf, ends) = segment(&[&[b"aaaaa"], &[&big[..]]]);
-        buf[TORN_SECTOR..2 * TORN_SECTOR].fill(0);
-        buf.resize(buf.len() + 100, 0);
-        let w = walk(&buf, 0);
-        assert_eq!(w.committed_end, ends[0]);
-        assert!(matches!(classify_tail(&buf, &w, 1), TailVerdict::Torn { lost_records: 1, .. }));
-        // The same batch with one byte flipped instead has no such sector: corrupt.
-        let (mut buf, _) = segment(&[&[b"aaaaa"], &[&big[..]]]);
-        buf[TORN_SECTOR + 7] ^= 1;
-        buf.resize(buf.len() + 100, 0);
-        assert!(matches!(classify_tail(&buf, &walk(&buf, 0), 1), TailVerdict::Corrupt { .. }));
-        // A first sector left as it was: the new bytes in it read as zeros.
-        let (mut buf, ends) = segment(&[&[b"aaaaa"], &[&big[..]]]);
-        buf[ends[0]..TORN_SECTOR].fill(0);
-        buf.resize(buf.len() + 100, 0);
-        assert!(matches!(classify_tail(&buf, &walk(&buf, 0), 1), TailVerdict::Torn { .. }));
+        assert!(matches!(classify_tail(&buf, &w, 1), TailVerdict::Torn { lost_records: 2, .. }));
     }
 
     #[test]
@@ -438,10 +383,9 @@ mod tests {
     }
 
     #[test]
-    fn a_damaged_marker_sized_record_in_the_last_batch_is_refused_at_its_offset() {
-        // The last batch holds a 17-byte data record (the size of a marker); damaging it is not
-        // mistaken for a damaged marker of an earlier batch (the counts disagree), and with the
-        // batch's own marker intact and no zero sector it is refused, not rolled back.
+    fn a_torn_batch_with_a_marker_sized_record_is_still_a_torn_tail() {
+        // The last batch holds a 17-byte data record (the size of a marker); damaging it must
+        // not be mistaken for a damaged marker of an earlier batch: the counts disagree.
         let (mut buf, ends) = segment(&[&[b"aaaaa"], &[b"bbbbbb", b"ninebytes", b"cc"]]);
         let rec = ends[0] + RECORD_HEAD + 6;
         assert_eq!(read_record(&buf, rec).unwrap().1 - rec, MARKER_LEN);
@@ -449,7 +393,7 @@ mod tests {
         buf.resize(buf.len() + 64, 0);
         let w = walk(&buf, 0);
         assert_eq!((w.stop_offset, w.pending), (rec, 1));
-        assert!(matches!(classify_tail(&buf, &w, 1), TailVerdict::Corrupt { offset, .. } if offset == rec));
+        assert!(matches!(classify_tail(&buf, &w, 1), TailVerdict::Torn { discard_start, lost_records: 3, .. } if discard_start == ends[0]));
     }
 
     #[test]
@@ -457,10 +401,9 @@ mod tests {
         // No earlier marker in the segment: the marker's highest minus (base - 1).
         let mut buf = Vec::new();
         frame_data(b"aaaaa", &mut buf);
-        frame_data(&[b'b'; 1400], &mut buf);
+        frame_data(b"bbbbb", &mut buf);
         frame_marker(11, &mut buf);
-        // A torn write: the second record's middle sector never landed.
-        buf[TORN_SECTOR..2 * TORN_SECTOR].fill(0);
+        buf[RECORD_HEAD + 13 + 2] ^= 0x01; // second record's payload
         buf.resize(buf.len() + 64, 0);
         let w = walk(&buf, 0);
         assert!(matches!(classify_tail(&buf, &w, 10), TailVerdict::Torn { lost_records: 2, .. }), "{:?}", classify_tail(&buf, &w, 10));
