@@ -27,6 +27,7 @@ use crate::log::header::{HeaderError, SegmentHeader, HEADER_LEN};
 use crate::log::record::{classify_tail, walk, Stop, TailVerdict, LENGTH_MASK};
 use crate::log::segment::{list_segments, Segment, SegmentConfig};
 use crate::log::LogError;
+use crate::repeated::RepeatedFailure;
 use crate::event::EventRef;
 use crate::index::active::ActiveWriter;
 use crate::index::sealed::SealedIndex;
@@ -38,7 +39,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Follower settings.
 #[derive(Clone, Debug)]
@@ -86,25 +87,12 @@ pub struct Follower {
     tail: Mutex<Tail>,
     stop: Arc<AtomicBool>,
     poller: Mutex<Option<std::thread::JoinHandle<()>>>,
-    failures: Mutex<Failures>,
+    /// Failed refreshes in a row (`tephra_follower_refresh_failures`) and what the log said of
+    /// them (review: a follower stopped at a damaged record polls every 100 ms; a line per poll
+    /// would flood the log, none left it silent).
+    failures: Mutex<RepeatedFailure>,
 }
 
-/// How often a refresh that keeps failing is said again in the log.
-const FAILURE_SAID_EVERY: Duration = Duration::from_secs(60);
-
-/// Failed refreshes in a row, and what the log has said of them: the first failure at once,
-/// then at most one line a minute counting the failures since, and one line once a refresh
-/// succeeds again (review: a follower stopped at a damaged record polls every 100 ms; a line
-/// per poll would flood the log, none left it silent).
-#[derive(Default)]
-struct Failures {
-    /// Failed refreshes in a row (`tephra_follower_refresh_failures`).
-    in_a_row: u64,
-    /// Failures since the last line said.
-    unsaid: u64,
-    /// When a failure was last said; `None` while refreshes succeed.
-    said_at: Option<Instant>,
-}
 
 /// Why a follower could not open or refresh.
 pub type FollowerError = LogError;
@@ -141,7 +129,7 @@ impl Follower {
             tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, stopped_at: HEADER_LEN as u64, next: 1, index: None, regrown: None, awaiting_first: false }),
             stop: Arc::new(AtomicBool::new(false)),
             poller: Mutex::new(None),
-            failures: Mutex::new(Failures::default()),
+            failures: Mutex::new(RepeatedFailure::default()),
             dir,
             cfg,
         });
@@ -207,32 +195,25 @@ impl Follower {
     }
 
     /// Counts a refresh's outcome in `tephra_follower_refresh_failures` and says failures in
-    /// the log as [`Failures`] describes: damage as an error, anything else as a warning.
+    /// the log as [`RepeatedFailure`] decides: damage as an error, anything else as a warning.
     fn note(&self, outcome: Result<(), &FollowerError>) {
         let mut s = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         let error = match outcome {
             Ok(()) => {
-                if s.in_a_row > 0 {
+                if s.in_a_row() > 0 {
                     self.shared.set_refresh_failures(0);
-                    if s.said_at.take().is_some() {
-                        tracing::info!(failures = s.in_a_row, head = self.shared.watermark(), "follower refreshes succeed again");
-                    }
-                    *s = Failures::default();
+                }
+                if let Some(r) = s.succeeded() {
+                    tracing::info!(failures = r.failures, head = self.shared.watermark(), "follower refreshes succeed again");
                 }
                 return;
             }
             Err(e) => e,
         };
-        s.in_a_row += 1;
-        self.shared.set_refresh_failures(s.in_a_row);
-        let now = Instant::now();
-        if matches!(s.said_at, Some(t) if now.duration_since(t) < FAILURE_SAID_EVERY) {
-            s.unsaid += 1;
-            return;
-        }
-        let unsaid = std::mem::take(&mut s.unsaid);
-        s.said_at = Some(now);
-        let (failures, head) = (s.in_a_row, self.shared.watermark());
+        let said = s.failed();
+        self.shared.set_refresh_failures(s.in_a_row());
+        let Some(unsaid) = said else { return };
+        let (failures, head) = (s.in_a_row(), self.shared.watermark());
         if matches!(error, LogError::Corrupt { .. }) {
             tracing::error!(%error, head, failures, more_since_last_said = unsaid, "the followed store is damaged: this follower serves the events before the damage and nothing past it (it cannot repair the store; the writer refuses to open it at its next start); said again at most once a minute");
         } else {

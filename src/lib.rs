@@ -15,6 +15,7 @@ pub mod log;
 pub mod model;
 pub mod proto;
 pub mod read;
+mod repeated;
 pub mod server;
 pub mod store;
 #[cfg(test)]

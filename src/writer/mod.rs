@@ -15,6 +15,7 @@ mod commit;
 pub mod condition;
 
 use crate::event::{Event, EventRef};
+use crate::repeated::RepeatedFailure;
 use crate::log::record::{frame_data, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
 use commit::{Batch, GroupCommit, Reply};
 use crate::log::aligned::{AlignedBuf, BLOCK};
@@ -309,86 +310,45 @@ struct Sealing {
     writes: Arc<IndexWrites>,
 }
 
-/// How often failed index-file writes are said again while they go on.
-const INDEX_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// Says failed sealed-index writes without a line per segment (review: an unwritable
-/// `tagindex` directory gave 779 warnings in 5 s on 64 KiB segments): the first failure, then
-/// at most one line a minute counting the failures since, and one line once a write succeeds
-/// again.
+/// `tagindex` directory gave 779 warnings in 5 s on 64 KiB segments), as
+/// [`RepeatedFailure`] decides; shared by the sealing threads.
 #[derive(Default)]
-struct IndexWrites(std::sync::Mutex<IndexWriteState>);
-
-#[derive(Default)]
-struct IndexWriteState {
-    /// Failures since the last line said.
-    unsaid: u64,
-    /// When a failure was last said; `None` while writes succeed.
-    said_at: Option<std::time::Instant>,
-}
+struct IndexWrites(std::sync::Mutex<RepeatedFailure>);
 
 impl IndexWrites {
     fn failed(&self, base: u64, error: &std::io::Error) {
-        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let now = std::time::Instant::now();
-        match s.said_at {
-            Some(t) if now.duration_since(t) < INDEX_WARN_EVERY => s.unsaid += 1,
-            _ => {
-                let before = std::mem::take(&mut s.unsaid);
-                tracing::warn!(base, %error, more_since_last_said = before, "cannot write the sealed index file; it will be rebuilt at the next open (said again at most once a minute while writes fail)");
-                s.said_at = Some(now);
-            }
+        if let Some(before) = self.0.lock().unwrap_or_else(|e| e.into_inner()).failed() {
+            tracing::warn!(base, %error, more_since_last_said = before, "cannot write the sealed index file; it will be rebuilt at the next open (said again at most once a minute while writes fail)");
         }
     }
 
     fn written(&self) {
-        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if s.said_at.take().is_some() {
-            let unsaid = std::mem::take(&mut s.unsaid);
-            tracing::info!(failed_unsaid = unsaid, "sealed index files are written again");
+        if let Some(r) = self.0.lock().unwrap_or_else(|e| e.into_inner()).succeeded() {
+            tracing::info!(failed_unsaid = r.unsaid, "sealed index files are written again");
         }
     }
 }
 
-/// How often failed rollovers are said again while they go on.
-const ROLLOVER_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// Says failed rollovers without a line per refused append (review: a full 3 MiB tmpfs gave
-/// 302 lines in about a second, on a disk the log may share): the first failure, then at most
-/// one line a minute counting the failures since, and one line once a rollover succeeds again.
+/// 302 lines in about a second, on a disk the log may share), as [`RepeatedFailure`] decides.
 /// Owned by the writer's thread, the only one that rolls over.
 #[derive(Default)]
-struct RolloverFailures {
-    /// Failures since the last line said.
-    unsaid: u64,
-    /// Failures since the last rollover that succeeded.
-    since_success: u64,
-    /// When a failure was last said; `None` while rollovers succeed.
-    said_at: Option<std::time::Instant>,
-}
+struct RolloverFailures(RepeatedFailure);
 
 impl RolloverFailures {
     /// A rollover to the segment starting at position `base` failed for `reason`.
     fn failed(&mut self, base: u64, reason: &str) {
-        self.since_success += 1;
-        let now = std::time::Instant::now();
-        match self.said_at {
-            Some(t) if now.duration_since(t) < ROLLOVER_WARN_EVERY => self.unsaid += 1,
-            _ => {
-                let before = std::mem::take(&mut self.unsaid);
-                tracing::warn!(%reason, base, more_since_last_said = before, "rollover failed; the appends that needed it are refused and the next append tries again (said again at most once a minute while rollovers fail)");
-                self.said_at = Some(now);
-            }
+        if let Some(before) = self.0.failed() {
+            tracing::warn!(%reason, base, more_since_last_said = before, "rollover failed; the appends that needed it are refused and the next append tries again (said again at most once a minute while rollovers fail)");
         }
     }
 
     /// A rollover created the segment starting at position `base`.
     fn succeeded(&mut self, base: u64) {
-        if self.said_at.take().is_some() {
-            tracing::info!(base, failed = self.since_success, "rollovers succeed again");
+        if let Some(r) = self.0.succeeded() {
+            tracing::info!(base, failed = r.failures, "rollovers succeed again");
         }
-        self.since_success = 0;
-        self.unsaid = 0;
     }
 }
 
