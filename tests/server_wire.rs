@@ -320,6 +320,53 @@ fn a_client_writing_an_oversized_frame_reads_the_error_not_a_reset() {
     c.append([ev("E", &["t"], b"x")], None).unwrap();
 }
 
+/// Before its Hello succeeds a connection may send only a first frame of Hello size (64 KiB,
+/// more when a configured token needs it): a larger length prefix is refused as soon as it
+/// arrives, before any of its body, with TOO_LARGE (id 0) and a close, so unauthenticated
+/// connections cannot make the server buffer `max_frame_len` each. Behind a Hello, in the same
+/// write, a 1 MiB append is served.
+#[test]
+fn a_first_frame_larger_than_a_hello_is_refused_before_its_body() {
+    let srv = start(&[]);
+    let mut raw = RawConn::connect(srv.addr);
+    raw.send_bytes(&(1u32 << 20).to_be_bytes());
+    let r = raw.recv().expect("the refusal, sent before any body byte");
+    assert_eq!(r.request_id, 0);
+    let e = error_of(&r);
+    assert_eq!((e.code(), e.message.as_str()), (ErrorCode::TooLarge, convert::text::first_frame_too_long(1 << 20, 64 << 10).as_str()));
+    assert_eq!(convert::text::frame_cap_of(&e.message), None, "not to be read as server.max_frame_len");
+    raw.expect_closed();
+
+    // A first frame of exactly the cap is read whole (and, not being a Hello, refused as such).
+    let mut raw = RawConn::connect(srv.addr);
+    let bytes = (0..64 << 10).rev().map(|n| frame(&append_req(3, "t", &vec![0u8; n]))).find(|f| f.len() - 4 == 64 << 10).unwrap();
+    raw.send_bytes(&bytes);
+    let r = raw.recv().expect("the Hello refusal");
+    assert_eq!((r.request_id, error_of(&r).message.as_str()), (3, convert::text::FIRST_FRAME_NOT_HELLO));
+    raw.expect_closed();
+
+    let mut raw = RawConn::connect(srv.addr);
+    let mut bytes = frame(&Request::hello(1, None));
+    bytes.extend(frame(&append_req(2, "t", &vec![7u8; 1 << 20])));
+    raw.send_bytes(&bytes);
+    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::HelloAck(_))));
+    let r = raw.recv().unwrap();
+    assert!(matches!((r.request_id, &r.kind), (2, Some(response::Kind::Append(_)))), "{r:?}");
+}
+
+/// A configured token longer than the first-frame cap raises it: its Hello is accepted.
+#[test]
+fn a_hello_with_a_long_configured_token_is_accepted() {
+    let token = "k".repeat(100 << 10);
+    let cfg = format!("[auth]\nallow_insecure = true\n[[auth.tokens]]\ntoken = \"{token}\"\n");
+    let srv = Server::start_with(&bin(), &[], Some(&cfg));
+    let mut raw = RawConn::connect(srv.addr);
+    raw.send(&Request::hello(1, Some(&token)));
+    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::HelloAck(_))));
+    raw.send(&stats_req(2));
+    assert_eq!(raw.recv().unwrap().request_id, 2);
+}
+
 /// An event that fits the inbound frame cap but whose read frame would not (a read adds the
 /// position and framing) is refused with TOO_LARGE, not stored to fail every read that
 /// reaches it; the largest event that can be read back is stored and read back.

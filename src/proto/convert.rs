@@ -340,6 +340,13 @@ pub mod text {
         format!("frame length {len} exceeds the maximum of {max}")
     }
 
+    /// A first frame, before the Hello, whose length prefix is over the cap on a Hello's size
+    /// (`TOO_LARGE`, id 0, then close). Worded apart from [`frame_too_long`], so that
+    /// [`frame_cap_of`] does not take `max` for the server's `server.max_frame_len`.
+    pub fn first_frame_too_long(len: u64, max: u32) -> String {
+        format!("first frame of {len} bytes is larger than a hello may be ({max} bytes)")
+    }
+
     /// The cap named by a [`frame_too_long`] text (the server's `server.max_frame_len`, bytes);
     /// `None` for any other text.
     pub fn frame_cap_of(message: &str) -> Option<u32> {
@@ -420,6 +427,12 @@ pub fn unauthenticated(message: impl fmt::Display) -> pb::ErrorResponse {
 /// `INTERNAL` with the given text (a read or subscription failing mid-stream).
 pub fn internal_error(message: impl fmt::Display) -> pb::ErrorResponse {
     pb::ErrorResponse::new(ErrorCode::Internal, message.to_string())
+}
+
+/// The answer to a first frame over the cap on a Hello's size ([`text::first_frame_too_long`]):
+/// `TOO_LARGE`, sent with id 0 before the connection closes.
+pub fn first_frame_too_long(len: u64, max: u32) -> pb::ErrorResponse {
+    pb::ErrorResponse::new(ErrorCode::TooLarge, text::first_frame_too_long(len, max))
 }
 
 /// The frame-level error a server sends (with request id 0, then closing) for an inbound

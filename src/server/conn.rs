@@ -251,6 +251,21 @@ async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8
 
 /// Bytes of bulk frames queued toward one client, besides the `frame_queue_depth` bound on
 /// their number (review: 256 frames of 512 KiB read batches held 128 MiB per connection).
+/// The least cap on a connection's first frame, before its Hello succeeds, in bytes.
+const FIRST_FRAME_MIN_CAP: u32 = 64 << 10;
+
+/// The largest first frame a connection may send, in bytes: its Hello (reference protocol
+/// §1.4) holds a version and a token, so room for the longest configured token (at least
+/// [`FIRST_FRAME_MIN_CAP`]), and never more than `server.max_frame_len`. Without it, every
+/// connection not yet authenticated could make the server buffer a whole `max_frame_len`
+/// frame (16 MiB by default; up to `server.limits.max_connections` of them) before finding out
+/// that it is not a Hello.
+fn first_frame_cap(settings: &crate::config::Settings) -> u32 {
+    let longest = settings.auth.token_strs().map(str::len).max().unwrap_or(0);
+    let room = u32::try_from(longest.saturating_mul(2).saturating_add(1024)).unwrap_or(u32::MAX);
+    room.max(FIRST_FRAME_MIN_CAP).min(settings.server.max_frame_len)
+}
+
 const BULK_LANE_BYTES: u64 = 16 << 20;
 
 /// The bytes a connection's bulk lane may still take, handed out strictly in the order they
@@ -451,7 +466,10 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
         ctx: ctx.clone(),
     });
 
-    let mut dec = FrameDecoder::new(ctx.settings.server.max_frame_len);
+    let max_frame_len = ctx.settings.server.max_frame_len;
+    // Until its Hello succeeds a client may send only a first frame of Hello size.
+    let first_cap = first_frame_cap(&ctx.settings);
+    let mut dec = FrameDecoder::new(first_cap);
     let mut established = false;
     let mut partial_since: Option<Instant> = None;
     let mut last_activity = Instant::now();
@@ -464,7 +482,11 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => {
-                    if let Some(err) = convert::frame_error_response(&e) {
+                    let err = match e {
+                        FrameError::TooLong { len, max } if !established && max < max_frame_len => Some(convert::first_frame_too_long(len, max)),
+                        e => convert::frame_error_response(&e),
+                    };
+                    if let Some(err) = err {
                         unless_shutdown(&ctx, conn.lanes.error(0, err)).await;
                     }
                     break 'conn;
@@ -497,7 +519,10 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
             // still end the connection.
             if !established {
                 match unless_shutdown(&ctx, conn.hello(req)).await {
-                    Some(true) => established = true,
+                    Some(true) => {
+                        established = true;
+                        dec.set_max_frame_len(max_frame_len);
+                    }
                     _ => break 'conn,
                 }
             } else if unless_shutdown(&ctx, conn.clone().handle(req)).await.is_none() {
