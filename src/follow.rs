@@ -77,7 +77,17 @@ struct Tail {
     /// The directory held no segment when the follower opened, and the log said it waits for
     /// the writer to create the first one; cleared (and said) once that segment is followed.
     awaiting_first: bool,
+    /// The buffer walks of the active segment read into, kept between polls (a follower polls
+    /// every 100 ms by default, idle writer or not).
+    scratch: Vec<u8>,
 }
+
+/// Bytes of the active segment a poll reads first: an idle writer's follower reads this much
+/// (of zeros past the log's end: segments are preallocated) and no more.
+const FIRST_WINDOW: usize = 64 << 10;
+
+/// The most a poll reads at a time while it finds whole batches to catch up on.
+const STEP_WINDOW: usize = 4 << 20;
 
 /// A read-only follower of a data directory. Dropping it stops polling and ends subscriptions.
 pub struct Follower {
@@ -126,7 +136,7 @@ impl Follower {
         let dir = dir.as_ref().to_path_buf();
         let f = Arc::new(Follower {
             shared: Arc::new(Shared::new(Snapshot::new(Vec::new(), Vec::new()), 0, cfg.scan_bias)),
-            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, stopped_at: HEADER_LEN as u64, next: 1, index: None, regrown: None, awaiting_first: false }),
+            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, stopped_at: HEADER_LEN as u64, next: 1, index: None, regrown: None, awaiting_first: false, scratch: Vec::new() }),
             stop: Arc::new(AtomicBool::new(false)),
             poller: Mutex::new(None),
             failures: Mutex::new(RepeatedFailure::default()),
@@ -312,16 +322,26 @@ impl Follower {
     /// An I/O error; [`LogError::Corrupt`] for a damaged record followed by committed batches
     /// or a committed record that is no valid event (the batches before it are fed first).
     fn scan_active(&self, t: &mut Tail) -> Result<(), FollowerError> {
+        let mut scratch = std::mem::take(&mut t.scratch);
+        let r = self.scan_active_into(t, &mut scratch);
+        t.scratch = scratch;
+        r
+    }
+
+    /// [`Follower::scan_active`], reading into `scratch`.
+    fn scan_active_into(&self, t: &mut Tail, scratch: &mut Vec<u8>) -> Result<(), FollowerError> {
         let Some(seg) = t.segments.last().cloned() else { return Ok(()) };
-        let mut window = 4usize << 20;
+        let mut window = FIRST_WINDOW;
         // Byte offset of a damaged record seen once, to be read again before it is reported.
         let mut suspect: Option<u64> = None;
         loop {
             let start = t.active_end;
-            let mut buf = vec![0u8; window];
-            let n = seg.read_at(&mut buf, start).map_err(|source| LogError::Io { path: seg.path.clone(), source })?;
-            buf.truncate(n);
-            let mut w = walk(&buf, 0);
+            if scratch.len() < window {
+                scratch.resize(window, 0);
+            }
+            let n = seg.read_at(&mut scratch[..window], start).map_err(|source| LogError::Io { path: seg.path.clone(), source })?;
+            let buf = &scratch[..n];
+            let mut w = walk(buf, 0);
             // The segment's tables were sized when the follower opened it; a writer restarted
             // with a larger `segment.size` grows the active file past them (review: the
             // follower's thread panicked and it served a frozen prefix, healthy as far as any
@@ -329,7 +349,7 @@ impl Follower {
             let room = seg.max_records().saturating_sub((t.next - seg.base) as usize);
             if w.offsets.len() > room {
                 self.regrow(t)?;
-                return self.scan_active(t);
+                return self.scan_active_into(t, scratch);
             }
             // A committed record that is no valid event ends what can be served: only the
             // batches committed before it are fed, from a walk that ends at it.
@@ -381,6 +401,9 @@ impl Follower {
                     // `segment.max_record_len`): read twice as much, and at least that record.
                     let len = if w.stop == Stop::PastEnd { u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap()) & LENGTH_MASK } else { 0 };
                     window = (window * 2).max(w.stop_offset + RECORD_HEAD + len as usize + 64);
+                } else {
+                    // Catching up: read more at a time.
+                    window = (window * 2).min(window.max(STEP_WINDOW));
                 }
                 continue;
             }
@@ -397,7 +420,7 @@ impl Follower {
             // damage (review: a damaged record in the middle of the active segment was
             // taken for the end of the log, and the follower served the prefix before it
             // as all there was).
-            if let TailVerdict::Corrupt { stop, .. } = classify_tail(&buf, &w, t.next) {
+            if let TailVerdict::Corrupt { stop, .. } = classify_tail(buf, &w, t.next) {
                 if suspect != Some(t.stopped_at) {
                     suspect = Some(t.stopped_at);
                     continue;
