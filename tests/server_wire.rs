@@ -182,6 +182,38 @@ fn cancel_stops_a_subscription_without_a_terminator() {
     assert_eq!(r.request_id, 4, "unexpected frame after the cancel: {r:?}");
 }
 
+/// Two subscriptions under one request id (the server does not check ids, protocol §1.5): a
+/// cancel of that id stops both, where the reference's stops only the later one; and the
+/// first one ending on its own does not make the second uncancellable.
+#[test]
+fn a_cancel_stops_every_subscription_under_its_id() {
+    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    for _ in 0..2 {
+        raw.send(&subscribe_all_req(2, 0));
+        assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::CaughtUp(_))));
+    }
+    wait_stats(srv.addr, "both subscriptions", |s| s.active_subscriptions == 2);
+    raw.send(&Request::new(3, request::Kind::Cancel(proto::CancelRequest { target: 2 })));
+    wait_stats(srv.addr, "the cancel of both", |s| s.active_subscriptions == 0);
+
+    // A read under an id ends by itself while a subscription under the same id runs on.
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append(vec![ev("E", &["k:1"], b"x")], None).unwrap();
+    raw.send(&subscribe_all_req(5, 1));
+    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::CaughtUp(_))));
+    raw.send(&read_all_req(5, 0));
+    loop {
+        let r = raw.recv().unwrap();
+        if matches!(r.kind, Some(response::Kind::ReadEnd(_))) {
+            break;
+        }
+    }
+    wait_stats(srv.addr, "the subscription", |s| s.active_subscriptions == 1);
+    raw.send(&Request::new(6, request::Kind::Cancel(proto::CancelRequest { target: 5 })));
+    wait_stats(srv.addr, "its cancel", |s| s.active_subscriptions == 0);
+}
+
 #[test]
 fn id_zero_requests_are_served_and_answered_with_id_zero() {
     let srv = start(&[]);

@@ -394,7 +394,10 @@ struct Conn {
     read_slots: Rc<Semaphore>,
     subscriptions: Rc<Cell<usize>>,
     inflight: Rc<Cell<usize>>,
-    cancels: Rc<RefCell<HashMap<u64, Rc<Cell<bool>>>>>,
+    /// The cancel flags of the reads and subscriptions running, by request id. Ids need not be
+    /// unique (the reference does not check them, protocol §1.5): a cancel stops every stream
+    /// running under its target id, where the reference's stops only the latest.
+    cancels: Rc<RefCell<HashMap<u64, Vec<Rc<Cell<bool>>>>>>,
 }
 
 /// Serves one accepted connection to completion.
@@ -596,7 +599,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
             Wake::Read(Ok(_)) => last_activity = Instant::now(),
         }
     }
-    for flag in conn.cancels.borrow().values() {
+    for flag in conn.cancels.borrow().values().flatten() {
         flag.set(true);
     }
     // Let queued frames go out (they may be an error telling the client why), then close. A
@@ -754,7 +757,7 @@ impl Conn {
             Some(request::Kind::Read(r)) => self.read(id, r).await,
             Some(request::Kind::Subscribe(s)) => self.subscribe(id, s).await,
             Some(request::Kind::Cancel(c)) => {
-                if let Some(flag) = self.cancels.borrow().get(&c.target) {
+                for flag in self.cancels.borrow().get(&c.target).into_iter().flatten() {
                     flag.set(true);
                 }
             }
@@ -890,14 +893,17 @@ impl Conn {
 
     fn register_cancel(&self, id: u64) -> Rc<Cell<bool>> {
         let flag = Rc::new(Cell::new(false));
-        self.cancels.borrow_mut().insert(id, flag.clone());
+        self.cancels.borrow_mut().entry(id).or_default().push(flag.clone());
         flag
     }
 
     fn unregister_cancel(&self, id: u64, flag: &Rc<Cell<bool>>) {
         let mut c = self.cancels.borrow_mut();
-        if c.get(&id).is_some_and(|f| Rc::ptr_eq(f, flag)) {
-            c.remove(&id);
+        if let Some(flags) = c.get_mut(&id) {
+            flags.retain(|f| !Rc::ptr_eq(f, flag));
+            if flags.is_empty() {
+                c.remove(&id);
+            }
         }
     }
 
