@@ -624,3 +624,27 @@ fn sealed_segments_get_tables_for_what_they_hold_whatever_the_configured_size() 
     let q = Query::item(QueryItem::with_tags(Tags::new(["k:17"]).unwrap()));
     assert_eq!(h.read(q, Position::ZERO, None).collect_owned().unwrap().iter().map(|(p, _)| p.get()).collect::<Vec<_>>(), vec![17]);
 }
+
+/// An event whose payload is 40 MiB of zeros, with events after it in the active segment: a
+/// restart keeps every one (the read of the active segment stopped after 32 MiB of zeros,
+/// inside that record, and the batches after it were rolled back as a torn tail; review).
+#[test]
+fn a_long_run_of_zeros_inside_an_event_is_not_the_end_of_the_log() {
+    let d = dir();
+    // Records of up to a quarter of the segment.
+    let size = 192 << 20;
+    let want = vec![ev("Before", &["t"], b"b"), ev("Zeros", &["t"], &vec![0u8; 40 << 20]), ev("After", &["t"], b"1"), ev("After", &["t"], b"2")];
+    {
+        let s = Store::open(d.path(), cfg(size)).unwrap();
+        let h = s.handle();
+        for e in &want[..2] {
+            h.append(vec![e.clone()], None).unwrap();
+        }
+        h.append(want[2..].to_vec(), None).unwrap();
+        s.shutdown();
+    }
+    let s = Store::open(d.path(), cfg(size)).unwrap();
+    assert_eq!(s.open_outcome(), &OpenOutcome::Clean);
+    assert_contents(&s.handle(), &want);
+    assert_eq!(s.handle().append(vec![ev("Next", &["t"], b"n")], None).unwrap().first.get(), 5);
+}

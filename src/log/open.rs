@@ -274,9 +274,10 @@ fn remove_unwritten(dir: &Path, files: &[PathBuf]) -> Result<(), LogError> {
     Ok(())
 }
 
-/// Zero bytes after the last non-zero byte that end a read of the active segment. A batch is
-/// written as one contiguous run, so a longer all-zero stretch cannot sit inside written data
-/// unless the disk lost more than this much of it.
+/// Zero bytes past the data that end a read of the active segment. A batch is written as one
+/// contiguous run, so a longer all-zero stretch cannot sit between written records unless the
+/// disk lost more than this much of them. Inside a record it can (an event's payload may be
+/// zeros): the read follows the record heads and never ends inside a record one declares.
 const ZERO_RUN: usize = 32 << 20;
 
 /// Maps a sealed segment read-only for the walk at open: the page cache is read in place,
@@ -290,13 +291,22 @@ fn map_sealed(path: &Path) -> std::io::Result<memmap2::Mmap> {
     unsafe { memmap2::MmapOptions::new().populate().map(&f) }
 }
 
-/// Reads the active segment into `buf`, only up to [`ZERO_RUN`] zero bytes past its last
-/// non-zero byte, so opening does not page in a mostly empty, preallocated file.
+/// Reads the active segment into `buf`, up to [`ZERO_RUN`] zero bytes past its data, so
+/// opening does not page in a mostly empty, preallocated file. Its data ends at the later of
+/// its last non-zero byte and the end of the last record along the chain of record heads from
+/// the segment header (each head gives its record's length, reference engine §3.4), which ends
+/// at an all-zero head: a record whose payload holds 32 MiB or more of zeros is read whole,
+/// with the batches after it (review: a 40 MiB all-zero event and the events after it were
+/// rolled back as a torn tail at the next start, the reference kept them).
 fn read_active(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    use super::record::{LENGTH_MASK, RECORD_HEAD};
     buf.clear();
     const CHUNK: usize = 1 << 20;
     let f = std::fs::File::open(path)?;
     let mut last_nonzero = 0usize;
+    // Offset of the next record head along the chain, until an all-zero head ends it.
+    let mut next_head = HEADER_LEN;
+    let mut chain_ended = false;
     loop {
         let start = buf.len();
         buf.resize(start + CHUNK, 0);
@@ -313,7 +323,17 @@ fn read_active(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
         if let Some(p) = buf[start..].iter().rposition(|&b| b != 0) {
             last_nonzero = start + p + 1;
         }
-        if n < CHUNK || buf.len() - last_nonzero >= ZERO_RUN {
+        while !chain_ended && next_head + RECORD_HEAD <= buf.len() {
+            let head = &buf[next_head..next_head + RECORD_HEAD];
+            if head.iter().all(|&b| b == 0) {
+                chain_ended = true;
+            } else {
+                let len = u32::from_le_bytes(head[..4].try_into().unwrap()) & LENGTH_MASK;
+                next_head += RECORD_HEAD + len as usize;
+            }
+        }
+        let data_end = if chain_ended { last_nonzero } else { last_nonzero.max(next_head) };
+        if n < CHUNK || buf.len().saturating_sub(data_end) >= ZERO_RUN {
             return Ok(());
         }
     }
