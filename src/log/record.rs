@@ -210,6 +210,10 @@ pub fn find_marker(buf: &[u8], from: usize) -> Option<(usize, u64, usize)> {
     None
 }
 
+/// How many marker-shaped candidates after a stop [`classify_tail`] tries as the start of
+/// committed batches before it settles for a torn tail.
+const MARKER_CANDIDATES: usize = 1024;
+
 /// Classifies what follows a walk's committed prefix (the three recovery outcomes); `base` is
 /// the segment's first position.
 ///
@@ -227,11 +231,27 @@ pub fn classify_tail(buf: &[u8], w: &Walk, base: u64) -> TailVerdict {
     }
     let prev = w.last_marker.unwrap_or(base.saturating_sub(1));
     let mut lost = w.pending as u64;
-    if let Some((at, highest, end)) = find_marker(buf, w.stop_offset) {
-        let corrupt = TailVerdict::Corrupt { offset: w.stop_offset, stop: w.stop };
-        if walk(buf, end).last_marker.is_some() {
-            return corrupt;
+    let corrupt = TailVerdict::Corrupt { offset: w.stop_offset, stop: w.stop };
+    // A marker after the stop that closes the damaged batch (its position is past the pending
+    // records) and is followed by committed batches: whole batches, at least one record each,
+    // whose positions continue the marker's. Marker-shaped bytes in a torn batch's payload
+    // are not that (review: two in a row refused a store a crash had left with a torn last
+    // batch). Bytes crafted to be exactly that, the next positions with valid checksums, can
+    // not be told from real batches, and are refused rather than rolled back.
+    let mut from = w.stop_offset;
+    let mut first = None;
+    for _ in 0..MARKER_CANDIDATES {
+        let Some((at, highest, end)) = find_marker(buf, from) else { break };
+        first.get_or_insert((at, highest, end));
+        if highest > prev + w.pending as u64 {
+            let after = walk(buf, end);
+            if after.last_marker.is_some_and(|h| !after.offsets.is_empty() && h == highest + after.offsets.len() as u64) {
+                return corrupt;
+            }
         }
+        from = at + 1;
+    }
+    if let Some((at, highest, end)) = first {
         if w.pending > 0 && w.stop_offset + MARKER_LEN <= at {
             let next = walk(buf, w.stop_offset + MARKER_LEN);
             if next.committed_end == end && !next.offsets.is_empty() && prev + w.pending as u64 + next.offsets.len() as u64 == highest {
@@ -394,6 +414,42 @@ mod tests {
         let w = walk(&buf, 0);
         assert_eq!((w.stop_offset, w.pending), (rec, 1));
         assert!(matches!(classify_tail(&buf, &w, 1), TailVerdict::Torn { discard_start, lost_records: 3, .. } if discard_start == ends[0]));
+    }
+
+    #[test]
+    fn marker_shaped_bytes_in_a_torn_batch_payload_are_not_committed_batches() {
+        // A crash cut the last batch, one record whose payload begins with marker frames (two in
+        // a row, then one with a record between, the first naming the last committed position
+        // again); the rest of it never reached the disk. Nothing after the stop is a marker
+        // past the pending records followed by whole batches that continue its positions.
+        let fake = |between: &[u8]| {
+            let mut p = Vec::new();
+            frame_marker(3, &mut p);
+            p.extend_from_slice(between);
+            frame_marker(4, &mut p);
+            p.extend_from_slice(&[0x5a; 3000]);
+            p
+        };
+        let mut rec = Vec::new();
+        frame_data(b"xyz", &mut rec);
+        for payload in [fake(b""), fake(&rec)] {
+            let (full, ends) = segment(&[&[b"aaaaa"], &[b"bbbbbb", b"cc"], &[&payload]]);
+            let mut buf = full[..ends[1] + 2048].to_vec();
+            buf.resize(full.len() + 64, 0);
+            let w = walk(&buf, 0);
+            assert_eq!((w.committed_end, w.stop), (ends[1], Stop::BadCrc));
+            assert!(
+                matches!(classify_tail(&buf, &w, 1), TailVerdict::Torn { discard_start, .. } if discard_start == ends[1]),
+                "{:?}",
+                classify_tail(&buf, &w, 1)
+            );
+        }
+        // The same bytes with a real committed batch behind the damage are still refused.
+        let (mut buf, ends) = segment(&[&[b"aaaaa"], &[b"bbbbbb", b"cc"], &[&fake(b"")], &[b"dd"]]);
+        buf[ends[1] + RECORD_HEAD + 200] ^= 0x01;
+        buf.resize(buf.len() + 64, 0);
+        let w = walk(&buf, 0);
+        assert!(matches!(classify_tail(&buf, &w, 1), TailVerdict::Corrupt { .. }), "{:?}", classify_tail(&buf, &w, 1));
     }
 
     #[test]
