@@ -1,8 +1,9 @@
 //! Named crash points and I/O faults for the crash-consistency harness.
 //!
-//! Armed by `TEPHRA_CRASH_POINT=<site>:<action>[:<skip>]` in a build with the `crash-points`
-//! feature; `action` is `abort`, `eio`, `enospc`, `shortwrite` or `pause` (see [`pause_point`]), and `skip` lets that many hits
-//! pass first. Without the feature both functions are empty and inline away.
+//! Armed by `TEPHRA_CRASH_POINT=<site>:<action>[:<skip>[:<count>]]` in a build with the
+//! `crash-points` feature; `action` is `abort`, `eio`, `enospc`, `shortwrite` or `pause` (see
+//! [`pause_point`]), `skip` lets that many hits pass first, and `count` (default: no limit) is
+//! how many hits of an I/O fault fail before the site works again. Without the feature both functions are empty and inline away.
 
 /// Aborts the process at `site` when armed with `abort`.
 #[inline(always)]
@@ -82,6 +83,7 @@ mod armed {
         site: String,
         action: String,
         skip: u64,
+        count: u64,
     }
 
     fn arm() -> &'static Option<Arm> {
@@ -92,7 +94,8 @@ mod armed {
             let site = it.next()?.to_owned();
             let action = it.next().unwrap_or("abort").to_owned();
             let skip = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-            Some(Arm { site, action, skip })
+            let count = it.next().and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
+            Some(Arm { site, action, skip, count })
         })
     }
 
@@ -109,7 +112,11 @@ mod armed {
 
     pub fn hit(site: &str, abort_only: bool) -> std::io::Result<()> {
         let Some(a) = arm() else { return Ok(()) };
-        if a.site != site || HITS.fetch_add(1, Ordering::SeqCst) < a.skip {
+        if a.site != site {
+            return Ok(());
+        }
+        let n = HITS.fetch_add(1, Ordering::SeqCst);
+        if n < a.skip || n - a.skip >= a.count {
             return Ok(());
         }
         match a.action.as_str() {

@@ -2191,3 +2191,42 @@ fn a_start_waits_for_the_previous_server_of_its_directory_to_finish_exiting() {
     releaser.join().unwrap();
     let _ = zombie.wait();
 }
+
+/// A new segment whose rename finds no room (`ENOSPC`, injected 15 times, 100 ms apart): its
+/// first batch is durable in the spare and waits for the name, appends sent meanwhile are
+/// refused at once with a clear error, and once the rename succeeds the held append is
+/// acknowledged and appends go on without a restart (review: a full directory stopped the
+/// writer until a restart, even after space was freed); a restart finds everything.
+#[test]
+fn a_segment_rename_without_room_waits_for_it_and_appends_go_on() {
+    let Some(crash_bin) = crash_points_bin() else { return };
+    let env = [("TEPHRA_CRASH_POINT", "segment_naming:enospc:0:15"), ("TEPHRA__SEGMENT__SIZE", "65536")];
+    let mut srv = Server::start(&crash_bin, &env);
+    let addr = srv.addr;
+    // 100 appends of 1 KB: the first segment fills after about 60, and the append whose batch
+    // opens the second one waits for its name.
+    let writer = thread::spawn(move || {
+        let mut c = Client::connect(addr).unwrap();
+        (0..100u64).map(|i| c.append([ev("A", &["t"], &[i as u8; 1000])], None).map(|r| r.first.get())).collect::<Vec<_>>()
+    });
+    assert!(srv.log_shows("no room to name the new segment", Duration::from_secs(30)), "{}", srv.log());
+    let mut c = Client::connect(addr).unwrap();
+    match c.append([ev("B", &["u"], b"refused")], None) {
+        Err(tephra::client::ClientError::Server { code, message, .. }) => {
+            assert_eq!(code, proto::ErrorCode::Internal);
+            assert!(message.contains("no room to name the new segment") && message.contains("os error 28"), "{message}");
+        }
+        other => panic!("expected a refusal while the segment waits for its name, got {other:?}"),
+    }
+    let acked = writer.join().unwrap();
+    assert!(acked.iter().all(|r| r.is_ok()), "{acked:?}");
+    assert_eq!(acked.iter().map(|r| *r.as_ref().unwrap()).collect::<Vec<_>>(), (1..=100).collect::<Vec<_>>());
+    assert!(srv.log_shows("the new segment is named; appends are accepted again", Duration::from_secs(5)), "{}", srv.log());
+    // Accepted again, without a restart.
+    assert_eq!(c.append([ev("B", &["u"], b"after")], None).unwrap().first.get(), 101);
+    srv.restart(&crash_bin, &[("TEPHRA__SEGMENT__SIZE", "65536")]);
+    let mut c = Client::connect(srv.addr).unwrap();
+    let (all, _) = c.read_all(Query::all(), Position::ZERO).unwrap();
+    assert_eq!(all.len(), 101);
+    assert_eq!(all[100].event.data(), b"after");
+}

@@ -250,15 +250,24 @@ pub fn claim_prepared(dir: &Path, prepared: &Path, base: u64, cfg: &SegmentConfi
 
 /// Renames the spare at `prepared`, whose header and first records are durable, to the
 /// segment `path` from [`claim_prepared`] (never over an existing file) and syncs the
-/// directory: from then on the segment survives a crash.
+/// directory: from then on the segment survives a crash. A failed rename leaves the spare as
+/// it was; `retry` is asked whether to try again (it may wait first).
 ///
 /// # Errors
-/// [`LogError::Io`] naming the spare: the rename failed (the spare stays), or the directory
-/// sync did (the new name is removed again, so that nothing unsynced poses as a segment).
-pub fn name_prepared(dir: &Path, prepared: &Path, path: &Path) -> Result<(), LogError> {
+/// [`LogError::Io`] naming the spare: the rename failed and `retry` said no (the spare
+/// stays), or the directory sync failed (the new name is removed again, so that nothing
+/// unsynced poses as a segment).
+pub fn name_prepared(dir: &Path, prepared: &Path, path: &Path, retry: &mut dyn FnMut(&std::io::Error) -> bool) -> Result<(), LogError> {
     let io = |source: std::io::Error| LogError::Io { path: prepared.to_owned(), source };
-    crate::fault::io_point("segment_naming").map_err(io)?;
-    nix::fcntl::renameat2(None, prepared, None, path, nix::fcntl::RenameFlags::RENAME_NOREPLACE).map_err(|e| io(e.into()))?;
+    loop {
+        let renamed = crate::fault::io_point("segment_naming")
+            .and_then(|()| nix::fcntl::renameat2(None, prepared, None, path, nix::fcntl::RenameFlags::RENAME_NOREPLACE).map_err(std::io::Error::from));
+        match renamed {
+            Ok(()) => break,
+            Err(e) if retry(&e) => {}
+            Err(e) => return Err(io(e)),
+        }
+    }
     if let Err(e) = sync_dir(dir) {
         let _ = std::fs::remove_file(path);
         let _ = sync_dir(dir);
@@ -415,7 +424,7 @@ mod tests {
         let f = OpenOptions::new().write(true).open(spare).unwrap();
         f.write_all_at(&new_header(base), 0).unwrap();
         f.sync_data().unwrap();
-        name_prepared(dir, spare, &path)?;
+        name_prepared(dir, spare, &path, &mut |_| false)?;
         Ok(path)
     }
 
@@ -455,7 +464,7 @@ mod tests {
         assert_eq!(claimed, existing);
         let before = std::fs::read(&existing).unwrap();
         assert!(claim_prepared(d.path(), &spare, 1, &cfg).is_err(), "claimed an existing segment's name");
-        assert!(name_prepared(d.path(), &spare, &existing).is_err(), "named over an existing segment");
+        assert!(name_prepared(d.path(), &spare, &existing, &mut |_| false).is_err(), "named over an existing segment");
         assert_eq!(std::fs::read(&existing).unwrap(), before);
         assert!(spare.exists(), "a refused spare stays for the caller");
     }

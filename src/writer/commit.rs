@@ -128,6 +128,9 @@ struct State {
     stop: bool,
     /// A buffer the committer finished with, for the next open batch.
     spare: Option<AlignedBuf>,
+    /// Why the batch being committed waits for its new segment's name (no room in the
+    /// directory or on the disk for the rename): new appends are refused meanwhile.
+    naming_stuck: Option<String>,
 }
 
 /// The open batch shared by the writer and the committer thread.
@@ -140,7 +143,13 @@ pub(super) struct GroupCommit {
     /// The last commit's write + sync took longer than [`SLOW_COMMIT`] plus
     /// [`SLOW_COMMIT_PER_MIB`] per MiB it wrote: the disk is struggling right now.
     last_commit_slow: std::sync::atomic::AtomicBool,
+    /// Set at shutdown: a naming that waits for room gives up (see [`GroupCommit::naming_stuck`]).
+    give_up_naming: std::sync::atomic::AtomicBool,
 }
+
+/// How long a new segment's naming waits before trying again when the rename found no room
+/// (`ENOSPC`, `EDQUOT`).
+const NAMING_RETRY: Duration = Duration::from_millis(100);
 
 /// A commit (write + sync) slower than this plus [`SLOW_COMMIT_PER_MIB`] per MiB written says
 /// the disk is struggling (the spare segment's zeroing then holds off).
@@ -151,10 +160,11 @@ impl GroupCommit {
     /// A pipeline whose open batch is `open`.
     pub(super) fn new(open: Batch) -> Arc<GroupCommit> {
         Arc::new(GroupCommit {
-            state: Mutex::new(State { open, busy: false, failed: None, stop: false, spare: None }),
+            state: Mutex::new(State { open, busy: false, failed: None, stop: false, spare: None, naming_stuck: None }),
             work: Condvar::new(),
             progress: Condvar::new(),
             last_commit_slow: std::sync::atomic::AtomicBool::new(false),
+            give_up_naming: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -165,6 +175,21 @@ impl GroupCommit {
     /// The fail-stop reason, once a write or sync failed.
     pub(super) fn failed(&self) -> Option<String> {
         self.lock().failed.clone()
+    }
+
+    /// Why new appends are refused for now, while a new segment's first batch is durable but
+    /// its rename finds no room (a full disk or directory): that batch, and what is staged
+    /// behind it, wait for the name and are answered once it is there (the store would drop
+    /// the unnamed spare, events and all, at its next start); the rename is retried every
+    /// [`NAMING_RETRY`], and appends are accepted again once it succeeds (review: a failed
+    /// rename stopped the writer until a restart, even once space was freed).
+    pub(super) fn naming_stuck(&self) -> Option<String> {
+        self.lock().naming_stuck.clone()
+    }
+
+    /// Makes a naming that waits for room give up (shutdown): its batch then fails.
+    pub(super) fn give_up_naming(&self) {
+        self.give_up_naming.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Records a fail-stop decided by the writer (a rollover that could not create a segment).
@@ -220,6 +245,23 @@ impl GroupCommit {
         self.work.notify_one();
     }
 
+    /// The retry decision of a new segment's naming: after `ENOSPC` or `EDQUOT` it says why
+    /// appends are refused ([`GroupCommit::naming_stuck`]), logs it once, waits
+    /// [`NAMING_RETRY`] and retries, unless shutting down; any other error is final.
+    fn wait_for_room(&self, e: &std::io::Error, path: &std::path::Path, waited: &mut u32) -> bool {
+        let no_room = matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT));
+        if !no_room || self.give_up_naming.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        if *waited == 0 {
+            self.lock().naming_stuck = Some(format!("no room to name the new segment {}: {e}; appends are refused until space is freed", path.display()));
+            tracing::warn!(segment = %path.display(), error = %e, "no room to name the new segment; its first batch waits, new appends are refused until it is named (retrying every 100 ms)");
+        }
+        *waited = waited.saturating_add(1);
+        std::thread::sleep(NAMING_RETRY);
+        true
+    }
+
     /// The committer thread's loop: take the open batch, write and sync it, publish, answer.
     pub(super) fn run_committer(&self, shared: &Shared, metrics: &WriterMetrics) {
         loop {
@@ -245,7 +287,9 @@ impl GroupCommit {
         if st.open.replies.is_empty() {
             return;
         }
-        if small && !st.busy {
+        // A new segment's first batch goes to the committer thread: its rename may wait for
+        // room, and meanwhile the writer refuses new appends instead of queueing them.
+        if small && !st.busy && st.open.naming.is_none() {
             self.commit(st, shared, metrics);
         } else {
             drop(st);
@@ -303,7 +347,15 @@ impl GroupCommit {
                         crate::fault::crash_point("spare_written_before_naming");
                         // A test holds the naming here, to act while the segment is unnamed.
                         crate::fault::pause_point("spare_written_before_naming");
-                        name_prepared(&n.dir, &n.spare, &batch.seg.path).map_err(|e| format!("naming the new segment {}: {e}", batch.seg.path.display()))?;
+                        let mut waited = 0u32;
+                        let named = name_prepared(&n.dir, &n.spare, &batch.seg.path, &mut |e| self.wait_for_room(e, &batch.seg.path, &mut waited));
+                        if waited > 0 {
+                            self.lock().naming_stuck = None;
+                            if named.is_ok() {
+                                tracing::info!(segment = %batch.seg.path.display(), waited_ms = u64::from(waited) * NAMING_RETRY.as_millis() as u64, "the new segment is named; appends are accepted again");
+                            }
+                        }
+                        named.map_err(|e| format!("naming the new segment {}: {e}", batch.seg.path.display()))?;
                         crate::fault::crash_point("segment_created_before_commit");
                         Ok(sync_time)
                     }

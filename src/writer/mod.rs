@@ -564,6 +564,7 @@ impl Writer {
     /// index sealing and closes the store.
     fn finish(&mut self, ack: Option<flume::Sender<()>>) {
         if let Some(line) = self.line.take() {
+            line.give_up_naming();
             line.quiesce(|_| ());
             line.stop();
         }
@@ -726,6 +727,10 @@ impl Writer {
             deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
             return;
         };
+        if let Some(reason) = line.naming_stuck() {
+            deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
+            return;
+        }
         // Positions up to the head are committed or staged in a batch on its way to the disk:
         // conditions see both (a batch that then fails takes every later one down with it).
         let tip = self.next - 1;
