@@ -2230,3 +2230,32 @@ fn a_segment_rename_without_room_waits_for_it_and_appends_go_on() {
     assert_eq!(all.len(), 101);
     assert_eq!(all[100].event.data(), b"after");
 }
+
+/// A stats request lists the data directory, which can wait for the disk; the shard's other
+/// connections do not wait with it (the listing was on the shard's thread: a Hello on the
+/// same shard waited seconds under a loaded disk, review). Held here at a pause point.
+#[test]
+fn a_slow_stats_listing_does_not_hold_up_its_shards_other_connections() {
+    let Some(crash_bin) = crash_points_bin() else { return };
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let release = tmp.path().join("release");
+    let release_s = release.display().to_string();
+    let env = [("TEPHRA_CRASH_POINT", "stats_scan:pause"), ("TEPHRA_CRASH_RELEASE", release_s.as_str()), ("TEPHRA__SERVER__READS__WORKER_THREADS", "1")];
+    let srv = Server::start(&crash_bin, &env);
+    let mut held = RawConn::connect_hello(srv.addr);
+    held.send(&Request::new(2, request::Kind::Stats(proto::StatsRequest {})));
+    assert!(srv.log_shows("pause point stats_scan", Duration::from_secs(10)), "{}", srv.log());
+    // The only shard serves a new connection meanwhile.
+    let t = Instant::now();
+    let mut other = RawConn::connect(srv.addr);
+    other.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    other.send(&Request::hello(1, None));
+    let ack = other.dec.read_next(&mut other.stream).unwrap_or_else(|e| panic!("no HelloAck while a stats listing is held: {e}"));
+    assert!(ack.is_some());
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append([ev("A", &["t"], b"x")], None).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    std::fs::write(format!("{release_s}-stats_scan"), b"").unwrap();
+    let r = held.recv().unwrap();
+    assert!(matches!((r.request_id, &r.kind), (2, Some(response::Kind::Stats(_)))), "{r:?}");
+}

@@ -762,8 +762,14 @@ impl Conn {
                 }
             }
             Some(request::Kind::Stats(_)) => {
-                let stats = self.ctx.stats();
-                self.lanes.control(id, response::Kind::Stats(stats)).await;
+                // Stats list the data directory, which can wait for the disk (a directory lock
+                // held across a slow inode read): off the shard, whose other connections
+                // would wait with it.
+                let ctx = self.ctx.clone();
+                match shards::run_blocking(move || ctx.stats()).await {
+                    Some(stats) => self.lanes.control(id, response::Kind::Stats(stats)).await,
+                    None => self.lanes.error(id, convert::internal_error("stats could not be gathered")).await,
+                }
             }
             Some(request::Kind::Hello(_)) | None => self.lanes.error(id, convert::bad_request(text::NO_KIND)).await,
         }

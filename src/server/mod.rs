@@ -102,6 +102,8 @@ impl Context {
 
     /// The ten stats fields (reference protocol §2.11).
     pub fn stats(&self) -> crate::proto::StatsResponse {
+        // A test holds the directory listing here, as a slow disk would.
+        crate::fault::pause_point("stats_scan");
         let (mut segments, mut bytes) = (0u64, 0u64);
         if let Ok(rd) = std::fs::read_dir(&self.data_dir) {
             for e in rd.flatten() {
