@@ -1244,3 +1244,19 @@ fn reads_queued_behind_a_client_that_does_not_read_cost_no_cpu() {
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     drop(conns);
 }
+
+/// A subscription waiting for room toward a client that does not read its socket ends on a
+/// cancel (it waited for room regardless; review: still counted 5 s after the cancel, and its
+/// slot kept a new subscription out under the cap).
+#[test]
+fn a_cancel_ends_a_subscription_blocked_on_a_client_that_does_not_read() {
+    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    seed(srv.addr, 80, 64, 4096);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    raw.send(&subscribe_all_req(2, 0));
+    wait_stats(srv.addr, "the subscription", |s| s.active_subscriptions == 1);
+    // Its frames fill the socket buffers and the 16 MiB lane, and it waits for room.
+    thread::sleep(Duration::from_millis(500));
+    raw.send(&Request::new(3, request::Kind::Cancel(proto::CancelRequest { target: 2 })));
+    wait_stats(srv.addr, "the cancel of the blocked subscription", |s| s.active_subscriptions == 0);
+}

@@ -1071,7 +1071,7 @@ impl Conn {
                 Step::Event(p, ev) => {
                     if self.lanes.needs_new_frame(&enc, &ev) {
                         // Keep every frame within max_frame_len: send what we have first.
-                        if !self.flush_batch(id, &mut enc, &mut fill).await {
+                        if !self.flush_batch(id, &mut enc, &mut fill, cancel).await {
                             return;
                         }
                     }
@@ -1080,7 +1080,7 @@ impl Conn {
                 }
             };
             if full {
-                if !self.flush_batch(id, &mut enc, &mut fill).await {
+                if !self.flush_batch(id, &mut enc, &mut fill, cancel).await {
                     return;
                 }
                 if !done {
@@ -1091,14 +1091,35 @@ impl Conn {
                 }
             }
             if done {
-                self.lanes.bulk(id, response::Kind::ReadEnd(pb::ReadEnd { watermark })).await;
+                self.stream_bulk(id, response::Kind::ReadEnd(pb::ReadEnd { watermark }), cancel).await;
                 return;
             }
             shards::bulk_yield().await;
         }
     }
 
-    async fn flush_batch(&self, id: u64, enc: &mut ReadEventsEncoder, fill: &mut Fill) -> bool {
+    /// Queues a read's or subscription's bulk frame once the lane has room, or gives up once
+    /// the stream is abandoned (cancelled, its connection closing, a shutdown): a cancel ends a
+    /// stream that waits for room toward a client that does not read (review: such a
+    /// subscription outlived its cancel and kept its slot under the subscription cap). `false`
+    /// when it gave up or the connection is going away.
+    async fn stream_frame(&self, f: Vec<u8>, cancel: &Cell<bool>) -> bool {
+        futures_lite::future::or(self.lanes.bulk_frame(f), async {
+            self.abandoned(cancel).await;
+            false
+        })
+        .await
+    }
+
+    /// [`Conn::stream_frame`] of a response to encode.
+    async fn stream_bulk(&self, id: u64, kind: response::Kind, cancel: &Cell<bool>) -> bool {
+        match self.lanes.encode(id, kind) {
+            Some(f) => self.stream_frame(f, cancel).await,
+            None => false,
+        }
+    }
+
+    async fn flush_batch(&self, id: u64, enc: &mut ReadEventsEncoder, fill: &mut Fill, cancel: &Cell<bool>) -> bool {
         *fill = Fill::default();
         let frame = match enc.finish(id, self.lanes.max_frame_len) {
             Ok(f) => f.to_vec(),
@@ -1109,7 +1130,7 @@ impl Conn {
             }
         };
         enc.clear();
-        self.lanes.bulk_frame(frame).await
+        self.stream_frame(frame, cancel).await
     }
 
     async fn subscribe(self: Rc<Self>, id: u64, s: pb::SubscribeRequest) {
@@ -1190,7 +1211,7 @@ impl Conn {
             // The frames built before a failure go out first: the subscriber gets every event
             // up to the one that failed, as a read does.
             for f in frames {
-                if !self.lanes.bulk_frame(f).await {
+                if !self.stream_frame(f, cancel).await {
                     return;
                 }
             }
@@ -1220,7 +1241,7 @@ impl Conn {
                 continue;
             }
             if !announced {
-                if !self.lanes.bulk(id, response::Kind::CaughtUp(pb::SubscribeCaughtUp { watermark: sub.position().get() })).await {
+                if !self.stream_bulk(id, response::Kind::CaughtUp(pb::SubscribeCaughtUp { watermark: sub.position().get() }), cancel).await {
                     return;
                 }
                 announced = true;
