@@ -343,6 +343,31 @@ mod tests {
     }
 
     #[test]
+    fn a_prepared_query_matches_exactly_what_the_query_does() {
+        use crate::model::QueryMatcher;
+        let ty = |s: &str| EventType::new(s).unwrap();
+        let tags = |v: &[&str]| Tags::new(v.iter().copied()).unwrap();
+        let events: Vec<Event> = [("A", vec!["k:1"]), ("B", vec![]), ("T7", vec!["k:2", "x"]), ("T40", vec!["x"]), ("Z", vec!["k:1", "k:2"])]
+            .iter()
+            .map(|(t, g)| Event::new(&ty(t), &tags(g), b"p").unwrap())
+            .collect();
+        let many = |n: usize| (0..n).map(|i| QueryItem::of_types(vec![ty(&format!("T{i}"))])).collect::<Vec<_>>();
+        let mut queries = vec![Query::all(), Query::none(), Query::items(many(3)), Query::items(many(20))];
+        let mut mixed = many(20);
+        mixed.push(QueryItem::with_tags(tags(&["k:1", "k:2"])));
+        mixed.push(QueryItem::new(vec![ty("A")], tags(&["k:1"])));
+        queries.push(Query::items(mixed.clone()));
+        mixed.push(QueryItem::default());
+        queries.push(Query::items(mixed));
+        for q in queries {
+            let m = QueryMatcher::new(q.clone());
+            for e in &events {
+                assert_eq!(m.matches(&e.as_ref()), q.matches(&e.as_ref()), "{q:?} on {:?}", e.as_ref().event_type());
+            }
+        }
+    }
+
+    #[test]
     fn query_semantics() {
         let ev = Event::new(&EventType::new("A").unwrap(), &Tags::new(["k:1", "k:2"]).unwrap(), b"").unwrap();
         let r = ev.as_ref();

@@ -303,6 +303,51 @@ impl Query {
     }
 }
 
+/// Type-only items a [`QueryMatcher`] puts in a set rather than checking one by one.
+const TYPE_SET_MIN: usize = 16;
+
+/// A query prepared for matching many events (scans, subscriptions): when it has many
+/// type-only items (at least [`TYPE_SET_MIN`]), their types go in one set, so an event costs a
+/// lookup for them instead of a comparison per item (review: subscriptions of 100,000
+/// type-only items held their shard for tens of milliseconds per step). Matches exactly the
+/// events [`Query::matches`] does.
+#[derive(Clone, Debug)]
+pub struct QueryMatcher {
+    query: Query,
+    /// The types of the type-only items, when they are many.
+    types: Option<std::collections::HashSet<String>>,
+    /// The other items, checked one by one when `types` is set.
+    rest: Vec<QueryItem>,
+}
+
+impl QueryMatcher {
+    /// Prepares `query`.
+    pub fn new(query: Query) -> QueryMatcher {
+        let type_only = |i: &QueryItem| i.tags.is_empty() && !i.types.is_empty();
+        let (types, rest) = match &query {
+            Query::Items(items) if items.iter().filter(|i| type_only(i)).count() >= TYPE_SET_MIN => {
+                let set = items.iter().filter(|i| type_only(i)).flat_map(|i| i.types.iter().map(|t| t.as_str().to_owned())).collect();
+                (Some(set), items.iter().filter(|i| !type_only(i)).cloned().collect())
+            }
+            _ => (None, Vec::new()),
+        };
+        QueryMatcher { query, types, rest }
+    }
+
+    /// The query as given.
+    pub fn query(&self) -> &Query {
+        &self.query
+    }
+
+    /// Does the encoded event match the query?
+    pub fn matches(&self, event: &crate::event::EventRef<'_>) -> bool {
+        match &self.types {
+            None => self.query.matches(event),
+            Some(set) => set.contains(event.event_type()) || self.rest.iter().any(|i| i.matches(event)),
+        }
+    }
+}
+
 /// A DCB append condition (reference engine §2.3): the append fails if an event with
 /// position > `after` matches `fail_if_events_match` (the boundary clause), or, when the
 /// boundary passes, if any event anywhere matches `fail_if_exists` (the existence clause).

@@ -13,7 +13,7 @@ use crate::index::view::Direction;
 use crate::index::SegIndex;
 use crate::log::segment::Segment;
 use std::collections::VecDeque;
-use crate::model::{Position, Query};
+use crate::model::{Position, Query, QueryMatcher};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -517,6 +517,9 @@ pub enum Step<'a> {
     Blocked(Warm),
 }
 
+/// Ranges of at most this many positions are scanned without asking the indexes.
+const SMALL_RANGE: u64 = 64;
+
 /// A read pinned to the watermark loaded when it started: forward over `(after, watermark]`
 /// ascending, or backward over `[1, before)` ∩ `[1, watermark]` descending, at most `limit`
 /// matches. A lending iterator: each event borrows the read's buffer.
@@ -528,7 +531,8 @@ pub enum Step<'a> {
 /// the answer is the same.
 pub struct Reads {
     cursor: Cursor,
-    query: Query,
+    /// Shared, so that a subscription's polls do not copy or prepare a large query each time.
+    query: Arc<QueryMatcher>,
     next: u64,
     last: u64,
     forward: bool,
@@ -538,12 +542,12 @@ pub struct Reads {
 }
 
 impl Reads {
-    pub(crate) fn forward(shared: &Shared, query: Query, after: Position, limit: Option<u64>) -> Reads {
+    pub(crate) fn forward(shared: &Shared, query: Arc<QueryMatcher>, after: Position, limit: Option<u64>) -> Reads {
         let (w, snap) = shared.pin();
         Reads { cursor: Cursor::with_recent(snap, shared), query, next: after.get().saturating_add(1), last: w, forward: true, remaining: limit, watermark: w, plan: Plan::Unplanned { scan_bias: shared.scan_bias } }
     }
 
-    pub(crate) fn backward(shared: &Shared, query: Query, before: Position, limit: Option<u64>) -> Reads {
+    pub(crate) fn backward(shared: &Shared, query: Arc<QueryMatcher>, before: Position, limit: Option<u64>) -> Reads {
         let (w, snap) = shared.pin();
         let start = before.get().saturating_sub(1).min(w);
         Reads { cursor: Cursor::with_recent(snap, shared), query, next: start, last: 1, forward: false, remaining: limit, watermark: w, plan: Plan::Unplanned { scan_bias: shared.scan_bias } }
@@ -594,17 +598,27 @@ impl Reads {
 
     fn choose(&self, scan_bias: u32) -> Plan {
         // `u32::MAX` means "always scan", even for a query the indexes say matches nothing.
-        if self.exhausted() || matches!(self.query, Query::All) || scan_bias == u32::MAX {
+        if self.exhausted() || matches!(self.query.query(), Query::All) || scan_bias == u32::MAX {
             return Plan::Scan;
         }
         let (first, last) = self.range();
         let width = last - first + 1;
+        // Estimating looks up every item in every segment of the range: over a range narrower
+        // than that (a live subscription's few new positions, a query of 100,000 items), a
+        // scan is cheaper, and gives the same answer. A bias of 0 or 1 still takes the index.
+        let items = match self.query.query() {
+            Query::Items(v) => v.len() as u64,
+            Query::All => 0,
+        };
+        if scan_bias > 1 && width <= items.max(SMALL_RANGE) {
+            return Plan::Scan;
+        }
         let snap = &self.cursor.snap;
         let (a, b) = (snap.segment_of(first), snap.segment_of(last));
         let mut est = 0u64;
         for i in a..=b {
             let (lo, hi) = snap.local_range(i, first, last);
-            est = est.saturating_add(snap.indexes[i].estimate(&self.query, lo, hi));
+            est = est.saturating_add(snap.indexes[i].estimate(self.query.query(), lo, hi));
         }
         if est.saturating_mul(scan_bias as u64) <= width {
             Plan::Indexed { queue: VecDeque::new(), next_seg: Some(if self.forward { a } else { b }) }
@@ -632,7 +646,7 @@ impl Reads {
     }
 
     fn exhausted(&self) -> bool {
-        self.remaining == Some(0) || self.query.is_none() || if self.forward { self.next > self.last } else { self.next < self.last || self.next == 0 }
+        self.remaining == Some(0) || self.query.query().is_none() || if self.forward { self.next > self.last } else { self.next < self.last || self.next == 0 }
     }
 
     /// Plans segments (in walk order) until some position is queued or none is left.
@@ -654,7 +668,7 @@ impl Reads {
                 continue;
             }
             let base = snap.segments[si].base;
-            queue.extend(snap.indexes[si].matches(&self.query, lo, hi, dir, limit).into_iter().map(|l| base + l as u64));
+            queue.extend(snap.indexes[si].matches(self.query.query(), lo, hi, dir, limit).into_iter().map(|l| base + l as u64));
         }
     }
 
@@ -792,7 +806,8 @@ pub enum WaitOutcome {
 /// A live query: catch up from `after`, then follow new commits.
 pub struct Subscription {
     shared: Arc<Shared>,
-    query: Query,
+    /// Shared with each poll's read (a clone per poll copied every item: review, 100,000 items).
+    query: Arc<QueryMatcher>,
     cursor: u64,
     /// Polls never wait for the disk ([`Subscription::without_waiting`]).
     nowait: bool,
@@ -806,7 +821,7 @@ pub struct Subscription {
 impl Subscription {
     pub(crate) fn new(shared: Arc<Shared>, query: Query, after: Position) -> Subscription {
         shared.subscribers.fetch_add(1, Ordering::SeqCst);
-        Subscription { shared, query, cursor: after.get(), nowait: false, warm: None, fetched: None }
+        Subscription { shared, query: Arc::new(QueryMatcher::new(query)), cursor: after.get(), nowait: false, warm: None, fetched: None }
     }
 
     /// Makes every poll stop, instead of waiting for the disk, at a record neither in memory

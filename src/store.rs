@@ -372,12 +372,12 @@ impl StoreHandle {
 
     /// Forward read of matches with position > `after`, at most `limit`.
     pub fn read(&self, query: Query, after: Position, limit: Option<u64>) -> Reads {
-        Reads::forward(&self.shared, query, after, limit)
+        Reads::forward(&self.shared, Arc::new(crate::model::QueryMatcher::new(query)), after, limit)
     }
 
     /// Backward read of matches with position < `before` (`Position::MAX` = from the tip).
     pub fn read_back(&self, query: Query, before: Position, limit: Option<u64>) -> Reads {
-        Reads::backward(&self.shared, query, before, limit)
+        Reads::backward(&self.shared, Arc::new(crate::model::QueryMatcher::new(query)), before, limit)
     }
 
     /// A subscription delivering matches after `after`, then live ones.
