@@ -2259,3 +2259,19 @@ fn a_slow_stats_listing_does_not_hold_up_its_shards_other_connections() {
     let r = held.recv().unwrap();
     assert!(matches!((r.request_id, &r.kind), (2, Some(response::Kind::Stats(_)))), "{r:?}");
 }
+
+/// The pid in `LOCK` only names the holder: a start whose pid cannot be written (`ENOSPC`
+/// injected, as on a full disk with an empty `LOCK`) says so and serves the store (review: it
+/// refused to start, "cannot lock ... No space left on device"; the reference started). The
+/// lock itself still keeps a second server out.
+#[test]
+fn a_lock_file_whose_pid_cannot_be_written_still_locks_and_the_store_opens() {
+    let Some(crash_bin) = crash_points_bin() else { return };
+    let srv = Server::start(&crash_bin, &[("TEPHRA_CRASH_POINT", "lock_pid:enospc")]);
+    assert!(srv.log_shows("cannot write our pid into the lock file", Duration::from_secs(5)), "{}", srv.log());
+    let mut c = Client::connect(srv.addr).unwrap();
+    assert_eq!(c.append([ev("A", &["t"], b"x")], None).unwrap().first.get(), 1);
+    let second = run_to_exit(&bin(), &["--data-dir", &srv.data_dir().display().to_string(), "--bind", "127.0.0.1:0"], &[], None, Duration::from_secs(30));
+    assert_eq!(second.code, Some(1), "{}", second.stderr);
+    assert!(second.stderr.contains("data directory is locked") || second.stdout.contains("data directory is locked"), "{}\n{}", second.stdout, second.stderr);
+}

@@ -99,10 +99,18 @@ impl DirLock {
         }
         // Overwrite, then trim to length: truncating to zero first would make ext4 flush the
         // file on close (its replace-by-truncate heuristic), a few ms on every open.
+        // The pid only names the holder in another process's refusal: the lock is what keeps
+        // one writer, so a pid that cannot be written (a full disk, an empty `LOCK` needing a
+        // block) is said and the open goes on, as the reference's does (review: a full disk
+        // refused to start a healthy store, "cannot lock ... No space left on device").
         let pid = format!("{}\n", std::process::id());
-        file.seek(SeekFrom::Start(0)).map_err(io)?;
-        file.write_all(pid.as_bytes()).map_err(io)?;
-        file.set_len(pid.len() as u64).map_err(io)?;
+        let recorded = crate::fault::io_point("lock_pid")
+            .and_then(|()| file.seek(SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(pid.as_bytes()))
+            .and_then(|()| file.set_len(pid.len() as u64));
+        if let Err(e) = recorded {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write our pid into the lock file; the lock is held all the same");
+        }
         Ok(Some(file))
     }
 }
