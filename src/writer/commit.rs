@@ -145,6 +145,8 @@ pub(super) struct GroupCommit {
     last_commit_slow: std::sync::atomic::AtomicBool,
     /// Set at shutdown: a naming that waits for room gives up (see [`GroupCommit::naming_stuck`]).
     give_up_naming: std::sync::atomic::AtomicBool,
+    /// True while `State::naming_stuck` is set: the writer's check per round without the lock.
+    stuck: std::sync::atomic::AtomicBool,
 }
 
 /// How long a new segment's naming waits before trying again when the rename found no room
@@ -165,6 +167,7 @@ impl GroupCommit {
             progress: Condvar::new(),
             last_commit_slow: std::sync::atomic::AtomicBool::new(false),
             give_up_naming: std::sync::atomic::AtomicBool::new(false),
+            stuck: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -184,6 +187,9 @@ impl GroupCommit {
     /// [`NAMING_RETRY`], and appends are accepted again once it succeeds (review: a failed
     /// rename stopped the writer until a restart, even once space was freed).
     pub(super) fn naming_stuck(&self) -> Option<String> {
+        if !self.stuck.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
         self.lock().naming_stuck.clone()
     }
 
@@ -255,6 +261,7 @@ impl GroupCommit {
         }
         if *waited == 0 {
             self.lock().naming_stuck = Some(format!("no room to name the new segment {}: {e}; appends are refused until space is freed", path.display()));
+            self.stuck.store(true, std::sync::atomic::Ordering::Release);
             tracing::warn!(segment = %path.display(), error = %e, "no room to name the new segment; its first batch waits, new appends are refused until it is named (retrying every 100 ms)");
         }
         *waited = waited.saturating_add(1);
@@ -351,6 +358,7 @@ impl GroupCommit {
                         let named = name_prepared(&n.dir, &n.spare, &batch.seg.path, &mut |e| self.wait_for_room(e, &batch.seg.path, &mut waited));
                         if waited > 0 {
                             self.lock().naming_stuck = None;
+                            self.stuck.store(false, std::sync::atomic::Ordering::Release);
                             if named.is_ok() {
                                 tracing::info!(segment = %batch.seg.path.display(), waited_ms = u64::from(waited) * NAMING_RETRY.as_millis() as u64, "the new segment is named; appends are accepted again");
                             }
