@@ -648,3 +648,34 @@ fn a_long_run_of_zeros_inside_an_event_is_not_the_end_of_the_log() {
     assert_contents(&s.handle(), &want);
     assert_eq!(s.handle().append(vec![ev("Next", &["t"], b"n")], None).unwrap().first.get(), 5);
 }
+
+/// A flipped bit in the length of a record ahead of a 40 MiB all-zero event, with committed
+/// batches after that event: the open is refused and nothing is changed on disk (the chain of
+/// record heads ended inside the zeros, the read stopped 32 MiB later, and every event from
+/// the damaged one on was rolled back and zeroed as a torn tail; review).
+#[test]
+fn damage_ahead_of_a_long_run_of_zeros_is_refused_not_rolled_back() {
+    let d = dir();
+    let size = 192 << 20;
+    let want = vec![ev("Before", &["t"], b"b"), ev("Zeros", &["t"], &vec![0u8; 40 << 20]), ev("After", &["t"], b"1"), ev("After", &["t"], b"2")];
+    {
+        let s = Store::open(d.path(), cfg(size)).unwrap();
+        let h = s.handle();
+        for e in &want[..2] {
+            h.append(vec![e.clone()], None).unwrap();
+        }
+        h.append(want[2..].to_vec(), None).unwrap();
+        s.shutdown();
+    }
+    let seg = last_segment(d.path());
+    let first = tephra::log::header::HEADER_LEN;
+    // Bit 20 of the first record's length: its declared end moves 1 MiB on, into the zeros.
+    flip(&seg, first + 2, 0x10);
+    let err = assert_refused(d.path(), size, &seg, Some(first), "flipped length ahead of 40 MiB of zeros");
+    assert!(err.contains("followed by committed batches"), "{err}");
+    // Put the bit back: everything is there.
+    flip(&seg, first + 2, 0x10);
+    let s = Store::open(d.path(), cfg(size)).unwrap();
+    assert_eq!(s.open_outcome(), &OpenOutcome::Clean);
+    assert_contents(&s.handle(), &want);
+}

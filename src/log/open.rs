@@ -191,8 +191,19 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         }
         let mapped;
         let buf: &[u8] = if i == last {
-            read_active(&path, &mut buf).map_err(|source| LogError::Io { path: path.clone(), source })?;
-            &buf
+            let io = |source| LogError::Io { path: path.clone(), source };
+            let whole = read_active(&path, &mut buf).map_err(io)?;
+            // The shortened read decides only a clean open. Anything else (a torn tail, or
+            // damage that broke the chain of record heads ahead of a long run of zeros inside
+            // a record) is decided on the whole file, so committed batches past the run are
+            // seen and refuse a rollback (review: a flipped length bit ahead of a 40 MiB
+            // all-zero event rolled back and zeroed every event after it).
+            if !whole && !matches!(classify_tail(&buf, &walk(&buf, HEADER_LEN), base), TailVerdict::Clean) {
+                mapped = map_sealed(&path).map_err(io)?;
+                &mapped
+            } else {
+                &buf
+            }
         } else {
             mapped = map_sealed(&path).map_err(|source| LogError::Io { path: path.clone(), source })?;
             &mapped
@@ -280,25 +291,28 @@ fn remove_unwritten(dir: &Path, files: &[PathBuf]) -> Result<(), LogError> {
 /// zeros): the read follows the record heads and never ends inside a record one declares.
 const ZERO_RUN: usize = 32 << 20;
 
-/// Maps a sealed segment read-only for the walk at open: the page cache is read in place,
-/// with no copy and no fresh memory to fault in and clear (a copy took a third of a warm open).
+/// Maps a sealed segment (or an active one that did not open clean) read-only for the walk at
+/// open: the page cache is read in place, with no copy and no fresh memory to fault in and
+/// clear (a copy took a third of a warm open).
 ///
 /// Safety of the mapping: sealed segments are never written or truncated, and this process
-/// holds the directory's `LOCK`, so no writer changes the file while it is mapped.
+/// holds the directory's `LOCK`, so no writer changes the file while it is mapped (a rollback
+/// zeroes the discarded tail of an active segment; nothing reads those bytes afterwards).
 fn map_sealed(path: &Path) -> std::io::Result<memmap2::Mmap> {
     let f = std::fs::File::open(path)?;
     // SAFETY: see above; the map is dropped before `open_log` returns.
     unsafe { memmap2::MmapOptions::new().populate().map(&f) }
 }
 
-/// Reads the active segment into `buf`, up to [`ZERO_RUN`] zero bytes past its data, so
-/// opening does not page in a mostly empty, preallocated file. Its data ends at the later of
+/// Reads the active segment into `buf`, up to [`ZERO_RUN`] zero bytes past its data, so a
+/// clean open does not page in a mostly empty, preallocated file. Returns whether the whole
+/// file was read. Its data ends at the later of
 /// its last non-zero byte and the end of the last record along the chain of record heads from
 /// the segment header (each head gives its record's length, reference engine §3.4), which ends
 /// at an all-zero head: a record whose payload holds 32 MiB or more of zeros is read whole,
 /// with the batches after it (review: a 40 MiB all-zero event and the events after it were
 /// rolled back as a torn tail at the next start, the reference kept them).
-fn read_active(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
+fn read_active(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<bool> {
     use super::record::{LENGTH_MASK, RECORD_HEAD};
     buf.clear();
     const CHUNK: usize = 1 << 20;
@@ -333,8 +347,11 @@ fn read_active(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
             }
         }
         let data_end = if chain_ended { last_nonzero } else { last_nonzero.max(next_head) };
-        if n < CHUNK || buf.len().saturating_sub(data_end) >= ZERO_RUN {
-            return Ok(());
+        if n < CHUNK {
+            return Ok(true);
+        }
+        if buf.len().saturating_sub(data_end) >= ZERO_RUN {
+            return Ok(false);
         }
     }
 }
