@@ -146,22 +146,34 @@ pub fn walk(buf: &[u8], start: usize) -> Walk {
     let mut committed_end = start;
     let mut last_marker = None;
     loop {
-        match read_record(buf, off) {
-            Ok((Record::Data(_), end)) => {
-                pending.push(off as u32);
-                off = end;
-            }
-            Ok((Record::Commit(highest), end)) => {
+        match next_batch(buf, &mut off, &mut pending) {
+            Ok(highest) => {
                 offsets.append(&mut pending);
-                committed_end = end;
+                committed_end = off;
                 last_marker = Some(highest);
-                off = end;
             }
-            Ok((Record::OtherControl, end)) => off = end,
             Err(stop) => {
                 return Walk { committed_end, offsets, last_marker, stop_offset: off, stop, pending: pending.len() };
             }
         }
+    }
+}
+
+/// Reads records from `*off` through the next commit marker, pushing each data record's
+/// offset to `records`: `Ok(highest)` of that marker with `*off` just past it, or the stop
+/// with `*off` at the record that could not be read.
+fn next_batch(buf: &[u8], off: &mut usize, records: &mut Vec<u32>) -> Result<u64, Stop> {
+    loop {
+        let (record, end) = read_record(buf, *off)?;
+        match record {
+            Record::Data(_) => records.push(*off as u32),
+            Record::Commit(highest) => {
+                *off = end;
+                return Ok(highest);
+            }
+            Record::OtherControl => {}
+        }
+        *off = end;
     }
 }
 
@@ -213,20 +225,10 @@ pub fn find_marker(buf: &[u8], from: usize) -> Option<(usize, u64, usize)> {
 /// True when the records from `start` up to the next commit marker are a whole batch: one
 /// data record or more, then a valid marker whose highest position is `highest` plus their
 /// count. Reads no further than that marker.
-fn opens_a_committed_batch(buf: &[u8], start: usize, highest: u64) -> bool {
+fn opens_a_committed_batch(buf: &[u8], start: usize, highest: u64, records: &mut Vec<u32>) -> bool {
+    records.clear();
     let mut off = start;
-    let mut records = 0u64;
-    loop {
-        match read_record(buf, off) {
-            Ok((Record::Data(_), end)) => {
-                records += 1;
-                off = end;
-            }
-            Ok((Record::Commit(h), _)) => return records > 0 && h == highest + records,
-            Ok((_, end)) => off = end,
-            Err(_) => return false,
-        }
-    }
+    matches!(next_batch(buf, &mut off, records), Ok(h) if !records.is_empty() && h == highest + records.len() as u64)
 }
 
 /// Classifies what follows a walk's committed prefix (the three recovery outcomes); `base` is
@@ -259,9 +261,10 @@ pub fn classify_tail(buf: &[u8], w: &Walk, base: u64) -> TailVerdict {
     // refused rather than rolled back.
     let mut from = w.stop_offset;
     let mut first = None;
+    let mut records = Vec::new();
     while let Some((at, highest, end)) = find_marker(buf, from) {
         first.get_or_insert((at, highest, end));
-        if highest > prev + w.pending as u64 && opens_a_committed_batch(buf, end, highest) {
+        if highest > prev + w.pending as u64 && opens_a_committed_batch(buf, end, highest, &mut records) {
             return corrupt;
         }
         from = at + 1;

@@ -177,13 +177,6 @@ impl Lanes {
         self.bulk_room.give(n);
         false
     }
-
-    async fn bulk(&self, id: u64, kind: response::Kind) -> bool {
-        match self.encode(id, kind) {
-            Some(f) => self.bulk_frame(f).await,
-            None => false,
-        }
-    }
 }
 
 /// Writes frames from both lanes: control first; after 64 control frames in a row one waiting
@@ -344,6 +337,11 @@ impl Drop for Place<'_> {
 
 /// The lane room a bulk frame of `len` bytes takes: its length, or all of the room for a frame
 /// larger than that (it then waits for an empty lane).
+/// The error that ends a read or subscription whose next event does not fit one frame.
+fn too_large_to_send(e: impl std::fmt::Display) -> response::Kind {
+    response::Kind::Error(convert::internal_error(format!("event too large to send: {e} (raise server.max_frame_len to read it)")))
+}
+
 fn bulk_units(len: usize) -> u64 {
     (len as u64).clamp(1, BULK_LANE_BYTES)
 }
@@ -1061,11 +1059,12 @@ impl Conn {
                 Step::Failed(e) => {
                     if !enc.is_empty() {
                         if let Ok(f) = enc.finish(id, self.lanes.max_frame_len) {
-                            let f = f.to_vec();
-                            self.lanes.bulk_frame(f).await;
+                            if !self.stream_frame(f.to_vec(), cancel).await {
+                                return;
+                            }
                         }
                     }
-                    self.lanes.bulk(id, response::Kind::Error(convert::internal_error(e))).await;
+                    self.stream_bulk(id, response::Kind::Error(convert::internal_error(e)), cancel).await;
                     return;
                 }
                 Step::Event(p, ev) => {
@@ -1111,7 +1110,8 @@ impl Conn {
         .await
     }
 
-    /// [`Conn::stream_frame`] of a response to encode.
+    /// [`Conn::stream_frame`] of a response to encode (the stream's batches, its end or its
+    /// error: every bulk frame of a stream goes through here or `stream_frame`).
     async fn stream_bulk(&self, id: u64, kind: response::Kind, cancel: &Cell<bool>) -> bool {
         match self.lanes.encode(id, kind) {
             Some(f) => self.stream_frame(f, cancel).await,
@@ -1125,7 +1125,7 @@ impl Conn {
             Ok(f) => f.to_vec(),
             Err(e) => {
                 enc.clear();
-                self.lanes.bulk(id, response::Kind::Error(convert::internal_error(format!("event too large to send: {e} (raise server.max_frame_len to read it)")))).await;
+                self.stream_bulk(id, too_large_to_send(e), cancel).await;
                 return false;
             }
         };
@@ -1218,11 +1218,11 @@ impl Conn {
             let polled = match (polled, failed) {
                 (Ok(p), None) => p,
                 (Err(e), _) => {
-                    self.lanes.bulk(id, response::Kind::Error(convert::internal_error(e))).await;
+                    self.stream_bulk(id, response::Kind::Error(convert::internal_error(e)), cancel).await;
                     return;
                 }
                 (_, Some(e)) => {
-                    self.lanes.bulk(id, response::Kind::Error(convert::internal_error(format!("event too large to send: {e} (raise server.max_frame_len to read it)")))).await;
+                    self.stream_bulk(id, too_large_to_send(e), cancel).await;
                     return;
                 }
             };

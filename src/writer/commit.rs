@@ -128,9 +128,6 @@ struct State {
     stop: bool,
     /// A buffer the committer finished with, for the next open batch.
     spare: Option<AlignedBuf>,
-    /// Why the batch being committed waits for its new segment's name (no room in the
-    /// directory or on the disk for the rename): new appends are refused meanwhile.
-    naming_stuck: Option<String>,
 }
 
 /// The open batch shared by the writer and the committer thread.
@@ -145,8 +142,10 @@ pub(super) struct GroupCommit {
     last_commit_slow: std::sync::atomic::AtomicBool,
     /// Set at shutdown: a naming that waits for room gives up (see [`GroupCommit::naming_stuck`]).
     give_up_naming: std::sync::atomic::AtomicBool,
-    /// True while `State::naming_stuck` is set: the writer's check per round without the lock.
-    stuck: std::sync::atomic::AtomicBool,
+    /// Why the batch being committed waits for its new segment's name (no room in the
+    /// directory or on the disk for the rename): new appends are refused meanwhile. Apart from
+    /// `state`, so the writer's check per round never waits behind the committer.
+    naming_stuck: std::sync::RwLock<Option<String>>,
 }
 
 /// How long a new segment's naming waits before trying again when the rename found no room
@@ -162,12 +161,12 @@ impl GroupCommit {
     /// A pipeline whose open batch is `open`.
     pub(super) fn new(open: Batch) -> Arc<GroupCommit> {
         Arc::new(GroupCommit {
-            state: Mutex::new(State { open, busy: false, failed: None, stop: false, spare: None, naming_stuck: None }),
+            state: Mutex::new(State { open, busy: false, failed: None, stop: false, spare: None }),
             work: Condvar::new(),
             progress: Condvar::new(),
             last_commit_slow: std::sync::atomic::AtomicBool::new(false),
             give_up_naming: std::sync::atomic::AtomicBool::new(false),
-            stuck: std::sync::atomic::AtomicBool::new(false),
+            naming_stuck: std::sync::RwLock::new(None),
         })
     }
 
@@ -187,10 +186,11 @@ impl GroupCommit {
     /// [`NAMING_RETRY`], and appends are accepted again once it succeeds (review: a failed
     /// rename stopped the writer until a restart, even once space was freed).
     pub(super) fn naming_stuck(&self) -> Option<String> {
-        if !self.stuck.load(std::sync::atomic::Ordering::Acquire) {
-            return None;
-        }
-        self.lock().naming_stuck.clone()
+        self.naming_stuck.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_naming_stuck(&self, reason: Option<String>) {
+        *self.naming_stuck.write().unwrap_or_else(|e| e.into_inner()) = reason;
     }
 
     /// Makes a naming that waits for room give up (shutdown): its batch then fails.
@@ -260,8 +260,7 @@ impl GroupCommit {
             return false;
         }
         if *waited == 0 {
-            self.lock().naming_stuck = Some(format!("no room to name the new segment {}: {e}; appends are refused until space is freed", path.display()));
-            self.stuck.store(true, std::sync::atomic::Ordering::Release);
+            self.set_naming_stuck(Some(format!("no room to name the new segment {}: {e}; appends are refused until space is freed", path.display())));
             tracing::warn!(segment = %path.display(), error = %e, "no room to name the new segment; its first batch waits, new appends are refused until it is named (retrying every 100 ms)");
         }
         *waited = waited.saturating_add(1);
@@ -357,8 +356,7 @@ impl GroupCommit {
                         let mut waited = 0u32;
                         let named = name_prepared(&n.dir, &n.spare, &batch.seg.path, &mut |e| self.wait_for_room(e, &batch.seg.path, &mut waited));
                         if waited > 0 {
-                            self.lock().naming_stuck = None;
-                            self.stuck.store(false, std::sync::atomic::Ordering::Release);
+                            self.set_naming_stuck(None);
                             if named.is_ok() {
                                 tracing::info!(segment = %batch.seg.path.display(), waited_ms = u64::from(waited) * NAMING_RETRY.as_millis() as u64, "the new segment is named; appends are accepted again");
                             }
