@@ -306,13 +306,10 @@ fn tls_with_rotated_tokens() {
     raw.write_all(&hello).unwrap();
     raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut got = Vec::new();
-    let _ = raw.read_to_end(&mut got);
-    let mut dec = proto::FrameDecoder::new(1 << 20);
-    dec.feed(&got);
-    if let Ok(Some(body)) = dec.next_frame() {
-        let r = <proto::Response as prost::Message>::decode(body);
-        assert!(!matches!(r, Ok(proto::Response { kind: Some(response::Kind::HelloAck(_)), .. })), "plaintext Hello was acknowledged");
-    }
+    raw.read_to_end(&mut got).expect("the server closes the connection");
+    // Nothing but a TLS alert record (content type 21, RFC 8446 §5.1), which our clients and
+    // healthcheck recognise to say the server speaks TLS; the reference sends nothing.
+    assert!(got.is_empty() || (got[0] == 21 && got.len() <= 64), "a plaintext Hello to the TLS port got {} bytes back: {:02x?}", got.len(), &got[..got.len().min(16)]);
     // A TLS client against a plaintext server fails too.
     let plain = Server::start(&bin(), &[]);
     assert!(Client::connect_tls_with(plain.addr, "localhost", config.clone(), None).is_err());
