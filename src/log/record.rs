@@ -276,7 +276,12 @@ pub fn classify_tail(buf: &[u8], w: &Walk, base: u64) -> TailVerdict {
                 return corrupt;
             }
         }
-        lost = lost.max(highest.saturating_sub(prev));
+        // The first marker after the stop is this batch's, if it is whole: it counts the
+        // records the batch held, but never more than fit in the bytes before it (a data
+        // record takes a head and at least one byte); a marker-shaped frame in a torn
+        // payload could claim any number.
+        let fit = (at.saturating_sub(w.committed_end) / (RECORD_HEAD + 1)) as u64;
+        lost = lost.max(highest.saturating_sub(prev).min(fit));
     }
     TailVerdict::Torn { discard_start: w.committed_end, discard_end: dirty, lost_records: lost }
 }
@@ -497,6 +502,27 @@ mod tests {
         assert_eq!(w.committed_end, ends[0]);
         let v = classify_tail(&buf, &w, 1);
         assert!(matches!(v, TailVerdict::Torn { discard_start, .. } if discard_start == ends[0]), "{v:?}");
+    }
+
+    #[test]
+    fn a_marker_shaped_frame_in_a_torn_payload_does_not_inflate_the_lost_count() {
+        // The torn batch's one record carries a frame claiming position 1,000,000: the count of
+        // lost records is what fits before it (the log warned of a million lost positions).
+        let mut payload = b"head".to_vec();
+        frame_marker(1_000_000, &mut payload);
+        payload.extend_from_slice(&[0x5a; 100]);
+        let (full, ends) = segment(&[&[b"aaaaa"], &[&payload]]);
+        let mut buf = full[..full.len() - 40].to_vec();
+        buf.resize(full.len() + 64, 0);
+        let w = walk(&buf, 0);
+        assert_eq!(w.committed_end, ends[0]);
+        match classify_tail(&buf, &w, 1) {
+            TailVerdict::Torn { discard_start, lost_records, .. } => {
+                assert_eq!(discard_start, ends[0]);
+                assert!((1..=2).contains(&lost_records), "{lost_records} lost records claimed for a batch of one");
+            }
+            v => panic!("{v:?}"),
+        }
     }
 
     #[test]
