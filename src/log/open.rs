@@ -108,7 +108,7 @@ fn nonzero_after_header(f: &std::fs::File) -> std::io::Result<Option<u64>> {
 pub struct WalkedSegment<'a> {
     /// The segment (its offsets are filled in).
     pub segment: &'a Segment,
-    /// The bytes read (the whole file, or the written part of the active segment).
+    /// The whole file, as read at open.
     pub bytes: &'a [u8],
     /// Byte offset of each committed record, by local position.
     pub offsets: &'a [u32],
@@ -178,7 +178,6 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
     }
 
     let mut segments = Vec::with_capacity(listed.len());
-    let mut buf = Vec::new();
     let mut expected = 1u64;
     let last = listed.len() - 1;
     let next_bases: Vec<Option<u64>> = (0..listed.len()).map(|i| listed.get(i + 1).map(|(b, _)| *b)).collect();
@@ -189,25 +188,14 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         if base != expected {
             return Err(LogError::NonContiguous { path, found: base, expected });
         }
-        let mapped;
-        let buf: &[u8] = if i == last {
-            let io = |source| LogError::Io { path: path.clone(), source };
-            let whole = read_active(&path, &mut buf).map_err(io)?;
-            // The shortened read decides only a clean open. Anything else (a torn tail, or
-            // damage that broke the chain of record heads ahead of a long run of zeros inside
-            // a record) is decided on the whole file, so committed batches past the run are
-            // seen and refuse a rollback (review: a flipped length bit ahead of a 40 MiB
-            // all-zero event rolled back and zeroed every event after it).
-            if !whole && !matches!(classify_tail(&buf, &walk(&buf, HEADER_LEN), base), TailVerdict::Clean) {
-                mapped = map_sealed(&path).map_err(io)?;
-                &mapped
-            } else {
-                &buf
-            }
-        } else {
-            mapped = map_sealed(&path).map_err(|source| LogError::Io { path: path.clone(), source })?;
-            &mapped
-        };
+        // Every segment is read whole, the active one too: a clean open must see that every
+        // byte after the last commit marker is zero, to the end of the file. Reading only up to
+        // a long run of zeros past the data (32 MiB, as this did) let damage that zeroed a
+        // record head, ahead of such a run, open as a clean log of fewer events, the rest
+        // forgotten and their positions given to new appends (review: 4 KiB zeroed at the
+        // head of an event of 40 MiB of zeros; 40 MiB zeroed among 256 MiB of records).
+        let mapped = map_whole(&path).map_err(|source| LogError::Io { path: path.clone(), source })?;
+        let buf: &[u8] = &mapped;
         let w = walk(buf, HEADER_LEN);
         let count = w.offsets.len() as u64;
         if let Some(highest) = w.last_marker {
@@ -285,75 +273,16 @@ fn remove_unwritten(dir: &Path, files: &[PathBuf]) -> Result<(), LogError> {
     Ok(())
 }
 
-/// Zero bytes past the data that end a read of the active segment. A batch is written as one
-/// contiguous run, so a longer all-zero stretch cannot sit between written records unless the
-/// disk lost more than this much of them. Inside a record it can (an event's payload may be
-/// zeros): the read follows the record heads and never ends inside a record one declares.
-const ZERO_RUN: usize = 32 << 20;
-
-/// Maps a sealed segment (or an active one that did not open clean) read-only for the walk at
-/// open: the page cache is read in place, with no copy and no fresh memory to fault in and
-/// clear (a copy took a third of a warm open).
+/// Maps a segment read-only for the walk at open: the page cache is read in place, with no
+/// copy and no fresh memory to fault in and clear (a copy took a third of a warm open).
 ///
-/// Safety of the mapping: sealed segments are never written or truncated, and this process
-/// holds the directory's `LOCK`, so no writer changes the file while it is mapped (a rollback
-/// zeroes the discarded tail of an active segment; nothing reads those bytes afterwards).
-fn map_sealed(path: &Path) -> std::io::Result<memmap2::Mmap> {
+/// Safety of the mapping: this process holds the directory's `LOCK` and its writer has not
+/// started, so nothing changes the file while it is mapped, except a rollback zeroing the
+/// discarded tail of the active segment, bytes nothing reads afterwards.
+fn map_whole(path: &Path) -> std::io::Result<memmap2::Mmap> {
     let f = std::fs::File::open(path)?;
     // SAFETY: see above; the map is dropped before `open_log` returns.
     unsafe { memmap2::MmapOptions::new().populate().map(&f) }
-}
-
-/// Reads the active segment into `buf`, up to [`ZERO_RUN`] zero bytes past its data, so a
-/// clean open does not page in a mostly empty, preallocated file. Returns whether the whole
-/// file was read. Its data ends at the later of
-/// its last non-zero byte and the end of the last record along the chain of record heads from
-/// the segment header (each head gives its record's length, reference engine §3.4), which ends
-/// at an all-zero head: a record whose payload holds 32 MiB or more of zeros is read whole,
-/// with the batches after it (review: a 40 MiB all-zero event and the events after it were
-/// rolled back as a torn tail at the next start, the reference kept them).
-fn read_active(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<bool> {
-    use super::record::{LENGTH_MASK, RECORD_HEAD};
-    buf.clear();
-    const CHUNK: usize = 1 << 20;
-    let f = std::fs::File::open(path)?;
-    let mut last_nonzero = 0usize;
-    // Offset of the next record head along the chain, until an all-zero head ends it.
-    let mut next_head = HEADER_LEN;
-    let mut chain_ended = false;
-    loop {
-        let start = buf.len();
-        buf.resize(start + CHUNK, 0);
-        let mut n = 0;
-        while n < CHUNK {
-            match f.read_at(&mut buf[start + n..], (start + n) as u64) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        buf.truncate(start + n);
-        if let Some(p) = buf[start..].iter().rposition(|&b| b != 0) {
-            last_nonzero = start + p + 1;
-        }
-        while !chain_ended && next_head + RECORD_HEAD <= buf.len() {
-            let head = &buf[next_head..next_head + RECORD_HEAD];
-            if head.iter().all(|&b| b == 0) {
-                chain_ended = true;
-            } else {
-                let len = u32::from_le_bytes(head[..4].try_into().unwrap()) & LENGTH_MASK;
-                next_head += RECORD_HEAD + len as usize;
-            }
-        }
-        let data_end = if chain_ended { last_nonzero } else { last_nonzero.max(next_head) };
-        if n < CHUNK {
-            return Ok(true);
-        }
-        if buf.len().saturating_sub(data_end) >= ZERO_RUN {
-            return Ok(false);
-        }
-    }
 }
 
 /// Overwrites `[start, end)` with zeros and syncs, so a rolled-back tail can never be read as

@@ -335,13 +335,13 @@ impl Drop for Place<'_> {
     }
 }
 
-/// The lane room a bulk frame of `len` bytes takes: its length, or all of the room for a frame
-/// larger than that (it then waits for an empty lane).
 /// The error that ends a read or subscription whose next event does not fit one frame.
 fn too_large_to_send(e: impl std::fmt::Display) -> response::Kind {
     response::Kind::Error(convert::internal_error(format!("event too large to send: {e} (raise server.max_frame_len to read it)")))
 }
 
+/// The lane room a bulk frame of `len` bytes takes: its length, or all of the room for a frame
+/// larger than that (it then waits for an empty lane).
 fn bulk_units(len: usize) -> u64 {
     (len as u64).clamp(1, BULK_LANE_BYTES)
 }
