@@ -412,3 +412,18 @@ fn an_http_server_is_named_as_not_a_tephra_server() {
     assert_eq!(hc.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&hc.stderr).contains("answered with HTTP: not a Tephra server"), "{}", String::from_utf8_lossy(&hc.stderr));
 }
+
+/// A local file that cannot be read is exit 1 (a local file error, as `--help` says), not 2:
+/// `import` of a missing file and `append --payload-file` of one exited 2 (review).
+#[test]
+fn an_unreadable_input_file_is_a_local_file_error() {
+    let Some(srv) = start(&[]) else { return };
+    let missing = srv.dir.path().join("missing.jsonl");
+    let m = missing.to_str().unwrap();
+    for args in [vec!["import", m], vec!["append", "--type", "E", "--payload-file", m]] {
+        let o = tephra(srv.addr, &args);
+        assert_code(&o, 1);
+        assert!(stderr(&o).contains("missing.jsonl") && stderr(&o).contains("No such file"), "{args:?}: {}", stderr(&o));
+    }
+    assert!(read_everything(srv.addr).is_empty());
+}

@@ -482,6 +482,9 @@ fn a_reply_over_a_tiny_frame_cap_closes_the_connection_instead_of_hanging() {
     assert!(started.elapsed() < Duration::from_secs(5), "closed only after {:?}", started.elapsed());
     let e = Client::connect(srv.addr).expect_err("the Hello cannot be answered");
     assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+    // The client's error names the frame cap among the causes (it named only the connection
+    // limit and a TLS server; review).
+    assert!(e.to_string().contains("server.max_frame_len is too small for its answer"), "{e}");
     // Logged as the connection closes; the line reaches the test a moment later.
     assert!(srv.log_shows("response frame not sent", Duration::from_secs(5)), "{}", srv.log());
     // Said at start, naming the smallest cap that works.

@@ -316,8 +316,9 @@ pub enum ConnectStep {
 }
 
 /// What a connection closed or reset during `step` usually means: "the server closed the
-/// connection before answering the Hello (a server at its connection limit, ...; so does a
-/// TLS server reached without TLS)", or
+/// connection before answering the Hello (a server at its connection limit, ...; so do a
+/// TLS server reached without TLS and a server whose `server.max_frame_len` is too small for
+/// its answer)", or
 /// "... during the TLS handshake (...)". Reference §1.9: a server over
 /// `server.limits.max_connections` closes new connections without a frame, and a TLS server
 /// does so before its handshake is done.
@@ -325,7 +326,7 @@ pub fn closed_before_hello(step: ConnectStep) -> String {
     let (when, also) = match step {
         ConnectStep::TlsHandshake => ("during the TLS handshake", ""),
         // A TLS server reads a plaintext Hello as a failed handshake and closes.
-        ConnectStep::Hello => ("before answering the Hello", "; so does a TLS server reached without TLS"),
+        ConnectStep::Hello => ("before answering the Hello", "; so do a TLS server reached without TLS and a server whose server.max_frame_len is too small for its answer"),
     };
     format!("the server closed the connection {when} (a server at its connection limit, server.limits.max_connections, closes new connections this way{also})")
 }
@@ -827,7 +828,7 @@ mod tests {
         let e = name_early_close(io::ErrorKind::BrokenPipe.into(), ConnectStep::Hello);
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
         assert!(e.to_string().starts_with("the server closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections"), "{e}");
-        assert!(e.to_string().contains("; so does a TLS server reached without TLS)"), "{e}");
+        assert!(e.to_string().contains("; so do a TLS server reached without TLS and a server whose server.max_frame_len is too small for its answer)"), "{e}");
         let e = name_early_close(io::ErrorKind::UnexpectedEof.into(), ConnectStep::TlsHandshake);
         assert!(e.to_string().starts_with("the server closed the connection during the TLS handshake (a server at its connection limit"), "{e}");
         assert!(!e.to_string().contains("without TLS"), "{e}");

@@ -142,7 +142,7 @@ impl AppendArgs {
                 buf
             }
             (None, Some(path)) => {
-                std::fs::read(path).map_err(|e| CliError::usage(format!("--payload-file {}: {e}", path.display())))?
+                std::fs::read(path).map_err(|e| CliError::other(format!("--payload-file {}: {e}", path.display())))?
             }
             (None, None) => Vec::new(),
         };
@@ -554,7 +554,7 @@ fn batches(events: Vec<Event>, max: usize) -> Vec<Vec<Event>> {
 pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
     let (name, input): (String, Box<dyn BufRead>) = match &args.file {
         Some(path) if path.as_os_str() != "-" => {
-            let file = File::open(path).map_err(|e| CliError::usage(format!("{}: {e}", path.display())))?;
+            let file = File::open(path).map_err(|e| CliError::other(format!("{}: {e}", path.display())))?;
             (path.display().to_string(), Box::new(BufReader::new(file)))
         }
         _ => ("stdin".to_owned(), Box::new(io::stdin().lock())),
