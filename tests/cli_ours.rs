@@ -427,3 +427,16 @@ fn an_unreadable_input_file_is_a_local_file_error() {
     }
     assert!(read_everything(srv.addr).is_empty());
 }
+
+/// Control characters in a type or tag are escaped in `read`'s lines, as in payloads: a tag
+/// holding a newline broke the event over two lines (review).
+#[test]
+fn control_characters_in_tags_are_escaped_in_read_lines() {
+    let Some(srv) = start(&[]) else { return };
+    assert_code(&tephra(srv.addr, &["append", "--type", "A", "--tag", "a\nb", "--tag", "c\td", "--payload", "x\ny"]), 0);
+    let o = tephra(srv.addr, &["read"]);
+    assert_code(&o, 0);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.contains("[a\\nb,c\\td]  x\\ny"), "{out}");
+}

@@ -230,19 +230,25 @@ pub struct ReadArgs {
     backward: bool,
 }
 
-/// A human-readable line for one event: position, type, tags, payload.
+/// `s` with its control characters escaped (`\n`, `\u{0}`), so one event stays one line.
+fn visible(s: &str) -> String {
+    s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] }).collect()
+}
+
+/// A human-readable line for one event: position, type, tags, payload; control characters
+/// escaped in each (`--json` gives the exact strings).
 fn human_line(e: &SequencedEvent) -> String {
-    let tags: Vec<&str> = e.event.tags().collect();
+    let tags: Vec<String> = e.event.tags().map(visible).collect();
     let tags = tags.join(",");
     let data = e.event.data();
     let payload = match std::str::from_utf8(data) {
-        Ok(s) => s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] }).collect(),
+        Ok(s) => visible(s),
         Err(_) => {
             use base64::Engine as _;
             format!("base64:{}", base64::engine::general_purpose::STANDARD.encode(data))
         }
     };
-    format!("{:>8}  {}  [{}]  {}", e.position, e.event.event_type(), tags, payload)
+    format!("{:>8}  {}  [{}]  {}", e.position, visible(e.event.event_type()), tags, payload)
 }
 
 fn event_output(g: &Global, e: &SequencedEvent) -> String {
