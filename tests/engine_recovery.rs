@@ -625,24 +625,29 @@ fn sealed_segments_get_tables_for_what_they_hold_whatever_the_configured_size() 
     assert_eq!(h.read(q, Position::ZERO, None).collect_owned().unwrap().iter().map(|(p, _)| p.get()).collect::<Vec<_>>(), vec![17]);
 }
 
+/// A store of 192 MiB segments (records of up to a quarter of one) holding a small event, an
+/// event whose payload is 40 MiB of zeros, then a batch of two small events; returns the
+/// directory, the segment size and the events by position.
+fn store_with_an_event_of_zeros() -> (tempfile::TempDir, u64, Vec<Event>) {
+    let d = dir();
+    let size = 192 << 20;
+    let want = vec![ev("Before", &["t"], b"b"), ev("Zeros", &["t"], &vec![0u8; 40 << 20]), ev("After", &["t"], b"1"), ev("After", &["t"], b"2")];
+    let s = Store::open(d.path(), cfg(size)).unwrap();
+    let h = s.handle();
+    for e in &want[..2] {
+        h.append(vec![e.clone()], None).unwrap();
+    }
+    h.append(want[2..].to_vec(), None).unwrap();
+    s.shutdown();
+    (d, size, want)
+}
+
 /// An event whose payload is 40 MiB of zeros, with events after it in the active segment: a
 /// restart keeps every one (the read of the active segment stopped after 32 MiB of zeros,
 /// inside that record, and the batches after it were rolled back as a torn tail; review).
 #[test]
 fn a_long_run_of_zeros_inside_an_event_is_not_the_end_of_the_log() {
-    let d = dir();
-    // Records of up to a quarter of the segment.
-    let size = 192 << 20;
-    let want = vec![ev("Before", &["t"], b"b"), ev("Zeros", &["t"], &vec![0u8; 40 << 20]), ev("After", &["t"], b"1"), ev("After", &["t"], b"2")];
-    {
-        let s = Store::open(d.path(), cfg(size)).unwrap();
-        let h = s.handle();
-        for e in &want[..2] {
-            h.append(vec![e.clone()], None).unwrap();
-        }
-        h.append(want[2..].to_vec(), None).unwrap();
-        s.shutdown();
-    }
+    let (d, size, want) = store_with_an_event_of_zeros();
     let s = Store::open(d.path(), cfg(size)).unwrap();
     assert_eq!(s.open_outcome(), &OpenOutcome::Clean);
     assert_contents(&s.handle(), &want);
@@ -655,18 +660,7 @@ fn a_long_run_of_zeros_inside_an_event_is_not_the_end_of_the_log() {
 /// the damaged one on was rolled back and zeroed as a torn tail; review).
 #[test]
 fn damage_ahead_of_a_long_run_of_zeros_is_refused_not_rolled_back() {
-    let d = dir();
-    let size = 192 << 20;
-    let want = vec![ev("Before", &["t"], b"b"), ev("Zeros", &["t"], &vec![0u8; 40 << 20]), ev("After", &["t"], b"1"), ev("After", &["t"], b"2")];
-    {
-        let s = Store::open(d.path(), cfg(size)).unwrap();
-        let h = s.handle();
-        for e in &want[..2] {
-            h.append(vec![e.clone()], None).unwrap();
-        }
-        h.append(want[2..].to_vec(), None).unwrap();
-        s.shutdown();
-    }
+    let (d, size, want) = store_with_an_event_of_zeros();
     let seg = last_segment(d.path());
     let first = tephra::log::header::HEADER_LEN;
     // Bit 20 of the first record's length: its declared end moves 1 MiB on, into the zeros.
@@ -685,17 +679,7 @@ fn damage_ahead_of_a_long_run_of_zeros_is_refused_not_rolled_back() {
 /// the last record it could follow, and opened clean with one event; review).
 #[test]
 fn zeros_over_the_head_of_an_event_of_zeros_are_refused() {
-    let d = dir();
-    let size = 192 << 20;
-    let want = vec![ev("Before", &["t"], b"b"), ev("Zeros", &["t"], &vec![0u8; 40 << 20]), ev("After", &["t"], b"1"), ev("After", &["t"], b"2"), ev("After", &["t"], b"3")];
-    {
-        let s = Store::open(d.path(), cfg(size)).unwrap();
-        let h = s.handle();
-        for e in &want {
-            h.append(vec![e.clone()], None).unwrap();
-        }
-        s.shutdown();
-    }
+    let (d, size, _) = store_with_an_event_of_zeros();
     let seg = last_segment(d.path());
     let big = batches(&seg)[1].start;
     patch(&seg, big, &[0u8; 4096]);
