@@ -80,6 +80,35 @@ struct Tail {
     /// The buffer walks of the active segment read into, kept between polls (a follower polls
     /// every 100 ms by default, idle writer or not).
     scratch: Vec<u8>,
+    /// Polls in a row that found nothing new while the active segment's modification time
+    /// moved: the writer writes, yet nothing past [`Tail::stopped_at`] reads as committed.
+    stuck_polls: u32,
+    /// The active segment's modification time at the last poll.
+    mtime: Option<std::time::SystemTime>,
+    /// When the rest of the active segment was last checked whole ([`Follower::check_rest`]);
+    /// `None` before the first check.
+    rest_checked: Option<std::time::Instant>,
+    /// A damaged record that check found in the segment of this base at this offset, followed
+    /// by committed batches past the window: said at every poll that stops there, without
+    /// reading the rest again.
+    hole: Option<(u64, u64, Stop)>,
+}
+
+/// Polls in a row without progress while the writer writes before the rest of the active
+/// segment is checked whole for committed batches past a hole.
+const STUCK_POLLS: u32 = 3;
+
+/// The least time between two whole checks of the rest of the active segment.
+const REST_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The error of a damaged record at [`Tail::stopped_at`] in the active segment `seg`, followed
+/// by committed batches.
+fn damaged_active(seg: &Segment, t: &Tail, stop: Stop) -> LogError {
+    LogError::Corrupt {
+        path: seg.path.clone(),
+        offset: t.stopped_at,
+        detail: format!("a damaged record ({stop:?}) is followed by committed batches; this follower serves positions up to {} and cannot read past it", t.next - 1),
+    }
 }
 
 /// Bytes of the active segment a poll reads first: an idle writer's follower reads this much
@@ -136,7 +165,7 @@ impl Follower {
         let dir = dir.as_ref().to_path_buf();
         let f = Arc::new(Follower {
             shared: Arc::new(Shared::new(Snapshot::new(Vec::new(), Vec::new()), 0, cfg.scan_bias)),
-            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, stopped_at: HEADER_LEN as u64, next: 1, index: None, regrown: None, awaiting_first: false, scratch: Vec::new() }),
+            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, stopped_at: HEADER_LEN as u64, next: 1, index: None, regrown: None, awaiting_first: false, scratch: Vec::new(), stuck_polls: 0, mtime: None, rest_checked: None, hole: None }),
             stop: Arc::new(AtomicBool::new(false)),
             poller: Mutex::new(None),
             failures: Mutex::new(RepeatedFailure::default()),
@@ -332,6 +361,7 @@ impl Follower {
     fn scan_active_into(&self, t: &mut Tail, scratch: &mut Vec<u8>) -> Result<(), FollowerError> {
         let Some(seg) = t.segments.last().cloned() else { return Ok(()) };
         let mut window = FIRST_WINDOW;
+        let poll_start = t.active_end;
         // Byte offset of a damaged record seen once, to be read again before it is reported.
         let mut suspect: Option<u64> = None;
         loop {
@@ -425,17 +455,67 @@ impl Follower {
                     suspect = Some(t.stopped_at);
                     continue;
                 }
-                return Err(LogError::Corrupt {
-                    path: seg.path.clone(),
-                    offset: t.stopped_at,
-                    detail: format!(
-                        "a damaged record ({stop:?}) is followed by committed batches; this follower serves positions up to {} and cannot read past it",
-                        t.next - 1
-                    ),
-                });
+                return Err(damaged_active(&seg, t, stop));
             }
+            return self.check_rest(&seg, t, poll_start);
+        }
+    }
+
+    /// After a poll whose window ended in zeros: decides whether what lies past the window
+    /// needs a look. The window (64 KiB at first) shows a damaged record only when committed
+    /// batches follow it within the window; a hole larger than that (zeroed record heads ahead
+    /// of more batches, or ahead of an event of many MiB of zeros) reads as the end of the
+    /// log, and the follower served the prefix before it as all there was, for good, while
+    /// the writer went on (review: 128 KiB zeroed; a restarted writer refused the store). So
+    /// the rest of the segment is checked whole, as the writer's open reads it: at the first
+    /// poll, and when [`STUCK_POLLS`] polls in a row found nothing new while the file's
+    /// modification time moved (at most every [`REST_CHECK_EVERY`]). `start` is where the
+    /// committed prefix ended when this poll began.
+    ///
+    /// # Errors
+    /// An I/O error; [`LogError::Corrupt`] when a damaged record past the window is followed
+    /// by committed batches (seen in two reads, as in the window).
+    fn check_rest(&self, seg: &Segment, t: &mut Tail, start: u64) -> Result<(), FollowerError> {
+        match t.hole {
+            Some((base, at, stop)) if base == seg.base && at == t.stopped_at => return Err(damaged_active(seg, t, stop).into()),
+            _ => t.hole = None,
+        }
+        let io = |source| LogError::Io { path: seg.path.clone(), source };
+        let mtime = seg.file.metadata().map_err(io)?.modified().ok();
+        let progressed = t.active_end > start || t.mtime.is_none();
+        t.stuck_polls = if progressed || mtime == t.mtime { 0 } else { t.stuck_polls + 1 };
+        t.mtime = mtime;
+        let due = match t.rest_checked {
+            None => true,
+            Some(at) => t.stuck_polls >= STUCK_POLLS && at.elapsed() >= REST_CHECK_EVERY,
+        };
+        if !due {
             return Ok(());
         }
+        t.rest_checked = Some(std::time::Instant::now());
+        // The stop at `t.active_end`, when a damaged record there is followed by committed
+        // batches in the rest of the file.
+        let damaged = || -> Result<Option<Stop>, LogError> {
+            // SAFETY: a read-only map of the active segment, which its writer only ever writes
+            // (never truncates); bytes it changes while they are read can only make the two
+            // reads below disagree, and Corrupt needs both.
+            let map = unsafe { memmap2::Mmap::map(&seg.file) }.map_err(io)?;
+            let rest = &map[(t.active_end as usize).min(map.len())..];
+            let w = walk(rest, 0);
+            // Whole batches right at the start: the writer wrote them since the window was
+            // read, and the next poll takes them.
+            Ok(match classify_tail(rest, &w, t.next) {
+                TailVerdict::Corrupt { stop, .. } if w.committed_end == 0 => Some(stop),
+                _ => None,
+            })
+        };
+        if damaged()?.is_some() {
+            if let Some(stop) = damaged()? {
+                t.hole = Some((seg.base, t.stopped_at, stop));
+                return Err(damaged_active(seg, t, stop).into());
+            }
+        }
+        Ok(())
     }
 
     /// Reopens the active segment with tables sized for its file as it is now, and restarts
