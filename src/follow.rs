@@ -88,9 +88,9 @@ struct Tail {
     /// When the rest of the active segment was last checked whole ([`Follower::check_rest`]);
     /// `None` before the first check.
     rest_checked: Option<std::time::Instant>,
-    /// A damaged record that check found in the segment of this base at this offset, followed
-    /// by committed batches past the window: said at every poll that stops there, without
-    /// reading the rest again.
+    /// A damaged record followed by committed batches, confirmed in the segment of this base
+    /// at this offset (in a poll's window or by [`Follower::check_rest`]): said at every poll
+    /// that stops there, without reading anything again.
     hole: Option<(u64, u64, Stop)>,
 }
 
@@ -360,6 +360,14 @@ impl Follower {
     /// [`Follower::scan_active`], reading into `scratch`.
     fn scan_active_into(&self, t: &mut Tail, scratch: &mut Vec<u8>) -> Result<(), FollowerError> {
         let Some(seg) = t.segments.last().cloned() else { return Ok(()) };
+        // Damage already confirmed where the last walk stopped is said again without reading
+        // (a length field damaged to point 128 MiB on had every poll read that much again;
+        // review).
+        if let Some((base, at, stop)) = t.hole {
+            if base == seg.base && at == t.stopped_at {
+                return Err(damaged_active(&seg, t, stop).into());
+            }
+        }
         let mut window = FIRST_WINDOW;
         let poll_start = t.active_end;
         // Byte offset of a damaged record seen once, to be read again before it is reported.
@@ -455,6 +463,7 @@ impl Follower {
                     suspect = Some(t.stopped_at);
                     continue;
                 }
+                t.hole = Some((seg.base, t.stopped_at, stop));
                 return Err(damaged_active(&seg, t, stop));
             }
             return self.check_rest(&seg, t, poll_start);
@@ -476,10 +485,6 @@ impl Follower {
     /// An I/O error; [`LogError::Corrupt`] when a damaged record past the window is followed
     /// by committed batches (seen in two reads, as in the window).
     fn check_rest(&self, seg: &Segment, t: &mut Tail, start: u64) -> Result<(), FollowerError> {
-        match t.hole {
-            Some((base, at, stop)) if base == seg.base && at == t.stopped_at => return Err(damaged_active(seg, t, stop).into()),
-            _ => t.hole = None,
-        }
         let io = |source| LogError::Io { path: seg.path.clone(), source };
         let mtime = seg.file.metadata().map_err(io)?.modified().ok();
         let progressed = t.active_end > start || t.mtime.is_none();

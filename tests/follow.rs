@@ -505,3 +505,49 @@ fn a_follower_of_a_live_writer_notices_a_hole_wider_than_its_window() {
     }
     assert!(follower.log().contains(&said), "the hole was not said:\n{}", follower.log());
 }
+
+/// Bytes this thread has read through system calls (`rchar` of `/proc/thread-self/io`).
+fn thread_read_bytes() -> u64 {
+    let io = std::fs::read_to_string("/proc/thread-self/io").unwrap();
+    io.lines().find_map(|l| l.strip_prefix("rchar: ")).unwrap().trim().parse().unwrap()
+}
+
+/// A length field damaged to point 4 MiB on, in the active segment: the follower says so at
+/// every refresh without reading the segment again each time (each poll re-read as much as
+/// the damaged length declared, 128 MiB for bit 27: 40% of a core; review).
+#[test]
+fn a_follower_at_a_damaged_length_does_not_read_it_again_at_every_poll() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = dir.path().join("data");
+    let size = 16 << 20;
+    {
+        let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(size))).unwrap();
+        let h = store.handle();
+        for i in 0..300 {
+            h.append(vec![big(i)], None).unwrap();
+        }
+        store.shutdown();
+    }
+    let path = tephra::log::segment::list_segments(&data).unwrap().last().unwrap().1.clone();
+    let w = tephra::log::record::walk(&std::fs::read(&path).unwrap(), tephra::log::header::HEADER_LEN);
+    let at = w.offsets[100] as u64;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at + 2).unwrap();
+    f.write_all_at(&[b[0] | 0x40], at + 2).unwrap();
+    let said = format!("segment {} is corrupt at byte offset {at}", path.display());
+
+    let follower = Follower::open(&data, FollowerConfig::new(SegmentConfig::new(size))).unwrap();
+    assert_eq!(follower.handle().head(), Position(100));
+    let before = thread_read_bytes();
+    for _ in 0..20 {
+        match follower.refresh() {
+            Err(e @ tephra::log::LogError::Corrupt { .. }) => assert!(e.to_string().contains(&said), "{e}"),
+            other => panic!("the refresh gave {other:?}"),
+        }
+    }
+    let read = thread_read_bytes() - before;
+    assert!(read < 1 << 20, "20 refreshes read {read} bytes");
+    follower.close();
+}
