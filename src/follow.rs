@@ -280,7 +280,7 @@ impl Follower {
                 // Drain the old active segment before moving on: its tail is final now.
                 self.scan_active(t)?;
                 if base < t.next {
-                    return Err(LogError::NonContiguous { path, found: base, expected: t.next });
+                    return Err(LogError::NonContiguous { path, found: base, expected: t.next, hint: String::new() });
                 }
                 if base > t.next && self.dir.join(crate::log::segment::segment_name(t.next)).exists() {
                     // The segment between them exists and this listing missed it: reading a
@@ -307,7 +307,7 @@ impl Follower {
                     });
                 }
             } else if base != 1 {
-                return Err(LogError::NonContiguous { path, found: base, expected: 1 });
+                return Err(LogError::NonContiguous { path, found: base, expected: 1, hint: String::new() });
             }
             // One with a later segment after it is sealed: tables for its length, not for the
             // configured size (see `Segment::open_sealed`).

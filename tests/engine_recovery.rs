@@ -346,6 +346,20 @@ fn a_flipped_byte_in_a_sealed_segment_is_refused() {
     assert_contents(&s.handle(), &all);
 }
 
+/// A sealed segment whose last batch is zeroed whole: refused, naming that segment and where
+/// its committed records now end, not only the healthy segment after it (review).
+#[test]
+fn a_sealed_segment_missing_its_last_batch_is_named() {
+    let d = dir();
+    let (_, segs) = sealed_store(d.path());
+    let seg = &segs[0];
+    let last = batches(seg).pop().unwrap();
+    patch(seg, last.start, &vec![0u8; last.end - last.start]);
+    let err = assert_refused(d.path(), 512, &segs[1], None, "zeroed last batch of a sealed segment");
+    let want = format!("the segment before it, {}, holds positions up to {} and its committed records end at byte offset {}", seg.display(), last.highest - last.records.len() as u64, last.start);
+    assert!(err.contains(&want), "{err}");
+}
+
 #[test]
 fn never_written_trailing_segments_are_removed() {
     let d = dir();

@@ -35,9 +35,10 @@ pub enum LogError {
     /// A never-written segment sits before written ones.
     #[error("segment {} was never written but later segments exist", path.display())]
     UnwrittenNonLast { path: PathBuf },
-    /// A gap or overlap between segments.
-    #[error("non-contiguous segments: {} has base position {found}, expected {expected}", path.display())]
-    NonContiguous { path: PathBuf, found: u64, expected: u64 },
+    /// A gap or overlap between segments; `hint` (empty, or starting with " (") says what the
+    /// segment before it holds.
+    #[error("non-contiguous segments: {} has base position {found}, expected {expected}{hint}", path.display())]
+    NonContiguous { path: PathBuf, found: u64, expected: u64, hint: String },
     /// A commit marker disagrees with the record count.
     #[error("segment {} commit marker says position {found}, records say {expected}", path.display())]
     PositionMismatch { path: PathBuf, found: u64, expected: u64 },

@@ -177,16 +177,29 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         listed.push((1, path));
     }
 
-    let mut segments = Vec::with_capacity(listed.len());
+    let mut segments: Vec<Arc<Segment>> = Vec::with_capacity(listed.len());
     let mut expected = 1u64;
     let last = listed.len() - 1;
     let next_bases: Vec<Option<u64>> = (0..listed.len()).map(|i| listed.get(i + 1).map(|(b, _)| *b)).collect();
     let mut outcome = OpenOutcome::Clean;
     let mut active_end = HEADER_LEN as u64;
+    // Where the previous segment's committed records end (named when the next does not follow).
+    let mut prev_end = 0usize;
     for (i, (base, path)) in listed.into_iter().enumerate() {
         crate::fault::crash_point("recovery_midway");
         if base != expected {
-            return Err(LogError::NonContiguous { path, found: base, expected });
+            // Name the segment before it too: the one at fault when its last batches were lost
+            // (review: the healthy next file was the only one named).
+            let hint = match segments.last() {
+                Some(prev) if base > expected => format!(
+                    " (the segment before it, {}, holds positions up to {} and its committed records end at byte offset {prev_end}: its last batches were lost, or a segment file between the two is missing)",
+                    prev.path.display(),
+                    expected - 1
+                ),
+                Some(prev) => format!(" (it overlaps the segment before it, {}, which holds positions up to {})", prev.path.display(), expected - 1),
+                None => String::new(),
+            };
+            return Err(LogError::NonContiguous { path, found: base, expected, hint });
         }
         // Every segment is read whole, the active one too: a clean open must see that every
         // byte after the last commit marker is zero, to the end of the file. Reading only up to
@@ -252,6 +265,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         }
         on_segment(WalkedSegment { segment: &seg, bytes: buf, offsets: &w.offsets, active: i == last })?;
         expected = base + count;
+        prev_end = w.committed_end;
         segments.push(Arc::new(seg));
     }
     if !fresh {
