@@ -420,6 +420,21 @@ fn a_follower_reads_a_batch_larger_than_its_read_window() {
     assert_eq!((head, refreshed), (Position(6000), 6000));
 }
 
+/// A store in `data` under a new directory, of `size`-byte segments holding `n` of [`big`]'s
+/// events, one append each, closed; returns the directory and the active segment's path.
+fn store_of_big_events(size: u64, n: u64) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = dir.path().join("data");
+    let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(size))).unwrap();
+    let h = store.handle();
+    for i in 0..n {
+        h.append(vec![big(i)], None).unwrap();
+    }
+    store.shutdown();
+    let path = tephra::log::segment::list_segments(&data).unwrap().last().unwrap().1.clone();
+    (dir, path)
+}
+
 /// Zeros the 128 KiB from record `k`'s head in the active segment `path` (past a follower's
 /// first 64 KiB read window); returns that offset and the records committed before it.
 fn hole(path: &Path, k: usize) -> (u64, u64) {
@@ -438,18 +453,9 @@ fn hole(path: &Path, k: usize) -> (u64, u64) {
 /// end of the log: it served the prefix as all there was, without a word; review).
 #[test]
 fn a_follower_opened_on_a_hole_wider_than_its_window_says_so() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let data = dir.path().join("data");
     let size = 4 << 20;
-    {
-        let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(size))).unwrap();
-        let h = store.handle();
-        for i in 0..1000 {
-            h.append(vec![big(i)], None).unwrap();
-        }
-        store.shutdown();
-    }
-    let path = tephra::log::segment::list_segments(&data).unwrap().last().unwrap().1.clone();
+    let (dir, path) = store_of_big_events(size, 1000);
+    let data = dir.path().join("data");
     let (at, committed) = hole(&path, 300);
     let said = format!("segment {} is corrupt at byte offset {at}", path.display());
     let refused = Store::open(&data, StoreConfig::new(SegmentConfig::new(size))).err().expect("the writer opened a damaged store").to_string();
@@ -518,18 +524,9 @@ fn thread_read_bytes() -> u64 {
 #[test]
 fn a_follower_at_a_damaged_length_does_not_read_it_again_at_every_poll() {
     use std::os::unix::fs::FileExt;
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let data = dir.path().join("data");
     let size = 16 << 20;
-    {
-        let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(size))).unwrap();
-        let h = store.handle();
-        for i in 0..300 {
-            h.append(vec![big(i)], None).unwrap();
-        }
-        store.shutdown();
-    }
-    let path = tephra::log::segment::list_segments(&data).unwrap().last().unwrap().1.clone();
+    let (dir, path) = store_of_big_events(size, 300);
+    let data = dir.path().join("data");
     let w = tephra::log::record::walk(&std::fs::read(&path).unwrap(), tephra::log::header::HEADER_LEN);
     let at = w.offsets[100] as u64;
     let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
