@@ -101,6 +101,14 @@ const STUCK_POLLS: u32 = 3;
 /// The least time between two whole checks of the rest of the active segment.
 const REST_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Records a damaged record at [`Tail::stopped_at`] in the active segment `seg`, followed by
+/// committed batches, as [`Tail::hole`] (said again at later polls without reading), and
+/// returns its error.
+fn confirm_damage(seg: &Segment, t: &mut Tail, stop: Stop) -> LogError {
+    t.hole = Some((seg.base, t.stopped_at, stop));
+    damaged_active(seg, t, stop)
+}
+
 /// The error of a damaged record at [`Tail::stopped_at`] in the active segment `seg`, followed
 /// by committed batches.
 fn damaged_active(seg: &Segment, t: &Tail, stop: Stop) -> LogError {
@@ -365,7 +373,7 @@ impl Follower {
         // review).
         if let Some((base, at, stop)) = t.hole {
             if base == seg.base && at == t.stopped_at {
-                return Err(damaged_active(&seg, t, stop).into());
+                return Err(damaged_active(&seg, t, stop));
             }
         }
         let mut window = FIRST_WINDOW;
@@ -463,8 +471,7 @@ impl Follower {
                     suspect = Some(t.stopped_at);
                     continue;
                 }
-                t.hole = Some((seg.base, t.stopped_at, stop));
-                return Err(damaged_active(&seg, t, stop));
+                return Err(confirm_damage(&seg, t, stop));
             }
             return self.check_rest(&seg, t, poll_start);
         }
@@ -516,8 +523,7 @@ impl Follower {
         };
         if damaged()?.is_some() {
             if let Some(stop) = damaged()? {
-                t.hole = Some((seg.base, t.stopped_at, stop));
-                return Err(damaged_active(seg, t, stop).into());
+                return Err(confirm_damage(seg, t, stop));
             }
         }
         Ok(())

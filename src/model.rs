@@ -323,13 +323,17 @@ pub struct QueryMatcher {
 impl QueryMatcher {
     /// Prepares `query`.
     pub fn new(query: Query) -> QueryMatcher {
-        let type_only = |i: &QueryItem| i.tags.is_empty() && !i.types.is_empty();
         let (types, rest) = match &query {
-            Query::Items(items) if items.iter().filter(|i| type_only(i)).count() >= TYPE_SET_MIN => {
-                let set = items.iter().filter(|i| type_only(i)).flat_map(|i| i.types.iter().map(|t| t.as_str().to_owned())).collect();
-                (Some(set), items.iter().filter(|i| !type_only(i)).cloned().collect())
+            Query::Items(items) => {
+                let (type_only, rest): (Vec<&QueryItem>, Vec<&QueryItem>) = items.iter().partition(|i| i.tags.is_empty() && !i.types.is_empty());
+                if type_only.len() >= TYPE_SET_MIN {
+                    let set = type_only.iter().flat_map(|i| i.types.iter().map(|t| t.as_str().to_owned())).collect();
+                    (Some(set), rest.into_iter().cloned().collect())
+                } else {
+                    (None, Vec::new())
+                }
             }
-            _ => (None, Vec::new()),
+            Query::All => (None, Vec::new()),
         };
         QueryMatcher { query, types, rest }
     }

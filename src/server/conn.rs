@@ -395,11 +395,14 @@ struct Conn {
     /// The cancel flags of the reads and subscriptions running, by request id. Ids need not be
     /// unique (the reference does not check them, protocol §1.5): a cancel stops every stream
     /// running under its target id, where the reference's stops only the latest.
-    cancels: Rc<RefCell<HashMap<u64, Vec<Rc<Cell<bool>>>>>>,
+    cancels: Rc<RefCell<CancelFlags>>,
     /// Notified whenever cancel flags are set (a cancel request, the connection closing):
     /// what [`Conn::abandoned`] waits on.
     cancelled: Rc<event_listener::Event>,
 }
+
+/// The cancel flags of a connection's running streams, by request id.
+type CancelFlags = HashMap<u64, Vec<Rc<Cell<bool>>>>;
 
 /// Serves one accepted connection to completion.
 pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: TcpStream) {
@@ -700,7 +703,6 @@ const LINGER_BYTES: usize = 64 << 20;
 /// Positions a read or a subscription's catch-up may scan without a match before it checks
 /// whether the shard's other work is due (each costs about 0.1 µs: ~50 µs per step).
 const READ_STEP: usize = 512;
-
 
 /// The longest a connection's reader waits for bytes before re-checking its deadlines (and
 /// re-polling the socket). Deadlines themselves are waited for exactly; the tick only bounds
