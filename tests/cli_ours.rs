@@ -289,7 +289,8 @@ fn tls_at_a_plaintext_server_says_so() {
     std::fs::write(&ca, ck.cert.pem()).unwrap();
     let o = tephra(srv.addr, &["--tls-ca", ca.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
     assert_code(&o, 4);
-    assert!(stderr(&o).contains("the server does not speak TLS here"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the server answered in plaintext, not TLS"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("InvalidContentType"), "no rustls Debug text: {}", stderr(&o));
 }
 
 /// `--max-frame-len` below 1 MiB is refused up front, saying why: the server packs read

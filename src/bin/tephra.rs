@@ -191,6 +191,14 @@ impl CliError {
             {
                 format!("{context}: {err} (the server's frame cap, server.max_frame_len)")
             }
+            // The reference's protocol ends a connection at shutdown by closing it, with no
+            // frame (protocol spec §2.12), so this is all a client can know.
+            ClientError::UnexpectedEof => format!(
+                "{context}: the server closed the connection (a server shutting down or restarting does that; so does one that ended this connection for idling or a limit)"
+            ),
+            ClientError::Server { code: code @ (ErrorCode::Conflict | ErrorCode::AlreadyExists), retryable, conflict_position, .. } => {
+                format!("{context}: {}", condition_failed(*code, *retryable, conflict_position.map(|p| p.get())))
+            }
             _ => format!("{context}: {err}"),
         };
         CliError { code, message, wire }
@@ -220,6 +228,23 @@ impl CliError {
         } else {
             eprintln!("tephra: {}", self.message);
         }
+    }
+}
+
+/// A refused append condition in words: which query matched and where (the server's own text
+/// is the reference's, `append condition conflict (Boundary, Durable(Position(7)))`, pinned
+/// for compatibility; protocol spec §2.3). Nothing of the append was written either way.
+fn condition_failed(code: ErrorCode, retryable: bool, position: Option<u64>) -> String {
+    let (name, query) = match code {
+        ErrorCode::Conflict => ("CONFLICT", "the condition's query (--if-type/--if-tag, after --after)"),
+        _ => ("ALREADY_EXISTS", "the existence query (--exists-type/--exists-tag)"),
+    };
+    match position {
+        Some(p) => format!("{name}: the event at position {p} matches {query}; nothing was appended"),
+        None if retryable => format!(
+            "{name}: an event appended concurrently, in the same commit, matches {query}; nothing was appended (retrying may succeed)"
+        ),
+        None => format!("{name}: an event matches {query}; nothing was appended"),
     }
 }
 

@@ -292,7 +292,7 @@ impl std::fmt::Debug for Client {
 /// certificate is refused as `CaUsedAsEndEntity`.
 fn tls_hint(e: io::Error) -> io::Error {
     if tls::answered_without_tls(&e) {
-        return io::Error::new(io::ErrorKind::InvalidData, format!("{e}: the server does not speak TLS here (connect without TLS?)"));
+        return io::Error::new(io::ErrorKind::InvalidData, "the server answered in plaintext, not TLS (connect without TLS?)".to_owned());
     }
     // webpki's CaUsedAsEndEntity reaches us only inside rustls's catch-all
     // `CertificateError::Other`, so its name is all there is to match.

@@ -153,7 +153,12 @@ fn conflicts_exit_3_and_bad_requests_exit_2() {
     assert_code(&tephra(a, &guarded), 0);
     let o = tephra(a, &guarded);
     assert_code(&o, 3);
-    assert!(stderr(&o).contains("append condition conflict (Boundary, Durable(Position(1)))"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("CONFLICT: the event at position 1 matches the condition's query") && stderr(&o).contains("nothing was appended"),
+        "the conflict in words, not the server's Debug-shaped text: {}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("Durable("), "{}", stderr(&o));
     let mut json = vec!["--json"];
     json.extend_from_slice(&guarded);
     let o = tephra(a, &json);
@@ -170,7 +175,7 @@ fn conflicts_exit_3_and_bad_requests_exit_2() {
     assert_code(&tephra(a, &once), 0);
     let o = tephra(a, &once);
     assert_code(&o, 3);
-    assert!(stderr(&o).contains("Existence"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("ALREADY_EXISTS: the event at position 3 matches the existence query"), "{}", stderr(&o));
 
     // Bad requests: after beyond the tip, invalid names, bad usage.
     let o = tephra(a, &["append", "--type", "X", "--after", "1000"]);
@@ -490,4 +495,27 @@ fn a_lost_connection_ends_subscribe_with_exit_4() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(4), "{rest:?}");
     assert!(rest.iter().any(|l| l.contains("subscription failed")), "{rest:?}");
+}
+
+/// A subscription ended by the server's shutdown exits 4 and says the server closed the
+/// connection, naming a shutdown as one cause (the protocol closes without a frame, so the
+/// client cannot tell more; new-user review: the message read as a lost network only).
+#[test]
+fn a_subscription_ended_by_shutdown_says_the_server_closed_it() {
+    let Some(mut srv) = start(&[]) else { return };
+    let mut cmd = cli(srv.addr);
+    cmd.args(["subscribe"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // Wait for the catch-up note (stderr) before stopping the server.
+    let mut errs = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    errs.read_line(&mut line).unwrap();
+    assert!(line.contains("caught up at 0"), "{line}");
+    srv.signal(libc::SIGTERM);
+    assert!(srv.wait_exit(Duration::from_secs(20)).is_some(), "the server exits");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut errs, &mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(4), "{err}");
+    assert!(err.contains("subscription failed: the server closed the connection") && err.contains("shutting down"), "{err}");
 }
