@@ -485,7 +485,7 @@ fn an_empty_log_filter_logs_nothing_like_the_reference_and_says_so_on_stderr() {
 }
 
 #[test]
-fn a_batch_budget_over_the_segment_is_clamped_with_one_warning_and_zero_with_its_own() {
+fn a_batch_budget_over_the_segment_is_clamped_with_one_line_and_zero_with_its_own() {
     // 64 KiB segments: the default 8 MiB budget is clamped (reference §2.1, startup order),
     // and said once, not once by the binary and again by the writer.
     let srv = Server::start(&bin(), &[("TEPHRA__SEGMENT__SIZE", "65536")]);
@@ -496,9 +496,17 @@ fn a_batch_budget_over_the_segment_is_clamped_with_one_warning_and_zero_with_its
     }
     let log = srv.log();
     let clamps: Vec<&str> = log.lines().filter(|l| l.contains("max_batch_bytes") && l.contains("clamped")).collect();
-    assert_eq!(clamps.len(), 1, "one clamp warning: {log}");
-    assert!(clamps[0].contains("WARN") && clamps[0].contains("effective=65472"), "{}", clamps[0]);
+    assert_eq!(clamps.len(), 1, "one clamp line: {log}");
+    // The default budget is expected to be clamped: said, not warned of (new-user review).
+    assert!(clamps[0].contains("INFO") && clamps[0].contains("(the default)") && clamps[0].contains("effective=65472"), "{}", clamps[0]);
     assert!(!log.contains("group commit is off"), "{log}");
+
+    // A budget the operator set that does not fit is warned of, once.
+    let srv = Server::start(&bin(), &[("TEPHRA__SEGMENT__SIZE", "65536"), ("TEPHRA__WRITER__MAX_BATCH_BYTES", "1000000")]);
+    let log = srv.log();
+    let clamps: Vec<&str> = log.lines().filter(|l| l.contains("max_batch_bytes") && l.contains("clamped")).collect();
+    assert_eq!(clamps.len(), 1, "one clamp warning: {log}");
+    assert!(clamps[0].contains("WARN") && clamps[0].contains("configured=1000000") && clamps[0].contains("effective=65472"), "{}", clamps[0]);
 
     // A zero budget is accepted (as by the reference) and every request commits alone.
     let srv = Server::start(&bin(), &[("TEPHRA__WRITER__MAX_BATCH_BYTES", "0")]);
@@ -2275,4 +2283,20 @@ fn a_lock_file_whose_pid_cannot_be_written_still_locks_and_the_store_opens() {
     let second = run_to_exit(&bin(), &["--data-dir", &srv.data_dir().display().to_string(), "--bind", "127.0.0.1:0"], &[], None, Duration::from_secs(30));
     assert_eq!(second.code, Some(1), "{}", second.stderr);
     assert!(second.stderr.contains("data directory is locked") || second.stdout.contains("data directory is locked"), "{}\n{}", second.stdout, second.stderr);
+}
+
+/// A `--data-dir` that is a file is refused with exit 1 and a message that says so, not
+/// "cannot lock .../LOCK: Not a directory" (new-user review); the file is left as it was.
+#[test]
+fn a_data_directory_that_is_a_file_is_named_as_such() {
+    let scratch = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let file = scratch.path().join("events");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let path = file.to_str().unwrap();
+    let out = run_to_exit(&bin(), &["--bind", "127.0.0.1:0", "--data-dir", path], &[], None, Duration::from_secs(20));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    let said = format!("{}{}", out.stdout, out.stderr);
+    assert!(said.contains(path) && said.contains("the data directory exists but is not a directory"), "{said}");
+    assert!(!said.contains("LOCK"), "{said}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a directory");
 }

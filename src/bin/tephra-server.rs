@@ -59,12 +59,16 @@ fn main() -> ExitCode {
     if let Err(e) = thp {
         tracing::warn!(error = %e, "cannot turn transparent huge pages off for this process (prctl PR_SET_THP_DISABLE); page faults may stall appends for milliseconds");
     }
+    // The reference warns of every clamp (protocol spec §2.1, startup order). The default
+    // budget (8 MiB) over a small segment.size is the expected case, not a mistake: it is said
+    // at info (new-user review); a configured budget that does not fit is warned of.
     if settings.effective_max_batch_bytes() < settings.writer.max_batch_bytes {
-        tracing::warn!(
-            configured = settings.writer.max_batch_bytes,
-            effective = settings.effective_max_batch_bytes(),
-            "writer.max_batch_bytes exceeds the segment capacity and is clamped"
-        );
+        let (configured, effective) = (settings.writer.max_batch_bytes, settings.effective_max_batch_bytes());
+        if configured == tephra::writer::WriterConfig::default().max_batch_bytes {
+            tracing::info!(configured, effective, "writer.max_batch_bytes (the default) exceeds the segment capacity and is clamped");
+        } else {
+            tracing::warn!(configured, effective, "writer.max_batch_bytes exceeds the segment capacity and is clamped");
+        }
     }
     for (key, secs) in [("server.keepalive.idle_secs", settings.server.keepalive.idle_secs), ("server.keepalive.interval_secs", settings.server.keepalive.interval_secs)] {
         if secs > tephra::config::MAX_KEEPALIVE_SECS {

@@ -150,6 +150,11 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
             sync_dir(parent)?;
         }
     }
+    if !dir.is_dir() {
+        // Say so, rather than failing on the LOCK file inside it ("Not a directory").
+        let source = std::io::Error::new(std::io::ErrorKind::NotADirectory, "the data directory exists but is not a directory");
+        return Err(LogError::Io { path: dir.to_owned(), source });
+    }
     let lock = DirLock::acquire(dir)?;
 
     let mut listed = list_segments(dir)?;
