@@ -164,8 +164,8 @@ impl Store {
         // first one's segment and reason, and the time spent. Said in one line once the log is
         // open (review: a directory the reference wrote, 786 segments, gave 786 lines).
         let mut rebuilt: (u64, Option<(PathBuf, String)>, std::time::Duration) = (0, None, std::time::Duration::ZERO);
-        // Rebuilt indexes whose files could not be written, and the first error.
-        let mut unwritten: (u64, Option<std::io::Error>) = (0, None);
+        // Rebuilt sealed indexes, their files to be written once the open has succeeded.
+        let mut to_write: Vec<Arc<crate::index::sealed::SealedIndex>> = Vec::new();
         let rec = open_log(&dir, &cfg.segment, |w| {
             let base = w.segment.base;
             let count = w.offsets.len() as u64;
@@ -204,16 +204,37 @@ impl Store {
                 active_fingerprint = Some(fingerprint);
             } else {
                 let bytes = ix.encode_sealed(fingerprint.value());
-                let (sealed, failed) = crate::index::persist_sealed_quietly(&dir, base, count, fingerprint.value(), bytes).expect("a freshly encoded index validates");
-                if let Some(e) = failed {
-                    unwritten.0 += 1;
-                    unwritten.1.get_or_insert(e);
-                }
-                indexes.push(SegIndex::Sealed(Arc::new(sealed)));
+                let sealed = Arc::new(crate::index::sealed::SealedIndex::load(bytes, base, count, fingerprint.value()).expect("a freshly encoded index validates"));
+                // Its file is written once the whole store is accepted: a refused open
+                // writes nothing (review).
+                to_write.push(sealed.clone());
+                indexes.push(SegIndex::Sealed(sealed));
                 rebuilt.2 += started.elapsed();
             }
             Ok(())
         })?;
+        let active_index = active_index.expect("open_log walks the active segment last");
+        indexes.push(SegIndex::Active(active_index.shared().clone()));
+        let head = rec.next_position - 1;
+        let shared = Arc::new(Shared::new(Snapshot::new(rec.segments.clone(), indexes), head, cfg.read.scan_bias));
+        let metrics = Arc::new(WriterMetrics::default());
+        let active = rec.segments.last().expect("open_log returns at least one segment").clone();
+        // A store whose active segment cannot be written (permissions, an immutable file, a
+        // read-only mount) refuses to open, as the reference does, rather than open and refuse
+        // every append (review: it started, passed the healthcheck, and failed each append).
+        let opened_active = Writer::open_active(&active, rec.active_end).map_err(|e| LogError::Io {
+            path: active.path.clone(),
+            source: std::io::Error::new(e.kind(), format!("cannot open the active segment for writing: {e}")),
+        })?;
+        // Every check that can refuse the open is behind us: write the rebuilt index files.
+        // A failed write is said, not fatal: the next start rebuilds that index again.
+        let mut unwritten: (u64, Option<std::io::Error>) = (0, None);
+        for ix in &to_write {
+            if let Err(e) = crate::index::write_index_file(&dir, ix.base(), ix.bytes()) {
+                unwritten.0 += 1;
+                unwritten.1.get_or_insert(e);
+            }
+        }
         if let (n, Some((first, why)), took) = rebuilt {
             // Index files are ours alone: a directory another server wrote (the reference) has
             // none for its segments. Each rebuilt one is written, so the next start loads it.
@@ -231,19 +252,6 @@ impl Store {
                 ),
             }
         }
-        let active_index = active_index.expect("open_log walks the active segment last");
-        indexes.push(SegIndex::Active(active_index.shared().clone()));
-        let head = rec.next_position - 1;
-        let shared = Arc::new(Shared::new(Snapshot::new(rec.segments.clone(), indexes), head, cfg.read.scan_bias));
-        let metrics = Arc::new(WriterMetrics::default());
-        let active = rec.segments.last().expect("open_log returns at least one segment").clone();
-        // A store whose active segment cannot be written (permissions, an immutable file, a
-        // read-only mount) refuses to open, as the reference does, rather than open and refuse
-        // every append (review: it started, passed the healthcheck, and failed each append).
-        let opened_active = Writer::open_active(&active, rec.active_end).map_err(|e| LogError::Io {
-            path: active.path.clone(),
-            source: std::io::Error::new(e.kind(), format!("cannot open the active segment for writing: {e}")),
-        })?;
         let (tx, rx) = flume::bounded(cfg.writer.queue_capacity.max(1));
         let (done_tx, done_rx) = flume::bounded(1);
         let task = WriterTask {

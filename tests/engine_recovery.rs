@@ -730,3 +730,58 @@ fn a_long_zeroed_range_among_records_is_refused() {
     let err = assert_refused(d.path(), size, &seg, Some(from), "33 MiB zeroed among records");
     assert!(err.contains("followed by committed batches"), "{err}");
 }
+
+/// The files under the index folder, by name.
+fn index_files(dir: &Path) -> Vec<String> {
+    match std::fs::read_dir(dir.join(tephra::index::INDEX_DIR)) {
+        Ok(rd) => rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// A refused open writes nothing, index files included: sealed indexes rebuilt on the way to
+/// an active segment that is then refused are not written (review: they were written before
+/// the active segment was judged).
+#[test]
+fn a_refused_open_writes_no_index_files() {
+    let d = dir();
+    let (_, segs) = sealed_store(d.path());
+    std::fs::remove_dir_all(d.path().join(tephra::index::INDEX_DIR)).unwrap();
+    let active = segs.last().unwrap();
+    let b = batches(active);
+    assert!(b.len() >= 2, "the active segment needs a batch after the damaged one");
+    let off = b[0].records[0].0;
+    flip(active, off + 9, 0x02);
+    assert_refused(d.path(), 512, active, Some(off), "damage in the active segment");
+    assert_eq!(index_files(d.path()), Vec::<String>::new(), "a refused open wrote index files");
+    // Repaired, the store opens, rebuilds the sealed indexes and writes them.
+    flip(active, off + 9, 0x02);
+    drop(Store::open(d.path(), cfg(512)).unwrap());
+    assert_eq!(index_files(d.path()).len(), segs.len() - 1, "{:?}", index_files(d.path()));
+}
+
+/// A torn tail is zeroed only once the whole store is accepted: an active segment that is
+/// refused for a committed record that is not an event keeps its torn tail as it was
+/// (review: the rollback had zeroed it before the refusal).
+#[test]
+fn a_refused_open_leaves_a_torn_tail_in_place() {
+    let d = dir();
+    fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let b = batches(&seg);
+    let (off, end) = b[1].records[0];
+    let mut rec = std::fs::read(&seg).unwrap()[off..end].to_vec();
+    // type_len = 0 (an empty type), re-sealed with a valid CRC.
+    rec[8] = 0;
+    rec[9] = 0;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&rec[0..4]);
+    h.update(&rec[8..]);
+    rec[4..8].copy_from_slice(&h.finalize().to_le_bytes());
+    patch(&seg, off, &rec);
+    let garbage: Vec<u8> = b"torn tail".iter().copied().cycle().take(100).collect();
+    patch(&seg, b.last().unwrap().end, &garbage);
+    // assert_refused checks that no segment file changed.
+    let err = assert_refused(d.path(), SIZE, &seg, Some(off), "undecodable committed record ahead of a torn tail");
+    assert!(err.contains("position 3"), "{err}");
+}
