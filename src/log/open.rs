@@ -303,11 +303,29 @@ fn map_whole(path: &Path) -> std::io::Result<memmap2::Mmap> {
     unsafe { memmap2::MmapOptions::new().populate().map(&f) }
 }
 
+/// A discarded range at least this long is zeroed by `fallocate(FALLOC_FL_ZERO_RANGE)`, not
+/// by writing zeros (review: one stray byte at the end of a 4 GiB segment made the open
+/// write 4 GiB, 3.4 s).
+const ZERO_IN_PLACE_MIN: u64 = 1 << 20;
+
 /// Overwrites `[start, end)` with zeros and syncs, so a rolled-back tail can never be read as
-/// committed again (the reference leaves it in place, reference engine §6.3).
+/// committed again (the reference leaves it in place, reference engine §6.3). A long range is
+/// zeroed in place by the file system ([`ZERO_IN_PLACE_MIN`]; the blocks then read as zeros
+/// without being written, and the change is made durable with `fsync`); where that is not
+/// supported, and for a short range, zeros are written.
 fn zero_range(path: &Path, start: u64, end: u64) -> Result<(), LogError> {
     let io = |source| LogError::Io { path: path.to_owned(), source };
     let f = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
+    if end - start >= ZERO_IN_PLACE_MIN {
+        use nix::fcntl::{fallocate, FallocateFlags};
+        let flags = FallocateFlags::FALLOC_FL_ZERO_RANGE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        match fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), flags, start as i64, (end - start) as i64) {
+            // The extents changed: fsync, not fdatasync, makes that durable on every file system.
+            Ok(()) => return f.sync_all().map_err(io),
+            Err(nix::errno::Errno::EOPNOTSUPP | nix::errno::Errno::ENOSYS | nix::errno::Errno::EINVAL) => {}
+            Err(e) => return Err(io(e.into())),
+        }
+    }
     let zeros = vec![0u8; 64 * 1024];
     let mut off = start;
     while off < end {
