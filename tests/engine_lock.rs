@@ -179,3 +179,21 @@ fn a_handover_between_threads_keeps_the_record_lock() {
     drop(to);
     probe.wait().unwrap();
 }
+
+/// A FIFO in the lock file's place is refused at once with a message naming the file, not
+/// waited on (review); a regular file again opens.
+#[test]
+fn a_lock_file_that_is_not_a_regular_file_is_refused() {
+    let d = dir();
+    let lock = d.path().join("LOCK");
+    nix::unistd::mkfifo(&lock, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let started = Instant::now();
+    let err = match Store::open(d.path(), cfg(4096)) {
+        Ok(_) => panic!("opened with a FIFO as its lock file"),
+        Err(e) => e.to_string(),
+    };
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(err.contains("LOCK") && err.contains("not a regular file"), "{err}");
+    std::fs::remove_file(&lock).unwrap();
+    drop(Store::open(d.path(), cfg(4096)).unwrap());
+}

@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
@@ -75,7 +76,12 @@ impl DirLock {
 
     fn take_file_lock(path: &Path) -> Result<Option<File>, LockError> {
         let io = |source| LockError::Io { path: path.to_owned(), source };
-        let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(io)?;
+        // O_NONBLOCK: a FIFO or a device put in the lock file's place must not hang the open;
+        // anything but a regular file is refused below.
+        let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(false).custom_flags(libc::O_NONBLOCK).open(path).map_err(io)?;
+        if !file.metadata().map_err(io)?.file_type().is_file() {
+            return Err(io(std::io::Error::new(std::io::ErrorKind::InvalidInput, "the lock file is not a regular file (remove it; the server creates it)")));
+        }
         let fl = flock(libc::F_WRLCK as libc::c_short);
         match nix::fcntl::fcntl(file.as_raw_fd(), nix::fcntl::FcntlArg::F_SETLK(&fl)) {
             Ok(_) => {}
