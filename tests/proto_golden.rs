@@ -184,12 +184,23 @@ fn read_events_and_stats_layout() {
         connections_refused: 8,
         max_connections: 9,
         connections_reaped: 10,
+        writer_stopped: String::new(),
     };
+    // Our field 11 empty: not encoded, the reference's bytes exactly.
     lock(
         &stats,
         &[
             0x08, 0x01, 0x10, 0x02, 0x18, 0x03, 0x20, 0x04, 0x28, 0x05, 0x30, 0x06, 0x3a, 0x01, b'v', 0x40, 0x08, 0x48,
             0x09, 0x50, 0x0a,
+        ],
+    );
+    // Set (a fail-stopped writer): field 11, length-delimited, after the reference's ten.
+    let stopped = StatsResponse { writer_stopped: "x".into(), ..stats };
+    lock(
+        &stopped,
+        &[
+            0x08, 0x01, 0x10, 0x02, 0x18, 0x03, 0x20, 0x04, 0x28, 0x05, 0x30, 0x06, 0x3a, 0x01, b'v', 0x40, 0x08, 0x48,
+            0x09, 0x50, 0x0a, 0x5a, 0x01, b'x',
         ],
     );
 }

@@ -2110,8 +2110,9 @@ fn an_unwritable_directory_at_a_rollover_onto_a_spare_is_retried_not_fail_stop()
     assert!(!srv.log().contains("writer stopped"), "{}", srv.log());
 }
 
-/// `tephra_writer_stopped` turns 1 once a failed fdatasync stopped the writer (the protocol's
-/// stats cannot say so, and `--healthcheck` passes), 0 before.
+/// `tephra_writer_stopped` turns 1 once a failed fdatasync stopped the writer, 0 before; the
+/// stats say why in our field 11, `tephra stats` shows it, and `--healthcheck` then fails
+/// (review: it passed a server that refused every append).
 #[test]
 fn the_metrics_say_when_the_writer_has_stopped() {
     let Some(faulty) = crash_points_bin() else { return };
@@ -2132,6 +2133,13 @@ fn the_metrics_say_when_the_writer_has_stopped() {
     let body = http(maddr, "GET /metrics HTTP/1.1");
     assert_eq!(sample(&body, "tephra_writer_stopped"), "1");
     assert_eq!(sample(&body, "tephra_follower_refresh_failures"), "0");
+    let stats = c.stats().unwrap();
+    assert!(stats.writer_stopped.contains("until the server restarts"), "{stats:?}");
+    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &srv.addr.to_string()], &[], None, Duration::from_secs(20));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("healthcheck failed: the writer has stopped, appends are refused:"), "{}", out.stderr);
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_tephra")).args(["--addr", &srv.addr.to_string(), "stats"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&cli.stdout).contains("writer stopped"), "{cli:?}");
 }
 
 /// A follower whose refresh keeps failing (here a segment file whose header names another

@@ -166,7 +166,8 @@ fn blank_filter(filter: &str) -> bool {
     filter.split(',').all(|directive| directive.trim().is_empty())
 }
 
-/// `--healthcheck`: Hello (first token), one stats call, exit 0 or 1; opens no store.
+/// `--healthcheck`: Hello (first token), one stats call, exit 0 or 1 (1 also when the stats say
+/// the writer has stopped); opens no store.
 fn healthcheck(settings: &Settings) -> ExitCode {
     match probe(settings) {
         Ok(()) => ExitCode::SUCCESS,
@@ -252,6 +253,9 @@ fn probe(settings: &Settings) -> Result<(), String> {
         other => return Err(format!("unexpected answer to hello: {other:?}")),
     }
     match call(Request::new(2, request::Kind::Stats(proto::StatsRequest {})), None)?.kind {
+        // Our servers say when the writer has stopped (fail-stop after a failed write or
+        // sync): reads still work, appends do not, so the server is not healthy.
+        Some(response::Kind::Stats(s)) if !s.writer_stopped.is_empty() => Err(format!("the writer has stopped, appends are refused: {}", s.writer_stopped)),
         Some(response::Kind::Stats(_)) => Ok(()),
         Some(response::Kind::Error(e)) => Err(format!("stats refused: {}", e.message)),
         other => Err(format!("unexpected answer to stats: {other:?}")),

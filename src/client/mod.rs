@@ -242,6 +242,9 @@ pub struct Stats {
     pub max_connections: u64,
     /// Connections closed by a timeout.
     pub connections_reaped: u64,
+    /// Why the writer stopped accepting appends (fail-stop, until the server restarts); empty
+    /// while it writes, and always empty from a server that does not send it (the reference).
+    pub writer_stopped: String,
 }
 
 impl From<proto::StatsResponse> for Stats {
@@ -257,6 +260,7 @@ impl From<proto::StatsResponse> for Stats {
             connections_refused: s.connections_refused,
             max_connections: s.max_connections,
             connections_reaped: s.connections_reaped,
+            writer_stopped: s.writer_stopped,
         }
     }
 }

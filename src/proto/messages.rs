@@ -209,6 +209,13 @@ pub struct StatsResponse {
     /// Field 10: connections closed by a timeout.
     #[prost(uint64, tag = "10")]
     pub connections_reaped: u64,
+    /// Field 11, ours (not in the reference's schema, spec §2.11): why the writer stopped
+    /// accepting appends after a failed write or sync (fail-stop, until a restart); empty while
+    /// it writes. An empty string is not encoded, so a healthy server's answer is byte for
+    /// byte the reference's, and clients that do not know the field skip it (protobuf's rule
+    /// for unknown fields). `--healthcheck` fails when it is set.
+    #[prost(string, tag = "11")]
+    pub writer_stopped: ::prost::alloc::string::String,
 }
 
 /// The server's answer to a successful [`Hello`].

@@ -100,7 +100,7 @@ impl Context {
         ok.into()
     }
 
-    /// The ten stats fields (reference protocol §2.11).
+    /// The ten stats fields (reference protocol §2.11), and ours, `writer_stopped`.
     pub fn stats(&self) -> crate::proto::StatsResponse {
         // A test holds the directory listing here, as a slow disk would.
         crate::fault::pause_point("stats_scan");
@@ -128,6 +128,7 @@ impl Context {
             connections_refused: self.connections_refused.load(Ordering::Relaxed),
             max_connections: self.settings.server.limits.max_connections as u64,
             connections_reaped: self.connections_reaped.load(Ordering::Relaxed),
+            writer_stopped: self.store.failure().unwrap_or_default(),
         }
     }
 }

@@ -378,7 +378,7 @@ pub fn stats(g: &Global) -> Result<(), CliError> {
     let mut client = connect(g, true)?;
     let s = client.stats().map_err(|e| CliError::client("stats failed", e))?;
     let text = if g.json {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "event_count": s.event_count,
             "segment_count": s.segment_count,
             "disk_bytes": s.disk_bytes,
@@ -389,11 +389,14 @@ pub fn stats(g: &Global) -> Result<(), CliError> {
             "connections_refused": s.connections_refused,
             "max_connections": s.max_connections,
             "connections_reaped": s.connections_reaped,
-        })
-        .to_string()
+        });
+        if !s.writer_stopped.is_empty() {
+            v["writer_stopped"] = s.writer_stopped.clone().into();
+        }
+        v.to_string()
     } else {
         let cap = if s.max_connections == 0 { "unlimited".to_owned() } else { s.max_connections.to_string() };
-        [
+        let mut lines = vec![
             format!("server version        {}", s.version),
             format!("events                {}", s.event_count),
             format!("segments              {}", s.segment_count),
@@ -406,8 +409,11 @@ pub fn stats(g: &Global) -> Result<(), CliError> {
             format!("active subscriptions  {}", s.active_subscriptions),
             format!("connections refused   {}", s.connections_refused),
             format!("connections reaped    {}", s.connections_reaped),
-        ]
-        .join("\n")
+        ];
+        if !s.writer_stopped.is_empty() {
+            lines.push(format!("writer stopped        {} (appends are refused until the server restarts)", s.writer_stopped));
+        }
+        lines.join("\n")
     };
     writeln!(io::stdout().lock(), "{text}").map_err(CliError::output)
 }
