@@ -190,9 +190,9 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
     let mut active_end = HEADER_LEN as u64;
     // Where the previous segment's committed records end (named when the next does not follow).
     let mut prev_end = 0usize;
-    // The active segment's torn tail `[start, end)` and its lost positions, zeroed only once
-    // `on_segment` has accepted every committed record: a refused open changes nothing.
-    let mut torn: Option<(u64, u64, Option<(u64, u64)>)> = None;
+    // The active segment's rollback, its torn tail zeroed only once `on_segment` has
+    // accepted every committed record: a refused open changes nothing.
+    let mut rollback: Option<OpenOutcome> = None;
     for (i, (base, path)) in listed.into_iter().enumerate() {
         crate::fault::crash_point("recovery_midway");
         if base != expected {
@@ -238,7 +238,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
                 }
                 TailVerdict::Torn { discard_start, discard_end, lost_records } => {
                     let positions = (lost_records > 0).then(|| (base + count, base + count + lost_records - 1));
-                    torn = Some((discard_start as u64, discard_end as u64, positions));
+                    rollback = Some(OpenOutcome::RolledBack { segment: path.clone(), bytes: (discard_start as u64, discard_end as u64), positions });
                 }
             }
             active_end = w.committed_end as u64;
@@ -263,10 +263,10 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
             seg.offsets.set(k, off);
         }
         on_segment(WalkedSegment { segment: &seg, bytes: buf, offsets: &w.offsets, active: i == last })?;
-        if let (true, Some((start, end, positions))) = (i == last, torn) {
-            zero_range(&seg.path, start, end)?;
-            tracing::warn!(segment = %seg.path.display(), from = start, to = end, ?positions, "recovered with rollback of an uncommitted tail");
-            outcome = OpenOutcome::RolledBack { segment: seg.path.clone(), bytes: (start, end), positions };
+        if let Some(OpenOutcome::RolledBack { segment, bytes: (from, to), positions }) = &rollback {
+            zero_range(segment, *from, *to)?;
+            tracing::warn!(segment = %segment.display(), from, to, ?positions, "recovered with rollback of an uncommitted tail");
+            outcome = rollback.take().expect("matched above");
         }
         expected = base + count;
         prev_end = w.committed_end;
