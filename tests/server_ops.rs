@@ -401,6 +401,9 @@ fn the_readiness_line_names_the_bound_port_on_stdout() {
     assert!(line.contains("tephra server listening"), "{line}");
     assert!(line.contains(&format!("addr=127.0.0.1:{}", srv.addr.port())), "{line}");
     assert!(line.contains("INFO"), "{line}");
+    // The open says how long it took (a large store is read whole at start).
+    let opened = log.lines().find(|l| l.contains("log opened")).expect("a log opened line");
+    assert!(opened.contains("took_ms="), "{opened}");
     // And the port is really served.
     Client::connect(srv.addr).unwrap().stats().unwrap();
     // The reference's exact line (target `tephra_server`, the address last; reference §2.1):

@@ -183,6 +183,11 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
     }
 
     let mut segments: Vec<Arc<Segment>> = Vec::with_capacity(listed.len());
+    // A large store takes a while to read: say how far it got every OPEN_PROGRESS_EVERY, so a
+    // long start is seen to be working.
+    let started = std::time::Instant::now();
+    let total_bytes: u64 = listed.iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
+    let (mut read_bytes, mut next_note) = (0u64, started + OPEN_PROGRESS_EVERY);
     let mut expected = 1u64;
     let last = listed.len() - 1;
     let next_bases: Vec<Option<u64>> = (0..listed.len()).map(|i| listed.get(i + 1).map(|(b, _)| *b)).collect();
@@ -217,6 +222,14 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         // head of an event of 40 MiB of zeros; 40 MiB zeroed among 256 MiB of records).
         let mapped = map_whole(&path).map_err(|source| LogError::Io { path: path.clone(), source })?;
         let buf: &[u8] = &mapped;
+        read_bytes += buf.len() as u64;
+        if std::time::Instant::now() >= next_note {
+            tracing::info!(
+                segments_read = i + 1, of = last + 1, read_mib = read_bytes >> 20, of_mib = total_bytes >> 20, elapsed_s = started.elapsed().as_secs(),
+                "opening the log: every segment is read and checked at start"
+            );
+            next_note += OPEN_PROGRESS_EVERY;
+        }
         let w = walk(buf, HEADER_LEN);
         let count = w.offsets.len() as u64;
         if let Some(highest) = w.last_marker {
@@ -275,9 +288,12 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
     if !fresh {
         remove_unwritten(dir, &trailing)?;
     }
-    tracing::info!(dir = %dir.display(), head = expected - 1, segments = segments.len(), ?outcome, "log opened");
+    tracing::info!(dir = %dir.display(), head = expected - 1, segments = segments.len(), ?outcome, took_ms = started.elapsed().as_millis() as u64, "log opened");
     Ok(Recovered { lock, segments, next_position: expected, active_end, outcome, removed: trailing })
 }
+
+/// How often a long open says how far it got.
+const OPEN_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Removes never-written trailing segment files and syncs the directory.
 fn remove_unwritten(dir: &Path, files: &[PathBuf]) -> Result<(), LogError> {
