@@ -614,7 +614,7 @@ fn a_directory_is_not_a_config_file_and_toml_is_appended_as_a_fallback() {
     let e = resolve(&args, no_env()).unwrap_err();
     assert_eq!(
         e.to_string(),
-        format!("configuration file \"{}\" not found", dir.path().display())
+        format!("configuration file \"{}\" not found: it is a directory (--config takes a TOML file)", dir.path().display())
     );
 
     // `--config NAME` falls back to `NAME.toml`, as the reference does.

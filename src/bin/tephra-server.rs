@@ -27,7 +27,14 @@ fn main() -> ExitCode {
     // one page fault (its CPU time, counted with getrusage); with THP off, p99.9 4.2 vs 5.5-7.4
     // ms and the worst request 9.6 vs 26-30 ms. The usual advice for latency-bound stores.
     let thp = nix::sys::prctl::set_thp_disable(true);
-    let args = match ServerArgs::try_parse() {
+    // `tephra-server help` prints the usage as `--help` does: the reference's usage lists
+    // both, and scripts written for it use either (review).
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == "help") {
+        argv.truncate(1);
+        argv.push("--help".into());
+    }
+    let args = match ServerArgs::try_parse_from(argv) {
         Ok(a) => a,
         Err(e) => {
             let code = if e.use_stderr() { 1 } else { 0 };
@@ -341,7 +348,7 @@ fn open_files_for(cap: Option<usize>) {
     const OWN: u64 = 128;
     if let Some(cap) = cap {
         if limit < cap as u64 + OWN {
-            tracing::warn!(open_files = limit, max_connections = cap, "the open-files limit leaves no room for server.limits.max_connections: connections past it are reset at accept (raise it, e.g. ulimit -n or LimitNOFILE)");
+            tracing::warn!(open_files = limit, max_connections = cap, "the open-files limit leaves no room for server.limits.max_connections: connections past it are refused at accept, keeping up to 64 descriptors for the log (raise it, e.g. ulimit -n or LimitNOFILE)");
         }
     }
 }

@@ -285,6 +285,27 @@ fn untrusted_hint(e: &io::Error, ca: Option<&std::path::Path>) -> String {
     }
 }
 
+/// Why the TLS handshake refused the server's certificate, in words, or `None` for any other
+/// error.
+fn refused_certificate(e: &io::Error) -> Option<String> {
+    use rustls::CertificateError as C;
+    let Some(rustls::Error::InvalidCertificate(c)) = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) else { return None };
+    Some(match c {
+        C::UnknownIssuer => "it is not signed by a trusted root".to_owned(),
+        C::BadSignature => "its signature does not verify".to_owned(),
+        C::UnsupportedSignatureAlgorithmContext { .. } | C::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
+            "its signature uses an algorithm no trusted root can check, as a self-signed certificate's does".to_owned()
+        }
+        C::NotValidForName | C::NotValidForNameContext { .. } => "it does not name this host".to_owned(),
+        C::Expired | C::ExpiredContext { .. } => "it has expired".to_owned(),
+        C::NotValidYet | C::NotValidYetContext { .. } => "it is not valid yet".to_owned(),
+        C::Revoked => "it has been revoked".to_owned(),
+        C::BadEncoding => "it is not a well-formed certificate".to_owned(),
+        // The variant's name only, without the fields (byte lists of OIDs).
+        other => format!("{other:?}").split(|ch: char| !ch.is_alphanumeric()).next().unwrap_or_default().to_owned(),
+    })
+}
+
 /// Connects and performs the Hello; `timeout` applies the global `--timeout` to the calls
 /// after it too. The connect and the Hello are bounded by `--timeout`, or [`HELLO_TIMEOUT`].
 pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
@@ -315,7 +336,11 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
                 "{what} {}: no answer to the Hello within {HELLO_TIMEOUT:?} (is a Tephra server listening there? --timeout sets the limit)",
                 g.addr
             ),
-            _ => format!("{what} {}: {e}{}", g.addr, untrusted_hint(&e, g.tls_ca.as_deref())),
+            _ => match refused_certificate(&e) {
+                // rustls's own text is its Debug form, OIDs as byte lists: say it in words.
+                Some(why) => format!("{what} {}: the server's certificate was refused: {why}{}", g.addr, untrusted_hint(&e, g.tls_ca.as_deref())),
+                None => format!("{what} {}: {e}{}", g.addr, untrusted_hint(&e, g.tls_ca.as_deref())),
+            },
         };
         CliError { code, message, wire: None }
     })?;

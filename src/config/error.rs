@@ -19,6 +19,15 @@ pub enum ConfigError {
         path: PathBuf,
     },
 
+    /// `--config` names a directory (and `NAME.toml` is not a file either): the reference's
+    /// "not found" text, saying why:
+    /// `configuration file "/etc" not found: it is a directory (--config takes a TOML file)`.
+    #[error("configuration file \"{}\" not found: it is a directory (--config takes a TOML file)", path.display())]
+    IsADirectory {
+        /// The path as given on the command line.
+        path: PathBuf,
+    },
+
     /// The file exists but could not be read (permissions, a directory, not UTF-8, ...).
     #[error("cannot read configuration file \"{}\": {source}", path.display())]
     FileUnreadable {

@@ -93,8 +93,9 @@ pub fn resolve(
 
 /// Reads the `--config` file. Like the reference, when `path` is not a regular file the same
 /// name with `.toml` appended is tried (`--config /etc/tephra` finds `/etc/tephra.toml`). When
-/// neither is a file (absent, or a directory) the error is [`ConfigError::FileNotFound`],
-/// `configuration file "<path as given>" not found`; any failure to read the file found
+/// neither is a file the error is [`ConfigError::FileNotFound`],
+/// `configuration file "<path as given>" not found` ([`ConfigError::IsADirectory`], the same
+/// words and why, for a directory); any failure to read the file found
 /// (permissions, text that is not UTF-8) is [`ConfigError::FileUnreadable`].
 pub fn read_config_file(path: &Path) -> Result<String, ConfigError> {
     let found = if path.is_file() {
@@ -104,6 +105,9 @@ pub fn read_config_file(path: &Path) -> Result<String, ConfigError> {
         with_ext.push(".toml");
         let with_ext = PathBuf::from(with_ext);
         if !with_ext.is_file() {
+            if path.is_dir() {
+                return Err(ConfigError::IsADirectory { path: path.to_owned() });
+            }
             return Err(ConfigError::FileNotFound {
                 path: path.to_owned(),
             });
