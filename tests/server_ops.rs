@@ -1508,6 +1508,17 @@ impl Drop for Frozen {
     }
 }
 
+/// Our server started under `ulimit -n files` (through a wrapper script in the returned
+/// directory, which must outlive the server).
+fn start_with_open_files(files: u32, env: &[(&str, &str)]) -> (tempfile::TempDir, Server) {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let wrapper = dir.path().join(format!("tephra-server-{files}-files"));
+    std::fs::write(&wrapper, format!("#!/bin/sh\nulimit -n {files} || exit 1\nexec '{}' \"$@\"\n", bin().display())).unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let srv = Server::start(&wrapper, env);
+    (dir, srv)
+}
+
 /// Out of file descriptors, a server resets the connections it cannot take (its listener's
 /// queue is shut down and listened on again) instead of leaving them in the backlog until their
 /// clients give up (CI once saw the first version, which accepted and reset them with a
@@ -1516,11 +1527,7 @@ impl Drop for Frozen {
 /// connections close, new ones are served again.
 #[test]
 fn out_of_descriptors_new_connections_are_reset_not_left_hanging() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let wrapper = dir.path().join("tephra-server-48-files");
-    std::fs::write(&wrapper, format!("#!/bin/sh\nulimit -n 48\nexec '{}' \"$@\"\n", bin().display())).unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let srv = Server::start(&wrapper, &[]);
+    let (_dir, srv) = start_with_open_files(48, &[]);
     assert!(srv.log().contains("the open-files limit leaves no room for server.limits.max_connections"), "{}", srv.log());
     let (mut answered, mut refused) = (0, 0);
     let mut held = Vec::new();
@@ -2345,11 +2352,7 @@ fn help_as_a_word_prints_the_usage() {
 /// succeed (review: 284 of 300 were refused, "Too many open files", at each new segment).
 #[test]
 fn connections_leave_descriptors_for_the_log() {
-    let scratch = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let wrapper = scratch.path().join("limited.sh");
-    std::fs::write(&wrapper, format!("#!/bin/sh\nulimit -n 128 || exit 1\nexec {} \"$@\"\n", bin().display())).unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let srv = Server::start(&wrapper, &[("TEPHRA__SEGMENT__SIZE", "65536")]);
+    let (_dir, srv) = start_with_open_files(128, &[("TEPHRA__SEGMENT__SIZE", "65536")]);
     let mut c = Client::connect(srv.addr).unwrap();
     let idle: Vec<std::net::TcpStream> = (0..200).map(|_| std::net::TcpStream::connect(srv.addr).unwrap()).collect();
     // Let the shards accept (or refuse) them all.
