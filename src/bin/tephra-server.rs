@@ -262,7 +262,7 @@ fn probe(settings: &Settings) -> Result<(), String> {
     match call(Request::new(2, request::Kind::Stats(proto::StatsRequest {})), None)?.kind {
         // Our servers say when the writer has stopped (fail-stop after a failed write or
         // sync): reads still work, appends do not, so the server is not healthy.
-        Some(response::Kind::Stats(s)) if !s.writer_stopped.is_empty() => Err(format!("the writer has stopped, appends are refused: {}", s.writer_stopped)),
+        Some(response::Kind::Stats(s)) if !s.writer_stopped.is_empty() => Err(format!("the writer has stopped: {}", s.writer_stopped)),
         Some(response::Kind::Stats(_)) => Ok(()),
         Some(response::Kind::Error(e)) => Err(format!("stats refused: {}", e.message)),
         other => Err(format!("unexpected answer to stats: {other:?}")),
@@ -348,7 +348,7 @@ fn open_files_for(cap: Option<usize>) {
     const OWN: u64 = 128;
     if let Some(cap) = cap {
         if limit < cap as u64 + OWN {
-            tracing::warn!(open_files = limit, max_connections = cap, "the open-files limit leaves no room for server.limits.max_connections: connections past it are refused at accept, keeping up to 64 descriptors for the log (raise it, e.g. ulimit -n or LimitNOFILE)");
+            tracing::warn!(open_files = limit, max_connections = cap, "the open-files limit leaves no room for server.limits.max_connections: connections past it are refused at accept, keeping up to 16 descriptors for the log (raise it, e.g. ulimit -n or LimitNOFILE)");
         }
     }
 }

@@ -303,7 +303,7 @@ fn tls_hint(e: io::Error) -> io::Error {
     if e.to_string().contains("CaUsedAsEndEntity") {
         return io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{e}: the server presents a CA certificate as its own; give the server a certificate issued by that CA (tls.cert) and trust the CA here"),
+            "the server's certificate was refused: it is a CA certificate presented as the server's own; give the server a certificate issued by that CA (tls.cert) and trust the CA here".to_owned(),
         );
     }
     name_early_close(e, ConnectStep::TlsHandshake)

@@ -225,7 +225,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         read_bytes += buf.len() as u64;
         if std::time::Instant::now() >= next_note {
             tracing::info!(
-                segments_read = i + 1, of = last + 1, read_mib = read_bytes >> 20, of_mib = total_bytes >> 20, elapsed_s = started.elapsed().as_secs(),
+                reading_segment = i + 1, of = last + 1, mapped_mib = read_bytes >> 20, of_mib = total_bytes >> 20, elapsed_s = started.elapsed().as_secs(),
                 "opening the log: every segment is read and checked at start"
             );
             next_note += OPEN_PROGRESS_EVERY;
@@ -276,18 +276,28 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
             seg.offsets.set(k, off);
         }
         on_segment(WalkedSegment { segment: &seg, bytes: buf, offsets: &w.offsets, active: i == last })?;
-        if let Some(OpenOutcome::RolledBack { segment, bytes: (from, to), positions }) = &rollback {
-            zero_range(segment, *from, *to)?;
-            tracing::warn!(segment = %segment.display(), from, to, ?positions, "recovered with rollback of an uncommitted tail");
-            outcome = rollback.take().expect("matched above");
-        }
         expected = base + count;
         prev_end = w.committed_end;
         segments.push(Arc::new(seg));
     }
+    // Everything is judged. Before anything on disk changes, the active segment must open for
+    // writing, or the store's start would be refused after a rollback had zeroed its tail
+    // (review: an immutable directory refused the removal of a never-written segment after
+    // the zeroing). The rollback's zeroing comes last.
+    let active = segments.last().expect("at least one segment").path.clone();
+    let writable = std::fs::OpenOptions::new().write(true).open(&active).map_err(|source| LogError::Io {
+        path: active.clone(),
+        source: std::io::Error::new(source.kind(), format!("cannot open the active segment for writing: {source}")),
+    })?;
     if !fresh {
         remove_unwritten(dir, &trailing)?;
     }
+    if let Some(OpenOutcome::RolledBack { segment, bytes: (from, to), positions }) = &rollback {
+        zero_range(&writable, segment, *from, *to)?;
+        tracing::warn!(segment = %segment.display(), from, to, ?positions, "recovered with rollback of an uncommitted tail");
+        outcome = rollback.take().expect("matched above");
+    }
+    drop(writable);
     tracing::info!(dir = %dir.display(), head = expected - 1, segments = segments.len(), ?outcome, took_ms = started.elapsed().as_millis() as u64, "log opened");
     Ok(Recovered { lock, segments, next_position: expected, active_end, outcome, removed: trailing })
 }
@@ -329,13 +339,12 @@ const ZERO_IN_PLACE_MIN: u64 = 1 << 20;
 /// zeroed in place by the file system ([`ZERO_IN_PLACE_MIN`]; the blocks then read as zeros
 /// without being written, and the change is made durable with `fsync`); where that is not
 /// supported, and for a short range, zeros are written.
-fn zero_range(path: &Path, start: u64, end: u64) -> Result<(), LogError> {
+fn zero_range(f: &std::fs::File, path: &Path, start: u64, end: u64) -> Result<(), LogError> {
     let io = |source| LogError::Io { path: path.to_owned(), source };
-    let f = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
     if end - start >= ZERO_IN_PLACE_MIN {
         use nix::fcntl::{fallocate, FallocateFlags};
         let flags = FallocateFlags::FALLOC_FL_ZERO_RANGE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
-        match fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), flags, start as i64, (end - start) as i64) {
+        match fallocate(std::os::fd::AsRawFd::as_raw_fd(f), flags, start as i64, (end - start) as i64) {
             // The extents changed: fsync, not fdatasync, makes that durable on every file system.
             Ok(()) => return f.sync_all().map_err(io),
             Err(nix::errno::Errno::EOPNOTSUPP | nix::errno::Errno::ENOSYS | nix::errno::Errno::EINVAL) => {}

@@ -268,7 +268,16 @@ pub fn name_prepared(dir: &Path, prepared: &Path, path: &Path, retry: &mut dyn F
             Err(e) => return Err(io(e)),
         }
     }
-    if let Err(e) = sync_dir(dir) {
+    // Opening the directory may be retried (`retry`: out of descriptors, say); its sync never
+    // is, since a failed fsync may have dropped what it was to persist.
+    let synced = loop {
+        match File::open(dir) {
+            Ok(f) => break f.sync_all().map_err(|source| LogError::Io { path: dir.to_owned(), source }),
+            Err(e) if retry(&e) => {}
+            Err(source) => break Err(LogError::Io { path: dir.to_owned(), source }),
+        }
+    };
+    if let Err(e) = synced {
         let _ = std::fs::remove_file(path);
         let _ = sync_dir(dir);
         return Err(e);

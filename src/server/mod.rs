@@ -59,7 +59,7 @@ pub struct Context {
     shutdown_event: event_listener::Event,
     cap_warned: AtomicBool,
     /// The open-files limit (`RLIMIT_NOFILE`, soft) when the server started: connections are
-    /// refused once a new one's descriptor comes within [`FD_RESERVE`] (at most a quarter of
+    /// refused once a new one's descriptor comes within [`FD_RESERVE`] (at most an eighth of
     /// it) of it.
     open_files: u64,
     /// The descriptor reserve was reached and said; cleared once a connection is accepted.
@@ -725,10 +725,12 @@ const LISTEN_BACKLOG: i32 = 1024;
 
 /// Accept failures, said at most once a second per shard (a shard out of descriptors fails
 /// every accept it tries).
-/// Descriptors kept from connections for the log's own files: a connection whose descriptor
-/// number comes within this (or a quarter of the open-files limit, if less) of that limit is
-/// refused at accept.
-const FD_RESERVE: u64 = 64;
+/// Descriptors kept from connections for the log's own files (a new segment, its spare, an
+/// index file, a directory sync): a connection whose descriptor number comes within this (or
+/// an eighth of the open-files limit, if less) of that limit is refused at accept. Small on
+/// purpose: every segment holds a descriptor, so a large store may leave few free, and a
+/// larger reserve refused every connection there (review: 217 segments under a limit of 256).
+const FD_RESERVE: u64 = 16;
 
 #[derive(Default)]
 struct AcceptErrors {
@@ -844,7 +846,7 @@ async fn shard_main(
         // for the log (a new segment, its spare, index files). Connections alone could
         // otherwise take every descriptor and fail each rollover (review: 284 of 300 appends
         // refused with "Too many open files" while 200 idle connections were open).
-        let reserve = FD_RESERVE.min(ctx.open_files / 4);
+        let reserve = FD_RESERVE.min(ctx.open_files / 8);
         if std::os::fd::AsRawFd::as_raw_fd(&stream) as u64 + reserve >= ctx.open_files {
             ctx.connections_refused.fetch_add(1, Ordering::Relaxed);
             if !ctx.fd_warned.swap(true, Ordering::Relaxed) {

@@ -251,16 +251,22 @@ impl GroupCommit {
         self.work.notify_one();
     }
 
-    /// The retry decision of a new segment's naming: after `ENOSPC` or `EDQUOT` it says why
+    /// The retry decision of a new segment's naming: after `ENOSPC`, `EDQUOT`, `EMFILE` or
+    /// `ENFILE` it says why
     /// appends are refused ([`GroupCommit::naming_stuck`]), logs it once, waits
     /// [`NAMING_RETRY`] and retries, unless shutting down; any other error is final.
     fn wait_for_room(&self, e: &std::io::Error, path: &std::path::Path, waited: &mut u32) -> bool {
         let no_room = matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT));
-        if !no_room || self.give_up_naming.load(std::sync::atomic::Ordering::Relaxed) {
+        // Out of file descriptors (connections took them): wait for some to close, as for
+        // room (review: the naming's directory sync failed with EMFILE and stopped the writer
+        // until a restart).
+        let no_files = matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE));
+        if !(no_room || no_files) || self.give_up_naming.load(std::sync::atomic::Ordering::Relaxed) {
             return false;
         }
         if *waited == 0 {
-            self.set_naming_stuck(Some(format!("no room to name the new segment {}: {e}; appends are refused until space is freed", path.display())));
+            let freed = if no_files { "file descriptors are freed" } else { "space is freed" };
+            self.set_naming_stuck(Some(format!("no room to name the new segment {}: {e}; appends are refused until {freed}", path.display())));
             tracing::warn!(segment = %path.display(), error = %e, "no room to name the new segment; its first batch waits, new appends are refused until it is named (retrying every 100 ms)");
         }
         *waited = waited.saturating_add(1);

@@ -411,7 +411,7 @@ pub fn stats(g: &Global) -> Result<(), CliError> {
             format!("connections reaped    {}", s.connections_reaped),
         ];
         if !s.writer_stopped.is_empty() {
-            lines.push(format!("writer stopped        {} (appends are refused until the server restarts)", s.writer_stopped));
+            lines.push(format!("writer stopped        {}", s.writer_stopped));
         }
         lines.join("\n")
     };
