@@ -1327,17 +1327,24 @@ fn huge_timeouts_mean_never_and_every_connection_is_served() {
     }
 }
 
-/// A store whose active segment cannot be opened for writing (here an immutable file; a
-/// read-only mount or file permissions do the same) refuses to start with the file named, as
-/// the reference does. Review: ours started, passed the healthcheck and failed every append.
-#[test]
-fn a_store_whose_active_segment_cannot_be_written_refuses_to_start() {
+/// A store of one event, its server stopped (the returned server owns the directory):
+/// the data directory and its segment file.
+fn stopped_store_of_one_event() -> (Server, PathBuf, PathBuf) {
     let mut srv = Server::start(&bin(), &[]);
     Client::connect(srv.addr).unwrap().append([ev("A", &["t"], b"x")], None).unwrap();
     srv.signal(libc::SIGTERM);
     assert_eq!(srv.wait_exit(Duration::from_secs(20)).and_then(|s| s.code()), Some(0));
     let data = srv.data_dir();
     let seg = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "log")).unwrap();
+    (srv, data, seg)
+}
+
+/// A store whose active segment cannot be opened for writing (here an immutable file; a
+/// read-only mount or file permissions do the same) refuses to start with the file named, as
+/// the reference does. Review: ours started, passed the healthcheck and failed every append.
+#[test]
+fn a_store_whose_active_segment_cannot_be_written_refuses_to_start() {
+    let (_srv, data, seg) = stopped_store_of_one_event();
     let _undo = Frozen::new(&seg, 0o444, 0o644);
     let data_arg = data.display().to_string();
     let out = run_to_exit(&bin(), &["--bind", "127.0.0.1:0", "--data-dir", &data_arg], &[], None, Duration::from_secs(20));
@@ -1353,12 +1360,7 @@ fn a_store_whose_active_segment_cannot_be_written_refuses_to_start() {
 /// had been zeroed before the removal failed).
 #[test]
 fn a_start_refused_after_the_log_was_judged_leaves_the_tail_in_place() {
-    let mut srv = Server::start(&bin(), &[]);
-    Client::connect(srv.addr).unwrap().append([ev("A", &["t"], b"x")], None).unwrap();
-    srv.signal(libc::SIGTERM);
-    assert_eq!(srv.wait_exit(Duration::from_secs(20)).and_then(|s| s.code()), Some(0));
-    let data = srv.data_dir();
-    let seg = std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "log")).unwrap();
+    let (_srv, data, seg) = stopped_store_of_one_event();
     let len = std::fs::metadata(&seg).unwrap().len();
     {
         use std::os::unix::fs::FileExt;
