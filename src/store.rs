@@ -166,7 +166,7 @@ impl Store {
         let mut rebuilt: (u64, Option<(PathBuf, String)>, std::time::Duration) = (0, None, std::time::Duration::ZERO);
         // Rebuilt sealed indexes, their files to be written once the open has succeeded.
         let mut to_write: Vec<Arc<crate::index::sealed::SealedIndex>> = Vec::new();
-        let rec = open_log(&dir, &cfg.segment, |w| {
+        let mut rec = open_log(&dir, &cfg.segment, |w| {
             let base = w.segment.base;
             let count = w.offsets.len() as u64;
             let fingerprint = w.fingerprint();
@@ -226,8 +226,10 @@ impl Store {
             path: active.path.clone(),
             source: std::io::Error::new(e.kind(), format!("cannot open the active segment for writing: {e}")),
         })?;
-        // Every check that can refuse the open is behind us: write the rebuilt index files.
-        // A failed write is said, not fatal: the next start rebuilds that index again.
+        // Every check that can refuse the open is behind us: remove never-written trailing
+        // segments, zero a rolled-back tail, and write the rebuilt index files (a failed
+        // index write is said, not fatal: the next start rebuilds that index again).
+        rec.apply()?;
         let mut unwritten: (u64, Option<std::io::Error>) = (0, None);
         for ix in &to_write {
             if let Err(e) = crate::index::write_index_file(&dir, ix.base(), ix.bytes()) {

@@ -37,10 +37,35 @@ pub struct Recovered {
     pub next_position: u64,
     /// Byte offset just past the active segment's last commit marker.
     pub active_end: u64,
-    /// Clean or rolled back.
+    /// Clean or rolled back (the rollback done by [`Recovered::apply`]).
     pub outcome: OpenOutcome,
-    /// Trailing never-written segment files that were removed.
+    /// Trailing never-written segment files, removed by [`Recovered::apply`] (or already, when
+    /// no segment was ever written and they made way for the first one).
     pub removed: Vec<PathBuf>,
+    /// The data directory.
+    dir: PathBuf,
+    /// [`Recovered::removed`] still on disk.
+    to_remove: Vec<PathBuf>,
+}
+
+impl Recovered {
+    /// Makes the log on disk what [`open_log`] judged it to be: removes the never-written
+    /// trailing segments and zeroes a rolled-back tail (and syncs both). Nothing before this
+    /// changes the directory, so the caller runs every check that can still refuse the open
+    /// (the active segment opening for writing, say) first: a refused open changes nothing
+    /// (review: an immutable directory refused a start after the tail had been zeroed).
+    ///
+    /// # Errors
+    /// [`LogError::Io`] of the removal, or of the zeroing (the active segment named).
+    pub fn apply(&mut self) -> Result<(), LogError> {
+        remove_unwritten(&self.dir, &self.to_remove)?;
+        self.to_remove.clear();
+        if let OpenOutcome::RolledBack { segment, bytes: (from, to), positions } = &self.outcome {
+            zero_range(segment, *from, *to)?;
+            tracing::warn!(segment = %segment.display(), from, to, ?positions, "recovered with rollback of an uncommitted tail");
+        }
+        Ok(())
+    }
 }
 
 enum Class {
@@ -137,7 +162,9 @@ impl WalkedSegment<'_> {
 }
 
 /// Opens (creating if needed) and recovers the log in `dir`; calls `on_segment` for each
-/// committed segment in order, so derived state can be rebuilt in the same pass.
+/// committed segment in order, so derived state can be rebuilt in the same pass. It judges the
+/// log and changes nothing in it (a new store's first segment aside): the caller has the
+/// judgement carried out with [`Recovered::apply`] once nothing else can refuse the open.
 ///
 /// # Errors
 /// Any [`LogError`]: a lock held elsewhere, an unusable header anywhere, a gap, or corruption
@@ -195,9 +222,6 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
     let mut active_end = HEADER_LEN as u64;
     // Where the previous segment's committed records end (named when the next does not follow).
     let mut prev_end = 0usize;
-    // The active segment's rollback, its torn tail zeroed only once `on_segment` has
-    // accepted every committed record: a refused open changes nothing.
-    let mut rollback: Option<OpenOutcome> = None;
     for (i, (base, path)) in listed.into_iter().enumerate() {
         crate::fault::crash_point("recovery_midway");
         if base != expected {
@@ -251,7 +275,8 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
                 }
                 TailVerdict::Torn { discard_start, discard_end, lost_records } => {
                     let positions = (lost_records > 0).then(|| (base + count, base + count + lost_records - 1));
-                    rollback = Some(OpenOutcome::RolledBack { segment: path.clone(), bytes: (discard_start as u64, discard_end as u64), positions });
+                    // Zeroed by `Recovered::apply`, once the caller accepted the whole store.
+                    outcome = OpenOutcome::RolledBack { segment: path.clone(), bytes: (discard_start as u64, discard_end as u64), positions };
                 }
             }
             active_end = w.committed_end as u64;
@@ -280,26 +305,9 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         prev_end = w.committed_end;
         segments.push(Arc::new(seg));
     }
-    // Everything is judged. Before anything on disk changes, the active segment must open for
-    // writing, or the store's start would be refused after a rollback had zeroed its tail
-    // (review: an immutable directory refused the removal of a never-written segment after
-    // the zeroing). The rollback's zeroing comes last.
-    let active = segments.last().expect("at least one segment").path.clone();
-    let writable = std::fs::OpenOptions::new().write(true).open(&active).map_err(|source| LogError::Io {
-        path: active.clone(),
-        source: std::io::Error::new(source.kind(), format!("cannot open the active segment for writing: {source}")),
-    })?;
-    if !fresh {
-        remove_unwritten(dir, &trailing)?;
-    }
-    if let Some(OpenOutcome::RolledBack { segment, bytes: (from, to), positions }) = &rollback {
-        zero_range(&writable, segment, *from, *to)?;
-        tracing::warn!(segment = %segment.display(), from, to, ?positions, "recovered with rollback of an uncommitted tail");
-        outcome = rollback.take().expect("matched above");
-    }
-    drop(writable);
     tracing::info!(dir = %dir.display(), head = expected - 1, segments = segments.len(), ?outcome, took_ms = started.elapsed().as_millis() as u64, "log opened");
-    Ok(Recovered { lock, segments, next_position: expected, active_end, outcome, removed: trailing })
+    let to_remove = if fresh { Vec::new() } else { trailing.clone() };
+    Ok(Recovered { lock, segments, next_position: expected, active_end, outcome, removed: trailing, dir: dir.to_owned(), to_remove })
 }
 
 /// How often a long open says how far it got.
@@ -339,8 +347,9 @@ const ZERO_IN_PLACE_MIN: u64 = 1 << 20;
 /// zeroed in place by the file system ([`ZERO_IN_PLACE_MIN`]; the blocks then read as zeros
 /// without being written, and the change is made durable with `fsync`); where that is not
 /// supported, and for a short range, zeros are written.
-fn zero_range(f: &std::fs::File, path: &Path, start: u64, end: u64) -> Result<(), LogError> {
+fn zero_range(path: &Path, start: u64, end: u64) -> Result<(), LogError> {
     let io = |source| LogError::Io { path: path.to_owned(), source };
+    let f = &std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
     if end - start >= ZERO_IN_PLACE_MIN {
         use nix::fcntl::{fallocate, FallocateFlags};
         let flags = FallocateFlags::FALLOC_FL_ZERO_RANGE | FallocateFlags::FALLOC_FL_KEEP_SIZE;

@@ -723,8 +723,6 @@ fn reset_backlog(listener: std::os::fd::RawFd, shards: usize) -> std::io::Result
 /// The listeners' accept queue length.
 const LISTEN_BACKLOG: i32 = 1024;
 
-/// Accept failures, said at most once a second per shard (a shard out of descriptors fails
-/// every accept it tries).
 /// Descriptors kept from connections for the log's own files (a new segment, its spare, an
 /// index file, a directory sync): a connection whose descriptor number comes within this (or
 /// an eighth of the open-files limit, if less) of that limit is refused at accept. Small on
@@ -732,6 +730,8 @@ const LISTEN_BACKLOG: i32 = 1024;
 /// larger reserve refused every connection there (review: 217 segments under a limit of 256).
 const FD_RESERVE: u64 = 16;
 
+/// Accept failures, said at most once a second per shard (a shard out of descriptors fails
+/// every accept it tries).
 #[derive(Default)]
 struct AcceptErrors {
     last_said: Option<Instant>,
