@@ -367,6 +367,23 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Wide queries (indexed by the matcher) and narrow ones (not) match exactly as
+        /// `Query::matches`, items without tags or types included.
+        #[test]
+        fn a_prepared_query_of_any_width_matches_as_the_query(mut items in proptest::collection::vec(crate::testgen::item(), 0..40), keep_empty in proptest::bool::weighted(0.2), events in proptest::collection::vec(crate::testgen::event(b"p"), 1..20)) {
+            // An item of neither types nor tags matches everything: mostly leave it out.
+            if !keep_empty {
+                items.retain(|i| !i.types.is_empty() || !i.tags.is_empty());
+            }
+            let q = Query::items(items);
+            let m = crate::model::QueryMatcher::new(q.clone());
+            for e in &events {
+                proptest::prop_assert_eq!(m.matches(&e.as_ref()), q.matches(&e.as_ref()), "{:?} on {:?}", q, e);
+            }
+        }
+    }
+
     #[test]
     fn query_semantics() {
         let ev = Event::new(&EventType::new("A").unwrap(), &Tags::new(["k:1", "k:2"]).unwrap(), b"").unwrap();

@@ -819,9 +819,9 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    pub(crate) fn new(shared: Arc<Shared>, query: Query, after: Position) -> Subscription {
+    pub(crate) fn new(shared: Arc<Shared>, query: Arc<QueryMatcher>, after: Position) -> Subscription {
         shared.subscribers.fetch_add(1, Ordering::SeqCst);
-        Subscription { shared, query: Arc::new(QueryMatcher::new(query)), cursor: after.get(), nowait: false, warm: None, fetched: None }
+        Subscription { shared, query, cursor: after.get(), nowait: false, warm: None, fetched: None }
     }
 
     /// Makes every poll stop, instead of waiting for the disk, at a record neither in memory

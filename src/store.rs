@@ -10,7 +10,7 @@ use crate::event::Event;
 use crate::log::lock::DirLock;
 use crate::log::segment::SegmentConfig;
 use crate::log::{open_log, LogError, OpenOutcome};
-use crate::model::{AppendCondition, Position, Query};
+use crate::model::{AppendCondition, Position, Query, QueryMatcher};
 use crate::read::{Reads, Shared, Snapshot, Subscription};
 use crate::index::active::ActiveWriter;
 use crate::index::SegIndex;
@@ -382,16 +382,32 @@ impl StoreHandle {
 
     /// Forward read of matches with position > `after`, at most `limit`.
     pub fn read(&self, query: Query, after: Position, limit: Option<u64>) -> Reads {
-        Reads::forward(&self.shared, Arc::new(crate::model::QueryMatcher::new(query)), after, limit)
+        self.read_prepared(Arc::new(QueryMatcher::new(query)), after, limit)
     }
 
     /// Backward read of matches with position < `before` (`Position::MAX` = from the tip).
     pub fn read_back(&self, query: Query, before: Position, limit: Option<u64>) -> Reads {
-        Reads::backward(&self.shared, Arc::new(crate::model::QueryMatcher::new(query)), before, limit)
+        self.read_back_prepared(Arc::new(QueryMatcher::new(query)), before, limit)
     }
 
     /// A subscription delivering matches after `after`, then live ones.
     pub fn subscribe(&self, query: Query, after: Position) -> Subscription {
+        self.subscribe_prepared(Arc::new(QueryMatcher::new(query)), after)
+    }
+
+    /// [`read`](Self::read) of a query already prepared, where preparing it (in proportion
+    /// to its items) was done elsewhere.
+    pub fn read_prepared(&self, query: Arc<QueryMatcher>, after: Position, limit: Option<u64>) -> Reads {
+        Reads::forward(&self.shared, query, after, limit)
+    }
+
+    /// [`read_back`](Self::read_back) of a query already prepared.
+    pub fn read_back_prepared(&self, query: Arc<QueryMatcher>, before: Position, limit: Option<u64>) -> Reads {
+        Reads::backward(&self.shared, query, before, limit)
+    }
+
+    /// [`subscribe`](Self::subscribe) to a query already prepared.
+    pub fn subscribe_prepared(&self, query: Arc<QueryMatcher>, after: Position) -> Subscription {
         Subscription::new(self.shared.clone(), query, after)
     }
 

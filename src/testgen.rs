@@ -17,12 +17,16 @@ pub fn event(payload: &'static [u8]) -> impl Strategy<Value = Event> {
     })
 }
 
-/// A random query: `All`, none, or one to three items over [`TYPES`] and [`TAGS`].
-pub fn query() -> impl Strategy<Value = Query> {
-    let item = (
+/// A random query item over [`TYPES`] and [`TAGS`]: up to two types, up to three tags.
+pub fn item() -> impl Strategy<Value = QueryItem> {
+    (
         proptest::sample::subsequence((0..TYPES.len()).collect::<Vec<_>>(), 0..=2),
         proptest::sample::subsequence((0..TAGS.len()).collect::<Vec<_>>(), 0..=3),
     )
-        .prop_map(|(ty, tg)| QueryItem::new(ty.iter().map(|&t| EventType::new(TYPES[t]).unwrap()).collect(), Tags::new(tg.iter().map(|&t| TAGS[t])).unwrap()));
-    prop_oneof![1 => Just(Query::All), 1 => Just(Query::none()), 6 => proptest::collection::vec(item, 1..=3).prop_map(Query::items)]
+        .prop_map(|(ty, tg)| QueryItem::new(ty.iter().map(|&t| EventType::new(TYPES[t]).unwrap()).collect(), Tags::new(tg.iter().map(|&t| TAGS[t])).unwrap()))
+}
+
+/// A random query: `All`, none, or one to three items over [`TYPES`] and [`TAGS`].
+pub fn query() -> impl Strategy<Value = Query> {
+    prop_oneof![1 => Just(Query::All), 1 => Just(Query::none()), 6 => proptest::collection::vec(item(), 1..=3).prop_map(Query::items)]
 }

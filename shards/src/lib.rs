@@ -314,9 +314,38 @@ fn register_kick(nudge: Nudge) {
 /// the latency-ring path described above. `None` if `f` panicked. Dropping the returned
 /// future before a thread takes the job up means `f` never runs.
 pub async fn run_blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
-    type Job = Box<dyn FnOnce() + Send>;
+    let (tx, rx) = flume::bounded(1);
+    let job: Job = Box::new(move || {
+        // Its caller went away (a cancelled read, a closed connection) while the job queued:
+        // skip it, so abandoned fetches do not hold up the ones still wanted.
+        if tx.is_disconnected() {
+            return;
+        }
+        let _ = tx.send(f());
+    });
+    if let Err(flume::SendError(job)) = blocking_pool().send(job) {
+        // No thread could be started: run it here rather than never.
+        job();
+    }
+    reliable_wakes(rx.recv_async()).await.ok()
+}
+
+/// Drops `value` on one of [`run_blocking`]'s threads, without waiting: for values whose drop
+/// takes long enough to hold up the thread that owns them (a query of many thousands of
+/// items frees as many allocations). Callable from any thread, inside an executor or not.
+pub fn drop_detached<T: Send + 'static>(value: T) {
+    let job: Job = Box::new(move || drop(value));
+    if let Err(flume::SendError(job)) = blocking_pool().send(job) {
+        job();
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The queue of [`run_blocking`]'s threads, started on first use.
+fn blocking_pool() -> &'static flume::Sender<Job> {
     static POOL: OnceLock<flume::Sender<Job>> = OnceLock::new();
-    let pool = POOL.get_or_init(|| {
+    POOL.get_or_init(|| {
         let (tx, rx) = flume::unbounded::<Job>();
         for i in 0..BLOCKING_THREADS {
             let rx = rx.clone();
@@ -331,21 +360,7 @@ pub async fn run_blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'sta
             }
         }
         tx
-    });
-    let (tx, rx) = flume::bounded(1);
-    let job: Job = Box::new(move || {
-        // Its caller went away (a cancelled read, a closed connection) while the job queued:
-        // skip it, so abandoned fetches do not hold up the ones still wanted.
-        if tx.is_disconnected() {
-            return;
-        }
-        let _ = tx.send(f());
-    });
-    if let Err(flume::SendError(job)) = pool.send(job) {
-        // No thread could be started: run it here rather than never.
-        job();
-    }
-    reliable_wakes(rx.recv_async()).await.ok()
+    })
 }
 
 /// Threads of [`run_blocking`].

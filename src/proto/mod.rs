@@ -25,6 +25,62 @@ pub use frame::{
 };
 pub use messages::*;
 
+/// A request frame of an established connection, decoded and with its queries converted to
+/// the model: the CPU-heavy part of taking a request in, done in one step so that a server
+/// can do it away from the thread that serves other connections (a condition of 500,000
+/// items takes a few hundred milliseconds to decode and convert). Conversion refusals are
+/// kept, not returned, so they are answered at the point the request is served, in the same
+/// order as before (an append's events are judged before its condition).
+#[derive(Debug)]
+pub enum Inbound {
+    /// An append taken by the fast path ([`append::decode`]), with its condition converted
+    /// ([`convert::condition_from_proto`]).
+    Framed(append::FramedAppend, Result<Option<crate::model::AppendCondition>, convert::ConvertError>),
+    /// An append the fast path left to the full decoder: its id and its conversion
+    /// ([`convert::append_from_proto`]).
+    Append(u64, Result<(Vec<crate::event::Event>, Option<crate::model::AppendCondition>), convert::ConvertError>),
+    /// A read, its query taken out, converted ([`convert::query_from_proto_opt`]) and
+    /// prepared for matching.
+    Read(u64, ReadRequest, Result<std::sync::Arc<crate::model::QueryMatcher>, convert::ConvertError>),
+    /// A subscription, its query taken out, converted and prepared.
+    Subscribe(u64, SubscribeRequest, Result<std::sync::Arc<crate::model::QueryMatcher>, convert::ConvertError>),
+    /// Anything else (cancel, stats, a Hello after the handshake, no kind), as decoded.
+    Other(Request),
+}
+
+fn prepared(query: crate::model::Query) -> std::sync::Arc<crate::model::QueryMatcher> {
+    std::sync::Arc::new(crate::model::QueryMatcher::new(query))
+}
+
+/// Decodes a request frame of an established connection into an [`Inbound`]: the append fast
+/// path first, then [`decode_request`].
+///
+/// # Errors
+/// [`decode_request`]'s: the frame is not a valid `Request` (a frame-level error, reference
+/// protocol §1.9).
+pub fn decode_inbound(frame: &[u8]) -> Result<Inbound, prost::DecodeError> {
+    // Anything the fast path does not take (another request, or something it does not parse
+    // that protobuf allows, such as an unknown group field) goes to the full decoder.
+    if let Ok(Some(mut fa)) = append::decode(frame) {
+        let condition = fa.condition.take().map(convert::condition_from_proto).transpose();
+        return Ok(Inbound::Framed(fa, condition));
+    }
+    let req = decode_request(frame)?;
+    let id = req.request_id;
+    Ok(match req.kind {
+        Some(request::Kind::Append(a)) => Inbound::Append(id, convert::append_from_proto(a)),
+        Some(request::Kind::Read(mut r)) => {
+            let query = convert::query_from_proto_opt(r.query.take()).map(prepared);
+            Inbound::Read(id, r, query)
+        }
+        Some(request::Kind::Subscribe(mut s)) => {
+            let query = convert::query_from_proto_opt(s.query.take()).map(prepared);
+            Inbound::Subscribe(id, s, query)
+        }
+        kind => Inbound::Other(Request { request_id: id, kind }),
+    })
+}
+
 /// Decodes a `Request` frame body the way the reference's parser (upb) does where prost is
 /// stricter: a field whose number the schema knows but whose wire type is not the schema's
 /// (a varint where a message belongs, a length-delimited `after`, ...) is an unknown field and

@@ -6,6 +6,7 @@ use super::{Context, ReplyRouter};
 use crate::proto::convert::{self, text, ConflictClause as WireClause};
 use crate::proto::messages::{request, response};
 use crate::proto::{self as pb, ErrorCode, FrameDecoder, FrameError, ReadEventsEncoder};
+use crate::model::QueryMatcher;
 use crate::read::Step;
 use crate::writer::condition::{ConflictClause, ConflictSite};
 use crate::writer::{AppendError, PreparedAppend};
@@ -253,6 +254,24 @@ const FIRST_FRAME_MIN_CAP: u32 = 64 << 10;
 /// connection not yet authenticated could make the server buffer a whole `max_frame_len`
 /// frame (16 MiB by default; up to `server.limits.max_connections` of them) before finding out
 /// that it is not a Hello.
+/// Query items from which a query is freed on a blocking thread ([`shards::drop_detached`])
+/// rather than on the shard, which it would hold up (~60 ns per item).
+const WIDE_QUERY_ITEMS: usize = 4096;
+
+/// Lets go of a read's or subscription's query once it is done: a wide one is freed on a
+/// blocking thread (if this was its last reference).
+fn release(query: Arc<QueryMatcher>) {
+    if query.width() >= WIDE_QUERY_ITEMS {
+        shards::drop_detached(query);
+    }
+}
+
+/// Request frames at least this long (bytes) are decoded on a blocking thread
+/// ([`pb::decode_inbound`]), not on the shard: decoding and converting a long condition or
+/// query takes long enough (~0.5 µs per query item) to hold up every other connection the
+/// shard serves. An append of 512 events of 256 bytes (~150 KiB) stays on the shard.
+const DECODE_OFF_SHARD: usize = 256 << 10;
+
 fn first_frame_cap(settings: &crate::config::Settings) -> u32 {
     let longest = settings.auth.token_strs().map(str::len).max().unwrap_or(0);
     let room = u32::try_from(longest.saturating_mul(2).saturating_add(1024)).unwrap_or(u32::MAX);
@@ -501,17 +520,39 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 }
             };
             last_activity = Instant::now();
-            // Anything but an append the fast path takes (another request, or something it does
-            // not parse that protobuf allows, such as an unknown group field) goes to the full
-            // decoder below, which decides.
             if established {
-                if let Ok(Some(fa)) = crate::proto::append::decode(frame) {
-                    // Waits for a budget permit or the writer's queue: a shutdown ends it too.
-                    if unless_shutdown(&ctx, conn.clone().append_framed(fa)).await.is_none() {
+                // A long frame is decoded on a blocking thread: this shard's other connections
+                // go on meanwhile (frames keep their order: this reader waits for it).
+                let inbound = if frame.len() >= DECODE_OFF_SHARD {
+                    let owned = frame.to_vec();
+                    match unless_shutdown(&ctx, shards::run_blocking(move || pb::decode_inbound(&owned))).await {
+                        None => break 'conn,
+                        Some(Some(decoded)) => decoded,
+                        Some(None) => {
+                            tracing::error!(len = frame.len(), "decoding a request panicked; closing its connection");
+                            unless_shutdown(&ctx, conn.lanes.error(0, convert::internal_error("the request could not be decoded"))).await;
+                            break 'conn;
+                        }
+                    }
+                } else {
+                    pb::decode_inbound(frame)
+                };
+                let inbound = match inbound {
+                    Ok(i) => i,
+                    Err(e) => {
+                        if let Some(err) = convert::frame_error_response(&FrameError::Decode(e)) {
+                            unless_shutdown(&ctx, conn.lanes.error(0, err)).await;
+                        }
                         break 'conn;
                     }
-                    continue;
+                };
+                // Serving a request may park the reader (a full control lane toward a client
+                // that stopped reading, a spent append budget, a full writer queue); a
+                // shutdown must still end the connection.
+                if unless_shutdown(&ctx, conn.clone().handle(inbound)).await.is_none() {
+                    break 'conn;
                 }
+                continue;
             }
             let req = match crate::proto::decode_request(frame) {
                 Ok(r) => r,
@@ -522,19 +563,12 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                     break 'conn;
                 }
             };
-            // Serving a request may park the reader (a full control lane toward a client that
-            // stopped reading, a spent append budget, a full writer queue); a shutdown must
-            // still end the connection.
-            if !established {
-                match unless_shutdown(&ctx, conn.hello(req)).await {
-                    Some(true) => {
-                        established = true;
-                        dec.set_max_frame_len(max_frame_len);
-                    }
-                    _ => break 'conn,
+            match unless_shutdown(&ctx, conn.hello(req)).await {
+                Some(true) => {
+                    established = true;
+                    dec.set_max_frame_len(max_frame_len);
                 }
-            } else if unless_shutdown(&ctx, conn.clone().handle(req)).await.is_none() {
-                break 'conn;
+                _ => break 'conn,
             }
         }
         if conn.lanes.abandoned.get() {
@@ -752,12 +786,20 @@ impl Conn {
         true
     }
 
-    async fn handle(self: Rc<Self>, req: pb::Request) {
+    async fn handle(self: Rc<Self>, inbound: pb::Inbound) {
+        let req = match inbound {
+            pb::Inbound::Framed(fa, condition) => return self.append_framed(fa, condition).await,
+            pb::Inbound::Append(id, converted) => return self.append(id, converted).await,
+            pb::Inbound::Read(id, r, query) => return self.read(id, r, query).await,
+            pb::Inbound::Subscribe(id, s, query) => return self.subscribe(id, s, query).await,
+            pb::Inbound::Other(req) => req,
+        };
         let id = req.request_id;
         match req.kind {
-            Some(request::Kind::Append(a)) => self.append(id, a).await,
-            Some(request::Kind::Read(r)) => self.read(id, r).await,
-            Some(request::Kind::Subscribe(s)) => self.subscribe(id, s).await,
+            // Taken out by decode_inbound.
+            Some(request::Kind::Append(_) | request::Kind::Read(_) | request::Kind::Subscribe(_)) => {
+                self.lanes.error(id, convert::internal_error("request not decoded")).await
+            }
             Some(request::Kind::Cancel(c)) => {
                 for flag in self.cancels.borrow().get(&c.target).into_iter().flatten() {
                     flag.set(true);
@@ -784,13 +826,13 @@ impl Conn {
     }
 
     /// The fast path: records were framed straight from the wire bytes.
-    async fn append_framed(self: Rc<Self>, fa: crate::proto::append::FramedAppend) {
+    async fn append_framed(self: Rc<Self>, fa: crate::proto::append::FramedAppend, condition: Result<Option<crate::model::AppendCondition>, convert::ConvertError>) {
         let started = Instant::now();
         let id = fa.request_id;
         if let Some(e) = fa.invalid {
             return self.append_error(id, e.to_error_response()).await;
         }
-        let condition = match fa.condition.map(convert::condition_from_proto).transpose() {
+        let condition = match condition {
             Ok(c) => c,
             Err(e) => return self.append_error(id, e.to_error_response()).await,
         };
@@ -809,9 +851,9 @@ impl Conn {
         self.submit(id, prepared, permit, started).await;
     }
 
-    async fn append(self: Rc<Self>, id: u64, a: pb::AppendRequest) {
+    async fn append(self: Rc<Self>, id: u64, converted: Result<(Vec<crate::event::Event>, Option<crate::model::AppendCondition>), convert::ConvertError>) {
         let started = Instant::now();
-        let (events, condition) = match convert::append_from_proto(a) {
+        let (events, condition) = match converted {
             Ok(v) => v,
             Err(e) => return self.append_error(id, e.to_error_response()).await,
         };
@@ -916,8 +958,8 @@ impl Conn {
         }
     }
 
-    async fn read(self: Rc<Self>, id: u64, r: pb::ReadRequest) {
-        let query = match convert::query_from_proto_opt(r.query) {
+    async fn read(self: Rc<Self>, id: u64, r: pb::ReadRequest, query: Result<Arc<QueryMatcher>, convert::ConvertError>) {
+        let query = match query {
             Ok(q) => q,
             Err(e) => return self.lanes.error(id, e.to_error_response()).await,
         };
@@ -935,9 +977,9 @@ impl Conn {
         // not an append pipelined after it on this connection that commits before the read's
         // first step (planning waits for that step).
         let reads = if r.reverse {
-            self.ctx.store.read_back(query, crate::model::Position(r.after), r.limit).without_waiting()
+            self.ctx.store.read_back_prepared(query.clone(), crate::model::Position(r.after), r.limit).without_waiting()
         } else {
-            self.ctx.store.read(query, crate::model::Position(r.after), r.limit).without_waiting()
+            self.ctx.store.read_prepared(query.clone(), crate::model::Position(r.after), r.limit).without_waiting()
         };
         let cancel = self.register_cancel(id);
         self.inflight.set(self.inflight.get() + 1);
@@ -967,6 +1009,7 @@ impl Conn {
             me.unregister_cancel(id, &cancel);
             me.inflight.set(me.inflight.get() - 1);
             drop(permit);
+            release(query);
         });
     }
 
@@ -1135,8 +1178,8 @@ impl Conn {
         self.stream_frame(frame, cancel).await
     }
 
-    async fn subscribe(self: Rc<Self>, id: u64, s: pb::SubscribeRequest) {
-        let query = match convert::query_from_proto_opt(s.query) {
+    async fn subscribe(self: Rc<Self>, id: u64, s: pb::SubscribeRequest, query: Result<Arc<QueryMatcher>, convert::ConvertError>) {
+        let query = match query {
             Ok(q) => q,
             Err(e) => return self.lanes.error(id, e.to_error_response()).await,
         };
@@ -1149,18 +1192,19 @@ impl Conn {
         let me = self.clone();
         // Woken by the writer's thread when new events are published.
         shards::spawn_bulk(shards::reliable_wakes(async move {
-            me.run_subscription(id, query, crate::model::Position(s.after), &cancel).await;
+            me.run_subscription(id, query.clone(), crate::model::Position(s.after), &cancel).await;
+            release(query);
             me.unregister_cancel(id, &cancel);
             me.subscriptions.set(me.subscriptions.get() - 1);
             me.ctx.active_subscriptions.fetch_sub(1, Ordering::SeqCst);
         }));
     }
 
-    async fn run_subscription(&self, id: u64, query: crate::model::Query, after: crate::model::Position, cancel: &Cell<bool>) {
+    async fn run_subscription(&self, id: u64, query: Arc<QueryMatcher>, after: crate::model::Position, cancel: &Cell<bool>) {
         shards::bulk_yield().await;
         // Records that must come from the disk are fetched on a blocking thread, never on
         // this shard's (which serves other connections meanwhile).
-        let mut sub = self.ctx.store.subscribe(query, after).without_waiting();
+        let mut sub = self.ctx.store.subscribe_prepared(query, after).without_waiting();
         let cfg = &self.ctx.settings.server.reads;
         let tick = self.ctx.settings.server.subscriptions.wait_tick();
         let mut announced = false;
