@@ -142,15 +142,24 @@ fn assert_refused(dir: &Path, size: u64, file: &Path, offset: Option<usize>, wha
 }
 
 /// After a rollback: the head is the last committed position, the discarded bytes are zero
-/// on disk, the next append lands at head + 1, and a restart opens clean with the same data.
+/// on disk and a copy of them (up to `KEEP_DISCARDED_MAX`) is in `recovered/`, the next
+/// append lands at head + 1, and a restart opens clean with the same data.
 fn assert_rolled_back_then_healthy(dir: &Path, size: u64, committed: &[Event], want: OpenOutcome) {
     {
+        let OpenOutcome::RolledBack { segment, bytes, .. } = &want else { unreachable!() };
+        let before = std::fs::read(segment).unwrap();
         let s = Store::open(dir, cfg(size)).unwrap();
         assert_eq!(s.open_outcome(), &want);
-        let OpenOutcome::RolledBack { segment, bytes, .. } = &want else { unreachable!() };
         let buf = std::fs::read(segment).unwrap();
         let hi = (bytes.1 as usize).min(buf.len());
         assert!(buf[bytes.0 as usize..hi].iter().all(|&b| b == 0), "discarded bytes were not zeroed");
+        let copies: Vec<PathBuf> = std::fs::read_dir(dir.join(tephra::log::RECOVERED_DIR)).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(copies.len(), 1, "{copies:?}");
+        let name = copies[0].file_name().unwrap().to_str().unwrap().to_owned();
+        let prefix = format!("{}.{}-{}.", segment.file_name().unwrap().to_str().unwrap(), bytes.0, bytes.1);
+        assert!(name.starts_with(&prefix) && name.ends_with(".discarded"), "{name}");
+        let kept = (bytes.0 + (bytes.1 - bytes.0).min(tephra::log::KEEP_DISCARDED_MAX)) as usize;
+        assert!(std::fs::read(&copies[0]).unwrap() == before[bytes.0 as usize..kept], "the copy is not the discarded bytes");
         let h = s.handle();
         assert_contents(&h, committed);
         let r = h.append(vec![ev("After", &["after"], b"new")], None).unwrap();
@@ -184,6 +193,26 @@ fn torn_tail_zeroed_marker_rolls_back_the_last_batch() {
     assert!(end > last.records[2].0 as u64 && end <= last.marker as u64);
     let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.start as u64, end), positions: Some((4, 6)) };
     assert_rolled_back_then_healthy(d.path(), SIZE, &all[..3], want);
+}
+
+/// Keeping a copy of the discarded tail is best effort: when `recovered/` cannot be made (a
+/// file holds its name here; a full disk would do the same) the store still opens, rolled
+/// back, and the tail is zeroed.
+#[test]
+fn a_rollback_that_cannot_keep_a_copy_still_opens() {
+    let d = dir();
+    let all = fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let last = batches(&seg).pop().unwrap();
+    patch(&seg, last.marker, &[0u8; MARKER_LEN]);
+    let end = nonzero_end(&seg);
+    std::fs::write(d.path().join(tephra::log::RECOVERED_DIR), b"in the way").unwrap();
+    let s = Store::open(d.path(), cfg(SIZE)).unwrap();
+    assert_eq!(s.open_outcome(), &OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.start as u64, end), positions: Some((4, 6)) });
+    assert_contents(&s.handle(), &all[..3]);
+    let buf = std::fs::read(&seg).unwrap();
+    assert!(buf[last.start..end as usize].iter().all(|&b| b == 0), "discarded bytes were not zeroed");
+    assert_eq!(std::fs::read(d.path().join(tephra::log::RECOVERED_DIR)).unwrap(), b"in the way");
 }
 
 #[test]

@@ -61,8 +61,17 @@ impl Recovered {
         remove_unwritten(&self.dir, &self.to_remove)?;
         self.to_remove.clear();
         if let OpenOutcome::RolledBack { segment, bytes: (from, to), positions } = &self.outcome {
+            // Best effort: a disk too full for the copy must not keep the store from opening
+            // (a full disk may be why it crashed).
+            let kept = match keep_discarded(&self.dir, segment, *from, *to) {
+                Ok(copy) => copy.display().to_string(),
+                Err(e) => {
+                    tracing::warn!(segment = %segment.display(), from, to, error = %e, "could not keep a copy of the discarded tail");
+                    "nowhere".into()
+                }
+            };
             zero_range(segment, *from, *to)?;
-            tracing::warn!(segment = %segment.display(), from, to, ?positions, "recovered with rollback of an uncommitted tail");
+            tracing::warn!(segment = %segment.display(), from, to, ?positions, kept, "recovered with rollback of an uncommitted tail");
         }
         Ok(())
     }
@@ -335,6 +344,49 @@ fn map_whole(path: &Path) -> std::io::Result<memmap2::Mmap> {
     let f = std::fs::File::open(path)?;
     // SAFETY: see above; the map is dropped before `open_log` returns.
     unsafe { memmap2::MmapOptions::new().populate().map(&f) }
+}
+
+/// The directory, inside the data directory, where a rollback keeps a copy of the bytes it
+/// discards before zeroing them. Neither server reads it (segments are found by their names
+/// of 20 digits and `.log` in the data directory itself, reference engine §3.1).
+pub const RECOVERED_DIR: &str = "recovered";
+
+/// The most a rollback copies to [`RECOVERED_DIR`], from the start of the discarded range, in
+/// bytes: more than any batch (so a damaged last batch is kept whole), not the gigabytes a
+/// stray byte at the end of a huge segment would make the range.
+pub const KEEP_DISCARDED_MAX: u64 = 64 << 20;
+
+/// Copies the discarded bytes `[from, to)` of `segment` (at most [`KEEP_DISCARDED_MAX`]) to
+/// `<dir>/recovered/<segment file name>.<from>-<to>.<unix seconds>.discarded` and makes the
+/// copy durable, so that what a rollback zeroes can still be looked at: a torn batch was
+/// never acknowledged, but damage in the last acknowledged batch reads the same way and is
+/// rolled back too (the reference leaves the bytes in the segment until the next append
+/// overwrites them). Returns the copy's path.
+///
+/// # Errors
+/// Creating the directory or the file (an existing file is not replaced), reading the
+/// segment, writing or syncing.
+fn keep_discarded(dir: &Path, segment: &Path, from: u64, to: u64) -> std::io::Result<PathBuf> {
+    let keep = to.saturating_sub(from).min(KEEP_DISCARDED_MAX);
+    let recovered = dir.join(RECOVERED_DIR);
+    let created = match std::fs::create_dir(&recovered) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(e),
+    };
+    let name = segment.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let path = recovered.join(format!("{name}.{from}-{to}.{secs}.discarded"));
+    let mut bytes = vec![0u8; keep as usize];
+    std::fs::File::open(segment)?.read_exact_at(&mut bytes, from)?;
+    let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+    std::io::Write::write_all(&mut &f, &bytes)?;
+    f.sync_all()?;
+    std::fs::File::open(&recovered)?.sync_all()?;
+    if created {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(path)
 }
 
 /// A discarded range at least this long is zeroed by `fallocate(FALLOC_FL_ZERO_RANGE)`, not
