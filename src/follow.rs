@@ -88,10 +88,24 @@ struct Tail {
     /// When the rest of the active segment was last checked whole ([`Follower::check_rest`]);
     /// `None` before the first check.
     rest_checked: Option<std::time::Instant>,
-    /// A damaged record followed by committed batches, confirmed in the segment of this base
-    /// at this offset (in a poll's window or by [`Follower::check_rest`]): said at every poll
-    /// that stops there, without reading anything again.
-    hole: Option<(u64, u64, Stop)>,
+    /// A damaged record followed by committed batches, confirmed in a poll's window or by
+    /// [`Follower::check_rest`]: said at every poll that stops there, without reading
+    /// anything again while the file stays as it was.
+    hole: Option<Hole>,
+}
+
+/// Damage confirmed at [`Tail::stopped_at`] (see [`Tail::hole`]).
+#[derive(Clone, Copy)]
+struct Hole {
+    /// The segment's base.
+    base: u64,
+    /// The damaged record's byte offset.
+    at: u64,
+    stop: Stop,
+    /// The segment file's modification time when the damage was confirmed.
+    mtime: Option<std::time::SystemTime>,
+    /// When the damage was confirmed (or last read again).
+    since: std::time::Instant,
 }
 
 /// Polls in a row without progress while the writer writes before the rest of the active
@@ -105,8 +119,36 @@ const REST_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 /// committed batches, as [`Tail::hole`] (said again at later polls without reading), and
 /// returns its error.
 fn confirm_damage(seg: &Segment, t: &mut Tail, stop: Stop) -> LogError {
-    t.hole = Some((seg.base, t.stopped_at, stop));
+    t.hole = Some(Hole { base: seg.base, at: t.stopped_at, stop, mtime: modified(seg), since: std::time::Instant::now() });
     damaged_active(seg, t, stop)
+}
+
+/// Fails when the file at `seg`'s path is not the one this follower has open: the followed
+/// directory was removed and a store created again in its place (segments are never
+/// replaced or removed by a writer once named). The follower keeps serving what it had; a
+/// restart follows the new store (review: a recreated store was taken for damage to the old
+/// one, "the writer refuses to open it at its next start", which it did not).
+fn check_same_file(seg: &Segment) -> Result<(), LogError> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |source| LogError::Io { path: seg.path.clone(), source };
+    let held = seg.file.metadata().map_err(io)?;
+    let now = match std::fs::metadata(&seg.path) {
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io(e)),
+    };
+    if now.as_ref().is_some_and(|m| (m.dev(), m.ino()) == (held.dev(), held.ino())) {
+        return Ok(());
+    }
+    let what = if now.is_some() { "is another file now" } else { "is gone" };
+    Err(io(std::io::Error::other(format!(
+        "the segment this follower is reading {what}: the followed store was removed or replaced; this follower serves the events it had, and a restart follows the store now there"
+    ))))
+}
+
+/// The segment file's modification time, if it can be had.
+fn modified(seg: &Segment) -> Option<std::time::SystemTime> {
+    seg.file.metadata().ok()?.modified().ok()
 }
 
 /// The error of a damaged record at [`Tail::stopped_at`] in the active segment `seg`, followed
@@ -270,6 +312,9 @@ impl Follower {
 
     /// The work of [`Follower::refresh`], up to its first failure; publishes nothing.
     fn advance(&self, t: &mut Tail) -> Result<(), FollowerError> {
+        if let Some(seg) = t.segments.last() {
+            check_same_file(seg)?;
+        }
         let listed = list_segments(&self.dir)?;
         let last_listed = listed.last().map(|(b, _)| *b);
         // Open segments we have not seen yet, in order, as long as they are contiguous.
@@ -370,10 +415,17 @@ impl Follower {
         let Some(seg) = t.segments.last().cloned() else { return Ok(()) };
         // Damage already confirmed where the last walk stopped is said again without reading
         // (a length field damaged to point 128 MiB on had every poll read that much again;
-        // review).
-        if let Some((base, at, stop)) = t.hole {
-            if base == seg.base && at == t.stopped_at {
-                return Err(damaged_active(&seg, t, stop));
+        // review), unless the file was written since: then it is read again, at most every
+        // REST_CHECK_EVERY (a live writer writes past the damage all the time), so that a
+        // segment restored in place is followed on (review: a restored sealed segment was
+        // never read again, and the follower served the prefix before the damage until a
+        // restart).
+        if let Some(h) = t.hole {
+            if h.base == seg.base && h.at == t.stopped_at {
+                if h.since.elapsed() < REST_CHECK_EVERY || modified(&seg) == h.mtime {
+                    return Err(damaged_active(&seg, t, h.stop));
+                }
+                t.hole = None;
             }
         }
         let mut window = FIRST_WINDOW;

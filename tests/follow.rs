@@ -395,8 +395,56 @@ fn a_follower_opens_a_store_the_writer_refuses_with_the_prefix_before_the_damage
         let all = h.read(Query::all(), Position::ZERO, None).collect_owned().unwrap();
         assert_eq!(all.len() as u64, prefix, "sealed {sealed}");
         assert!(all.iter().enumerate().all(|(k, (p, e))| p.get() == k as u64 + 1 && e.as_bytes() == big(k as u64).as_bytes()), "sealed {sealed}");
+        // The segment restored in place (the byte flipped back), the follower goes on to the
+        // end within a few polls (review: it served the prefix until a restart).
+        damage(&path, at);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while f.refresh().is_err() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(h.head(), Position(300), "sealed {sealed}: the restored segment was not followed on");
+        let all = h.read(Query::all(), Position::ZERO, None).collect_owned().unwrap();
+        assert!(all.len() == 300 && all.iter().enumerate().all(|(k, (p, e))| p.get() == k as u64 + 1 && e.as_bytes() == big(k as u64).as_bytes()), "sealed {sealed}");
         f.close();
     }
+}
+
+/// A followed directory removed and created again with another store is said as that, not
+/// as damage, and the follower keeps serving exactly what it had (review: it said "the
+/// writer refuses to open it at its next start", which the new writer did not).
+#[test]
+fn a_follower_whose_store_is_replaced_says_so_and_keeps_what_it_had() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = dir.path().join("data");
+    let size = 65536;
+    let fill = |n: u64, from: u64| {
+        let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(size))).unwrap();
+        let h = store.handle();
+        for i in from..from + n {
+            h.append(vec![big(i)], None).unwrap();
+        }
+        store.shutdown();
+    };
+    fill(100, 0);
+    let f = Follower::open(&data, FollowerConfig::new(SegmentConfig::new(size))).unwrap();
+    let h = f.handle();
+    assert_eq!(h.head(), Position(100));
+    std::fs::remove_dir_all(&data).unwrap();
+    fill(300, 1000);
+    for _ in 0..3 {
+        match f.refresh() {
+            Err(e @ tephra::log::LogError::Io { .. }) => assert!(e.to_string().contains("the followed store was removed or replaced"), "{e}"),
+            other => panic!("the refresh gave {other:?}"),
+        }
+    }
+    assert_eq!(h.head(), Position(100));
+    let all = h.read(Query::all(), Position::ZERO, None).collect_owned().unwrap();
+    assert!(all.len() == 100 && all.iter().enumerate().all(|(k, (p, e))| p.get() == k as u64 + 1 && e.as_bytes() == big(k as u64).as_bytes()));
+    f.close();
+    // A new follower follows the new store.
+    let g = Follower::open(&data, FollowerConfig::new(SegmentConfig::new(size))).unwrap();
+    assert_eq!(g.handle().head(), Position(300));
+    g.close();
 }
 
 /// A batch larger than the follower's 4 MiB read window (a group commit holds up to
