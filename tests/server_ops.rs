@@ -704,6 +704,35 @@ fn cold_reads_and_subscriptions_fetch_off_the_shard_and_return_everything() {
     assert!(fetches >= 2, "a cold read and a cold subscription, fetched {fetches} times");
 }
 
+/// A metrics client trickling its request line a byte a second is closed once 5 s have gone
+/// by in all, not kept while each byte comes within the read timeout (review: 70 such
+/// clients kept every scrape out for as long as they trickled).
+#[test]
+fn a_metrics_request_trickling_in_is_closed_after_five_seconds() {
+    use std::io::{Read, Write};
+    let srv = Server::start(&bin(), &[("TEPHRA__METRICS__BIND", "127.0.0.1:0")]);
+    let maddr = metrics_addr(&srv);
+    let mut s = TcpStream::connect(maddr).unwrap();
+    let mut r = s.try_clone().unwrap();
+    let started = Instant::now();
+    let closed = thread::spawn(move || {
+        let mut b = [0u8; 64];
+        r.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let _ = r.read(&mut b);
+        started.elapsed()
+    });
+    for b in b"GET /metrics HTTP/1.1".iter().take(12) {
+        if s.write_all(&[*b]).is_err() || closed.is_finished() {
+            break;
+        }
+        thread::sleep(Duration::from_secs(1));
+    }
+    let after = closed.join().unwrap();
+    assert!(after >= Duration::from_secs(4) && after < Duration::from_secs(8), "closed after {after:?}");
+    // Scrapes are served as before.
+    assert!(http(maddr, "GET /metrics HTTP/1.1").contains("tephra_events_total 0"));
+}
+
 #[test]
 fn metrics_endpoint_serves_the_reference_names_and_our_histograms() {
     let srv = Server::start(&bin(), &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "0")]);
