@@ -749,21 +749,24 @@ pub fn run(
         client_cpu_seconds: cpu,
         client_cpu_cores: if wall > 0.0 { cpu / wall } else { 0.0 },
         interrupted,
-        longest_stall_ms: longest_zero_run(&all.timeline, &clock)
+        longest_stall_ms: longest_zero_run(&all.timeline, &clock, window_end)
             * TIMELINE_BUCKET.as_millis() as u64,
         timeline_events: all.timeline,
     })
 }
 
-/// The longest run of empty timeline buckets that lies inside the measured window.
-fn longest_zero_run(timeline: &[u64], clock: &Clock) -> u64 {
+/// The longest run of empty timeline buckets that lies inside the measured window, from
+/// `clock.window_start` to `window_end`: the window's actual end, which for an interrupted
+/// run is the interruption, not the planned `clock.window_end` (the buckets after an
+/// interruption are empty because nothing was sent, not because the server stalled).
+fn longest_zero_run(timeline: &[u64], clock: &Clock, window_end: Instant) -> u64 {
     let b = TIMELINE_BUCKET.as_millis();
     let first = clock
         .window_start
         .duration_since(clock.start)
         .as_millis()
         .div_ceil(b) as usize;
-    let last = (clock.window_end.duration_since(clock.start).as_millis() / b) as usize;
+    let last = (window_end.saturating_duration_since(clock.start).as_millis() / b) as usize;
     let (mut best, mut cur) = (0u64, 0u64);
     for i in first..last {
         if timeline.get(i).copied().unwrap_or(0) == 0 {

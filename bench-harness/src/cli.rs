@@ -9,8 +9,8 @@ pub const EXIT_USAGE: i32 = 2;
 /// Exit code when the probe ran but at least one row failed with an I/O error; for the
 /// load generators: the server could not be reached or a run failed.
 pub const EXIT_ROW_FAILED: i32 = 1;
-/// Exit code after SIGINT/SIGTERM stopped the run (files removed, servers stopped,
-/// partial result printed).
+/// Exit code after SIGINT stopped the run (files removed, servers stopped, partial result
+/// printed); after SIGTERM it is 143 ([`crate::signals::interrupted_exit_code`] picks).
 pub const EXIT_INTERRUPTED: i32 = 130;
 
 /// Benchmark harness for the Tephra event store.

@@ -243,7 +243,8 @@ pub enum StopReason {
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_stop_signal(_: libc::c_int) {
+extern "C" fn on_stop_signal(signal: libc::c_int) {
+    crate::signals::record(signal);
     INTERRUPTED.store(true, Ordering::Relaxed);
 }
 

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 use tephra_bench::cli::{
     AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs,
-    ReadArgs, EXIT_INTERRUPTED, EXIT_ROW_FAILED, EXIT_USAGE,
+    ReadArgs, EXIT_ROW_FAILED, EXIT_USAGE,
 };
 use tephra_bench::fsync::{self, Budget, ProbeConfig};
 use tephra_bench::{append, compare, logcapture, machine, read, report, server, signals, workload};
@@ -129,7 +129,7 @@ fn run_append(args: AppendArgs) -> i32 {
         0
     };
     if rep.interrupted {
-        EXIT_INTERRUPTED
+        signals::interrupted_exit_code()
     } else {
         code
     }
@@ -157,7 +157,7 @@ fn run_read(args: ReadArgs) -> i32 {
         Err(e) => {
             eprintln!("tephra-bench read: error: {e}");
             return if signals::stopped() {
-                EXIT_INTERRUPTED
+                signals::interrupted_exit_code()
             } else {
                 EXIT_ROW_FAILED
             };
@@ -170,7 +170,7 @@ fn run_read(args: ReadArgs) -> i32 {
         0
     };
     if rep.interrupted {
-        EXIT_INTERRUPTED
+        signals::interrupted_exit_code()
     } else {
         code
     }
@@ -298,7 +298,7 @@ fn run_compare(args: CompareArgs) -> i32 {
     }
     let failed = rep.runs.iter().any(|r| r.report.latency.is_none());
     if rep.interrupted {
-        EXIT_INTERRUPTED
+        signals::interrupted_exit_code()
     } else if failed || code != 0 {
         EXIT_ROW_FAILED
     } else {
@@ -367,7 +367,7 @@ fn run_index_prepare(args: IndexPrepareArgs) -> i32 {
         Err(e) => {
             eprintln!("tephra-bench index prepare: error: {e}");
             return if signals::stopped() {
-                EXIT_INTERRUPTED
+                signals::interrupted_exit_code()
             } else {
                 EXIT_ROW_FAILED
             };
@@ -506,7 +506,7 @@ fn run_index_run(args: IndexRunArgs) -> i32 {
         Err(e) => {
             eprintln!("tephra-bench index run: error: {e}");
             return if signals::stopped() {
-                EXIT_INTERRUPTED
+                signals::interrupted_exit_code()
             } else {
                 EXIT_ROW_FAILED
             };
@@ -605,7 +605,7 @@ fn run_fsync(args: FsyncArgs) -> i32 {
         print!("{}", report::render_table(&rep));
     }
     if fsync::interrupted() {
-        EXIT_INTERRUPTED
+        signals::interrupted_exit_code()
     } else if failed {
         EXIT_ROW_FAILED
     } else {

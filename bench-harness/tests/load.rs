@@ -590,3 +590,43 @@ fn an_unreachable_server_fails_with_exit_1() {
     let out = run(&["read", "--addr", &addr]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
 }
+
+/// `append --duration 20` stopped by a signal after about 3 s: the longest stall is measured
+/// inside the window that actually ran (it counted the empty buckets up to the planned end,
+/// reporting an 18 s stall after a 2 s window), and the exit code names the signal: 143 after
+/// SIGTERM (it was 130), 130 after SIGINT.
+#[test]
+fn an_interrupted_append_reports_stalls_inside_the_window_it_ran_and_exits_by_signal() {
+    let Some(bin) = ours() else { return };
+    let dir = scratch("append-interrupted");
+    let server = start(&bin, &dir);
+    let addr = server.addr.to_string();
+    for (signal, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        let child = Command::new(BIN)
+            .args([
+                "append", "--addr", &addr, "-c", "2", "-b", "8", "--duration", "20", "--warmup",
+                "1", "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(3));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        let started = Instant::now();
+        let out = child.wait_with_output().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(10), "append took {:?} to stop", started.elapsed());
+        assert_eq!(out.status.code(), Some(code), "signal {signal}: stderr: {}", text(&out.stderr));
+        let j: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", text(&out.stdout)));
+        assert_eq!(j["interrupted"], Value::Bool(true), "{j}");
+        let window = j["window_seconds"].as_f64().unwrap();
+        assert!(window > 1.0 && window < 5.0, "window {window} s: {j}");
+        let stall = j["longest_stall_ms"].as_u64().unwrap();
+        assert!((stall as f64) < window * 1000.0, "a {stall} ms stall inside a {window} s window: {j}");
+        assert!(stall < 1500, "a {stall} ms stall on an idle loopback server: {j}");
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
