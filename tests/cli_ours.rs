@@ -432,7 +432,8 @@ fn an_unreadable_input_file_is_a_local_file_error() {
 }
 
 /// Control characters in a type or tag are escaped in `read`'s lines, as in payloads: a tag
-/// holding a newline broke the event over two lines (review).
+/// holding a newline broke the event over two lines (review). Such a tag is quoted as a JSON
+/// string.
 #[test]
 fn control_characters_in_tags_are_escaped_in_read_lines() {
     let Some(srv) = start(&[]) else { return };
@@ -441,5 +442,251 @@ fn control_characters_in_tags_are_escaped_in_read_lines() {
     assert_code(&o, 0);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert_eq!(out.lines().count(), 1, "{out}");
-    assert!(out.contains("[a\\nb,c\\td]  x\\ny"), "{out}");
+    assert!(out.contains("[\"a\\nb\",\"c\\td\"]  x\\ny"), "{out}");
+}
+
+/// Sends `signal` to `child` (a `tephra` this test started).
+fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+}
+
+/// The number after `flag ` in `text` (`--skip-lines 1234` gives 1234).
+fn number_after(text: &str, flag: &str) -> u64 {
+    let rest = text.split(&format!("{flag} ")).nth(1).unwrap_or_else(|| panic!("no {flag} in: {text}"));
+    rest.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or_else(|e| panic!("{flag}: {e}: {text}"))
+}
+
+/// Starts `tephra import FILE --batch 1` and stops it with `sig` once some events are in the
+/// store; returns its output.
+fn interrupted_import(srv: &Server, file: &std::path::Path, skip: u64, sig: nix::sys::signal::Signal) -> Output {
+    let before = event_count(srv.addr);
+    let mut cmd = cli(srv.addr);
+    cmd.args(["import", file.to_str().unwrap(), "--batch", "1", "--skip-lines", &skip.to_string()]);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while event_count(srv.addr) < before + 50 {
+        assert!(Instant::now() < deadline, "the import appended nothing in 30 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(&child, sig);
+    child.wait_with_output().unwrap()
+}
+
+/// An import stopped by SIGTERM or SIGINT stops after the batch in flight is answered, says on
+/// stderr what it read and appended, the last position written and the `--skip-lines N` that
+/// resumes it, and exits 143 or 130 (it died of the signal, saying nothing: running it again
+/// appended everything again). Resuming with that N gives every event exactly once, in order,
+/// blank lines and all.
+#[test]
+fn an_interrupted_import_says_how_far_it_got_and_resumes_with_skip_lines() {
+    let Some(srv) = start(&[]) else { return };
+    let file = srv.dir.path().join("import.jsonl");
+    let n = 30_000;
+    let mut text = String::new();
+    for i in 0..n {
+        text.push_str(&format!("{{\"type\":\"E\",\"tags\":[\"n:{i}\"]}}\n"));
+        if i % 7 == 0 {
+            text.push('\n');
+        }
+    }
+    let line_count = text.lines().count() as u64;
+    std::fs::write(&file, &text).unwrap();
+    let mut skip = 0;
+    for (sig, code, name) in [(nix::sys::signal::Signal::SIGTERM, 143, "SIGTERM"), (nix::sys::signal::Signal::SIGINT, 130, "SIGINT")] {
+        let before = event_count(srv.addr);
+        let o = interrupted_import(&srv, &file, skip, sig);
+        assert_code(&o, code);
+        let err = stderr(&o);
+        let stored = event_count(srv.addr);
+        assert!(stored < n, "the import finished before the signal: {err}");
+        assert!(err.contains(&format!("import interrupted by {name}: read {line_count} lines of ")), "{err}");
+        assert!(err.contains("Running the import again appends everything again (nothing is deduplicated)"), "{err}");
+        assert!(err.contains(&format!("the last position written is {stored})")), "{err}");
+        let appended = number_after(&err, "appended");
+        let resume = number_after(&err, "--skip-lines");
+        assert!(resume > skip, "{err}");
+        assert_eq!(appended, stored - before, "{err}");
+        // The lines up to N hold exactly the events in the store.
+        let in_lines = text.lines().take(resume as usize).filter(|l| !l.is_empty()).count() as u64;
+        assert_eq!(in_lines, stored, "{err}");
+        skip = resume;
+    }
+    let o = tephra(srv.addr, &["--json", "import", file.to_str().unwrap(), "--skip-lines", &skip.to_string()]);
+    assert_code(&o, 0);
+    let got = read_everything(srv.addr);
+    assert_eq!(got.len() as u64, n);
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(e.event.tags().collect::<Vec<_>>(), [format!("n:{i}")]);
+    }
+}
+
+/// `--skip-lines` skips lines unread (a bad line among them does not stop the import); more
+/// lines than the input has is bad usage, naming both numbers. `--help` says that running an
+/// import again appends again and how to resume.
+#[test]
+fn skip_lines_skips_unread_lines_and_help_says_how_to_resume() {
+    let Some(srv) = start(&[]) else { return };
+    let file = srv.dir.path().join("import.jsonl");
+    std::fs::write(&file, "not json\n\n{\"type\":\"A\"}\n{\"type\":\"B\"}\n").unwrap();
+    let o = tephra(srv.addr, &["import", file.to_str().unwrap(), "--skip-lines", "3"]);
+    assert_code(&o, 0);
+    assert_eq!(read_everything(srv.addr).iter().map(|e| e.event.event_type().to_owned()).collect::<Vec<_>>(), ["B"]);
+    let o = tephra(srv.addr, &["import", file.to_str().unwrap(), "--skip-lines", "5"]);
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("--skip-lines 5 is more than the 4 lines of "), "{}", stderr(&o));
+    let o = tephra(srv.addr, &["import", "--help"]);
+    assert_code(&o, 0);
+    let help = stdout(&o).split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(help.contains("Running an import again appends every event again: nothing is deduplicated"), "{help}");
+    assert!(help.contains("--skip-lines <N>"), "{help}");
+}
+
+/// A failed batch also says which `--skip-lines` resumes from it.
+#[test]
+fn a_failed_import_says_how_to_resume() {
+    let Some(srv) = start(&[("TEPHRA__SEGMENT__SIZE", "1048576")]) else { return };
+    let file = srv.dir.path().join("import.jsonl");
+    let text = format!("{{\"type\":\"E\"}}\n\n{{\"type\":\"Big\",\"payload\":{:?}}}\n{{\"type\":\"E\"}}\n", "y".repeat(300_000));
+    std::fs::write(&file, text).unwrap();
+    let o = tephra(srv.addr, &["import", file.to_str().unwrap()]);
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("to resume from the failed batch, run the import again with --skip-lines 2"), "{}", stderr(&o));
+}
+
+/// `export -o FILE` writes FILE.partial and renames it to FILE only once complete: stopped by
+/// SIGINT it leaves FILE.partial holding whole lines, does not create FILE, says how many
+/// events it wrote and the last position, and exits 130 (it died of the signal and left a
+/// cleanly cut FILE that looked complete). FILE.partial is a FIFO here so that the export is
+/// caught in the middle.
+#[test]
+fn an_interrupted_export_leaves_only_a_partial_file_and_says_what_it_holds() {
+    let Some(srv) = start(&[]) else { return };
+    let mut c = Client::connect(srv.addr).unwrap();
+    for _ in 0..20 {
+        c.append((0..1000).map(|i| ev("E", &[&format!("n:{i}")], &[b'x'; 100])), None).unwrap();
+    }
+    let out = srv.dir.path().join("out.jsonl");
+    let partial = srv.dir.path().join("out.jsonl.partial");
+    assert!(Command::new("mkfifo").arg(&partial).status().unwrap().success());
+    let mut cmd = cli(srv.addr);
+    cmd.args(["export", "-o", out.to_str().unwrap()]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let mut fifo = BufReader::new(std::fs::File::open(&partial).unwrap());
+    let mut line = String::new();
+    for _ in 0..100 {
+        line.clear();
+        fifo.read_line(&mut line).unwrap();
+    }
+    signal(&child, nix::sys::signal::Signal::SIGINT);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut fifo, &mut rest).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_code(&o, 130);
+    let written = 100 + rest.lines().count() as u64;
+    let last: Value = serde_json::from_str(rest.lines().last().unwrap_or(&line)).unwrap();
+    let err = stderr(&o);
+    assert!(written < 20_000, "{err}");
+    assert!(err.contains("export interrupted by SIGINT; the export is incomplete: "), "{err}");
+    assert!(err.contains(&format!("out.jsonl.partial holds {written} events (positions 1..={}; the last position written is {}", last["position"], last["position"])), "{err}");
+    assert!(err.contains("out.jsonl was not created"), "{err}");
+    assert!(!out.exists());
+    assert!(partial.exists());
+}
+
+/// A complete `export -o FILE` leaves FILE and no FILE.partial; a FILE.partial left by an
+/// earlier export is replaced.
+#[test]
+fn a_complete_export_renames_the_partial_file() {
+    let Some(srv) = start(&[]) else { return };
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append(vec![ev("A", &[], b"1"), ev("B", &[], b"2")], None).unwrap();
+    let out = srv.dir.path().join("out.jsonl");
+    let partial = srv.dir.path().join("out.jsonl.partial");
+    std::fs::write(&partial, "stale\n").unwrap();
+    let o = tephra(srv.addr, &["export", "-o", out.to_str().unwrap()]);
+    assert_code(&o, 0);
+    assert!(!partial.exists());
+    assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 2);
+}
+
+/// An inverted range (`--to` before `--after`) is bad usage naming both values; it exported
+/// nothing and exited 0. `--to` equal to `--after` stays an empty range (an incremental export
+/// with nothing new).
+#[test]
+fn an_inverted_export_range_is_bad_usage() {
+    let Some(srv) = start(&[]) else { return };
+    Client::connect(srv.addr).unwrap().append(vec![ev("A", &[], b"1"), ev("B", &[], b"2")], None).unwrap();
+    let o = tephra(srv.addr, &["export", "--after", "10", "--to", "5"]);
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("--to 5 is before --after 10"), "{}", stderr(&o));
+    assert!(stdout(&o).is_empty());
+    let o = tephra(srv.addr, &["export", "--after", "1", "--to", "1"]);
+    assert_code(&o, 0);
+    assert!(stdout(&o).is_empty() && stderr(&o).contains("exported 0 events"), "{}", stderr(&o));
+    let o = tephra(srv.addr, &["export", "--after", "0", "--to", "1"]);
+    assert_code(&o, 0);
+    assert_eq!(stdout(&o).lines().count(), 1);
+}
+
+/// Usage lines show `--addr` as optional: it has a default (127.0.0.1:9000 or TEPHRA_ADDR),
+/// yet with TEPHRA_ADDR set (or `--addr` given) an error's usage read
+/// `Usage: tephra append --addr <ADDR> --type <TYPE>`.
+#[test]
+fn usage_lines_do_not_show_addr_as_required() {
+    let make = |env: bool, flag: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tephra"));
+        cmd.env_remove("TEPHRA_ADDR").env_remove("TEPHRA_TOKEN");
+        if env {
+            cmd.env("TEPHRA_ADDR", "127.0.0.1:1");
+        }
+        if flag {
+            cmd.args(["--addr", "127.0.0.1:1"]);
+        }
+        cmd
+    };
+    for (env, flag) in [(false, false), (true, false), (false, true)] {
+        let o = make(env, flag).arg("append").output().unwrap();
+        assert_code(&o, 2);
+        let err = stderr(&o);
+        assert!(err.contains("Usage: tephra append [OPTIONS] --type <TYPE>"), "{err}");
+        assert!(!err.contains("--addr <ADDR>"), "{err}");
+        for args in [&["append", "--help"][..], &["read", "--help"], &["import", "--help"], &["stats", "--help"], &["--help"]] {
+            let o = make(env, flag).args(args).output().unwrap();
+            assert_code(&o, 0);
+            let usage = stdout(&o).lines().find(|l| l.starts_with("Usage:")).unwrap().to_owned();
+            assert!(!usage.contains("--addr"), "{args:?}: {usage}");
+        }
+    }
+    let o = make(true, false).args(["export", "--bogus"]).output().unwrap();
+    assert_code(&o, 2);
+    assert!(stderr(&o).contains("Usage: tephra export [OPTIONS]") && !stderr(&o).contains("--addr <ADDR>"), "{}", stderr(&o));
+}
+
+/// A type or tag holding a space, a bracket, a comma, a quote or a backslash is quoted (as a
+/// JSON string) in `read`'s and `subscribe`'s lines: type `T x` with tag `a] [b` printed as
+/// `T x  [a] [b]`. Ordinary names print as before, and `--json` is unchanged.
+#[test]
+fn names_that_could_be_misread_are_quoted_in_human_output() {
+    let Some(srv) = start(&[]) else { return };
+    let mut c = Client::connect(srv.addr).unwrap();
+    c.append(vec![ev("T x", &["a] [b", "plain:1", "c,d", "q\"\\"], b"pay load")], None).unwrap();
+    c.append(vec![ev("Plain", &["k:v"], b"x")], None).unwrap();
+    let o = tephra(srv.addr, &["read"]);
+    assert_code(&o, 0);
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], r#"       1  "T x"  ["a] [b","c,d",plain:1,"q\"\\"]  pay load"#, "{out}");
+    assert_eq!(lines[1], "       2  Plain  [k:v]  x", "{out}");
+    let o = tephra(srv.addr, &["--json", "read"]);
+    assert_eq!(json_lines(&o)[0]["type"], "T x");
+    assert_eq!(json_lines(&o)[0]["tags"], serde_json::json!(["a] [b", "c,d", "plain:1", "q\"\\"]));
+    // subscribe prints the same lines.
+    let mut cmd = cli(srv.addr);
+    cmd.args(["subscribe"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut sub = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(sub.next().unwrap().unwrap(), lines[0]);
+    signal(&child, nix::sys::signal::Signal::SIGINT);
+    assert_code(&child.wait_with_output().unwrap(), 0);
 }

@@ -27,7 +27,9 @@ Exit codes:
      is appended), the server's BAD_REQUEST, EMPTY, TOO_LARGE or AFTER_BEYOND_TIP, or a
      frame over this client's --max-frame-len (reported as TOO_LARGE)
   3  conflict: the append condition matched (CONFLICT or ALREADY_EXISTS)
-  4  connection failure: cannot connect, TLS or token refused, or the connection was lost";
+  4  connection failure: cannot connect, TLS or token refused, or the connection was lost
+  130, 143  `import` or `export --output` stopped by SIGINT (Ctrl-C) or SIGTERM: what was
+     written, and how to resume, is said on stderr";
 
 /// Command-line client for a Tephra event store.
 #[derive(Debug, Parser)]
@@ -111,19 +113,28 @@ fn timeout_secs(arg: &str) -> Result<Duration, String> {
     Ok(d.clamp(Duration::from_nanos(1), LONGEST_TIMEOUT))
 }
 
+/// The subcommands. Each states its usage line: clap's own lists, in an error's usage, every
+/// option that has a value, and `--addr` always has one (its default, or `TEPHRA_ADDR`), so
+/// it was shown as if required (`Usage: tephra append --addr <ADDR> --type <TYPE>`).
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Append one event (from flags) or a batch (JSON lines on stdin), atomically.
+    #[command(override_usage = "tephra append [OPTIONS] --type <TYPE>\n       tephra append [OPTIONS] --stdin")]
     Append(commands::AppendArgs),
     /// Read matching events, oldest first (or newest first with --backward).
+    #[command(override_usage = "tephra read [OPTIONS]")]
     Read(commands::ReadArgs),
     /// Follow matching events: catch up, then print new ones until Ctrl-C.
+    #[command(override_usage = "tephra subscribe [OPTIONS]")]
     Subscribe(commands::SubscribeArgs),
     /// Show the server's statistics.
+    #[command(override_usage = "tephra stats [OPTIONS]")]
     Stats,
     /// Write a range of events as JSON lines (the `import` format).
+    #[command(override_usage = "tephra export [OPTIONS]")]
     Export(commands::ExportArgs),
     /// Append the events of a JSON-lines file (or stdin) in batches, in order.
+    #[command(override_usage = "tephra import [OPTIONS] [FILE]")]
     Import(commands::ImportArgs),
 }
 
@@ -137,17 +148,26 @@ pub struct CliError {
     /// `--json` output): the server's when it refused, `TOO_LARGE` for a frame over this
     /// client's cap.
     wire: Option<(ErrorCode, Option<u64>)>,
+    /// More fields for the `--json` error object (an interrupted import's counts), or
+    /// `None`.
+    details: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl CliError {
     /// Exit 2: bad usage or input.
     pub fn usage(message: impl Into<String>) -> CliError {
-        CliError { code: 2, message: message.into(), wire: None }
+        CliError { code: 2, message: message.into(), wire: None, details: None }
     }
 
     /// Exit 1: anything else.
     pub fn other(message: impl Into<String>) -> CliError {
-        CliError { code: 1, message: message.into(), wire: None }
+        CliError { code: 1, message: message.into(), wire: None, details: None }
+    }
+
+    /// Exit 128 + `signal` (130 for SIGINT, 143 for SIGTERM): a command stopped by a signal
+    /// at a safe point; `message` says what was done and `details` gives it to `--json`.
+    pub fn interrupted(signal: i32, message: String, details: serde_json::Map<String, serde_json::Value>) -> CliError {
+        CliError { code: u8::try_from(128 + signal).unwrap_or(130), message, wire: None, details: Some(details) }
     }
 
     /// A failed client call whose request is small (a read, a subscription, stats), prefixed
@@ -201,13 +221,13 @@ impl CliError {
             }
             _ => format!("{context}: {err}"),
         };
-        CliError { code, message, wire }
+        CliError { code, message, wire, details: None }
     }
 
     /// A local write failed: a closed pipe (`tephra read | head`) stops quietly.
     pub fn output(err: io::Error) -> CliError {
         if err.kind() == io::ErrorKind::BrokenPipe {
-            return CliError { code: 0, message: String::new(), wire: None };
+            return CliError { code: 0, message: String::new(), wire: None, details: None };
         }
         CliError::other(format!("writing output: {err}"))
     }
@@ -223,6 +243,9 @@ impl CliError {
                 if let Some(p) = position {
                     obj["conflict_position"] = p.into();
                 }
+            }
+            for (k, v) in self.details.iter().flatten() {
+                obj[k] = v.clone();
             }
             eprintln!("{obj}");
         } else {
@@ -342,7 +365,7 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
                 None => format!("{what} {}: {e}{}", g.addr, untrusted_hint(&e, g.tls_ca.as_deref())),
             },
         };
-        CliError { code, message, wire: None }
+        CliError { code, message, wire: None, details: None }
     })?;
     client.set_max_frame_len(g.max_frame_len);
     if !timeout || limit.is_none() {

@@ -2,7 +2,9 @@
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -211,10 +213,11 @@ pub fn append(g: &Global, args: &AppendArgs) -> Result<(), CliError> {
 /// `tephra read`.
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Output: one line per event (position, type, tags, payload); --json gives one JSON object per
-event (the export format, with \"position\") and a last line {\"watermark\":N}: the durable tip
-the read was pinned to. A forward read with --after past that tip returns nothing and says so
-in a note on stderr.")]
+Output: one line per event (position, type, tags, payload); a type or tag holding whitespace,
+a bracket, a comma, a quote, a backslash or a control character is shown as a JSON string
+(\"T x\"). --json gives one JSON object per event (the export format, with \"position\") and
+a last line {\"watermark\":N}: the durable tip the read was pinned to. A forward read with
+--after past that tip returns nothing and says so in a note on stderr.")]
 pub struct ReadArgs {
     #[command(flatten)]
     query: QueryArgs,
@@ -235,10 +238,25 @@ fn visible(s: &str) -> String {
     s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect() } else { vec![c] }).collect()
 }
 
-/// A human-readable line for one event: position, type, tags, payload; control characters
-/// escaped in each (`--json` gives the exact strings).
+/// A type or tag as `read` and `subscribe` print it: as it is, or as a JSON string (quoted,
+/// escaped) when it holds anything that would make the line ambiguous or break it: a space or
+/// other whitespace, a bracket, a comma (the tag separator), a quote, a backslash or a control
+/// character, or nothing at all.
+fn shown_name(name: &str) -> String {
+    let plain = !name.is_empty()
+        && !name.chars().any(|c| c.is_whitespace() || c.is_control() || matches!(c, '[' | ']' | ',' | '"' | '\\'));
+    if plain {
+        name.to_owned()
+    } else {
+        serde_json::Value::from(name).to_string()
+    }
+}
+
+/// A human-readable line for one event: position, type, tags, payload; a type or tag that
+/// could be misread is quoted (see [`shown_name`]), control characters in the payload are
+/// escaped (`--json` gives the exact strings).
 fn human_line(e: &SequencedEvent) -> String {
-    let tags: Vec<String> = e.event.tags().map(visible).collect();
+    let tags: Vec<String> = e.event.tags().map(shown_name).collect();
     let tags = tags.join(",");
     let data = e.event.data();
     let payload = match std::str::from_utf8(data) {
@@ -248,7 +266,7 @@ fn human_line(e: &SequencedEvent) -> String {
             format!("base64:{}", base64::engine::general_purpose::STANDARD.encode(data))
         }
     };
-    format!("{:>8}  {}  [{}]  {}", e.position, visible(e.event.event_type()), tags, payload)
+    format!("{:>8}  {}  [{}]  {}", e.position, shown_name(e.event.event_type()), tags, payload)
 }
 
 fn event_output(g: &Global, e: &SequencedEvent) -> String {
@@ -432,12 +450,67 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// SIGINT and SIGTERM caught for a command that stops at a safe point and then says what it
+/// did (`import` after the batch in flight is answered, `export --output` after the event in
+/// hand). A second signal ends the process at once, with the shell's code for it.
+struct Interrupt {
+    /// The number of the first signal that arrived, 0 before one did.
+    signal: Arc<AtomicUsize>,
+}
+
+impl Interrupt {
+    /// Installs the handlers for the rest of the process.
+    fn install() -> Result<Interrupt, CliError> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let signal = Arc::new(AtomicUsize::new(0));
+        let caught = Arc::new(AtomicBool::new(false));
+        let failed = |e: io::Error| CliError::other(format!("installing the SIGINT/SIGTERM handlers: {e}"));
+        for sig in [SIGINT, SIGTERM] {
+            // Runs first: at the second signal `caught` is set, and the process exits.
+            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, Arc::clone(&caught)).map_err(failed)?;
+            signal_hook::flag::register(sig, Arc::clone(&caught)).map_err(failed)?;
+            signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize).map_err(failed)?;
+        }
+        Ok(Interrupt { signal })
+    }
+
+    /// The signal that arrived, if one did.
+    fn caught(&self) -> Option<i32> {
+        match self.signal.load(Ordering::Relaxed) {
+            0 => None,
+            n => i32::try_from(n).ok(),
+        }
+    }
+}
+
+/// A signal's name: `SIGINT` or `SIGTERM`.
+fn signal_name(signal: i32) -> &'static str {
+    if signal == signal_hook::consts::SIGTERM {
+        "SIGTERM"
+    } else {
+        "SIGINT"
+    }
+}
+
+/// `path` with `.partial` added to its file name: where `export --output` writes until the
+/// export is complete.
+fn partial_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".partial");
+    PathBuf::from(name)
+}
+
 /// `tephra export`.
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Writes one JSON object per line, oldest first: {\"position\":N,\"type\":..,\"tags\":[..],
 \"payload\":\"<utf-8>\"} (\"payload_base64\" when the payload is not UTF-8). `tephra import`
-reads it back. A summary goes to stderr (to stdout with --output).")]
+reads it back. A summary goes to stderr (to stdout with --output).
+
+With --output FILE the events go to FILE.partial, which is synced and renamed to FILE once the
+export is complete: FILE exists only whole. An export stopped by SIGINT/SIGTERM (exit 130/143)
+or by an error leaves FILE.partial, does not create FILE, and says on stderr how many events
+FILE.partial holds and the last position written.")]
 pub struct ExportArgs {
     #[command(flatten)]
     query: QueryArgs,
@@ -452,20 +525,87 @@ pub struct ExportArgs {
     output: Option<PathBuf>,
 }
 
+/// Where `export` writes: stdout, or `FILE.partial` until the export is complete.
+enum ExportSink<'a> {
+    Stdout(BufWriter<io::StdoutLock<'static>>),
+    File { out: BufWriter<File>, partial: PathBuf, path: &'a Path },
+}
+
+impl ExportSink<'_> {
+    fn writer(&mut self) -> &mut dyn Write {
+        match self {
+            ExportSink::Stdout(out) => out,
+            ExportSink::File { out, .. } => out,
+        }
+    }
+
+    /// A failed write: a closed stdout stops quietly; a file names itself.
+    fn write_error(&self, e: io::Error) -> CliError {
+        match self {
+            ExportSink::Stdout(_) => CliError::output(e),
+            ExportSink::File { partial, .. } => CliError::other(format!("writing {}: {e}", partial.display())),
+        }
+    }
+
+    /// Flushes; for a file, syncs FILE.partial, renames it to FILE and syncs the directory.
+    fn finish(self) -> Result<(), CliError> {
+        match self {
+            ExportSink::Stdout(mut out) => out.flush().map_err(CliError::output),
+            ExportSink::File { out, partial, path } => {
+                let failed = |what: &str, e: io::Error| CliError::other(format!("{what} {}: {e}", partial.display()));
+                let file = out.into_inner().map_err(|e| failed("writing", e.into_error()))?;
+                file.sync_all().map_err(|e| failed("syncing", e))?;
+                drop(file);
+                std::fs::rename(&partial, path).map_err(|e| {
+                    CliError::other(format!("renaming {} to {}: {e}", partial.display(), path.display()))
+                })?;
+                // Make the rename itself durable (best effort: not every file system can).
+                let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                if let Ok(d) = File::open(dir) {
+                    let _ = d.sync_all();
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What an export stopped short wrote: appended to its error message.
+fn partial_note(partial: &Path, path: &Path, count: u64, first: Option<u64>, last: Option<u64>) -> String {
+    let held = match (first, last) {
+        (Some(a), Some(b)) => format!(
+            "{} holds {} (positions {a}..={b}; the last position written is {b}, and --after {b} exports the rest)",
+            partial.display(),
+            events_word(count)
+        ),
+        _ => format!("{} holds 0 events", partial.display()),
+    };
+    format!("; the export is incomplete: {held}; {} was not created", path.display())
+}
+
 /// `tephra export`: one pinned read streamed to JSON lines.
 pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
+    if let Some(to) = args.to.filter(|&to| to < args.after) {
+        return Err(CliError::usage(format!(
+            "--to {to} is before --after {}: the range (after {}, up to and including {to}) holds no position",
+            args.after, args.after
+        )));
+    }
     let query = args.query.query()?;
+    let interrupt = if args.output.is_some() { Some(Interrupt::install()?) } else { None };
     let mut client = connect(g, true)?;
     let tip = client.stats().map_err(|e| CliError::client("stats failed", e))?.event_count;
     if args.after > tip {
         note(g, &format!("--after {} is past the tip, {tip}: no event follows it yet", args.after));
     }
     let end = args.to.map_or(tip, |t| t.min(tip));
-    let mut out: Box<dyn Write> = match &args.output {
-        Some(path) => Box::new(BufWriter::new(
-            File::create(path).map_err(|e| CliError::other(format!("--output {}: {e}", path.display())))?,
-        )),
-        None => Box::new(BufWriter::new(io::stdout().lock())),
+    let mut sink = match &args.output {
+        Some(path) => {
+            let partial = partial_path(path);
+            let file = File::create(&partial).map_err(|e| CliError::other(format!("--output {}: {e}", partial.display())))?;
+            ExportSink::File { out: BufWriter::new(file), partial, path }
+        }
+        None => ExportSink::Stdout(BufWriter::new(io::stdout().lock())),
     };
     // Positions are dense, so an unfiltered range is an exact limit.
     let limit = match (args.to, &query) {
@@ -473,30 +613,55 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
         _ => None,
     };
     let bar = progress(end.saturating_sub(args.after), "events");
-    let mut stream =
-        client.read(query, Position(args.after), limit).map_err(|e| CliError::client("export failed", e))?;
     let (mut count, mut first, mut last) = (0u64, None, None);
-    for item in stream.by_ref() {
-        let e = item.map_err(|e| CliError::client("export failed", e))?;
-        let p = e.position.get();
-        if args.to.is_some_and(|to| p > to) {
-            break;
+    let result = (|| {
+        let mut stream =
+            client.read(query, Position(args.after), limit).map_err(|e| CliError::client("export failed", e))?;
+        for item in stream.by_ref() {
+            if let Some(sig) = interrupt.as_ref().and_then(Interrupt::caught) {
+                std::mem::forget(stream);
+                return Err(CliError::interrupted(
+                    sig,
+                    format!("export interrupted by {}", signal_name(sig)),
+                    serde_json::Map::new(),
+                ));
+            }
+            let e = item.map_err(|e| CliError::client("export failed", e))?;
+            let p = e.position.get();
+            if args.to.is_some_and(|to| p > to) {
+                break;
+            }
+            if let Err(err) = writeln!(sink.writer(), "{}", jsonl::event_line(Some(p), &e.event)) {
+                std::mem::forget(stream);
+                return Err(sink.write_error(err));
+            }
+            count += 1;
+            first.get_or_insert(p);
+            last = Some(p);
+            bar.set_position(p.saturating_sub(args.after));
         }
-        if let Err(err) = writeln!(out, "{}", jsonl::event_line(Some(p), &e.event)) {
-            std::mem::forget(stream);
-            return Err(CliError::output(err));
+        Ok(())
+    })();
+    let result = match result {
+        Ok(()) => sink.finish(),
+        Err(e) => {
+            if let ExportSink::File { mut out, partial, path } = sink {
+                let _ = out.flush();
+                let _ = out.get_ref().sync_all();
+                bar.abandon();
+                let mut e = e;
+                e.message.push_str(&partial_note(&partial, path, count, first, last));
+                let details = e.details.get_or_insert_with(serde_json::Map::new);
+                details.insert("partial_file".into(), partial.display().to_string().into());
+                details.insert("exported".into(), count.into());
+                details.insert("first".into(), first.into());
+                details.insert("last".into(), last.into());
+                return Err(e);
+            }
+            Err(e)
         }
-        count += 1;
-        first.get_or_insert(p);
-        last = Some(p);
-        bar.set_position(p.saturating_sub(args.after));
-    }
-    drop(stream);
-    out.flush().map_err(|e| match &args.output {
-        Some(path) => CliError::other(format!("--output {}: {e}", path.display())),
-        None => CliError::output(e),
-    })?;
-    drop(out);
+    };
+    result?;
     bar.finish_and_clear();
     let summary = if g.json {
         serde_json::json!({ "exported": count, "first": first, "last": last }).to_string()
@@ -522,7 +687,12 @@ validated before anything is appended: a bad line is reported with its number (e
 nothing is written. The events are then appended in order, in batches (each batch is atomic;
 if a batch fails, the earlier ones stay and the error says how far the import got). Positions
 in the target are assigned afresh: into an empty store, an export from position 1 keeps its
-positions.")]
+positions.
+
+Running an import again appends every event again: nothing is deduplicated. To resume one
+that stopped, skip the lines already appended with --skip-lines N; an import stopped by
+SIGINT/SIGTERM (exit 130/143: it stops once the batch in flight is answered) or by a failed
+batch says the N to use on stderr.")]
 pub struct ImportArgs {
     /// The JSON-lines file (`-` or none: stdin).
     #[arg(value_name = "FILE")]
@@ -531,6 +701,10 @@ pub struct ImportArgs {
     /// as too large, for its segments or its frame cap, is sent again in halves).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_BATCH, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     batch: usize,
+    /// Skip the first N lines of the input, unread (to resume an import that stopped after
+    /// appending them).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    skip_lines: usize,
 }
 
 /// "1 event", "2 events".
@@ -564,6 +738,8 @@ fn batches(events: Vec<Event>, max: usize) -> Vec<Vec<Event>> {
 
 /// `tephra import`: validate the whole input, then append batch by batch.
 pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
+    // Installed first: a signal while the input is read stops the import before any append.
+    let interrupt = Interrupt::install()?;
     let (name, input): (String, Box<dyn BufRead>) = match &args.file {
         Some(path) if path.as_os_str() != "-" => {
             let file = File::open(path).map_err(|e| CliError::other(format!("{}: {e}", path.display())))?;
@@ -571,13 +747,54 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
         }
         _ => ("stdin".to_owned(), Box::new(io::stdin().lock())),
     };
-    let (events, lines) = jsonl::parse_numbered(input).map_err(|e| CliError::usage(format!("{name} {e}")))?;
+    let parsed = jsonl::parse_from(input, args.skip_lines).map_err(|e| CliError::usage(format!("{name} {e}")))?;
+    if args.skip_lines > parsed.line_count {
+        return Err(CliError::usage(format!(
+            "--skip-lines {} is more than the {} line{} of {name}",
+            args.skip_lines,
+            parsed.line_count,
+            if parsed.line_count == 1 { "" } else { "s" }
+        )));
+    }
+    let jsonl::Parsed { events, lines, line_count } = parsed;
     let total = events.len() as u64;
+    // The `--skip-lines` that resumes after the first `done` events: every line before the
+    // next event's (blank lines included), or every line once all are appended.
+    let resume_at = |done: u64| lines.get(done as usize).map_or(line_count, |&n| n - 1);
     let mut client = connect(g, true)?;
     let bar = progress(total, "events");
     let (mut done, mut first, mut last, mut count) = (0u64, None::<Position>, None::<Position>, 0usize);
     let mut queue: std::collections::VecDeque<Vec<Event>> = batches(events, args.batch).into();
     while let Some(mut batch) = queue.pop_front() {
+        if let Some(sig) = interrupt.caught() {
+            bar.abandon();
+            let resume = resume_at(done);
+            let skipped =
+                if args.skip_lines > 0 { format!(" (the first {} skipped)", args.skip_lines) } else { String::new() };
+            let appended = match (first, last) {
+                (Some(a), Some(b)) => format!(
+                    "appended {done} of its {total} events (positions {a}..={b}; the last position written is {b})"
+                ),
+                _ => format!("appended none of its {}", events_word(total)),
+            };
+            let went_in = match resume {
+                0 => "no input line went in".to_owned(),
+                r if r == args.skip_lines => "no further input line went in".to_owned(),
+                r => format!("input lines {}..={r} went in", args.skip_lines + 1),
+            };
+            let message = format!(
+                "import interrupted by {}: read {line_count} line{} of {name}{skipped}, {appended}; {went_in}. Running the import again appends everything again (nothing is deduplicated): to resume, run it again with --skip-lines {resume}",
+                signal_name(sig),
+                if line_count == 1 { "" } else { "s" },
+            );
+            let mut details = serde_json::Map::new();
+            details.insert("lines_read".into(), line_count.into());
+            details.insert("imported".into(), done.into());
+            details.insert("first".into(), first.map(Position::get).into());
+            details.insert("last".into(), last.map(Position::get).into());
+            details.insert("resume_skip_lines".into(), resume.into());
+            return Err(CliError::interrupted(sig, message, details));
+        }
         let n = batch.len() as u64;
         let r = client.append_refs(&batch, None);
         if batch.len() > 1 {
@@ -624,7 +841,15 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
                 _ => "",
             };
             let mut err = CliError::append("import failed", e);
-            err.message = format!("{}{hint}; {so_far}{failed}", err.message);
+            // A lost connection may have lost the answer to an append that went in.
+            let resume = match err.code {
+                4 => format!(
+                    "; the failed batch may or may not be in the store (the connection was lost before its answer): check before resuming with --skip-lines {}",
+                    resume_at(done)
+                ),
+                _ => format!("; to resume from the failed batch, run the import again with --skip-lines {}", resume_at(done)),
+            };
+            err.message = format!("{}{hint}; {so_far}{failed}{resume}", err.message);
             err
         })?;
         first.get_or_insert(r.first);

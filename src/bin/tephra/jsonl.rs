@@ -76,30 +76,44 @@ pub fn parse_event(line: &str) -> Result<Event, String> {
 /// # Errors
 /// `line N: why` for the first unreadable or invalid line (1-based).
 pub fn parse_all(input: impl BufRead) -> Result<Vec<Event>, String> {
-    parse_numbered(input).map(|(events, _)| events)
+    parse_from(input, 0).map(|p| p.events)
 }
 
-/// As [`parse_all`], with each event's line number in the input (1-based; blank lines are
-/// skipped, so they differ from the events' indexes).
+/// The events of a JSON-lines input and where each came from.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The events, in input order.
+    pub events: Vec<Event>,
+    /// Each event's line number in the input (1-based, counting skipped and blank lines).
+    pub lines: Vec<usize>,
+    /// How many lines the input has in all, skipped ones included.
+    pub line_count: usize,
+}
+
+/// As [`parse_all`], after skipping the first `skip` lines unread (not even checked), with
+/// each event's line number in the whole input (1-based; blank lines are skipped too, so
+/// the numbers differ from the events' indexes).
 ///
 /// # Errors
 /// As [`parse_all`].
-pub fn parse_numbered(input: impl BufRead) -> Result<(Vec<Event>, Vec<usize>), String> {
-    let mut events = Vec::new();
-    let mut numbers = Vec::new();
-    for (i, line) in input.lines().enumerate() {
-        let n = i + 1;
-        let line = line.map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidData => format!("line {n}: not valid UTF-8"),
-            _ => format!("line {n}: read error: {e}"),
-        })?;
+pub fn parse_from(input: impl BufRead, skip: usize) -> Result<Parsed, String> {
+    let mut parsed = Parsed { events: Vec::new(), lines: Vec::new(), line_count: 0 };
+    for line in input.split(b'\n') {
+        parsed.line_count += 1;
+        let n = parsed.line_count;
+        let line = line.map_err(|e| format!("line {n}: read error: {e}"))?;
+        if n <= skip {
+            continue;
+        }
+        let line = String::from_utf8(line).map_err(|_| format!("line {n}: not valid UTF-8"))?;
+        let line = line.strip_suffix('\r').unwrap_or(&line);
         if line.trim().is_empty() {
             continue;
         }
-        events.push(parse_event(&line).map_err(|why| format!("line {n}: {why}"))?);
-        numbers.push(n);
+        parsed.events.push(parse_event(line).map_err(|why| format!("line {n}: {why}"))?);
+        parsed.lines.push(n);
     }
-    Ok((events, numbers))
+    Ok(parsed)
 }
 
 #[cfg(test)]
@@ -136,8 +150,16 @@ mod tests {
         let err = parse_all("{\"type\":\"A\",\"payload\":\"a\",\"payload_base64\":\"YQ==\"}".as_bytes()).unwrap_err();
         assert!(err.contains("both"), "{err}");
         assert_eq!(parse_all("\n  \n".as_bytes()).unwrap(), Vec::<Event>::new());
-        let (events, lines) = parse_numbered("\n{\"type\":\"A\"}\n\n{\"type\":\"B\"}\n".as_bytes()).unwrap();
-        assert_eq!(events, [ev("A", &[], b""), ev("B", &[], b"")]);
-        assert_eq!(lines, [2, 4]);
+        let p = parse_from("\n{\"type\":\"A\"}\n\n{\"type\":\"B\"}\n".as_bytes(), 0).unwrap();
+        assert_eq!(p.events, [ev("A", &[], b""), ev("B", &[], b"")]);
+        assert_eq!((p.lines, p.line_count), (vec![2, 4], 4));
+    }
+
+    #[test]
+    fn skipped_lines_are_not_read_and_keep_their_numbers() {
+        let p = parse_from("not json\n{\"type\":\"A\"}\n\n{\"type\":\"B\"}".as_bytes(), 2).unwrap();
+        assert_eq!(p.events, [ev("B", &[], b"")]);
+        assert_eq!((p.lines, p.line_count), (vec![4], 4));
+        assert_eq!(parse_from("{\"type\":\"A\"}\n".as_bytes(), 5).unwrap().line_count, 1);
     }
 }
