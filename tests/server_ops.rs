@@ -107,6 +107,42 @@ fn a_slow_loris_trickle_is_reaped_and_counted() {
     assert_eq!(c.stats().unwrap().connections_reaped, 2);
 }
 
+/// The frame timer runs from the start of the frame still arriving, not from the first partial
+/// frame the server ever saw: a client streaming requests whose writes each end halfway
+/// through a frame always leaves the server a partial frame, yet every frame completes at
+/// once. CI: a pipelining connection was reaped after incomplete_frame_secs with every frame
+/// it sent complete, and lost its remaining answers.
+#[test]
+fn a_stream_of_frames_ending_mid_frame_is_not_reaped_by_the_frame_timer() {
+    let srv = Server::start(&bin(), &[("TEPHRA__SERVER__TIMEOUTS__INCOMPLETE_FRAME_SECS", "1")]);
+    let mut raw = RawConn::connect_hello(srv.addr);
+    raw.stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut bytes = Vec::new();
+    let frames = 40u64;
+    for id in 1..=frames {
+        proto::encode_frame(&Request::new(id, request::Kind::Stats(proto::StatsRequest {})), u32::MAX, &mut bytes).unwrap();
+    }
+    // 40 writes over 4 s, each ending inside a frame: the first frame completes with the
+    // second write, and a partial frame is always buffered until the last write.
+    let chunk = bytes.len() / frames as usize;
+    let mut w = raw.stream.try_clone().unwrap();
+    let writer = thread::spawn(move || {
+        let mut at = 0;
+        while at < bytes.len() {
+            let end = (at + chunk + if at == 0 { chunk / 2 } else { 0 }).min(bytes.len());
+            w.write_all(&bytes[at..end]).unwrap();
+            at = end;
+            thread::sleep(Duration::from_millis(100));
+        }
+    });
+    for n in 0..frames {
+        let r = raw.recv().unwrap_or_else(|| panic!("closed after {n} answers"));
+        assert!(matches!(r.kind, Some(response::Kind::Stats(_))), "{r:?}");
+    }
+    writer.join().unwrap();
+    assert_eq!(Client::connect(srv.addr).unwrap().stats().unwrap().connections_reaped, 0);
+}
+
 #[test]
 fn the_handshake_timeout_reaps_silent_and_partial_first_frames_only() {
     let srv = Server::start(

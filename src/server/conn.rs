@@ -520,6 +520,9 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 }
             };
             last_activity = Instant::now();
+            // The frame timer runs from the start of the frame still arriving: a client whose
+            // every write ends mid-frame always leaves one partial, yet completes each.
+            partial_since = None;
             if established {
                 // A long frame is decoded on a blocking thread: this shard's other connections
                 // go on meanwhile (frames keep their order: this reader waits for it).
