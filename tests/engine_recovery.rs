@@ -215,6 +215,32 @@ fn a_rollback_that_cannot_keep_a_copy_still_opens() {
     assert_eq!(std::fs::read(d.path().join(tephra::log::RECOVERED_DIR)).unwrap(), b"in the way");
 }
 
+/// A copy of the same discarded bytes already in `recovered/` (a start that kept it, then
+/// stopped before zeroing) is not made twice; one of other bytes for the same range is kept
+/// beside it.
+#[test]
+fn a_rollback_does_not_copy_the_same_bytes_twice() {
+    let d = dir();
+    fill(d.path(), SIZE, &[2, 1, 3]);
+    let seg = last_segment(d.path());
+    let last = batches(&seg).pop().unwrap();
+    patch(&seg, last.marker, &[0u8; MARKER_LEN]);
+    let end = nonzero_end(&seg);
+    let bytes = std::fs::read(&seg).unwrap()[last.start..end as usize].to_vec();
+    let recovered = d.path().join(tephra::log::RECOVERED_DIR);
+    std::fs::create_dir(&recovered).unwrap();
+    let name = format!("{}.{}-{end}.", seg.file_name().unwrap().to_str().unwrap(), last.start);
+    let earlier = recovered.join(format!("{name}1.discarded"));
+    std::fs::write(&earlier, &bytes).unwrap();
+    let other = recovered.join(format!("{name}2.discarded"));
+    std::fs::write(&other, b"other bytes").unwrap();
+    drop(Store::open(d.path(), cfg(SIZE)).unwrap());
+    let mut copies: Vec<PathBuf> = std::fs::read_dir(&recovered).unwrap().map(|e| e.unwrap().path()).collect();
+    copies.sort();
+    assert_eq!(copies, [earlier.clone(), other]);
+    assert_eq!(std::fs::read(&earlier).unwrap(), bytes);
+}
+
 #[test]
 fn torn_tail_half_written_marker_rolls_back() {
     let d = dir();

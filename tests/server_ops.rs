@@ -1449,6 +1449,32 @@ fn a_start_refused_after_the_log_was_judged_leaves_the_tail_in_place() {
     assert!(!trailing.exists());
 }
 
+/// A rollback's copy of the discarded bytes that fails part way (`ENOSPC` injected after the
+/// copy's file is made, as on a disk with less room than the tail) is removed, not left
+/// holding the last free space; the start goes on, the tail is rolled back and zeroed, and
+/// the next start is clean (review: a truncated copy stayed in `recovered/`, the disk full).
+#[test]
+fn a_rollback_copy_that_runs_out_of_room_is_removed_and_the_store_opens() {
+    let Some(crash_bin) = crash_points_bin() else { return };
+    let (_srv, data, seg) = stopped_store_of_one_event();
+    let len = std::fs::metadata(&seg).unwrap().len();
+    {
+        use std::os::unix::fs::FileExt;
+        std::fs::OpenOptions::new().write(true).open(&seg).unwrap().write_all_at(b"torn tail", len - 100).unwrap();
+    }
+    let srv = Server::start_args(&crash_bin, &data, &[], &[("TEPHRA_CRASH_POINT", "keep_discarded:enospc")]);
+    let log = srv.log();
+    assert!(log.contains("could not keep a copy of the discarded tail") && log.contains("No space left on device"), "{log}");
+    assert!(log.lines().any(|l| l.contains("recovered with rollback") && l.contains("nowhere")), "{log}");
+    let copies: Vec<_> = std::fs::read_dir(data.join("recovered")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(copies.is_empty(), "a failed copy was left behind: {copies:?}");
+    let buf = std::fs::read(&seg).unwrap();
+    assert!(buf[(len - 100) as usize..(len - 91) as usize].iter().all(|&b| b == 0), "the tail was not zeroed");
+    let mut c = Client::connect(srv.addr).unwrap();
+    assert_eq!(c.stats().unwrap().event_count, 1);
+    assert_eq!(c.append([ev("B", &["t"], b"y")], None).unwrap().first.get(), 2);
+}
+
 /// Two servers that bound one address at the same moment and each saw the other both let go,
 /// wait a random while, and the first to find the address free keeps it: one serves, the
 /// other refuses (before, both refused: 2 of 12 tight starts in a review left no server). The

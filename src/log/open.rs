@@ -356,6 +356,12 @@ pub const RECOVERED_DIR: &str = "recovered";
 /// stray byte at the end of a huge segment would make the range.
 pub const KEEP_DISCARDED_MAX: u64 = 64 << 20;
 
+/// Free space a rollback's copy must leave on the data directory's file system, in bytes:
+/// the copy is skipped when it would leave less (the log itself needs the room, and a full
+/// disk may be why the server crashed). Review: on a nearly full disk the copy took the last
+/// free byte and left a truncated file behind.
+pub const KEEP_DISCARDED_HEADROOM: u64 = 64 << 20;
+
 /// Copies the discarded bytes `[from, to)` of `segment` (at most [`KEEP_DISCARDED_MAX`]) to
 /// `<dir>/recovered/<segment file name>.<from>-<to>.<unix seconds>.discarded` and makes the
 /// copy durable, so that what a rollback zeroes can still be looked at: a torn batch was
@@ -363,9 +369,13 @@ pub const KEEP_DISCARDED_MAX: u64 = 64 << 20;
 /// rolled back too (the reference leaves the bytes in the segment until the next append
 /// overwrites them). Returns the copy's path.
 ///
+/// A copy of the same bytes of the same range already there (a start that kept it, then
+/// stopped before zeroing) is returned instead of a second one. No copy is made when it would
+/// leave less than [`KEEP_DISCARDED_HEADROOM`] free; a copy that fails part way is removed.
+///
 /// # Errors
-/// Creating the directory or the file (an existing file is not replaced), reading the
-/// segment, writing or syncing.
+/// Creating the directory or the file (an existing file is not replaced), too little free
+/// space (`StorageFull`, saying how much there is), reading the segment, writing or syncing.
 fn keep_discarded(dir: &Path, segment: &Path, from: u64, to: u64) -> std::io::Result<PathBuf> {
     let keep = to.saturating_sub(from).min(KEEP_DISCARDED_MAX);
     let recovered = dir.join(RECOVERED_DIR);
@@ -375,18 +385,46 @@ fn keep_discarded(dir: &Path, segment: &Path, from: u64, to: u64) -> std::io::Re
         Err(e) => return Err(e),
     };
     let name = segment.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let path = recovered.join(format!("{name}.{from}-{to}.{secs}.discarded"));
     let mut bytes = vec![0u8; keep as usize];
     std::fs::File::open(segment)?.read_exact_at(&mut bytes, from)?;
+    let prefix = format!("{name}.{from}-{to}.");
+    for entry in std::fs::read_dir(&recovered)? {
+        let path = entry?.path();
+        let same_range = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".discarded"));
+        if same_range && std::fs::read(&path).is_ok_and(|held| held == bytes) {
+            return Ok(path);
+        }
+    }
+    let free = nix::sys::statvfs::statvfs(&recovered).map_err(std::io::Error::from)?;
+    let available = (free.blocks_available() as u64).saturating_mul(free.fragment_size() as u64);
+    if !copy_fits(available, keep) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            format!("{keep} bytes to copy, {available} bytes free; a copy must leave {KEEP_DISCARDED_HEADROOM} free"),
+        ));
+    }
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let path = recovered.join(format!("{prefix}{secs}.discarded"));
     let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
-    std::io::Write::write_all(&mut &f, &bytes)?;
-    f.sync_all()?;
+    let written = crate::fault::io_point("keep_discarded")
+        .and_then(|()| std::io::Write::write_all(&mut &f, &bytes))
+        .and_then(|()| f.sync_all());
+    if let Err(e) = written {
+        drop(f);
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
     std::fs::File::open(&recovered)?.sync_all()?;
     if created {
         std::fs::File::open(dir)?.sync_all()?;
     }
     Ok(path)
+}
+
+/// True when a copy of `keep` bytes leaves at least [`KEEP_DISCARDED_HEADROOM`] of
+/// `available` bytes free.
+fn copy_fits(available: u64, keep: u64) -> bool {
+    available >= keep.saturating_add(KEEP_DISCARDED_HEADROOM)
 }
 
 /// A discarded range at least this long is zeroed by `fallocate(FALLOC_FL_ZERO_RANGE)`, not
@@ -420,4 +458,17 @@ fn zero_range(path: &Path, start: u64, end: u64) -> Result<(), LogError> {
         off += n as u64;
     }
     f.sync_data().map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_must_leave_the_headroom_free() {
+        assert!(copy_fits(KEEP_DISCARDED_HEADROOM + 10, 10));
+        assert!(!copy_fits(KEEP_DISCARDED_HEADROOM + 9, 10));
+        assert!(!copy_fits(1 << 20, 3_000_000));
+        assert!(!copy_fits(u64::MAX - 1, u64::MAX));
+    }
 }
