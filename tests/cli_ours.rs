@@ -555,59 +555,179 @@ fn a_failed_import_says_how_to_resume() {
 }
 
 /// `export -o FILE` writes FILE.partial and renames it to FILE only once complete: stopped by
-/// SIGINT it leaves FILE.partial holding whole lines, does not create FILE, says how many
-/// events it wrote and the last position, and exits 130 (it died of the signal and left a
-/// cleanly cut FILE that looked complete). FILE.partial is a FIFO here so that the export is
-/// caught in the middle.
+/// SIGINT it leaves FILE.partial holding whole lines, as many as it says, up to the last
+/// position it names, does not create FILE, says to move FILE.partial aside before exporting
+/// the rest, and exits 130 (it died of the signal and left a cleanly cut FILE that looked
+/// complete).
 #[test]
 fn an_interrupted_export_leaves_only_a_partial_file_and_says_what_it_holds() {
     let Some(srv) = start(&[]) else { return };
     let mut c = Client::connect(srv.addr).unwrap();
-    for _ in 0..20 {
+    for _ in 0..200 {
         c.append((0..1000).map(|i| ev("E", &[&format!("n:{i}")], &[b'x'; 100])), None).unwrap();
     }
     let out = srv.dir.path().join("out.jsonl");
     let partial = srv.dir.path().join("out.jsonl.partial");
-    assert!(Command::new("mkfifo").arg(&partial).status().unwrap().success());
     let mut cmd = cli(srv.addr);
     cmd.args(["export", "-o", out.to_str().unwrap()]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = cmd.spawn().unwrap();
-    let mut fifo = BufReader::new(std::fs::File::open(&partial).unwrap());
-    let mut line = String::new();
-    for _ in 0..100 {
-        line.clear();
-        fifo.read_line(&mut line).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(&partial).map_or(0, |m| m.len()) < 100_000 {
+        assert!(Instant::now() < deadline, "the export wrote nothing in 30 s");
+        std::thread::sleep(Duration::from_millis(1));
     }
     signal(&child, nix::sys::signal::Signal::SIGINT);
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut fifo, &mut rest).unwrap();
     let o = child.wait_with_output().unwrap();
     assert_code(&o, 130);
-    let written = 100 + rest.lines().count() as u64;
-    let last: Value = serde_json::from_str(rest.lines().last().unwrap_or(&line)).unwrap();
     let err = stderr(&o);
-    assert!(written < 20_000, "{err}");
+    let text = std::fs::read_to_string(&partial).unwrap();
+    assert!(text.ends_with('\n'), "FILE.partial ends inside a line");
+    let written = text.lines().count() as u64;
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert!(written < 200_000, "the export finished before the signal: {err}");
+    assert_eq!(last["position"], written);
     assert!(err.contains("export interrupted by SIGINT; the export is incomplete: "), "{err}");
-    assert!(err.contains(&format!("out.jsonl.partial holds {written} events (positions 1..={}; the last position written is {}", last["position"], last["position"])), "{err}");
+    assert!(err.contains(&format!("out.jsonl.partial holds {written} events (positions 1..={written}; the last position written is {written}: move it aside, and --after {written} exports the rest)")), "{err}");
     assert!(err.contains("out.jsonl was not created"), "{err}");
     assert!(!out.exists());
-    assert!(partial.exists());
 }
 
-/// A complete `export -o FILE` leaves FILE and no FILE.partial; a FILE.partial left by an
-/// earlier export is replaced.
+/// A complete `export -o FILE` leaves FILE and no FILE.partial. A FILE.partial already there
+/// is refused (exit 1) and left as it was, FILE not created: it may hold an interrupted
+/// export's events, which exporting the rest to the same FILE, as the interrupted export's
+/// message once advised, replaced (review). A FILE replaced keeps its permissions.
 #[test]
-fn a_complete_export_renames_the_partial_file() {
+fn an_export_refuses_a_partial_file_left_before_and_renames_its_own() {
+    use std::os::unix::fs::PermissionsExt;
     let Some(srv) = start(&[]) else { return };
     let mut c = Client::connect(srv.addr).unwrap();
     c.append(vec![ev("A", &[], b"1"), ev("B", &[], b"2")], None).unwrap();
     let out = srv.dir.path().join("out.jsonl");
     let partial = srv.dir.path().join("out.jsonl.partial");
-    std::fs::write(&partial, "stale\n").unwrap();
+    std::fs::write(&partial, "an earlier export's lines\n").unwrap();
+    let o = tephra(srv.addr, &["export", "-o", out.to_str().unwrap()]);
+    assert_code(&o, 1);
+    assert!(stderr(&o).contains("out.jsonl.partial already exists: an earlier export to ") && stderr(&o).contains("move it aside or remove it"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&partial).unwrap(), "an earlier export's lines\n");
+    assert!(!out.exists());
+    std::fs::remove_file(&partial).unwrap();
+    std::fs::write(&out, "old\n").unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o600)).unwrap();
     let o = tephra(srv.addr, &["export", "-o", out.to_str().unwrap()]);
     assert_code(&o, 0);
     assert!(!partial.exists());
     assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 2);
+    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+/// `export -o` into what a rename cannot replace: a symbolic link keeps pointing at its
+/// target, which gets the export (a link to nothing yet creates its target); a FIFO stays a
+/// FIFO and its reader gets every line; a device stays a device (review: each became a
+/// regular file, and `-o /dev/null` as root would replace the system's). A directory, or a
+/// path ending in `/`, is refused (exit 1) and nothing is left in it.
+#[test]
+fn an_export_into_a_link_a_fifo_a_device_or_a_directory() {
+    let Some(srv) = start(&[]) else { return };
+    Client::connect(srv.addr).unwrap().append(vec![ev("A", &[], b"1"), ev("B", &[], b"2"), ev("C", &[], b"3")], None).unwrap();
+    let dir = srv.dir.path().join("exports");
+    std::fs::create_dir_all(dir.join("real")).unwrap();
+    let lines = |p: &std::path::Path| std::fs::read_to_string(p).unwrap().lines().count();
+    // A link to a file, and a dangling one (relative).
+    std::fs::write(dir.join("real/x.jsonl"), "old\n").unwrap();
+    std::os::unix::fs::symlink("real/x.jsonl", dir.join("link")).unwrap();
+    std::os::unix::fs::symlink("real/y.jsonl", dir.join("dangling")).unwrap();
+    for (link, target) in [("link", "real/x.jsonl"), ("dangling", "real/y.jsonl")] {
+        let o = tephra(srv.addr, &["export", "-o", dir.join(link).to_str().unwrap()]);
+        assert_code(&o, 0);
+        assert!(std::fs::symlink_metadata(dir.join(link)).unwrap().file_type().is_symlink(), "{link} is no longer a link");
+        assert_eq!(lines(&dir.join(target)), 3, "{link}");
+    }
+    // A FIFO.
+    let fifo = dir.join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+    };
+    let o = tephra(srv.addr, &["export", "-o", fifo.to_str().unwrap()]);
+    assert_code(&o, 0);
+    assert_eq!(reader.join().unwrap().lines().count(), 3);
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&std::fs::symlink_metadata(&fifo).unwrap().file_type()));
+    // A device, where this test may make one (root): a null device of its own.
+    let null = dir.join("null");
+    if nix::sys::stat::mknod(&null, nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::from_bits_truncate(0o666), nix::sys::stat::makedev(1, 3)).is_ok() {
+        let o = tephra(srv.addr, &["export", "-o", null.to_str().unwrap()]);
+        assert_code(&o, 0);
+        assert!(std::os::unix::fs::FileTypeExt::is_char_device(&std::fs::symlink_metadata(&null).unwrap().file_type()));
+    }
+    // A directory.
+    let before: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    for arg in [dir.join("real").display().to_string(), format!("{}/", dir.join("real").display()), format!("{}/", dir.join("new").display())] {
+        let o = tephra(srv.addr, &["export", "-o", &arg]);
+        assert_code(&o, 1);
+        assert!(stderr(&o).contains("is a directory; name a file"), "{arg}: {}", stderr(&o));
+    }
+    let after: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(before, after);
+    assert_eq!(std::fs::read_dir(dir.join("real")).unwrap().count(), 2);
+}
+
+/// An export into a FIFO stopped by SIGINT says how many events the FIFO received and the
+/// last position (there is no FILE.partial to speak of), and exits 130.
+#[test]
+fn an_interrupted_export_into_a_fifo_says_what_it_received() {
+    let Some(srv) = start(&[]) else { return };
+    let mut c = Client::connect(srv.addr).unwrap();
+    for _ in 0..20 {
+        c.append((0..1000).map(|i| ev("E", &[&format!("n:{i}")], &[b'x'; 100])), None).unwrap();
+    }
+    let fifo = srv.dir.path().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let mut cmd = cli(srv.addr);
+    cmd.args(["export", "-o", fifo.to_str().unwrap()]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let mut rd = BufReader::new(std::fs::File::open(&fifo).unwrap());
+    let mut line = String::new();
+    for _ in 0..100 {
+        line.clear();
+        rd.read_line(&mut line).unwrap();
+    }
+    signal(&child, nix::sys::signal::Signal::SIGINT);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut rd, &mut rest).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_code(&o, 130);
+    let written = 100 + rest.lines().count() as u64;
+    assert!(written < 20_000);
+    let err = stderr(&o);
+    assert!(err.contains(&format!("fifo received {written} events (positions 1..={written}; the last position written is {written}, and --after {written} exports the rest)")), "{err}");
+    assert!(!srv.dir.path().join("fifo.partial").exists());
+}
+
+/// A signal while `import` still reads its input ends it at once, with nothing appended
+/// (review: the handlers let the read go on, so the first Ctrl-C waited for the end of a
+/// pipe's input and the import then appended).
+#[test]
+fn an_import_signalled_while_reading_its_input_ends_at_once() {
+    let Some(srv) = start(&[]) else { return };
+    let mut cmd = cli(srv.addr);
+    cmd.args(["import"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(b"{\"type\":\"A\"}\n").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&child, nix::sys::signal::Signal::SIGINT);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "import still reading 10 s after SIGINT");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    drop(input);
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGINT), "{status:?}");
+    assert_eq!(event_count(srv.addr), 0);
 }
 
 /// An inverted range (`--to` before `--after`) is bad usage naming both values; it exported

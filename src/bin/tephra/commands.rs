@@ -508,9 +508,12 @@ Writes one JSON object per line, oldest first: {\"position\":N,\"type\":..,\"tag
 reads it back. A summary goes to stderr (to stdout with --output).
 
 With --output FILE the events go to FILE.partial, which is synced and renamed to FILE once the
-export is complete: FILE exists only whole. An export stopped by SIGINT/SIGTERM (exit 130/143)
-or by an error leaves FILE.partial, does not create FILE, and says on stderr how many events
-FILE.partial holds and the last position written.")]
+export is complete: FILE exists only whole (a FILE that is a symbolic link keeps pointing at
+its target, which is replaced so). An export stopped by SIGINT/SIGTERM (exit 130/143) or by an
+error leaves FILE.partial, does not create FILE, and says on stderr how many events
+FILE.partial holds and the last position written. A FILE.partial already there is refused, not
+replaced: it may hold an earlier export's events. FILE that is a FIFO or a device (not a
+regular file) is written directly.")]
 pub struct ExportArgs {
     #[command(flatten)]
     query: QueryArgs,
@@ -525,17 +528,98 @@ pub struct ExportArgs {
     output: Option<PathBuf>,
 }
 
-/// Where `export` writes: stdout, or `FILE.partial` until the export is complete.
-enum ExportSink<'a> {
+/// Where `export` writes: stdout, `FILE.partial` until the export is complete (`path` is where
+/// it then goes), or straight into a FIFO or device.
+enum ExportSink {
     Stdout(BufWriter<io::StdoutLock<'static>>),
-    File { out: BufWriter<File>, partial: PathBuf, path: &'a Path },
+    File { out: BufWriter<File>, partial: PathBuf, path: PathBuf },
+    Direct { out: BufWriter<File>, path: PathBuf },
 }
 
-impl ExportSink<'_> {
+/// What `export --output PATH` finds at PATH.
+enum OutputTarget {
+    /// A regular file, or nothing yet: written as `PATH.partial`, then renamed to PATH (a
+    /// symbolic link resolved to its target). `mode` is the permissions of the file replaced.
+    Replace { path: PathBuf, mode: Option<std::fs::Permissions> },
+    /// A FIFO, a device or a socket: written directly, as it cannot be replaced by a rename
+    /// (review: `-o /dev/null` as root would have replaced the device with a regular file).
+    Direct(PathBuf),
+}
+
+/// Judges `path` for `export --output`.
+///
+/// # Errors
+/// A directory (or a path ending in `/`), or a path that cannot be looked at (exit 1).
+fn output_target(path: &Path) -> Result<OutputTarget, CliError> {
+    let named = || CliError::other(format!("--output {} is a directory; name a file", path.display()));
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        return Err(named());
+    }
+    let looked = |e: io::Error| CliError::other(format!("--output {}: {e}", path.display()));
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OutputTarget::Replace { path: path.to_owned(), mode: None }),
+        Err(e) => return Err(looked(e)),
+    };
+    if meta.file_type().is_symlink() {
+        return match std::fs::canonicalize(path) {
+            Ok(real) => output_target(&real),
+            // A link to nothing yet: the export creates its target.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let target = std::fs::read_link(path).map_err(looked)?;
+                let target = match path.parent() {
+                    Some(dir) if target.is_relative() => dir.join(target),
+                    _ => target,
+                };
+                Ok(OutputTarget::Replace { path: target, mode: None })
+            }
+            Err(e) => Err(looked(e)),
+        };
+    }
+    if meta.is_dir() {
+        return Err(named());
+    }
+    if meta.is_file() {
+        return Ok(OutputTarget::Replace { path: path.to_owned(), mode: Some(meta.permissions()) });
+    }
+    Ok(OutputTarget::Direct(path.to_owned()))
+}
+
+/// Opens the sink for `--output path`.
+fn open_output(path: &Path) -> Result<ExportSink, CliError> {
+    match output_target(path)? {
+        OutputTarget::Direct(path) => {
+            let file = std::fs::OpenOptions::new().write(true).open(&path).map_err(|e| CliError::other(format!("--output {}: {e}", path.display())))?;
+            Ok(ExportSink::Direct { out: BufWriter::new(file), path })
+        }
+        OutputTarget::Replace { path, mode } => {
+            let partial = partial_path(&path);
+            let file = match std::fs::OpenOptions::new().write(true).create_new(true).open(&partial) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    return Err(CliError::other(format!(
+                        "{} already exists: an earlier export to {} stopped short and left it, and it may hold that export's events; move it aside or remove it, then export again",
+                        partial.display(),
+                        path.display()
+                    )))
+                }
+                Err(e) => return Err(CliError::other(format!("--output {}: {e}", partial.display()))),
+            };
+            if let Some(mode) = mode {
+                // The file replaced keeps its permissions (best effort: a file of another
+                // owner's cannot be given them).
+                let _ = file.set_permissions(mode);
+            }
+            Ok(ExportSink::File { out: BufWriter::new(file), partial, path })
+        }
+    }
+}
+
+impl ExportSink {
     fn writer(&mut self) -> &mut dyn Write {
         match self {
             ExportSink::Stdout(out) => out,
-            ExportSink::File { out, .. } => out,
+            ExportSink::File { out, .. } | ExportSink::Direct { out, .. } => out,
         }
     }
 
@@ -544,6 +628,7 @@ impl ExportSink<'_> {
         match self {
             ExportSink::Stdout(_) => CliError::output(e),
             ExportSink::File { partial, .. } => CliError::other(format!("writing {}: {e}", partial.display())),
+            ExportSink::Direct { path, .. } => CliError::other(format!("writing {}: {e}", path.display())),
         }
     }
 
@@ -551,12 +636,13 @@ impl ExportSink<'_> {
     fn finish(self) -> Result<(), CliError> {
         match self {
             ExportSink::Stdout(mut out) => out.flush().map_err(CliError::output),
+            ExportSink::Direct { mut out, path } => out.flush().map_err(|e| CliError::other(format!("writing {}: {e}", path.display()))),
             ExportSink::File { out, partial, path } => {
                 let failed = |what: &str, e: io::Error| CliError::other(format!("{what} {}: {e}", partial.display()));
                 let file = out.into_inner().map_err(|e| failed("writing", e.into_error()))?;
                 file.sync_all().map_err(|e| failed("syncing", e))?;
                 drop(file);
-                std::fs::rename(&partial, path).map_err(|e| {
+                std::fs::rename(&partial, &path).map_err(|e| {
                     CliError::other(format!("renaming {} to {}: {e}", partial.display(), path.display()))
                 })?;
                 // Make the rename itself durable (best effort: not every file system can).
@@ -570,17 +656,31 @@ impl ExportSink<'_> {
     }
 }
 
-/// What an export stopped short wrote: appended to its error message.
+/// What an export stopped short wrote into `partial`, its FILE.partial: appended to its error
+/// message. Exporting the rest to the same FILE would be refused while FILE.partial is there,
+/// so the advice says to move it aside first.
 fn partial_note(partial: &Path, path: &Path, count: u64, first: Option<u64>, last: Option<u64>) -> String {
     let held = match (first, last) {
         (Some(a), Some(b)) => format!(
-            "{} holds {} (positions {a}..={b}; the last position written is {b}, and --after {b} exports the rest)",
+            "{} holds {} (positions {a}..={b}; the last position written is {b}: move it aside, and --after {b} exports the rest)",
             partial.display(),
             events_word(count)
         ),
         _ => format!("{} holds 0 events", partial.display()),
     };
     format!("; the export is incomplete: {held}; {} was not created", path.display())
+}
+
+/// What an export stopped short wrote straight into `path` (a FIFO or a device).
+fn direct_note(path: &Path, count: u64, first: Option<u64>, last: Option<u64>) -> String {
+    match (first, last) {
+        (Some(a), Some(b)) => format!(
+            "; the export is incomplete: {} received {} (positions {a}..={b}; the last position written is {b}, and --after {b} exports the rest)",
+            path.display(),
+            events_word(count)
+        ),
+        _ => format!("; the export is incomplete: {} received 0 events", path.display()),
+    }
 }
 
 /// `tephra export`: one pinned read streamed to JSON lines.
@@ -600,11 +700,7 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
     }
     let end = args.to.map_or(tip, |t| t.min(tip));
     let mut sink = match &args.output {
-        Some(path) => {
-            let partial = partial_path(path);
-            let file = File::create(&partial).map_err(|e| CliError::other(format!("--output {}: {e}", partial.display())))?;
-            ExportSink::File { out: BufWriter::new(file), partial, path }
-        }
+        Some(path) => open_output(path)?,
         None => ExportSink::Stdout(BufWriter::new(io::stdout().lock())),
     };
     // Positions are dense, so an unfiltered range is an exact limit.
@@ -645,19 +741,24 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
     let result = match result {
         Ok(()) => sink.finish(),
         Err(e) => {
-            if let ExportSink::File { mut out, partial, path } = sink {
-                let _ = out.flush();
-                let _ = out.get_ref().sync_all();
-                bar.abandon();
-                let mut e = e;
-                e.message.push_str(&partial_note(&partial, path, count, first, last));
-                let details = e.details.get_or_insert_with(serde_json::Map::new);
-                details.insert("partial_file".into(), partial.display().to_string().into());
-                details.insert("exported".into(), count.into());
-                details.insert("first".into(), first.into());
-                details.insert("last".into(), last.into());
-                return Err(e);
-            }
+            let (mut out, note, file) = match sink {
+                ExportSink::File { out, partial, path } => {
+                    let note = partial_note(&partial, &path, count, first, last);
+                    (out, note, ("partial_file", partial))
+                }
+                ExportSink::Direct { out, path } => (out, direct_note(&path, count, first, last), ("output", path)),
+                ExportSink::Stdout(_) => return Err(e),
+            };
+            let _ = out.flush();
+            let _ = out.get_ref().sync_all();
+            bar.abandon();
+            let mut e = e;
+            e.message.push_str(&note);
+            let details = e.details.get_or_insert_with(serde_json::Map::new);
+            details.insert(file.0.into(), file.1.display().to_string().into());
+            details.insert("exported".into(), count.into());
+            details.insert("first".into(), first.into());
+            details.insert("last".into(), last.into());
             Err(e)
         }
     };
@@ -692,7 +793,8 @@ positions.
 Running an import again appends every event again: nothing is deduplicated. To resume one
 that stopped, skip the lines already appended with --skip-lines N; an import stopped by
 SIGINT/SIGTERM (exit 130/143: it stops once the batch in flight is answered) or by a failed
-batch says the N to use on stderr.")]
+batch says the N to use on stderr. A signal while the input is still being read ends the
+import at once, with nothing appended.")]
 pub struct ImportArgs {
     /// The JSON-lines file (`-` or none: stdin).
     #[arg(value_name = "FILE")]
@@ -738,8 +840,6 @@ fn batches(events: Vec<Event>, max: usize) -> Vec<Vec<Event>> {
 
 /// `tephra import`: validate the whole input, then append batch by batch.
 pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
-    // Installed first: a signal while the input is read stops the import before any append.
-    let interrupt = Interrupt::install()?;
     let (name, input): (String, Box<dyn BufRead>) = match &args.file {
         Some(path) if path.as_os_str() != "-" => {
             let file = File::open(path).map_err(|e| CliError::other(format!("{}: {e}", path.display())))?;
@@ -757,6 +857,10 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
         )));
     }
     let jsonl::Parsed { events, lines, line_count } = parsed;
+    // Installed once the input is read, so that a signal while it is still being read (from a
+    // pipe or a terminal, which the handlers would not interrupt) ends the process at once,
+    // before anything is appended (review: the first Ctrl-C waited for the end of the input).
+    let interrupt = Interrupt::install()?;
     let total = events.len() as u64;
     // The `--skip-lines` that resumes after the first `done` events: every line before the
     // next event's (blank lines included), or every line once all are appended.
@@ -777,9 +881,10 @@ pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
                 ),
                 _ => format!("appended none of its {}", events_word(total)),
             };
+            // Blank lines before the first event count toward `resume`, not as lines in.
             let went_in = match resume {
-                0 => "no input line went in".to_owned(),
-                r if r == args.skip_lines => "no further input line went in".to_owned(),
+                _ if done == 0 && args.skip_lines == 0 => "no input line went in".to_owned(),
+                _ if done == 0 => "no further input line went in".to_owned(),
                 r => format!("input lines {}..={r} went in", args.skip_lines + 1),
             };
             let message = format!(
