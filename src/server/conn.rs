@@ -243,17 +243,6 @@ async fn egress<W: AsyncWrite + Unpin>(mut w: W, control: flume::Receiver<Vec<u8
     }
 }
 
-/// Bytes of bulk frames queued toward one client, besides the `frame_queue_depth` bound on
-/// their number (review: 256 frames of 512 KiB read batches held 128 MiB per connection).
-/// The least cap on a connection's first frame, before its Hello succeeds, in bytes.
-const FIRST_FRAME_MIN_CAP: u32 = 64 << 10;
-
-/// The largest first frame a connection may send, in bytes: its Hello (reference protocol
-/// §1.4) holds a version and a token, so room for the longest configured token (at least
-/// [`FIRST_FRAME_MIN_CAP`]), and never more than `server.max_frame_len`. Without it, every
-/// connection not yet authenticated could make the server buffer a whole `max_frame_len`
-/// frame (16 MiB by default; up to `server.limits.max_connections` of them) before finding out
-/// that it is not a Hello.
 /// Query items from which a query is freed on a blocking thread ([`shards::drop_detached`])
 /// rather than on the shard, which it would hold up (~60 ns per item).
 const WIDE_QUERY_ITEMS: usize = 4096;
@@ -272,12 +261,23 @@ fn release(query: Arc<QueryMatcher>) {
 /// shard serves. An append of 512 events of 256 bytes (~150 KiB) stays on the shard.
 const DECODE_OFF_SHARD: usize = 256 << 10;
 
+/// The least cap on a connection's first frame, before its Hello succeeds, in bytes.
+const FIRST_FRAME_MIN_CAP: u32 = 64 << 10;
+
+/// The largest first frame a connection may send, in bytes: its Hello (reference protocol
+/// §1.4) holds a version and a token, so room for the longest configured token (at least
+/// [`FIRST_FRAME_MIN_CAP`]), and never more than `server.max_frame_len`. Without it, every
+/// connection not yet authenticated could make the server buffer a whole `max_frame_len`
+/// frame (16 MiB by default; up to `server.limits.max_connections` of them) before finding out
+/// that it is not a Hello.
 fn first_frame_cap(settings: &crate::config::Settings) -> u32 {
     let longest = settings.auth.token_strs().map(str::len).max().unwrap_or(0);
     let room = u32::try_from(longest.saturating_mul(2).saturating_add(1024)).unwrap_or(u32::MAX);
     room.max(FIRST_FRAME_MIN_CAP).min(settings.server.max_frame_len)
 }
 
+/// Bytes of bulk frames queued toward one client, besides the `frame_queue_depth` bound on
+/// their number (review: 256 frames of 512 KiB read batches held 128 MiB per connection).
 const BULK_LANE_BYTES: u64 = 16 << 20;
 
 /// The bytes a connection's bulk lane may still take, handed out strictly in the order they
