@@ -554,6 +554,14 @@ fn a_failed_import_says_how_to_resume() {
     assert!(stderr(&o).contains("to resume from the failed batch, run the import again with --skip-lines 2"), "{}", stderr(&o));
 }
 
+/// Appends `n` × 1,000 events of 100-byte payloads (the store's export takes a while).
+fn fill_thousands(addr: std::net::SocketAddr, n: usize) {
+    let mut c = Client::connect(addr).unwrap();
+    for _ in 0..n {
+        c.append((0..1000).map(|i| ev("E", &[&format!("n:{i}")], &[b'x'; 100])), None).unwrap();
+    }
+}
+
 /// `export -o FILE` writes FILE.partial and renames it to FILE only once complete: stopped by
 /// SIGINT it leaves FILE.partial holding whole lines, as many as it says, up to the last
 /// position it names, does not create FILE, says to move FILE.partial aside before exporting
@@ -562,10 +570,7 @@ fn a_failed_import_says_how_to_resume() {
 #[test]
 fn an_interrupted_export_leaves_only_a_partial_file_and_says_what_it_holds() {
     let Some(srv) = start(&[]) else { return };
-    let mut c = Client::connect(srv.addr).unwrap();
-    for _ in 0..200 {
-        c.append((0..1000).map(|i| ev("E", &[&format!("n:{i}")], &[b'x'; 100])), None).unwrap();
-    }
+    fill_thousands(srv.addr, 200);
     let out = srv.dir.path().join("out.jsonl");
     let partial = srv.dir.path().join("out.jsonl.partial");
     let mut cmd = cli(srv.addr);
@@ -677,10 +682,7 @@ fn an_export_into_a_link_a_fifo_a_device_or_a_directory() {
 #[test]
 fn an_interrupted_export_into_a_fifo_says_what_it_received() {
     let Some(srv) = start(&[]) else { return };
-    let mut c = Client::connect(srv.addr).unwrap();
-    for _ in 0..20 {
-        c.append((0..1000).map(|i| ev("E", &[&format!("n:{i}")], &[b'x'; 100])), None).unwrap();
-    }
+    fill_thousands(srv.addr, 20);
     let fifo = srv.dir.path().join("fifo");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let mut cmd = cli(srv.addr);
