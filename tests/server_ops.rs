@@ -612,6 +612,9 @@ fn healthcheck_over_tls_with_a_token() {
     // The same configuration file: TLS pinned to the configured certificate, the first token.
     let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], Some(&toml), Duration::from_secs(20));
     assert_eq!(out.code, Some(0), "{out:?}");
+    // An end-entity certificate draws no CA warning from either.
+    assert!(!out.stderr.contains("warning"), "{}", out.stderr);
+    assert!(!srv.log().contains("is a CA certificate"), "{}", srv.log());
     // A configuration whose first token the server does not accept fails.
     let wrong = format!("{}\n[[auth.tokens]]\ntoken = \"stale\"\n", support::tls_toml(&cert, &key));
     let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], Some(&wrong), Duration::from_secs(20));
@@ -637,6 +640,31 @@ fn healthcheck_over_tls_with_a_token() {
     let srv2 = Server::start_with(&bin(), &[], Some(&support::tls_toml(&c2, &k2)));
     let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &srv2.addr.to_string()], &[], Some(&support::tls_toml(&c2, &k2)), Duration::from_secs(20));
     assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+/// A CA certificate as `tls.cert` (what `openssl req -x509` makes without
+/// `basicConstraints=critical,CA:FALSE`): the server starts and serves it, as the reference
+/// does (OpenSSL- and Go-based clients accept it), but warns at start that rustls-based
+/// clients refuse it, and `--healthcheck` passes with the same warning on stderr (review: both
+/// were silent while every rustls client failed its handshake).
+#[test]
+fn a_ca_certificate_as_the_servers_own_is_warned_of() {
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let ca = params.self_signed(&key).unwrap();
+    let (cert_path, key_path) = (certs.path().join("ca.pem"), certs.path().join("ca-key.pem"));
+    std::fs::write(&cert_path, ca.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let toml = support::tls_toml(&cert_path, &key_path);
+    let srv = Server::start_with(&bin(), &[], Some(&toml));
+    let warned: Vec<String> = srv.log().lines().filter(|l| l.contains("tls.cert is a CA certificate")).map(str::to_owned).collect();
+    assert_eq!(warned.len(), 1, "{}", srv.log());
+    assert!(warned[0].contains("WARN") && warned[0].contains("basicConstraints=critical,CA:FALSE"), "{}", warned[0]);
+    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &srv.addr.to_string()], &[], Some(&toml), Duration::from_secs(20));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stderr.contains("healthcheck: warning: tls.cert is a CA certificate"), "{}", out.stderr);
 }
 
 /// A healthcheck turned away at the connection cap names the likely cause, and one given a

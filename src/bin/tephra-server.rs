@@ -276,10 +276,15 @@ impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
 /// server's own), whatever names it carries, still checking the handshake signatures.
 fn pinned_tls_config(cert_pem: &std::path::Path) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
     let file = std::fs::File::open(cert_pem).map_err(|e| format!("cannot read tls.cert {}: {e}", cert_pem.display()))?;
-    let pinned = rustls_pemfile::certs(&mut std::io::BufReader::new(file))
-        .next()
-        .ok_or_else(|| format!("tls.cert {} holds no certificate", cert_pem.display()))?
+    let chain = rustls_pemfile::certs(&mut std::io::BufReader::new(file))
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("invalid tls.cert {}: {e}", cert_pem.display()))?;
+    let pinned = chain.first().ok_or_else(|| format!("tls.cert {} holds no certificate", cert_pem.display()))?;
+    // The check passes (the server serves it, as OpenSSL- and Go-based clients accept it),
+    // but says what rustls-based clients will do (review: it passed in silence).
+    if let Some(warning) = tephra::client::tls::ca_used_as_server_certificate(&chain) {
+        eprintln!("healthcheck: warning: {warning}");
+    }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let verifier = Pinned { cert: pinned.to_vec(), algorithms: provider.signature_verification_algorithms };
     let config = rustls::ClientConfig::builder_with_provider(provider)

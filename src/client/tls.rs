@@ -60,3 +60,30 @@ pub fn answered_without_tls(e: &io::Error) -> bool {
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
         .is_some_and(|r| matches!(r, rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)))
 }
+
+/// What clients that verify certificates as webpki does (rustls, the published
+/// `tephra-client`, our `tephra` CLI) say of a server presenting `chain` (its end-entity
+/// certificate first, as in `tls.cert`) when they trust that very file: the warning to give
+/// when they refuse it as a CA certificate (`basicConstraints` CA:TRUE, what
+/// `openssl req -x509` makes without `-addext basicConstraints=critical,CA:FALSE`), or `None`.
+/// The name in the certificate, its validity dates and the rest of the chain are not judged.
+/// OpenSSL- and Go-based clients accept such a certificate, so the server still serves it
+/// (as the reference does).
+pub fn ca_used_as_server_certificate(chain: &[rustls::pki_types::CertificateDer<'static>]) -> Option<String> {
+    let end_entity = chain.first()?;
+    let mut roots = RootCertStore::empty();
+    roots.add_parsable_certificates(chain.iter().cloned());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build().ok()?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").ok()?;
+    use rustls::client::danger::ServerCertVerifier;
+    let verdict = verifier.verify_server_cert(end_entity, &chain[1..], &name, &[], rustls::pki_types::UnixTime::now());
+    // webpki's CaUsedAsEndEntity reaches rustls's callers only inside its catch-all
+    // `CertificateError::Other`, so its name is all there is to match (as in `tls_hint`).
+    match verdict {
+        Err(e) if format!("{e:?}").contains("CaUsedAsEndEntity") => Some(
+            "tls.cert is a CA certificate (basicConstraints CA:TRUE): clients that verify with rustls/webpki (the tephra-client crate, the tephra CLI) refuse it as a server's own certificate; give the server a certificate issued by a CA, or make a self-signed one with -addext basicConstraints=critical,CA:FALSE".to_owned(),
+        ),
+        _ => None,
+    }
+}

@@ -245,6 +245,9 @@ fn load_tls(settings: &Settings) -> Result<Option<Arc<rustls::ServerConfig>>, St
     if certs.is_empty() {
         return Err(format!("tls.cert {} holds no certificate", cert.display()));
     }
+    if let Some(warning) = crate::client::tls::ca_used_as_server_certificate(&certs) {
+        tracing::warn!(cert = %cert.display(), "{warning}");
+    }
     let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
         std::fs::File::open(key).map_err(|e| format!("cannot read tls.key {}: {e}", key.display()))?,
     ))
