@@ -637,11 +637,13 @@ fn an_export_into_a_link_a_fifo_a_device_or_a_directory() {
     let dir = srv.dir.path().join("exports");
     std::fs::create_dir_all(dir.join("real")).unwrap();
     let lines = |p: &std::path::Path| std::fs::read_to_string(p).unwrap().lines().count();
-    // A link to a file, and a dangling one (relative).
+    // A link to a file, a dangling one (relative), and a chain of two to nothing yet.
     std::fs::write(dir.join("real/x.jsonl"), "old\n").unwrap();
     std::os::unix::fs::symlink("real/x.jsonl", dir.join("link")).unwrap();
     std::os::unix::fs::symlink("real/y.jsonl", dir.join("dangling")).unwrap();
-    for (link, target) in [("link", "real/x.jsonl"), ("dangling", "real/y.jsonl")] {
+    std::os::unix::fs::symlink("middle", dir.join("chain")).unwrap();
+    std::os::unix::fs::symlink("real/z.jsonl", dir.join("middle")).unwrap();
+    for (link, target) in [("link", "real/x.jsonl"), ("dangling", "real/y.jsonl"), ("chain", "real/z.jsonl")] {
         let o = tephra(srv.addr, &["export", "-o", dir.join(link).to_str().unwrap()]);
         assert_code(&o, 0);
         assert!(std::fs::symlink_metadata(dir.join(link)).unwrap().file_type().is_symlink(), "{link} is no longer a link");
@@ -674,7 +676,19 @@ fn an_export_into_a_link_a_fifo_a_device_or_a_directory() {
     }
     let after: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(before, after);
-    assert_eq!(std::fs::read_dir(dir.join("real")).unwrap().count(), 2);
+    assert_eq!(std::fs::read_dir(dir.join("real")).unwrap().count(), 3);
+    assert!(std::fs::symlink_metadata(dir.join("middle")).unwrap().file_type().is_symlink());
+    // `/dev/stdout` onto a file the shell opened to append to: the export goes after what the
+    // file held (review: it was renamed over the file, its earlier lines gone).
+    let log = dir.join("app.log");
+    std::fs::write(&log, "an earlier line\n").unwrap();
+    let appending = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let o = cli(srv.addr).args(["export", "-o", "/dev/stdout"]).stdin(Stdio::null()).stdout(appending).stderr(Stdio::piped()).output().unwrap();
+    assert_code(&o, 0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.starts_with("an earlier line\n"), "{text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("{\"position\":")).count(), 3, "{text}");
+    assert!(std::fs::symlink_metadata("/dev/stdout").unwrap().file_type().is_symlink());
 }
 
 /// An export into a FIFO stopped by SIGINT says how many events the FIFO received and the
@@ -702,7 +716,7 @@ fn an_interrupted_export_into_a_fifo_says_what_it_received() {
     let written = 100 + rest.lines().count() as u64;
     assert!(written < 20_000);
     let err = stderr(&o);
-    assert!(err.contains(&format!("fifo received {written} events (positions 1..={written}; the last position written is {written}, and --after {written} exports the rest)")), "{err}");
+    assert!(err.contains(&format!("fifo was written {written} events (positions 1..={written}; the last position written is {written}, and --after {written} exports the rest if its reader took them all")), "{err}");
     assert!(!srv.dir.path().join("fifo.partial").exists());
 }
 
@@ -718,7 +732,8 @@ fn an_import_signalled_while_reading_its_input_ends_at_once() {
     let mut input = child.stdin.take().unwrap();
     input.write_all(b"{\"type\":\"A\"}\n").unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    signal(&child, nix::sys::signal::Signal::SIGINT);
+    // SIGTERM: a test run started in the background of a shell inherits SIGINT ignored.
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -728,7 +743,7 @@ fn an_import_signalled_while_reading_its_input_ends_at_once() {
         std::thread::sleep(Duration::from_millis(10));
     };
     drop(input);
-    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGINT), "{status:?}");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGTERM), "{status:?}");
     assert_eq!(event_count(srv.addr), 0);
 }
 

@@ -389,9 +389,13 @@ fn keep_discarded(dir: &Path, segment: &Path, from: u64, to: u64) -> std::io::Re
     std::fs::File::open(segment)?.read_exact_at(&mut bytes, from)?;
     let prefix = format!("{name}.{from}-{to}.");
     for entry in std::fs::read_dir(&recovered)? {
-        let path = entry?.path();
+        let entry = entry?;
+        let path = entry.path();
         let same_range = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".discarded"));
-        if same_range && std::fs::read(&path).is_ok_and(|held| held == bytes) {
+        // Only a regular file of the copy's length is read (review: a FIFO of that name held
+        // the start forever; a huge file would have been read whole).
+        let same_size = || std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() == keep);
+        if same_range && same_size() && std::fs::read(&path).is_ok_and(|held| held == bytes) {
             return Ok(path);
         }
     }

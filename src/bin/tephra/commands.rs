@@ -513,7 +513,8 @@ its target, which is replaced so). An export stopped by SIGINT/SIGTERM (exit 130
 error leaves FILE.partial, does not create FILE, and says on stderr how many events
 FILE.partial holds and the last position written. A FILE.partial already there is refused, not
 replaced: it may hold an earlier export's events. FILE that is a FIFO or a device (not a
-regular file) is written directly.")]
+regular file), or a path through /dev/stdout, /dev/fd or /proc/.../fd, is written directly,
+appending.")]
 pub struct ExportArgs {
     #[command(flatten)]
     query: QueryArgs,
@@ -546,50 +547,59 @@ enum OutputTarget {
     Direct(PathBuf),
 }
 
-/// Judges `path` for `export --output`.
+/// Judges `path` for `export --output`, following symbolic links one hop at a time (at most
+/// 40): a regular file at the end of the chain, or nothing there yet, is replaced by a rename
+/// (the links keep pointing at it); a FIFO, a device or a socket is written directly, and so is
+/// a path through `/proc/.../fd` or `/dev/fd` (`/dev/stdout`, process substitution), which names
+/// an open file rather than a place in a directory (review: `-o /dev/stdout >> app.log` had the
+/// export renamed over `app.log`, its earlier lines gone).
 ///
 /// # Errors
-/// A directory (or a path ending in `/`), or a path that cannot be looked at (exit 1).
+/// A directory (or a path ending in `/`), a chain of more than 40 links, or a path that
+/// cannot be looked at (exit 1).
 fn output_target(path: &Path) -> Result<OutputTarget, CliError> {
     let named = || CliError::other(format!("--output {} is a directory; name a file", path.display()));
     if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
         return Err(named());
     }
     let looked = |e: io::Error| CliError::other(format!("--output {}: {e}", path.display()));
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OutputTarget::Replace { path: path.to_owned(), mode: None }),
-        Err(e) => return Err(looked(e)),
-    };
-    if meta.file_type().is_symlink() {
-        return match std::fs::canonicalize(path) {
-            Ok(real) => output_target(&real),
-            // A link to nothing yet: the export creates its target.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let target = std::fs::read_link(path).map_err(looked)?;
-                let target = match path.parent() {
-                    Some(dir) if target.is_relative() => dir.join(target),
-                    _ => target,
-                };
-                Ok(OutputTarget::Replace { path: target, mode: None })
-            }
-            Err(e) => Err(looked(e)),
+    let mut at = path.to_owned();
+    for _ in 0..40 {
+        if at.starts_with("/proc") || at.starts_with("/dev/fd") {
+            return Ok(OutputTarget::Direct(path.to_owned()));
+        }
+        let meta = match std::fs::symlink_metadata(&at) {
+            Ok(m) => m,
+            // Nothing there yet (at the end of a chain of links, the links' target): created.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OutputTarget::Replace { path: at, mode: None }),
+            Err(e) => return Err(looked(e)),
         };
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&at).map_err(looked)?;
+            at = match at.parent() {
+                Some(dir) if target.is_relative() => dir.join(target),
+                _ => target,
+            };
+            continue;
+        }
+        if meta.is_dir() {
+            return Err(named());
+        }
+        if meta.is_file() {
+            return Ok(OutputTarget::Replace { path: at, mode: Some(meta.permissions()) });
+        }
+        return Ok(OutputTarget::Direct(at));
     }
-    if meta.is_dir() {
-        return Err(named());
-    }
-    if meta.is_file() {
-        return Ok(OutputTarget::Replace { path: path.to_owned(), mode: Some(meta.permissions()) });
-    }
-    Ok(OutputTarget::Direct(path.to_owned()))
+    Err(CliError::other(format!("--output {}: too many levels of symbolic links", path.display())))
 }
 
 /// Opens the sink for `--output path`.
 fn open_output(path: &Path) -> Result<ExportSink, CliError> {
     match output_target(path)? {
         OutputTarget::Direct(path) => {
-            let file = std::fs::OpenOptions::new().write(true).open(&path).map_err(|e| CliError::other(format!("--output {}: {e}", path.display())))?;
+            // Appending: through `/dev/stdout` to a file the shell opened with `>>`, the
+            // export goes after what the file holds, not over its start.
+            let file = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| CliError::other(format!("--output {}: {e}", path.display())))?;
             Ok(ExportSink::Direct { out: BufWriter::new(file), path })
         }
         OutputTarget::Replace { path, mode } => {
@@ -675,11 +685,11 @@ fn partial_note(partial: &Path, path: &Path, count: u64, first: Option<u64>, las
 fn direct_note(path: &Path, count: u64, first: Option<u64>, last: Option<u64>) -> String {
     match (first, last) {
         (Some(a), Some(b)) => format!(
-            "; the export is incomplete: {} received {} (positions {a}..={b}; the last position written is {b}, and --after {b} exports the rest)",
+            "; the export is incomplete: {} was written {} (positions {a}..={b}; the last position written is {b}, and --after {b} exports the rest if its reader took them all: one that stopped reading took fewer)",
             path.display(),
             events_word(count)
         ),
-        _ => format!("; the export is incomplete: {} received 0 events", path.display()),
+        _ => format!("; the export is incomplete: {} was written 0 events", path.display()),
     }
 }
 
@@ -692,7 +702,6 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
         )));
     }
     let query = args.query.query()?;
-    let interrupt = if args.output.is_some() { Some(Interrupt::install()?) } else { None };
     let mut client = connect(g, true)?;
     let tip = client.stats().map_err(|e| CliError::client("stats failed", e))?.event_count;
     if args.after > tip {
@@ -703,6 +712,9 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
         Some(path) => open_output(path)?,
         None => ExportSink::Stdout(BufWriter::new(io::stdout().lock())),
     };
+    // Installed once the output is open: a signal while a FIFO waits for its reader ends the
+    // export at once (review: the handlers let the open go on, and one SIGTERM did nothing).
+    let interrupt = if args.output.is_some() { Some(Interrupt::install()?) } else { None };
     // Positions are dense, so an unfiltered range is an exact limit.
     let limit = match (args.to, &query) {
         (Some(to), Query::All) => Some(to.saturating_sub(args.after)),
@@ -743,6 +755,15 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
         Err(e) => {
             let (mut out, note, file) = match sink {
                 ExportSink::File { out, partial, path } => {
+                    if count == 0 {
+                        // Nothing in it: removed, so that it does not hold up the next export.
+                        drop(out);
+                        let _ = std::fs::remove_file(&partial);
+                        bar.abandon();
+                        let mut e = e;
+                        e.message.push_str(&format!("; nothing was exported and {} was not created", path.display()));
+                        return Err(e);
+                    }
                     let note = partial_note(&partial, &path, count, first, last);
                     (out, note, ("partial_file", partial))
                 }
