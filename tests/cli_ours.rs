@@ -241,13 +241,7 @@ fn appends_too_large_for_the_segments_name_the_limit() {
 fn a_ca_certificate_used_as_the_servers_is_named() {
     let Some(bin) = server_binary() else { return };
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let ca = params.self_signed(&key).unwrap();
-    let (cert_path, key_path) = (certs.path().join("ca.pem"), certs.path().join("ca-key.pem"));
-    std::fs::write(&cert_path, ca.pem()).unwrap();
-    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let (cert_path, key_path) = support::ca_self_signed(certs.path());
     let srv = Server::start_with(&bin, &[], Some(&support::tls_toml(&cert_path, &key_path)));
     let o = tephra(srv.addr, &["--tls-ca", cert_path.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
     assert_code(&o, 4);

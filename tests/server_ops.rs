@@ -650,13 +650,7 @@ fn healthcheck_over_tls_with_a_token() {
 #[test]
 fn a_ca_certificate_as_the_servers_own_is_warned_of() {
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let ca = params.self_signed(&key).unwrap();
-    let (cert_path, key_path) = (certs.path().join("ca.pem"), certs.path().join("ca-key.pem"));
-    std::fs::write(&cert_path, ca.pem()).unwrap();
-    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let (cert_path, key_path) = support::ca_self_signed(certs.path());
     let toml = support::tls_toml(&cert_path, &key_path);
     let srv = Server::start_with(&bin(), &[], Some(&toml));
     let warned: Vec<String> = srv.log().lines().filter(|l| l.contains("tls.cert is a CA certificate")).map(str::to_owned).collect();

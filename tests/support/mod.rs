@@ -336,6 +336,19 @@ pub fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
     (cert, key)
 }
 
+/// A self-signed CA certificate (`basicConstraints` CA:TRUE, what `openssl req -x509` makes by
+/// default) for `localhost`, written as `ca.pem` and `ca-key.pem` into `dir`.
+pub fn ca_self_signed(dir: &Path) -> (PathBuf, PathBuf) {
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let ca = params.self_signed(&key).unwrap();
+    let (cert, key_path) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
+    std::fs::write(&cert, ca.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    (cert, key_path)
+}
+
 /// A `[tls]` table naming `cert` and `key`.
 pub fn tls_toml(cert: &Path, key: &Path) -> String {
     format!("[tls]\ncert = {:?}\nkey = {:?}\n", cert.display().to_string(), key.display().to_string())
