@@ -728,14 +728,7 @@ fn an_import_signalled_while_reading_its_input_ends_at_once() {
     std::thread::sleep(Duration::from_millis(500));
     // SIGTERM: a test run started in the background of a shell inherits SIGINT ignored.
     signal(&child, nix::sys::signal::Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "import still reading 10 s after SIGINT");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = wait_exit(&mut child, Duration::from_secs(10), "import still reading 10 s after SIGTERM");
     drop(input);
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGTERM), "{status:?}");
     assert_eq!(event_count(srv.addr), 0);

@@ -195,17 +195,25 @@ fn torn_tail_zeroed_marker_rolls_back_the_last_batch() {
     assert_rolled_back_then_healthy(d.path(), SIZE, &all[..3], want);
 }
 
+/// A store of batches of 2, 1 and 3 events in `SIZE` segments whose last batch's commit
+/// marker is zeroed (a torn tail): the events, the last segment, that batch, and where the
+/// segment's nonzero bytes end.
+fn torn_last_marker(dir: &Path) -> (Vec<Event>, PathBuf, Batch, u64) {
+    let all = fill(dir, SIZE, &[2, 1, 3]);
+    let seg = last_segment(dir);
+    let last = batches(&seg).pop().unwrap();
+    patch(&seg, last.marker, &[0u8; MARKER_LEN]);
+    let end = nonzero_end(&seg);
+    (all, seg, last, end)
+}
+
 /// Keeping a copy of the discarded tail is best effort: when `recovered/` cannot be made (a
 /// file holds its name here; a full disk would do the same) the store still opens, rolled
 /// back, and the tail is zeroed.
 #[test]
 fn a_rollback_that_cannot_keep_a_copy_still_opens() {
     let d = dir();
-    let all = fill(d.path(), SIZE, &[2, 1, 3]);
-    let seg = last_segment(d.path());
-    let last = batches(&seg).pop().unwrap();
-    patch(&seg, last.marker, &[0u8; MARKER_LEN]);
-    let end = nonzero_end(&seg);
+    let (all, seg, last, end) = torn_last_marker(d.path());
     std::fs::write(d.path().join(tephra::log::RECOVERED_DIR), b"in the way").unwrap();
     let s = Store::open(d.path(), cfg(SIZE)).unwrap();
     assert_eq!(s.open_outcome(), &OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.start as u64, end), positions: Some((4, 6)) });
@@ -221,11 +229,7 @@ fn a_rollback_that_cannot_keep_a_copy_still_opens() {
 #[test]
 fn a_rollback_does_not_copy_the_same_bytes_twice() {
     let d = dir();
-    fill(d.path(), SIZE, &[2, 1, 3]);
-    let seg = last_segment(d.path());
-    let last = batches(&seg).pop().unwrap();
-    patch(&seg, last.marker, &[0u8; MARKER_LEN]);
-    let end = nonzero_end(&seg);
+    let (_, seg, last, end) = torn_last_marker(d.path());
     let bytes = std::fs::read(&seg).unwrap()[last.start..end as usize].to_vec();
     let recovered = d.path().join(tephra::log::RECOVERED_DIR);
     std::fs::create_dir(&recovered).unwrap();

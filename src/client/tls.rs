@@ -66,9 +66,10 @@ pub fn answered_without_tls(e: &io::Error) -> bool {
 /// certificate first, as in `tls.cert`) when they trust that very file: the warning to give
 /// when they refuse it as a CA certificate (`basicConstraints` CA:TRUE, what
 /// `openssl req -x509` makes without `-addext basicConstraints=critical,CA:FALSE`), or `None`.
-/// The name in the certificate, its validity dates and the rest of the chain are not judged.
-/// OpenSSL- and Go-based clients accept such a certificate, so the server still serves it
-/// (as the reference does).
+/// The name in the certificate and the rest of the chain are not judged. A certificate
+/// outside its validity dates gives `None` whatever its basicConstraints: webpki reports the
+/// dates first. OpenSSL- and Go-based clients accept a CA certificate as a server's own, so
+/// the server still serves one (as the reference does).
 pub fn ca_used_as_server_certificate(chain: &[rustls::pki_types::CertificateDer<'static>]) -> Option<String> {
     let end_entity = chain.first()?;
     let mut roots = RootCertStore::empty();

@@ -393,8 +393,8 @@ fn keep_discarded(dir: &Path, segment: &Path, from: u64, to: u64) -> std::io::Re
         let path = entry.path();
         let same_range = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".discarded"));
         // Only a regular file of the copy's length is read (review: a FIFO of that name held
-        // the start forever; a huge file would have been read whole).
-        let same_size = || std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() == keep);
+        // the start forever; a huge file would have been read whole). Links are not followed.
+        let same_size = || entry.metadata().is_ok_and(|m| m.is_file() && m.len() == keep);
         if same_range && same_size() && std::fs::read(&path).is_ok_and(|held| held == bytes) {
             return Ok(path);
         }

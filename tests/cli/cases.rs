@@ -70,6 +70,18 @@ fn event_count(addr: SocketAddr) -> u64 {
     Client::connect(addr).unwrap().stats().unwrap().event_count
 }
 
+/// Waits for `child` to exit, failing with `what` after `limit`; returns its exit status.
+fn wait_exit(child: &mut std::process::Child, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn append_then_read_in_both_formats() {
     let Some(srv) = start(&[]) else { return };
@@ -324,14 +336,7 @@ fn subscribe_follows_until_ctrl_c_and_exits_0() {
     assert_eq!(c.stats().unwrap().active_subscriptions, 1);
 
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "subscribe did not stop on SIGINT");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(&mut child, Duration::from_secs(10), "subscribe did not stop on SIGINT");
     assert_eq!(status.code(), Some(0), "Ctrl-C ends cleanly");
     let deadline = Instant::now() + Duration::from_secs(5);
     while c.stats().unwrap().active_subscriptions != 0 {

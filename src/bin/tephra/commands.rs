@@ -666,19 +666,16 @@ impl ExportSink {
     }
 }
 
-/// What an export stopped short wrote into `partial`, its FILE.partial: appended to its error
-/// message. Exporting the rest to the same FILE would be refused while FILE.partial is there,
-/// so the advice says to move it aside first.
-fn partial_note(partial: &Path, path: &Path, count: u64, first: Option<u64>, last: Option<u64>) -> String {
-    let held = match (first, last) {
-        (Some(a), Some(b)) => format!(
-            "{} holds {} (positions {a}..={b}; the last position written is {b}: move it aside, and --after {b} exports the rest)",
-            partial.display(),
-            events_word(count)
-        ),
-        _ => format!("{} holds 0 events", partial.display()),
-    };
-    format!("; the export is incomplete: {held}; {} was not created", path.display())
+/// What an export stopped short wrote into `partial`, its FILE.partial (`count` events, at
+/// positions `first..=last`): appended to its error message. Exporting the rest to the same
+/// FILE would be refused while FILE.partial is there, so the advice says to move it aside first.
+fn partial_note(partial: &Path, path: &Path, count: u64, first: u64, last: u64) -> String {
+    format!(
+        "; the export is incomplete: {} holds {} (positions {first}..={last}; the last position written is {last}: move it aside, and --after {last} exports the rest); {} was not created",
+        partial.display(),
+        events_word(count),
+        path.display()
+    )
 }
 
 /// What an export stopped short wrote straight into `path` (a FIFO or a device).
@@ -754,8 +751,9 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
         Ok(()) => sink.finish(),
         Err(e) => {
             let (mut out, note, file) = match sink {
-                ExportSink::File { out, partial, path } => {
-                    if count == 0 {
+                ExportSink::File { out, partial, path } => match (first, last) {
+                    (Some(a), Some(b)) => (out, partial_note(&partial, &path, count, a, b), ("partial_file", partial)),
+                    _ => {
                         // Nothing in it: removed, so that it does not hold up the next export.
                         drop(out);
                         let _ = std::fs::remove_file(&partial);
@@ -764,9 +762,7 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
                         e.message.push_str(&format!("; nothing was exported and {} was not created", path.display()));
                         return Err(e);
                     }
-                    let note = partial_note(&partial, &path, count, first, last);
-                    (out, note, ("partial_file", partial))
-                }
+                },
                 ExportSink::Direct { out, path } => (out, direct_note(&path, count, first, last), ("output", path)),
                 ExportSink::Stdout(_) => return Err(e),
             };
