@@ -394,12 +394,23 @@ fn half_configured_or_unreadable_tls_refuses_to_start() {
     let other_key = certs.path().join("other-key.pem");
     std::fs::write(&other_key, other.key_pair.serialize_pem()).unwrap();
     let other_key = other_key.display().to_string();
+    // The same certificate marked X.509 v1 (the TBS's explicit version 2, "v3", set to 0),
+    // what `openssl x509 -req` makes without -extfile: rustls refuses it, and the error says
+    // so rather than that the key does not match (review).
+    let v1 = certs.path().join("v1.pem");
+    let mut der = pem_body(&std::fs::read_to_string(&cert).unwrap());
+    assert_eq!(der[8..13], [0xa0, 0x03, 0x02, 0x01, 0x02], "rcgen's layout changed: {:02x?}", &der[..16]);
+    der[12] = 0;
+    use base64::Engine as _;
+    std::fs::write(&v1, format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", base64::engine::general_purpose::STANDARD.encode(&der))).unwrap();
+    let v1 = v1.display().to_string();
     for (cert, key, want) in [
         (&missing, &k, "tls.cert"),
         (&c, &missing, "tls.key"),
         (&garbage, &k, "tls.cert"),
         (&c, &garbage, "tls.key"),
-        (&c, &other_key, "do not match"),
+        (&c, &other_key, "do not match: the key is not the certificate's"),
+        (&v1, &k, "it is an X.509 v1 certificate (as `openssl x509 -req` makes without -extfile)"),
     ] {
         let out = run_to_exit(
             &bin(),
@@ -412,6 +423,13 @@ fn half_configured_or_unreadable_tls_refuses_to_start() {
         assert!(out.stderr.contains(want), "{cert} {key}: {}", out.stderr);
         assert!(!out.stdout.contains("listening addr="), "{out:?}");
     }
+}
+
+/// The DER bytes of the one PEM block in `pem`.
+fn pem_body(pem: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    base64::engine::general_purpose::STANDARD.decode(body).unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -659,6 +677,30 @@ fn a_ca_certificate_as_the_servers_own_is_warned_of() {
     let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &srv.addr.to_string()], &[], Some(&toml), Duration::from_secs(20));
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(out.stderr.contains("healthcheck: warning: tls.cert is a CA certificate"), "{}", out.stderr);
+}
+
+/// An expired `tls.cert` is still served (as the reference does), but the server warns at
+/// start and `--healthcheck` passes with the same warning on stderr, naming the date: every
+/// verifying client refuses it.
+#[test]
+fn an_expired_server_certificate_is_warned_of() {
+    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2001, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2002, 1, 1);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let (cert_path, key_path) = (certs.path().join("old.pem"), certs.path().join("old-key.pem"));
+    std::fs::write(&cert_path, params.self_signed(&key).unwrap().pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let toml = support::tls_toml(&cert_path, &key_path);
+    let srv = Server::start_with(&bin(), &[], Some(&toml));
+    let log = srv.log();
+    let warned: Vec<&str> = log.lines().filter(|l| l.contains("tls.cert expired at 2002-01-01T00:00:00Z")).collect();
+    assert_eq!(warned.len(), 1, "{log}");
+    assert!(warned[0].contains("WARN"), "{}", warned[0]);
+    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &srv.addr.to_string()], &[], Some(&toml), Duration::from_secs(20));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stderr.contains("healthcheck: warning: tls.cert expired at 2002-01-01T00:00:00Z"), "{}", out.stderr);
 }
 
 /// A healthcheck turned away at the connection cap names the likely cause, and one given a

@@ -282,7 +282,7 @@ fn pinned_tls_config(cert_pem: &std::path::Path) -> Result<std::sync::Arc<rustls
     let pinned = chain.first().ok_or_else(|| format!("tls.cert {} holds no certificate", cert_pem.display()))?;
     // The check passes (the server serves it, as OpenSSL- and Go-based clients accept it),
     // but says what rustls-based clients will do (review: it passed in silence).
-    if let Some(warning) = tephra::client::tls::ca_used_as_server_certificate(&chain) {
+    for warning in tephra::client::tls::server_certificate_warnings(&chain) {
         eprintln!("healthcheck: warning: {warning}");
     }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());

@@ -245,10 +245,10 @@ fn load_tls(settings: &Settings) -> Result<Option<Arc<rustls::ServerConfig>>, St
     if certs.is_empty() {
         return Err(format!("tls.cert {} holds no certificate", cert.display()));
     }
-    if let Some(warning) = crate::client::tls::ca_used_as_server_certificate(&certs) {
+    for warning in crate::client::tls::server_certificate_warnings(&certs) {
         tracing::warn!(cert = %cert.display(), "{warning}");
     }
-    let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
+    let key_der = rustls_pemfile::private_key(&mut std::io::BufReader::new(
         std::fs::File::open(key).map_err(|e| format!("cannot read tls.key {}: {e}", key.display()))?,
     ))
     .map_err(|e| format!("invalid tls.key {}: {e}", key.display()))?
@@ -257,9 +257,25 @@ fn load_tls(settings: &Settings) -> Result<Option<Arc<rustls::ServerConfig>>, St
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| format!("tls certificate and key do not match: {e}"))?;
+        .with_single_cert(certs, key_der)
+        .map_err(|e| unusable_tls_pair(&e, cert, key))?;
     Ok(Some(Arc::new(cfg)))
+}
+
+/// Why rustls would not take `tls.cert` with `tls.key`, in words: the key is not the
+/// certificate's, the certificate is not one rustls can use (an X.509 v1 certificate, which
+/// `openssl x509 -req` makes without `-extfile`, named so; the reference refuses one too), or
+/// the key is of a kind it cannot sign with (review: every case said "do not match").
+fn unusable_tls_pair(e: &rustls::Error, cert: &std::path::Path, key: &std::path::Path) -> String {
+    match e {
+        rustls::Error::InconsistentKeys(_) => format!("tls.cert {} and tls.key {} do not match: the key is not the certificate's", cert.display(), key.display()),
+        rustls::Error::InvalidCertificate(c) if format!("{c:?}").contains("UnsupportedCertVersion") => format!(
+            "invalid tls.cert {}: it is an X.509 v1 certificate (as `openssl x509 -req` makes without -extfile); TLS here needs a v3 certificate",
+            cert.display()
+        ),
+        rustls::Error::InvalidCertificate(c) => format!("invalid tls.cert {}: {c:?}", cert.display()),
+        other => format!("cannot use tls.key {} with tls.cert {}: {other}", key.display(), cert.display()),
+    }
 }
 
 /// This server's answer to a Hello (reference protocol §1.4): protocol version 1 and our
