@@ -971,7 +971,10 @@ impl Conn {
         let overflow = if run_permit.is_none() {
             match self.read_overflow.try_acquire_static_permit(1) {
                 Ok(p) => Some(p),
-                Err(_) => return self.lanes.error(id, convert::bad_request(text::TOO_MANY_READS)).await,
+                Err(_) => {
+                    release(query);
+                    return self.lanes.error(id, convert::bad_request(text::TOO_MANY_READS)).await;
+                }
             }
         } else {
             None
@@ -1008,6 +1011,10 @@ impl Conn {
             shards::bulk_yield().await;
             if permit.is_some() && !cancel.get() {
                 me.stream_read(id, reads, &cancel).await;
+            } else {
+                // Abandoned before it ran: its clone of the query goes first, so that `release`
+                // holds the last reference and a wide one is freed off the shard.
+                drop(reads);
             }
             me.unregister_cancel(id, &cancel);
             me.inflight.set(me.inflight.get() - 1);
@@ -1187,6 +1194,7 @@ impl Conn {
             Err(e) => return self.lanes.error(id, e.to_error_response()).await,
         };
         if self.subscriptions.get() >= self.ctx.settings.server.subscriptions.max_concurrent {
+            release(query);
             return self.lanes.error(id, convert::bad_request(text::TOO_MANY_SUBSCRIPTIONS)).await;
         }
         self.subscriptions.set(self.subscriptions.get() + 1);
