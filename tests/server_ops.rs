@@ -2536,6 +2536,12 @@ fn help_as_a_word_prints_the_usage() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("Usage: tephra-server") && text.contains("--healthcheck"), "{args:?}: {text}");
     }
+    // More after it is refused, as the reference refuses it (it printed the usage, exit 0).
+    let out = std::process::Command::new(bin()).args(["help", "extra"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.starts_with("error: unexpected argument 'extra' after 'help', which takes none"), "{text}");
+    assert!(out.stdout.is_empty(), "{out:?}");
 }
 
 /// Idle connections up to the open-files limit do not starve the log of descriptors: with

@@ -28,9 +28,16 @@ fn main() -> ExitCode {
     // ms and the worst request 9.6 vs 26-30 ms. The usual advice for latency-bound stores.
     let thp = nix::sys::prctl::set_thp_disable(true);
     // `tephra-server help` prints the usage as `--help` does: the reference's usage lists
-    // both, and scripts written for it use either (review).
+    // both, and scripts written for it use either (review). With more after it, it is refused
+    // (exit 1), as the reference refuses it, rather than printing the usage and exiting 0.
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == "help") {
+        if let Some(extra) = argv.get(2) {
+            use clap::CommandFactory;
+            let e = ServerArgs::command().error(clap::error::ErrorKind::UnknownArgument, format!("unexpected argument '{}' after 'help', which takes none", extra.to_string_lossy()));
+            let _ = e.print();
+            return ExitCode::from(1);
+        }
         argv.truncate(1);
         argv.push("--help".into());
     }
