@@ -102,6 +102,28 @@ fn oversized_records_and_batches_empty_appends_and_bad_conditions_change_nothing
             Err(AppendError::Conflict { clause: ConflictClause::Existence, at: ConflictSite::Durable(1) })
         )
     });
+    // An oversized append with a condition: the condition is judged first, as the reference
+    // judges its oversized (solo) batch before the write refuses it (reference engine §4.2;
+    // the differential test found TOO_LARGE where the reference said AFTER_BEYOND_TIP).
+    for (what, events) in [("oversized record", vec![rec(1012)]), ("oversized batch", vec![rec(1011); 4])] {
+        unchanged(&s, what, |h| {
+            let tip = h.head().get();
+            assert_eq!(
+                h.append(events.clone(), Some(AppendCondition::new(Query::none()).after(Position(tip + 5)))),
+                Err(AppendError::AfterBeyondTip { after: tip + 5, tip })
+            );
+            assert_eq!(
+                h.append(events.clone(), Some(AppendCondition::new(Query::all()))),
+                Err(AppendError::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::Durable(1) })
+            );
+            assert_eq!(
+                h.append(events.clone(), Some(AppendCondition::exists_only(Query::item(QueryItem::of_types(vec![ty("A")]))))),
+                Err(AppendError::Conflict { clause: ConflictClause::Existence, at: ConflictSite::Durable(1) })
+            );
+            // A condition that passes: then it is too large.
+            assert!(matches!(h.append(events.clone(), Some(AppendCondition::new(Query::none()))), Err(AppendError::TooLarge { .. })));
+        });
+    }
     // A batch of exactly the segment capacity is accepted, alone in a fresh segment.
     let full: Vec<Event> = vec![rec(1011), rec(1011), rec(1011), rec(4032 - 17 - 3 * 1024 - 13)];
     let total: usize = full.iter().map(|e| 8 + e.encoded_len()).sum::<usize>() + 17;

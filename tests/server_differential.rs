@@ -43,12 +43,12 @@
 //! / 600-byte batches and 256 KiB segments; 1-event batches and 1 MiB segments), two seeds of
 //! 300 ops each by default; `TEPHRA_DIFF_EXTRA_SEEDS=N` adds N seeds per configuration.
 //!
-//! Divergence found (OUR bug, left failing: `differential_repro_too_large_vs_condition`, and
-//! the random 256 KiB-segment run, which meets it): an append that is too large for the
-//! segment (an event over a quarter segment, or a batch over the segment) and whose condition
-//! also fails gets `TOO_LARGE` from ours; the reference judges `after` and the condition first
-//! (engine §4.2: they are answered while the drain is processed, before `append_batch` finds
-//! the size) and answers `AFTER_BEYOND_TIP`, `CONFLICT` or `ALREADY_EXISTS`.
+//! Divergence found and fixed (`differential_repro_too_large_vs_condition` keeps it fixed, and
+//! the random 256 KiB-segment run meets it): an append too large for the segment (an event
+//! over a quarter segment, or a batch over the segment) whose condition also fails got
+//! `TOO_LARGE` from ours; the reference judges `after` and the condition first (engine §4.2:
+//! they are answered while the drain is processed, before `append_batch` finds the size) and
+//! answers `AFTER_BEYOND_TIP`, `CONFLICT` or `ALREADY_EXISTS`, as ours now does.
 
 mod support;
 
@@ -1121,8 +1121,8 @@ fn all() -> Option<proto::Query> {
 /// segment) AND whose condition fails. The reference judges the condition first (engine §4.2:
 /// `AFTER_BEYOND_TIP` and conflicts are answered while processing the drain, before the
 /// `append_batch` call that finds the size), so it answers `AFTER_BEYOND_TIP` / `CONFLICT` /
-/// `ALREADY_EXISTS`; ours answers `TOO_LARGE` up front. OUR BUG: this test fails until it is
-/// fixed.
+/// `ALREADY_EXISTS`; ours answered `TOO_LARGE` up front (fixed: the writer now judges the
+/// condition first).
 #[test]
 fn differential_repro_too_large_vs_condition() {
     // 256 KiB segments: a record may be 65,536 bytes (8-byte head + 4-byte event header + type

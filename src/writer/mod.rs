@@ -123,34 +123,43 @@ pub struct PreparedAppend {
     records: Vec<u8>,
     count: u32,
     condition: Option<AppendCondition>,
+    /// Too large to commit (a record over `max_record_len`, or the batch plus its marker over
+    /// the segment's capacity), in bytes; `records` is then empty. The writer answers
+    /// [`AppendError::TooLarge`] only once the condition passes, as the reference does (its
+    /// oversized request is a solo batch judged like any other and refused by the write,
+    /// reference engine §4.2): a failing condition's verdict comes first.
+    too_large: Option<u64>,
 }
 
 impl PreparedAppend {
-    /// Frames `events` for `cfg`'s geometry.
+    /// Frames `events` for `cfg`'s geometry. An append too large to commit (a framed record
+    /// over `max_record_len`, or the batch plus its commit marker over the segment's capacity)
+    /// is still prepared: the writer judges its condition first and answers
+    /// [`AppendError::TooLarge`] (with the record's or the batch's size in bytes) only if the
+    /// condition passes, as the reference does (reference engine §4.2).
     ///
     /// # Errors
-    /// [`AppendError::Empty`] for no events; [`AppendError::TooLarge`] when a framed record
-    /// exceeds `max_record_len` or the batch plus its marker exceeds the segment capacity.
+    /// [`AppendError::Empty`] for no events.
     pub fn new(events: &[Event], condition: Option<AppendCondition>, cfg: &SegmentConfig) -> Result<PreparedAppend, AppendError> {
         if events.is_empty() {
             return Err(AppendError::Empty);
         }
         let total: u64 = events.iter().map(|e| (RECORD_HEAD + e.encoded_len()) as u64).sum();
-        if let Some(e) = events.iter().find(|e| (RECORD_HEAD + e.encoded_len()) as u64 > cfg.max_record_len) {
-            return Err(AppendError::TooLarge { size: (RECORD_HEAD + e.encoded_len()) as u64 });
-        }
-        if total + MARKER_LEN as u64 > cfg.capacity() {
-            return Err(AppendError::TooLarge { size: total + MARKER_LEN as u64 });
+        let largest = events.iter().map(|e| (RECORD_HEAD + e.encoded_len()) as u64).max().unwrap_or(0);
+        let count = events.len() as u32;
+        if let Some(size) = too_large(largest, total, cfg) {
+            return Ok(PreparedAppend { records: Vec::new(), count, condition, too_large: Some(size) });
         }
         let mut records = Vec::with_capacity(total as usize);
         for e in events {
             frame_data(e.as_bytes(), &mut records);
         }
-        Ok(PreparedAppend { records, count: events.len() as u32, condition })
+        Ok(PreparedAppend { records, count, condition, too_large: None })
     }
 
     /// Adopts records already framed by a trusted encoder ([`crate::proto::append`]):
-    /// `count` valid events whose largest framed record is `largest` bytes.
+    /// `count` valid events whose largest framed record is `largest` bytes. Too large to
+    /// commit is judged as in [`PreparedAppend::new`].
     ///
     /// # Errors
     /// As [`PreparedAppend::new`].
@@ -158,14 +167,10 @@ impl PreparedAppend {
         if count == 0 {
             return Err(AppendError::Empty);
         }
-        if largest as u64 > cfg.max_record_len {
-            return Err(AppendError::TooLarge { size: largest as u64 });
+        if let Some(size) = too_large(largest as u64, records.len() as u64, cfg) {
+            return Ok(PreparedAppend { records: Vec::new(), count, condition, too_large: Some(size) });
         }
-        let total = (records.len() + MARKER_LEN) as u64;
-        if total > cfg.capacity() {
-            return Err(AppendError::TooLarge { size: total });
-        }
-        Ok(PreparedAppend { records, count, condition })
+        Ok(PreparedAppend { records, count, condition, too_large: None })
     }
 
     /// Framed bytes (without the commit marker).
@@ -181,6 +186,19 @@ impl PreparedAppend {
     /// Number of events.
     pub fn count(&self) -> u32 {
         self.count
+    }
+}
+
+/// The size (bytes) an append cannot be committed at, given its largest framed record and
+/// all its framed records' bytes: the record when it exceeds `max_record_len`, else the batch
+/// plus its commit marker when that exceeds the segment's capacity; `None` when it fits.
+fn too_large(largest: u64, total: u64, cfg: &SegmentConfig) -> Option<u64> {
+    if largest > cfg.max_record_len {
+        Some(largest)
+    } else if total + MARKER_LEN as u64 > cfg.capacity() {
+        Some(total + MARKER_LEN as u64)
+    } else {
+        None
     }
 }
 
@@ -778,6 +796,11 @@ impl Writer {
                         continue;
                     }
                 }
+            }
+            if let Some(size) = req.append.too_large {
+                // Its condition passed (or it has none): what the reference's write refuses.
+                decisions.push(Decision::Done(Err(AppendError::TooLarge { size })));
+                continue;
             }
             let first = self.next + staged.len() as u64;
             for (_, payload) in records(&req.append.records) {
