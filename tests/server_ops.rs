@@ -915,6 +915,7 @@ fn metrics_endpoint_serves_the_reference_names_and_our_histograms() {
     // Other targets are 404; the method is not checked.
     let nope = http(maddr, "GET /nope HTTP/1.1");
     assert!(nope.starts_with("HTTP/1.1 404"), "{nope}");
+    assert!(nope.contains("\r\nContent-Type: text/plain; charset=utf-8\r\n"), "as the reference's: {nope}");
     assert!(http(maddr, "GET / HTTP/1.1").starts_with("HTTP/1.1 404"));
     assert!(http(maddr, "HEAD /metrics HTTP/1.1").starts_with("HTTP/1.1 200"));
     // A request line with no target is not HTTP: closed without an answer, as by the reference.

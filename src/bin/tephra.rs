@@ -28,8 +28,8 @@ Exit codes:
      frame over this client's --max-frame-len (reported as TOO_LARGE)
   3  conflict: the append condition matched (CONFLICT or ALREADY_EXISTS)
   4  connection failure: cannot connect, TLS or token refused, or the connection was lost
-  130, 143  `import` or `export --output` stopped by SIGINT (Ctrl-C) or SIGTERM: what was
-     written, and how to resume, is said on stderr";
+  130  `import` or `export --output` stopped by SIGINT (Ctrl-C); 143: stopped by SIGTERM.
+     What was written, and how to resume, is said on stderr";
 
 /// Command-line client for a Tephra event store.
 #[derive(Debug, Parser)]

@@ -103,7 +103,7 @@ fn respond(ctx: &Context, mut s: std::net::TcpStream) -> std::io::Result<()> {
         write!(s, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", body.len(), body)
     } else {
         let body = "not found\n";
-        write!(s, "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", body.len(), body)
+        write!(s, "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", body.len(), body)
     }
 }
 
@@ -136,7 +136,7 @@ pub fn render(ctx: &Context) -> String {
     metric(&mut out, "tephra_connections_refused_total", "counter", "Connections closed at the max_connections cap.", st.connections_refused);
     metric(&mut out, "tephra_connections_reaped_total", "counter", "Connections closed by a timeout.", st.connections_reaped);
     let cap = if st.max_connections == 0 { "+Inf".to_string() } else { st.max_connections.to_string() };
-    metric(&mut out, "tephra_max_connections", "gauge", "Configured connection cap.", cap);
+    metric(&mut out, "tephra_max_connections", "gauge", "Configured connection cap (+Inf when unlimited).", cap);
     let _ = writeln!(out, "# HELP tephra_build_info Build information.\n# TYPE tephra_build_info gauge\ntephra_build_info{{version=\"{}\"}} 1", st.version);
     // Health an operator alerts on: the protocol's stats cannot say either (its fields are
     // the reference's), so `--healthcheck` passes in both states.
