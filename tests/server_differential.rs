@@ -43,6 +43,37 @@
 //! / 600-byte batches and 256 KiB segments; 1-event batches and 1 MiB segments), two seeds of
 //! 300 ops each by default; `TEPHRA_DIFF_EXTRA_SEEDS=N` adds N seeds per configuration.
 //!
+//! **Cross-open** (the on-disk half of the drop-in promise, [`cross_open`]): every run ends by
+//! taking a battery of reads (full forward and backward reads, reads by type, by tag and by
+//! both, from mid-log with limits) and the directory-derived stats (`event_count`,
+//! `segment_count`, `disk_bytes` less `LOCK` and our spare) from both servers, stopping both
+//! with SIGTERM, and starting the REFERENCE on OUR data directory and OURS on the REFERENCE's
+//! (same environment, so the same segment size, as README "Compatibility with the reference"
+//! requires). Each must serve the battery and the stats exactly as the directory's writer did
+//! before the stop (and as each other, when the two logs were equal); then on each: an append
+//! must land at head + 1, an append guarded by "nothing after the old head" must fail
+//! `CONFLICT` at head + 1, one guarded by `fail_if_exists` on a mid-log event's type and tags
+//! must fail `ALREADY_EXISTS` at the lowest such event, the new event must read back, and
+//! (segments of 1 MiB or less) a batch that fits only in an empty segment must land, so each
+//! server rolls over out of a segment the other left active. Then a round trip: each server
+//! back on its own directory, which the other has written to, must serve full reads and stats
+//! as the other left them, and append at head + 1. Index files are each server's own
+//! (ours `tagindex/*.tix`, the reference's `index/*.idx`; neither reads the other's) and our
+//! spare `segment.prep` is no segment to the reference (engine §3.1 discovery), so none of
+//! that is normalised beyond the spare's size in `disk_bytes` (README: "Stats `disk_bytes`
+//! counts the spare segment").
+//!
+//! **Kill mid-burst** ([`kill_mid_burst`], the 256 KiB-segment configuration, before op 150 of
+//! its first seed): 240 pipelined appends (about 1.5 MB, so segments roll over during it) go
+//! to both servers, each is SIGKILLed once 8 answers are in, and the answers already in its
+//! socket are read. Each killed directory is copied; the reference opens one copy and ours the
+//! other, and both must give the same battery answers and stats, hold the log from before the
+//! burst intact, every acknowledged append at its positions, and past the old log only whole
+//! appends of the burst (an unacknowledged append may be present or not, never in part). The
+//! run then goes on with ours serving the reference's killed directory and the reference a
+//! copy of it. How much of the burst lands depends on timing, so the ops after the kill see
+//! other heads from run to run (their random draws are the same).
+//!
 //! Divergence found and fixed (`differential_repro_too_large_vs_condition` keeps it fixed, and
 //! the random 256 KiB-segment run meets it): an append too large for the segment (an event
 //! over a quarter segment, or a batch over the segment) whose condition also fails got
@@ -974,7 +1005,14 @@ fn tally(items: &[Item], t: &mut std::collections::BTreeMap<String, usize>) {
 
 /// Runs the ops `next` yields (given the reference's head, `None` to stop) against a fresh
 /// server of each kind started with `env`; returns the divergences, rendered.
-fn run_ops(label: &str, env: &[(&str, &str)], mut next: impl FnMut(u64) -> Option<Op>) -> Vec<String> {
+fn run_ops(label: &str, env: &[(&str, &str)], next: impl FnMut(u64) -> Option<Op>) -> Vec<String> {
+    run_ops_killing(label, env, None, next)
+}
+
+/// [`run_ops`], with a [kill mid-burst](kill_mid_burst) before op `kill_at` (if given); the
+/// ops after it run against both servers serving the reference's killed directory (ours on
+/// it, the reference on a copy of it). Every run ends with a [cross-open](cross_open).
+fn run_ops_killing(label: &str, env: &[(&str, &str)], kill_at: Option<usize>, mut next: impl FnMut(u64) -> Option<Op>) -> Vec<String> {
     let Some(reference) = reference_binary() else { return Vec::new() };
     let mut env: Vec<(&str, &str)> = env.to_vec();
     env.push(("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50"));
@@ -995,7 +1033,21 @@ fn run_ops(label: &str, env: &[(&str, &str)], mut next: impl FnMut(u64) -> Optio
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     let mut answers = std::collections::BTreeMap::<String, usize>::new();
     let mut n = 0;
-    while let Some(op) = next(head) {
+    // Sides and directory copies a kill mid-burst replaced: their data directories (or the
+    // copies) are still being served, so they are dropped only at the end.
+    let mut retired: Vec<Side> = Vec::new();
+    let mut copies: Vec<tempfile::TempDir> = Vec::new();
+    loop {
+        if Some(n) == kill_at {
+            let k = kill_mid_burst(label, ours, refr, &mut retired, &mut copies);
+            divergences.extend(k.divergences);
+            (ours, refr, head, ours_head) = (k.ours, k.refr, k.head, k.ours_head);
+            if head != ours_head {
+                divergences.push(format!("{label}: after the kill mid-burst the recovered heads differ (ours {ours_head}, reference {head}); stopping here"));
+                break;
+            }
+        }
+        let Some(op) = next(head) else { break };
         *counts.entry(op_kind(&op)).or_default() += 1;
         let (a_ours, a_ref) = std::thread::scope(|s| {
             let o = s.spawn(|| ours.run(&op));
@@ -1052,16 +1104,595 @@ fn run_ops(label: &str, env: &[(&str, &str)], mut next: impl FnMut(u64) -> Optio
         divergences.len(),
         started.elapsed()
     );
+    let cross = Instant::now();
+    divergences.extend(cross_open(label, &mut ours, &mut refr));
+    eprintln!("{label}: cross-open {:.1?}", cross.elapsed());
+    // The servers still running on retired sides' directories go first.
     drop(ours);
     drop(refr);
+    drop(retired);
+    drop(copies);
     divergences
 }
 
-/// Runs `ops` operations generated from `seed`.
-fn run_seed(seed: u64, ops: usize, env: &[(&str, &str)]) -> Vec<String> {
+// ---------------------------------------------------------------------------------------------
+// Cross-open: each server on the data directory the other wrote.
+
+/// An event as a read gave it back: position, type, tags (as sent back), payload.
+type Ev = (u64, String, Vec<String>, Vec<u8>);
+
+/// A read's answer as the cross-open compares it: its events in order and how it ended
+/// (request ids and the cut into frames are left out: the sessions differ, and the cut is
+/// the wire protocol's business, compared by the ops above).
+#[derive(Clone, Debug, PartialEq)]
+struct ReadView {
+    events: Vec<Ev>,
+    end: String,
+}
+
+fn read_view(items: &[Item]) -> ReadView {
+    let mut events = Vec::new();
+    let mut end = String::from("<no end>");
+    for i in items {
+        match i {
+            Item::Resp(Response { kind: Some(response::Kind::ReadEvents(b)), .. }) => {
+                for se in &b.events {
+                    let e = se.event.clone().unwrap_or_default();
+                    events.push((se.position, e.r#type, e.tags, e.payload));
+                }
+            }
+            Item::Resp(Response { kind: Some(response::Kind::ReadEnd(e)), .. }) => end = format!("ReadEnd wm={}", e.watermark),
+            Item::Resp(Response { kind: Some(response::Kind::Error(e)), .. }) => end = format!("Error code={} msg={:?}", e.code, e.message),
+            other => end = fmt_item(other),
+        }
+    }
+    ReadView { events, end }
+}
+
+fn fmt_ev(e: &Ev) -> String {
+    format!("@{} {}", e.0, fmt_event(&proto::Event { r#type: e.1.clone(), tags: e.2.clone(), payload: e.3.clone() }))
+}
+
+/// `v` around its event `first`: two before, five from it.
+fn fmt_view(v: &ReadView, first: usize) -> String {
+    let mut s = format!("      {} event(s), {}\n", v.events.len(), v.end);
+    let (lo, hi) = (first.saturating_sub(2), (first + 5).min(v.events.len()));
+    for (n, e) in v.events.iter().enumerate().take(hi).skip(lo) {
+        let _ = writeln!(s, "      [{n}] {}", fmt_ev(e));
+    }
+    if hi < v.events.len() {
+        let _ = writeln!(s, "      ... {} more", v.events.len() - hi);
+    }
+    s
+}
+
+/// `None` when `a == b`, else both rendered around their first difference.
+fn view_diff(a_name: &str, a: &ReadView, b_name: &str, b: &ReadView) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    let first = a.events.iter().zip(&b.events).position(|(x, y)| x != y).unwrap_or(a.events.len().min(b.events.len()));
+    Some(format!("    first differing event: [{first}]\n    {a_name}:\n{}    {b_name}:\n{}", fmt_view(a, first), fmt_view(b, first)))
+}
+
+/// The reads compared on a cross-open, named, over a log whose head is `head`.
+fn read_battery(head: u64) -> Vec<(&'static str, proto::ReadRequest)> {
+    let item = |types: &[&str], tags: &[&str]| proto::QueryItem {
+        types: types.iter().map(|s| s.to_string()).collect(),
+        tags: tags.iter().map(|s| s.to_string()).collect(),
+    };
+    let q = |items: Vec<proto::QueryItem>| Some(proto::Query { all: false, items });
+    let r = |query, after, limit, reverse| proto::ReadRequest { query, after, limit, reverse };
+    vec![
+        ("full forward read", r(all(), 0, None, false)),
+        ("full backward read", r(all(), u64::MAX, None, true)),
+        ("read by type (Enrolled)", r(q(vec![item(&["Enrolled"], &[])]), 0, None, false)),
+        ("read by tag (course:c1), backward", r(q(vec![item(&[], &["course:c1"])]), u64::MAX, None, true)),
+        ("read by type and tag (Registered|Paid + student:s1)", r(q(vec![item(&["Registered", "Paid"], &["student:s1"])]), 0, None, false)),
+        (
+            "read of two items (注文 | ünï:çødé+t) from mid-log, limit 20",
+            r(q(vec![item(&["注文"], &[]), item(&[], &["ünï:çødé", "t"])]), head / 2, Some(20), false),
+        ),
+        ("read by tag (k:1), backward from mid-log, limit 5", r(q(vec![item(&[], &["k:1"])]), head / 2 + 1, Some(5), true)),
+        ("read by type and tag (Bulk + n:3)", r(q(vec![item(&["Bulk"], &["n:3"])]), 0, None, false)),
+    ]
+}
+
+/// The stats fields that follow from a data directory alone.
+fn disk_stats(items: &[Item]) -> String {
+    match items {
+        [Item::Stats(s)] => format!(
+            "event_count {} segment_count {} disk_bytes (less LOCK and spare) {}",
+            s.event_count, s.segment_count, s.disk_bytes_less_lock_and_spare
+        ),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Stops `side` with SIGTERM (a graceful shutdown, exit 0 for both servers: reference
+/// protocol §2.12) and waits for it; its data directory stays.
+fn stop_gracefully(side: &mut Side) -> Result<(), String> {
+    side.srv.signal(libc::SIGTERM);
+    match side.srv.wait_exit(Duration::from_secs(10)) {
+        Some(st) if st.success() => Ok(()),
+        Some(st) => Err(format!("{} exited with {st} on SIGTERM; log:\n{}", side.name, side.srv.log())),
+        None => Err(format!("{} still running 10 s after SIGTERM", side.name)),
+    }
+}
+
+/// A side serving `data` (a directory the caller keeps) with `like`'s binary set to `bin`
+/// and `like`'s environment.
+fn open_on(name: &'static str, bin: &std::path::Path, data: &std::path::Path, env: &[(String, String)]) -> Side {
+    let e: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let srv = Server::start_on(bin, Some(data), &e, None);
+    let conn = RawConn::connect_hello(srv.addr);
+    Side { name, srv, conn, next_id: 2, bin: bin.to_path_buf(), env: env.to_vec() }
+}
+
+/// Both at once (a server start is most of a cross-open's time).
+fn open_pair(
+    (a_name, a_bin, a_dir): (&'static str, &std::path::Path, &std::path::Path),
+    (b_name, b_bin, b_dir): (&'static str, &std::path::Path, &std::path::Path),
+    env: &[(String, String)],
+) -> (Side, Side) {
+    std::thread::scope(|s| {
+        let a = s.spawn(|| open_on(a_name, a_bin, a_dir, env));
+        let b = open_on(b_name, b_bin, b_dir, env);
+        (a.join().expect("start"), b)
+    })
+}
+
+fn both<T: Send>(a: &mut Side, b: &mut Side, f: impl Fn(&mut Side) -> T + Sync) -> (T, T) {
+    std::thread::scope(|s| {
+        let x = s.spawn(|| f(a));
+        let y = f(b);
+        (x.join().expect("side panicked"), y)
+    })
+}
+
+/// Whether `e` (as read back) matches `item` (reference engine §2.1: one of the types, or any
+/// if none, and every tag).
+fn item_matches(item: &proto::QueryItem, e: &Ev) -> bool {
+    (item.types.is_empty() || item.types.contains(&e.1)) && item.tags.iter().all(|t| e.2.contains(t))
+}
+
+fn append_answer(items: &[Item]) -> String {
+    match items {
+        [Item::Resp(Response { kind: Some(response::Kind::Append(a)), .. })] => format!("Append {}..={}", a.first, a.last),
+        [Item::Resp(Response { kind: Some(response::Kind::Error(e)), .. })] => {
+            let name = proto::ErrorCode::try_from(e.code).map_or_else(|_| e.code.to_string(), |c| format!("{c:?}"));
+            format!("Error {name} pos={:?} retryable={}", e.conflict_position, e.retryable)
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// The end-of-run check: with `ours` and `refr` serving logs they wrote, take the read battery
+/// and the stats of each, stop both (SIGTERM), start the REFERENCE on OUR data directory and
+/// OURS on the REFERENCE's (same environment, so the same segment size), and require of each
+/// cross-opened server: the same battery answers and the same directory-derived stats
+/// (event count, segment count, `disk_bytes` less `LOCK` and our spare) as the server that
+/// wrote the directory served before the stop, the same as the other cross-opened server
+/// (when the two logs were equal), an append landing at head + 1, a conditional append
+/// conflicting at it (boundary `all` after the old head) and one failing `ALREADY_EXISTS` at
+/// the lowest event matching a mid-log event's type and tags, and the new event read back.
+fn cross_open(label: &str, ours: &mut Side, refr: &mut Side) -> Vec<String> {
+    let mut out = Vec::new();
+    let full = |s: &mut Side| read_view(&s.run(&Op::Read(read_battery(0)[0].1.clone())));
+    let (full_o, full_r) = both(ours, refr, full);
+    let head_of = |v: &ReadView| v.events.last().map_or(0, |e| e.0);
+    let (head_o, head_r) = (head_of(&full_o), head_of(&full_r));
+    let battery = |head: u64| read_battery(head);
+    let run_battery = |s: &mut Side| -> (Vec<ReadView>, String) {
+        let head = read_view(&s.run(&Op::Read(read_battery(0)[0].1.clone()))).events.last().map_or(0, |e| e.0);
+        let v = battery(head).into_iter().map(|(_, r)| read_view(&s.run(&Op::Read(r)))).collect();
+        (v, disk_stats(&s.stats()))
+    };
+    let ((before_o, stats_o), (before_r, stats_r)) = both(ours, refr, run_battery);
+    let same_log = full_o == full_r;
+    let (e1, e2) = both(ours, refr, stop_gracefully);
+    for e in [e1, e2].into_iter().filter_map(Result::err) {
+        out.push(format!("{label} cross-open: stopping: {e}"));
+    }
+    if !out.is_empty() {
+        return out;
+    }
+    let (ours_dir, ref_dir) = (ours.srv.data_dir(), refr.srv.data_dir());
+    let (mut a, mut b) = open_pair(
+        ("reference on our directory", &refr.bin, &ours_dir),
+        ("ours on the reference's directory", &ours.bin, &ref_dir),
+        &ours.env,
+    );
+    // The battery, against what the writer of each directory served before the stop.
+    let ((after_a, stats_a), (after_b, stats_b)) = both(&mut a, &mut b, run_battery);
+    let names_o: Vec<&str> = battery(head_o).into_iter().map(|(n, _)| n).collect();
+    let names_r: Vec<&str> = battery(head_r).into_iter().map(|(n, _)| n).collect();
+    for (i, name) in names_o.iter().enumerate() {
+        if let Some(d) = view_diff("ours, before the stop", &before_o[i], a.name, &after_a[i]) {
+            out.push(format!("{label} cross-open, {name}: the reference on our directory serves what ours did not\n{d}"));
+        }
+    }
+    for (i, name) in names_r.iter().enumerate() {
+        if let Some(d) = view_diff("reference, before the stop", &before_r[i], b.name, &after_b[i]) {
+            out.push(format!("{label} cross-open, {name}: ours on the reference's directory serves what the reference did not\n{d}"));
+        }
+    }
+    if same_log {
+        for (i, name) in names_o.iter().enumerate() {
+            if let Some(d) = view_diff(a.name, &after_a[i], b.name, &after_b[i]) {
+                out.push(format!("{label} cross-open, {name}: the two cross-opened servers differ\n{d}"));
+            }
+        }
+    }
+    if stats_a != stats_o {
+        out.push(format!("{label} cross-open, stats: ours before the stop: {stats_o}\n    {}: {stats_a}", a.name));
+    }
+    if stats_b != stats_r {
+        out.push(format!("{label} cross-open, stats: the reference before the stop: {stats_r}\n    {}: {stats_b}", b.name));
+    }
+    if same_log && stats_a != stats_b {
+        out.push(format!("{label} cross-open, stats: {}: {stats_a}\n    {}: {stats_b}", a.name, b.name));
+    }
+    // One more append, then conditions that must fail against the log as it now is.
+    let new_event = || event("CrossOpen", &["cross:open", "k:1"], 5);
+    let checks = |s: &mut Side, full: &ReadView| -> Vec<(String, String, String)> {
+        let head = full.events.last().map_or(0, |e| e.0);
+        let mut got = Vec::new();
+        let ans = append_answer(&s.append(&proto::AppendRequest { events: vec![new_event()], condition: None }));
+        got.push(("append of one event".to_string(), ans, format!("Append {}..={}", head + 1, head + 1)));
+        let ans = append_answer(&s.append(&proto::AppendRequest {
+            events: vec![new_event()],
+            condition: Some(proto::AppendCondition { fail_if_events_match: all(), after: head, fail_if_exists: None }),
+        }));
+        got.push((format!("append if nothing after {head}"), ans, format!("Error Conflict pos=Some({}) retryable=false", head + 1)));
+        let mut log = full.events.clone();
+        let e = new_event();
+        log.push((head + 1, e.r#type, e.tags, e.payload));
+        let mid = &log[log.len() / 2];
+        let item = proto::QueryItem { types: vec![mid.1.clone()], tags: mid.2.iter().take(3).cloned().collect() };
+        let lowest = log.iter().find(|e| item_matches(&item, e)).map_or(0, |e| e.0);
+        let ans = append_answer(&s.append(&proto::AppendRequest {
+            events: vec![new_event()],
+            condition: Some(proto::AppendCondition {
+                fail_if_events_match: None,
+                after: 0,
+                fail_if_exists: Some(proto::Query { all: false, items: vec![item.clone()] }),
+            }),
+        }));
+        got.push((format!("append if none exists of {}", fmt_query(&Some(proto::Query { all: false, items: vec![item] }))), ans, format!("Error AlreadyExists pos=Some({lowest}) retryable=false")));
+        let back = read_view(&s.run(&Op::Read(proto::ReadRequest { query: all(), after: head, limit: None, reverse: false })));
+        let e = new_event();
+        let want = ReadView { events: vec![(head + 1, e.r#type, e.tags, e.payload)], end: format!("ReadEnd wm={}", head + 1) };
+        got.push(("read after the old head".to_string(), format!("{:?}", back), format!("{want:?}")));
+        // A batch that fits only in an empty segment (three records of a quarter segment and
+        // one a little smaller, reference engine §1.4, §3.6), so the server rolls over from
+        // the segment the other server left active (and, ours, claims its spare in a directory
+        // the reference wrote); only where it fits in a frame (segments of 1 MiB at most).
+        let seg = segment_size(&s.env);
+        if seg <= 1 << 20 {
+            let big = |p: u64| proto::Event { r#type: "E".into(), tags: vec!["cross:big".into()], payload: vec![0xb1; p as usize] };
+            // Framed record: 8-byte head, 4-byte event header + 2 per tag, type, tag, payload.
+            let quarter = seg / 4 - (8 + 4 + 2 + 1 + 9);
+            let events = vec![big(quarter), big(quarter), big(quarter), big(quarter - 200)];
+            let ans = append_answer(&s.append(&proto::AppendRequest { events, condition: None }));
+            got.push(("append of a batch that needs an empty segment".to_string(), ans, format!("Append {}..={}", head + 2, head + 5)));
+        }
+        got
+    };
+    let (got_a, got_b) = std::thread::scope(|sc| {
+        let x = sc.spawn(|| checks(&mut a, &full_o));
+        (x.join().expect("side panicked"), checks(&mut b, &full_r))
+    });
+    for (side, got) in [(a.name, &got_a), (b.name, &got_b)] {
+        for (what, ans, want) in got {
+            if ans != want {
+                out.push(format!("{label} cross-open, {what}:\n    {side}: {ans}\n    expected: {want}"));
+            }
+        }
+    }
+    if same_log {
+        for ((what, x, _), (_, y, _)) in got_a.iter().zip(&got_b) {
+            if x != y {
+                out.push(format!("{label} cross-open, {what}:\n    {}: {x}\n    {}: {y}", a.name, b.name));
+            }
+        }
+    }
+    // Round trip: each server back on its own directory, which the other has now written to
+    // (and maybe rolled over in), against what the other served last.
+    let last = |s: &mut Side| -> (Vec<ReadView>, String) {
+        let v = [&read_battery(0)[0].1, &read_battery(0)[1].1].into_iter().map(|r| read_view(&s.run(&Op::Read(r.clone())))).collect();
+        (v, disk_stats(&s.stats()))
+    };
+    let ((last_a, stats_a), (last_b, stats_b)) = both(&mut a, &mut b, last);
+    let (e1, e2) = both(&mut a, &mut b, stop_gracefully);
+    for e in [e1, e2].into_iter().filter_map(Result::err) {
+        out.push(format!("{label} cross-open: stopping: {e}"));
+    }
+    if out.iter().any(|d| d.contains("stopping")) {
+        return out;
+    }
+    let (mut o2, mut r2) = open_pair(
+        ("ours back on our directory", &ours.bin, &ours_dir),
+        ("reference back on its directory", &refr.bin, &ref_dir),
+        &ours.env,
+    );
+    let ((back_o, stats_o2), (back_r, stats_r2)) = both(&mut o2, &mut r2, last);
+    for (i, what) in ["full forward read", "full backward read"].iter().enumerate() {
+        if let Some(d) = view_diff(a.name, &last_a[i], o2.name, &back_o[i]) {
+            out.push(format!("{label} round trip, {what}: ours back on its directory serves what the reference left differently\n{d}"));
+        }
+        if let Some(d) = view_diff(b.name, &last_b[i], r2.name, &back_r[i]) {
+            out.push(format!("{label} round trip, {what}: the reference back on its directory serves what ours left differently\n{d}"));
+        }
+    }
+    if stats_o2 != stats_a {
+        out.push(format!("{label} round trip, stats:\n    {}: {stats_a}\n    {}: {stats_o2}", a.name, o2.name));
+    }
+    if stats_r2 != stats_b {
+        out.push(format!("{label} round trip, stats:\n    {}: {stats_b}\n    {}: {stats_r2}", b.name, r2.name));
+    }
+    let next = |s: &mut Side, v: &ReadView| {
+        let head = v.events.last().map_or(0, |e| e.0);
+        (append_answer(&s.append(&proto::AppendRequest { events: vec![new_event()], condition: None })), format!("Append {}..={}", head + 1, head + 1))
+    };
+    let ((got_o, want_o), (got_r, want_r)) = std::thread::scope(|sc| {
+        let x = sc.spawn(|| next(&mut o2, &back_o[0]));
+        (x.join().expect("side panicked"), next(&mut r2, &back_r[0]))
+    });
+    for (side, got, want) in [(o2.name, got_o, want_o), (r2.name, got_r, want_r)] {
+        if got != want {
+            out.push(format!("{label} round trip, one more append:\n    {side}: {got}\n    expected: {want}"));
+        }
+    }
+    eprintln!("{label} cross-open: heads {head_o} (ours) / {head_r} (reference); ours before the stop: {stats_o}; after the round trip: {stats_o2}");
+    for d in &out {
+        eprintln!("*** DIVERGENCE {d}");
+    }
+    out
+}
+
+/// `TEPHRA__SEGMENT__SIZE` as the servers of `env` get it (the support code's 16 MiB unless
+/// `env` sets it).
+fn segment_size(env: &[(String, String)]) -> u64 {
+    env.iter().rev().find(|(k, _)| k == "TEPHRA__SEGMENT__SIZE").map_or(16 << 20, |(_, v)| v.parse().expect("segment size"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kill mid-burst, then cross-open each killed directory.
+
+/// What [`kill_mid_burst`] leaves: the sides to go on with (both serving the reference's
+/// recovered directory), their heads, and the divergences found.
+struct Killed {
+    ours: Side,
+    refr: Side,
+    head: u64,
+    ours_head: u64,
+    divergences: Vec<String>,
+}
+
+/// The appends of the killed burst: 240 of 1-4 events, each carrying its own `burst:N` tag;
+/// payloads up to 20 KB (about 1.5 MB in all), so 256 KiB segments roll over several times
+/// during it; one in four guarded by an existence check on its own tag (which passes).
+fn kill_burst() -> Vec<proto::AppendRequest> {
+    let mut rng = Rng(0x6b11_1ed0);
+    (0..240)
+        .map(|i| {
+            let events = (0..rng.range(1, 4))
+                .map(|_| {
+                    let mut tags = vec![format!("burst:{i}")];
+                    tags.push(rng.pick(TAGS).to_string());
+                    let n = if rng.chance(20) { rng.range(4096, 20_000) } else { rng.range(0, 600) };
+                    proto::Event { r#type: rng.pick(TYPES).to_string(), tags, payload: rng.bytes(n as usize) }
+                })
+                .collect();
+            let condition = rng.chance(25).then(|| proto::AppendCondition {
+                fail_if_events_match: None,
+                after: 0,
+                fail_if_exists: Some(proto::Query { all: false, items: vec![proto::QueryItem { types: vec![], tags: vec![format!("burst:{i}")] }] }),
+            });
+            proto::AppendRequest { events, condition }
+        })
+        .collect()
+}
+
+/// Pipelines `burst` on `side`'s connection (from a second thread), reads acknowledgements
+/// until [`KILL_AFTER`] appends of the burst have been answered, then SIGKILLs the server and reads whatever
+/// answers had already reached the socket. Returns the acknowledged ranges, by index in the
+/// burst.
+/// How many answers [`send_and_kill`] waits for before the kill: few, so that the kill lands
+/// while most of the burst is still on its way in (both servers commit a pipelined burst in
+/// a few group commits; waiting for a third of 48 appends let all 48 land first).
+const KILL_AFTER: usize = 8;
+
+fn send_and_kill(side: &mut Side, burst: &[proto::AppendRequest]) -> Vec<(usize, u64, u64)> {
+    let first_id = side.next_id;
+    let mut bytes = Vec::new();
+    for (k, a) in burst.iter().enumerate() {
+        proto::encode_frame(&Request::new(first_id + k as u64, request::Kind::Append(a.clone())), u32::MAX, &mut bytes).unwrap();
+    }
+    side.next_id += burst.len() as u64;
+    let mut w = side.conn.stream.try_clone().expect("clone the stream");
+    let writer = std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut w, &bytes);
+    });
+    let mut acks = Vec::new();
+    let mut answered = 0;
+    let take = |item: &Item, acks: &mut Vec<(usize, u64, u64)>| {
+        if let Item::Resp(Response { request_id, kind: Some(response::Kind::Append(a)) }) = item {
+            acks.push(((request_id - first_id) as usize, a.first, a.last));
+        }
+    };
+    while answered < KILL_AFTER {
+        let item = recv(&mut side.conn, WAIT);
+        take(&item, &mut acks);
+        if !matches!(item, Item::Resp(_)) {
+            break;
+        }
+        answered += 1;
+    }
+    let _ = side.srv.child.kill();
+    let _ = side.srv.child.wait();
+    loop {
+        let item = recv(&mut side.conn, Duration::from_millis(500));
+        take(&item, &mut acks);
+        if !matches!(item, Item::Resp(_)) {
+            break;
+        }
+    }
+    let _ = writer.join();
+    acks
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("create the copy");
+    for e in std::fs::read_dir(from).expect("read the directory") {
+        let e = e.expect("entry");
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type().expect("file type").is_dir() {
+            copy_dir(&src, &dst);
+        } else {
+            std::fs::copy(&src, &dst).unwrap_or_else(|err| panic!("copy {}: {err}", src.display()));
+        }
+    }
+}
+
+/// The recovered log `v` of a directory whose writer served `prefix` and then acknowledged
+/// `acks` of `burst` before it was killed: `prefix` intact, every acknowledged append at its
+/// positions with its events, and what follows `prefix` made of whole burst appends, each
+/// once (an unacknowledged append may be there or not, but never in part). `Err` says what
+/// is wrong.
+fn check_recovered(v: &ReadView, prefix: &ReadView, burst: &[proto::AppendRequest], acks: &[(usize, u64, u64)]) -> Result<(), String> {
+    // An event's content: type, tags (sorted, as stored), payload.
+    type Content = (String, Vec<String>, Vec<u8>);
+    let sent = |i: usize| -> Vec<Content> {
+        burst[i]
+            .events
+            .iter()
+            .map(|e| {
+                let mut tags = e.tags.clone();
+                tags.sort();
+                (e.r#type.clone(), tags, e.payload.clone())
+            })
+            .collect()
+    };
+    let got = |from: usize, n: usize| -> Option<Vec<Content>> {
+        v.events.get(from..from + n).map(|s| s.iter().map(|e| (e.1.clone(), e.2.clone(), e.3.clone())).collect())
+    };
+    if v.events.get(..prefix.events.len()) != Some(&prefix.events[..]) {
+        return Err(format!("the log before the burst ({} events) is not intact", prefix.events.len()));
+    }
+    for &(i, first, last) in acks {
+        let from = (first - 1) as usize;
+        if got(from, (last - first + 1) as usize) != Some(sent(i)) {
+            return Err(format!("acknowledged append {i} of the burst ({first}..={last}) is missing or different"));
+        }
+    }
+    let mut at = prefix.events.len();
+    let mut seen = vec![false; burst.len()];
+    'walk: while at < v.events.len() {
+        for (i, seen) in seen.iter_mut().enumerate() {
+            let s = sent(i);
+            if !*seen && v.events[at].0 == at as u64 + 1 && got(at, s.len()) == Some(s.clone()) {
+                *seen = true;
+                at += s.len();
+                continue 'walk;
+            }
+        }
+        return Err(format!("the event at [{at}] ({}) does not start a whole append of the burst", fmt_ev(&v.events[at])));
+    }
+    Ok(())
+}
+
+/// Kill mid-burst: with both servers serving the same log (`prefix`, read first), pipeline
+/// the same [`kill_burst`] at each and SIGKILL each once a third of it is answered. Then, for
+/// each killed directory, copy it and open the original with one server and the copy with
+/// the other, and require: the same read battery answers ([`read_battery`]: full reads both
+/// ways, reads by type, tag and both) and stats from both, and [`check_recovered`] of the full read
+/// against what that directory's writer acknowledged. The sides serving the reference's
+/// killed directory (ours on it, the reference on its copy) are handed back to go on with;
+/// the others are stopped.
+fn kill_mid_burst(label: &str, mut ours: Side, mut refr: Side, retired: &mut Vec<Side>, copies: &mut Vec<tempfile::TempDir>) -> Killed {
+    let started = Instant::now();
+    let mut divergences = Vec::new();
+    let full_req = Op::Read(proto::ReadRequest { query: all(), after: 0, limit: None, reverse: false });
+    let (prefix_o, prefix_r) = both(&mut ours, &mut refr, |s| read_view(&s.run(&full_req)));
+    let burst = kill_burst();
+    let (acks_o, acks_r) = both(&mut ours, &mut refr, |s| send_and_kill(s, &burst));
+    let env = ours.env.clone();
+    let mut recovered = Vec::new();
+    let mut keep = None;
+    for (dir_name, writer, prefix, acks) in [("our killed directory", &ours, &prefix_o, &acks_o), ("the reference's killed directory", &refr, &prefix_r, &acks_r)] {
+        let dir = writer.srv.data_dir();
+        let copy = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+        copy_dir(&dir, &copy.path().join("data"));
+        let copy_data = copy.path().join("data");
+        copies.push(copy);
+        // Our directory: the reference on it, ours on the copy; the reference's: ours on it,
+        // the reference on the copy. So each server opens each directory, one of them as
+        // written and one as copied.
+        let (mut o, mut r) = if std::ptr::eq(writer, &ours) {
+            let (r, o) = open_pair(("reference on our killed directory", &refr.bin, &dir), ("ours on a copy of our killed directory", &ours.bin, &copy_data), &env);
+            (o, r)
+        } else {
+            open_pair(
+                ("ours on the reference's killed directory", &ours.bin, &dir),
+                ("reference on a copy of its killed directory", &refr.bin, &copy_data),
+                &env,
+            )
+        };
+        let battery = |s: &mut Side| -> Vec<ReadView> {
+            let head = read_view(&s.run(&full_req)).events.last().map_or(0, |e| e.0);
+            read_battery(head).into_iter().map(|(_, r)| read_view(&s.run(&Op::Read(r)))).collect()
+        };
+        let (b_o, b_r) = both(&mut o, &mut r, battery);
+        let (v_o, v_r) = (b_o[0].clone(), b_r[0].clone());
+        let (st_o, st_r) = both(&mut o, &mut r, |s| disk_stats(&s.stats()));
+        let acked: Vec<String> = acks.iter().map(|(i, f, l)| format!("{i}:{f}..={l}")).collect();
+        eprintln!(
+            "{label} kill mid-burst, {dir_name}: {} of {} appends acknowledged [{}]; recovered head {} (ours) / {} (reference), from {}",
+            acks.len(),
+            burst.len(),
+            acked.join(" "),
+            v_o.events.last().map_or(0, |e| e.0),
+            v_r.events.last().map_or(0, |e| e.0),
+            prefix.events.len()
+        );
+        let head = v_r.events.last().map_or(0, |e| e.0);
+        for (i, (what, _)) in read_battery(head).into_iter().enumerate() {
+            if let Some(d) = view_diff(o.name, &b_o[i], r.name, &b_r[i]) {
+                divergences.push(format!("{label} kill mid-burst, {dir_name}, {what}: the two servers differ\n{d}"));
+            }
+        }
+        if st_o != st_r {
+            divergences.push(format!("{label} kill mid-burst, {dir_name}: stats\n    {}: {st_o}\n    {}: {st_r}", o.name, r.name));
+        }
+        for (side, v) in [(o.name, &v_o), (r.name, &v_r)] {
+            if let Err(e) = check_recovered(v, prefix, &burst, acks) {
+                divergences.push(format!("{label} kill mid-burst, {dir_name}, {side}: {e}\n    acknowledged: [{}]\n{}", acked.join(" "), fmt_view(v, prefix.events.len())));
+            }
+        }
+        recovered.push((v_o.events.last().map_or(0, |e| e.0), v_r.events.last().map_or(0, |e| e.0)));
+        if std::ptr::eq(writer, &refr) {
+            keep = Some((o, r));
+        } else {
+            drop((o, r));
+        }
+    }
+    for d in &divergences {
+        eprintln!("*** DIVERGENCE {d}");
+    }
+    eprintln!("{label} kill mid-burst: {:.1?}", started.elapsed());
+    let (o, r) = keep.expect("the reference's directory was opened");
+    retired.push(ours);
+    retired.push(refr);
+    Killed { ours: o, refr: r, head: recovered[1].1, ours_head: recovered[1].0, divergences }
+}
+
+/// Runs `ops` operations generated from `seed` (a kill mid-burst before op `kill_at`).
+fn run_seed(seed: u64, ops: usize, env: &[(&str, &str)], kill_at: Option<usize>) -> Vec<String> {
     let mut gen = Gen { rng: Rng(seed), head: 0 };
     let mut left = ops;
-    run_ops(&format!("seed {seed:#x}"), env, move |head| {
+    run_ops_killing(&format!("seed {seed:#x}"), env, kill_at, move |head| {
         gen.head = head;
         left = left.checked_sub(1)?;
         Some(gen.op())
@@ -1070,12 +1701,13 @@ fn run_seed(seed: u64, ops: usize, env: &[(&str, &str)]) -> Vec<String> {
 
 /// `TEPHRA_DIFF_EXTRA_SEEDS=N` runs N more seeds per configuration (derived from the first),
 /// for a longer hunt than the default run.
-fn check(seeds: &[u64], ops: usize, env: &[(&str, &str)]) {
+/// `kill_at`: a kill mid-burst before that op of the first seed.
+fn check(seeds: &[u64], ops: usize, env: &[(&str, &str)], kill_at: Option<usize>) {
     let extra: u64 = std::env::var("TEPHRA_DIFF_EXTRA_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let seeds: Vec<u64> = seeds.iter().copied().chain((1..=extra).map(|k| seeds[0] ^ (k << 32))).collect();
     let mut divergences = Vec::new();
-    for seed in seeds {
-        divergences.extend(run_seed(seed, ops, env));
+    for (k, seed) in seeds.into_iter().enumerate() {
+        divergences.extend(run_seed(seed, ops, env, if k == 0 { kill_at } else { None }));
     }
     assert!(divergences.is_empty(), "{} divergence(s) from the reference:\n{}", divergences.len(), divergences.join("\n"));
 }
@@ -1083,7 +1715,7 @@ fn check(seeds: &[u64], ops: usize, env: &[(&str, &str)]) {
 /// Default read batching (1024 events / 512 KiB) and 16 MiB segments.
 #[test]
 fn differential_defaults() {
-    check(&[0x5eed_0001, 0x5eed_0011], 300, &[]);
+    check(&[0x5eed_0001, 0x5eed_0011], 300, &[], None);
 }
 
 /// Small read batches (7 events / 600 bytes, so batch cuts show) and 256 KiB segments (so
@@ -1099,13 +1731,14 @@ fn differential_small_batches_small_segments() {
             ("TEPHRA__SERVER__READS__BATCH_BYTES", "600"),
             ("TEPHRA__SEGMENT__SIZE", "262144"),
         ],
+        Some(150),
     );
 }
 
 /// One event per read batch and 1 MiB segments.
 #[test]
 fn differential_one_event_batches() {
-    check(&[0x5eed_0003, 0x5eed_0013], 300, &[("TEPHRA__SERVER__READS__BATCH_EVENTS", "1"), ("TEPHRA__SEGMENT__SIZE", "1048576")]);
+    check(&[0x5eed_0003, 0x5eed_0013], 300, &[("TEPHRA__SERVER__READS__BATCH_EVENTS", "1"), ("TEPHRA__SEGMENT__SIZE", "1048576")], None);
 }
 
 fn event(ty: &str, tags: &[&str], payload_len: usize) -> proto::Event {
