@@ -607,6 +607,8 @@ impl Side {
         std::fs::metadata(self.srv.data_dir().join(name)).map(|m| m.len() as i64).unwrap_or(0)
     }
 
+    // The error is the unexpected answer itself, kept whole for the divergence report.
+    #[allow(clippy::result_large_err)]
     fn stats_raw(&mut self, id: u64) -> Result<proto::StatsResponse, Item> {
         self.send(&Request::new(id, request::Kind::Stats(proto::StatsRequest {})));
         match self.one() {
@@ -1495,15 +1497,15 @@ fn kill_burst() -> Vec<proto::AppendRequest> {
         .collect()
 }
 
-/// Pipelines `burst` on `side`'s connection (from a second thread), reads acknowledgements
-/// until [`KILL_AFTER`] appends of the burst have been answered, then SIGKILLs the server and reads whatever
-/// answers had already reached the socket. Returns the acknowledged ranges, by index in the
-/// burst.
 /// How many answers [`send_and_kill`] waits for before the kill: few, so that the kill lands
 /// while most of the burst is still on its way in (both servers commit a pipelined burst in
 /// a few group commits; waiting for a third of 48 appends let all 48 land first).
 const KILL_AFTER: usize = 8;
 
+/// Pipelines `burst` on `side`'s connection (from a second thread), reads acknowledgements
+/// until [`KILL_AFTER`] appends of the burst have been answered, then SIGKILLs the server and
+/// reads whatever answers had already reached the socket. Returns the acknowledged ranges, by
+/// index in the burst.
 fn send_and_kill(side: &mut Side, burst: &[proto::AppendRequest]) -> Vec<(usize, u64, u64)> {
     let first_id = side.next_id;
     let mut bytes = Vec::new();
@@ -1604,7 +1606,7 @@ fn check_recovered(v: &ReadView, prefix: &ReadView, burst: &[proto::AppendReques
 }
 
 /// Kill mid-burst: with both servers serving the same log (`prefix`, read first), pipeline
-/// the same [`kill_burst`] at each and SIGKILL each once a third of it is answered. Then, for
+/// the same [`kill_burst`] at each and SIGKILL each once [`KILL_AFTER`] of its appends are answered. Then, for
 /// each killed directory, copy it and open the original with one server and the copy with
 /// the other, and require: the same read battery answers ([`read_battery`]: full reads both
 /// ways, reads by type, tag and both) and stats from both, and [`check_recovered`] of the full read
@@ -1720,7 +1722,7 @@ fn differential_defaults() {
 
 /// Small read batches (7 events / 600 bytes, so batch cuts show) and 256 KiB segments (so
 /// segments roll over and large events or batches hit TOO_LARGE: a record may be 64 KiB).
-/// Fails, as of this writing, on the too-large-vs-condition bug (see the module docs).
+/// It met the too-large-vs-condition bug, since fixed (see the module docs).
 #[test]
 fn differential_small_batches_small_segments() {
     check(
@@ -1784,10 +1786,52 @@ fn differential_repro_too_large_vs_condition() {
             proto::AppendRequest { events: vec![big()], condition: None },
             proto::AppendRequest { events: vec![event("E", &[], 1)], condition: None },
         ]),
+        // The same, with `after` at the first small append's position (4): the reference
+        // processes the too-large one alone, after that append, so neither it nor the next is
+        // beyond the tip (review: ours drained all three together and answered
+        // AFTER_BEYOND_TIP twice).
+        Op::Burst(vec![
+            proto::AppendRequest { events: vec![event("E", &[], 1)], condition: None },
+            proto::AppendRequest { events: vec![big()], condition: cond(all(), 4, None) },
+            proto::AppendRequest { events: vec![event("E", &[], 1)], condition: cond(all(), 4, None) },
+        ]),
     ];
     let mut ops = ops.into_iter();
     let divergences = run_ops("repro too-large-vs-condition", &env, move |_| ops.next());
     assert!(divergences.is_empty(), "{} divergence(s) from the reference:\n{}", divergences.len(), divergences.join("\n"));
+}
+
+/// A too-large append pipelined right behind an append its condition matches: the reference
+/// processes it alone, after that append is durable, so its conflict is durable (with the
+/// position, not retryable); the bursts of the random runs cannot tell that from a same-batch
+/// conflict, so this compares every field (review: ours judged it in the same drain and
+/// answered a retryable same-batch conflict that could never succeed).
+#[test]
+fn differential_too_large_behind_its_conflict_is_judged_alone() {
+    let Some(reference) = reference_binary() else { return };
+    let env = [("TEPHRA__SEGMENT__SIZE", "262144")];
+    let answers = |bin: PathBuf| {
+        let srv = Server::start(&bin, &env);
+        let mut c = RawConn::connect_hello(srv.addr);
+        let mut out = Vec::new();
+        for round in 0..5u64 {
+            let tagged = proto::AppendRequest { events: vec![event("E", &["t"], 1)], condition: None };
+            let guard = proto::AppendCondition { fail_if_events_match: Some(proto::Query { all: false, items: vec![proto::QueryItem { types: vec![], tags: vec!["t".into()] }] }), after: round, fail_if_exists: None };
+            let big = proto::AppendRequest { events: vec![event("E", &["t"], 65_536)], condition: Some(guard) };
+            c.send(&Request::new(10 + 2 * round, request::Kind::Append(tagged)));
+            c.send(&Request::new(11 + 2 * round, request::Kind::Append(big)));
+            let mut two: Vec<String> = (0..2).map(|_| format!("{:?}", c.recv().expect("an answer"))).collect();
+            two.sort();
+            out.extend(two);
+        }
+        out
+    };
+    let (ours, refr) = std::thread::scope(|s| {
+        let o = s.spawn(|| answers(ours_binary()));
+        (o.join().unwrap(), answers(reference))
+    });
+    assert_eq!(ours, refr, "ours (left) and the reference (right) differ");
+    assert!(refr.iter().any(|a| a.contains("conflict_position: Some(")), "{refr:#?}");
 }
 
 /// Fixed inputs at the limits, beside the random runs: counts and sizes at and just past

@@ -2531,7 +2531,7 @@ fn worker_threads_over_the_cap_say_how_many_shards_start() {
 /// usage promises (review: it was refused as an unexpected argument, exit 1).
 #[test]
 fn help_as_a_word_prints_the_usage() {
-    for args in [&["help"][..], &["--help"]] {
+    for args in [&["help"][..], &["--help"], &["help", "--help"], &["help", "help"]] {
         let out = std::process::Command::new(bin()).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
         let text = String::from_utf8_lossy(&out.stdout);

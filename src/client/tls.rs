@@ -100,6 +100,12 @@ pub fn server_certificate_warnings(chain: &[rustls::pki_types::CertificateDer<'s
                 warnings.push(format!("tls.cert is not valid until {}: clients that verify certificates refuse it until then (is this host's clock right?)", date(not_before)));
                 at = not_before;
             }
+            // webpki's InvalidCertValidity (notBefore after notAfter) reaches rustls's callers
+            // as a bare `Expired`, without dates (review: such a certificate drew no warning).
+            Err(rustls::Error::InvalidCertificate(C::Expired)) if warnings.is_empty() => {
+                warnings.push("tls.cert is never valid (its notBefore is after its notAfter): clients that verify certificates refuse it; renew it".to_owned());
+                break;
+            }
             // webpki's CaUsedAsEndEntity reaches rustls's callers only inside its catch-all
             // `CertificateError::Other`, so its name is all there is to match (as in `tls_hint`).
             Err(e) if format!("{e:?}").contains("CaUsedAsEndEntity") => {
@@ -151,6 +157,15 @@ mod tests {
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(w[0].starts_with("tls.cert is not valid until 3999-01-01T00:00:00Z: "), "{w:?}");
         assert!(w[1].starts_with("tls.cert is a CA certificate"), "{w:?}");
+    }
+
+    #[test]
+    fn a_certificate_whose_dates_are_inverted_is_warned_of() {
+        for ca in [false, true] {
+            let w = server_certificate_warnings(&cert(ca, 2030, 2020));
+            assert_eq!(w.len(), 1, "{w:?}");
+            assert!(w[0].starts_with("tls.cert is never valid (its notBefore is after its notAfter)"), "{w:?}");
+        }
     }
 
     #[test]

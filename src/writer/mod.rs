@@ -561,12 +561,13 @@ impl Writer {
                 },
             };
             let mut bytes = first.append.len();
+            let solo = first.append.too_large.is_some();
             let mut drain = vec![first];
             let mut shutdown = None;
-            while drain.len() < self.cfg.max_batch_records {
+            while !solo && drain.len() < self.cfg.max_batch_records {
                 match rx.try_recv() {
                     Ok(WriterMsg::Append(r)) => {
-                        if bytes + r.append.len() > self.cfg.max_batch_bytes {
+                        if r.append.too_large.is_some() || bytes + r.append.len() > self.cfg.max_batch_bytes {
                             pushback = Some(r);
                             break;
                         }
