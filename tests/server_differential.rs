@@ -556,6 +556,18 @@ impl Side {
         id
     }
 
+    /// Gives each request the next id and encodes them back to back, to be written at once
+    /// (pipelined): the ids, in order, and the bytes.
+    fn pipelined(&mut self, kinds: impl IntoIterator<Item = request::Kind>) -> (Vec<u64>, Vec<u8>) {
+        let (mut ids, mut bytes) = (Vec::new(), Vec::new());
+        for kind in kinds {
+            let id = self.id();
+            proto::encode_frame(&Request::new(id, kind), u32::MAX, &mut bytes).unwrap();
+            ids.push(id);
+        }
+        (ids, bytes)
+    }
+
     fn send(&mut self, req: &Request) {
         self.conn.send(req);
     }
@@ -668,11 +680,7 @@ impl Side {
     }
 
     fn burst(&mut self, appends: &[proto::AppendRequest]) -> Vec<Item> {
-        let ids: Vec<u64> = appends.iter().map(|_| self.id()).collect();
-        let mut bytes = Vec::new();
-        for (id, a) in ids.iter().zip(appends) {
-            proto::encode_frame(&Request::new(*id, request::Kind::Append(a.clone())), u32::MAX, &mut bytes).unwrap();
-        }
+        let (_, bytes) = self.pipelined(appends.iter().map(|a| request::Kind::Append(a.clone())));
         self.conn.send_bytes(&bytes);
         let mut got: Vec<Item> = (0..appends.len()).map(|_| self.one()).collect();
         // Acks come back in completion order; compare them by id.
@@ -731,11 +739,7 @@ impl Side {
     }
 
     fn read_burst(&mut self, reads: &[proto::ReadRequest]) -> Vec<Item> {
-        let ids: Vec<u64> = reads.iter().map(|_| self.id()).collect();
-        let mut bytes = Vec::new();
-        for (id, r) in ids.iter().zip(reads) {
-            proto::encode_frame(&Request::new(*id, request::Kind::Read(r.clone())), u32::MAX, &mut bytes).unwrap();
-        }
+        let (ids, bytes) = self.pipelined(reads.iter().map(|r| request::Kind::Read(r.clone())));
         self.conn.send_bytes(&bytes);
         let mut per_id: std::collections::BTreeMap<u64, Vec<Item>> = ids.iter().map(|id| (*id, Vec::new())).collect();
         let mut open = ids.len();
@@ -1508,11 +1512,7 @@ const KILL_AFTER: usize = 8;
 /// index in the burst.
 fn send_and_kill(side: &mut Side, burst: &[proto::AppendRequest]) -> Vec<(usize, u64, u64)> {
     let first_id = side.next_id;
-    let mut bytes = Vec::new();
-    for (k, a) in burst.iter().enumerate() {
-        proto::encode_frame(&Request::new(first_id + k as u64, request::Kind::Append(a.clone())), u32::MAX, &mut bytes).unwrap();
-    }
-    side.next_id += burst.len() as u64;
+    let (_, bytes) = side.pipelined(burst.iter().map(|a| request::Kind::Append(a.clone())));
     let mut w = side.conn.stream.try_clone().expect("clone the stream");
     let writer = std::thread::spawn(move || {
         let _ = std::io::Write::write_all(&mut w, &bytes);

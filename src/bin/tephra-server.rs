@@ -32,12 +32,16 @@ fn main() -> ExitCode {
     // (exit 1), as the reference refuses it, rather than printing the usage and exiting 0.
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == "help") {
-        // `help --help` and `help help` print it too, as the reference's do.
-        if let Some(extra) = argv.get(2).filter(|a| !(argv.len() == 3 && (*a == "--help" || *a == "help"))) {
-            use clap::CommandFactory;
-            let e = ServerArgs::command().error(clap::error::ErrorKind::UnknownArgument, format!("unexpected argument '{}' after 'help', which takes none", extra.to_string_lossy()));
-            let _ = e.print();
-            return ExitCode::from(1);
+        match &argv[2..] {
+            // `help --help` and `help help` print it too, as the reference's do.
+            [] => {}
+            [a] if a == "--help" || a == "help" => {}
+            [extra, ..] => {
+                use clap::CommandFactory;
+                let e = ServerArgs::command().error(clap::error::ErrorKind::UnknownArgument, format!("unexpected argument '{}' after 'help', which takes none", extra.to_string_lossy()));
+                let _ = e.print();
+                return ExitCode::from(1);
+            }
         }
         argv.truncate(1);
         argv.push("--help".into());

@@ -144,8 +144,7 @@ impl PreparedAppend {
         if events.is_empty() {
             return Err(AppendError::Empty);
         }
-        let total: u64 = events.iter().map(|e| (RECORD_HEAD + e.encoded_len()) as u64).sum();
-        let largest = events.iter().map(|e| (RECORD_HEAD + e.encoded_len()) as u64).max().unwrap_or(0);
+        let (total, largest) = events.iter().map(|e| (RECORD_HEAD + e.encoded_len()) as u64).fold((0, 0), |(sum, max), n| (sum + n, max.max(n)));
         let count = events.len() as u32;
         if let Some(size) = too_large(largest, total, cfg) {
             return Ok(PreparedAppend { records: Vec::new(), count, condition, too_large: Some(size) });
