@@ -8,10 +8,15 @@
 # 3.3.0 ships that binary, so we fetch it through cargo and point PROTOC at it. The path of that
 # protoc is also written to ROOT/protoc-path for builds that need it (the tephra-client tests).
 set -euo pipefail
+trap 'echo "install-reference: failed (line $LINENO, exit $?)" >&2' ERR
 root="${1:-${TEPHRA_REFERENCE_ROOT:-$HOME/.tephra-reference}}"
 bin="$root/bin/tephra-server"
 find_protoc() {
-  find "${CARGO_HOME:-$HOME/.cargo}/registry/src" -path '*protoc-bin-vendored-linux-x86_64-3.3.0/bin/protoc' -type f 2>/dev/null | head -n 1
+  # On a fresh machine the registry does not exist yet: find fails, which under pipefail
+  # would end the script here without a word. Nothing found is an empty answer, not an error.
+  local src="${CARGO_HOME:-$HOME/.cargo}/registry/src"
+  [ -d "$src" ] || return 0
+  find "$src" -path '*protoc-bin-vendored-linux-x86_64-3.3.0/bin/protoc' -type f 2>/dev/null | head -n 1 || true
 }
 protoc="$(find_protoc)"
 if [ -z "$protoc" ]; then
