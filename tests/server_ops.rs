@@ -2589,3 +2589,66 @@ fn connections_leave_descriptors_for_the_log() {
     let stats = c.stats().unwrap();
     assert_eq!(stats.writer_stopped, "", "{stats:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// CPU placement
+// ---------------------------------------------------------------------------------------------
+
+/// The CPUs listed in `/proc/PID/task/TID/status` (`Cpus_allowed_list`, e.g. "0-1,3") of every
+/// thread of `pid`, with the thread's name.
+fn threads_cpus(pid: i32) -> Vec<(String, Vec<usize>)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let Ok(status) = std::fs::read_to_string(t.path().join("status")) else { continue };
+        let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).map(str::trim).unwrap_or("").to_owned();
+        let mut cpus = Vec::new();
+        for part in field("Cpus_allowed_list:").split(',').filter(|p| !p.is_empty()) {
+            match part.split_once('-') {
+                Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap()),
+                None => cpus.push(part.parse().unwrap()),
+            }
+        }
+        out.push((field("Name:"), cpus));
+    }
+    out
+}
+
+/// Starts the server with this thread's CPU mask narrowed to `cpu` alone (a child inherits
+/// the mask of the thread that forks it, as under `taskset -c CPU`), then restores the mask.
+fn start_on_one_cpu(cpu: usize, env: &[(&str, &str)]) -> Server {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    let before = sched_getaffinity(Pid::from_raw(0)).unwrap();
+    let mut only = CpuSet::new();
+    only.set(cpu).unwrap();
+    sched_setaffinity(Pid::from_raw(0), &only).unwrap();
+    let srv = std::panic::catch_unwind(|| Server::start(&bin(), env));
+    sched_setaffinity(Pid::from_raw(0), &before).unwrap();
+    srv.unwrap_or_else(|p| std::panic::resume_unwind(p))
+}
+
+/// Under a narrowed CPU mask (`taskset -c 1`, a container's cpuset) every thread of the
+/// server stays within it and the server serves; the shards were pinned by CPU number, shard
+/// 0 on CPU 0, outside the mask (in a cpuset without CPU 0 the pin fails and the server does
+/// not start). With the default shard count (one per allowed CPU) and with more shards than
+/// allowed CPUs (then unpinned).
+#[test]
+fn a_server_started_on_a_narrowed_cpu_mask_keeps_every_thread_in_it() {
+    let allowed = shards::allowed_cpus();
+    let Some(&cpu) = allowed.iter().max().filter(|&&c| c > 0) else {
+        eprintln!("*** only CPU 0 is allowed here ({allowed:?}): a mask without CPU 0 cannot be made; not checked ***");
+        return;
+    };
+    for env in [&[][..], &[("TEPHRA__SERVER__READS__WORKER_THREADS", "2")][..]] {
+        let srv = start_on_one_cpu(cpu, env);
+        let threads = threads_cpus(srv.pid());
+        let shards = threads.iter().filter(|(name, _)| name.starts_with("tephra-shard")).count();
+        assert!(shards >= 1, "no shard threads among {threads:?}");
+        for (name, cpus) in &threads {
+            assert_eq!(cpus, &vec![cpu], "thread {name} may run on {cpus:?}, outside the mask [{cpu}] the server was started with ({env:?})");
+        }
+        let mut c = Client::connect(srv.addr).unwrap();
+        let r = c.append(vec![ev("Placed", &["cpu"], b"x")], None).unwrap();
+        assert_eq!(r.first.get(), 1);
+    }
+}

@@ -363,6 +363,29 @@ fn blocking_pool() -> &'static flume::Sender<Job> {
     })
 }
 
+/// The CPUs this process may run on (its affinity mask, `sched_getaffinity(2)`), ascending:
+/// what `taskset`, a container's cpuset (`docker --cpuset-cpus`, Kubernetes' static CPU
+/// manager) or systemd's `CPUAffinity` left it. Empty when the mask cannot be read.
+pub fn allowed_cpus() -> Vec<usize> {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    let Ok(mask) = sched_getaffinity(nix::unistd::Pid::from_raw(0)) else { return Vec::new() };
+    (0..CpuSet::count()).filter(|&c| mask.is_set(c).unwrap_or(false)).collect()
+}
+
+/// Where each of `shards` shards runs: shard `i` pinned to the `i`-th CPU of `allowed` (see
+/// [`allowed_cpus`]) when there are at least as many allowed CPUs as shards, else every shard
+/// unpinned (`None`), left to the scheduler within the process's mask. Never a CPU outside
+/// `allowed`: pinning by CPU number alone put shard 0 on CPU 0 under `taskset -c 1` (out of
+/// the operator's mask), and in a cpuset that excludes CPU 0 the pin failed and the server did
+/// not start.
+pub fn placement(shards: usize, allowed: &[usize]) -> Vec<Option<usize>> {
+    if shards <= allowed.len() {
+        allowed[..shards].iter().map(|&c| Some(c)).collect()
+    } else {
+        vec![None; shards]
+    }
+}
+
 /// Threads of [`run_blocking`].
 pub const BLOCKING_THREADS: usize = 4;
 
@@ -401,7 +424,19 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{kick_due, run_blocking, BLOCKING_THREADS, KICK_BUSY_ROUNDS, KICK_IDLE_ROUNDS, KICK_US};
+    use super::{kick_due, placement, run_blocking, BLOCKING_THREADS, KICK_BUSY_ROUNDS, KICK_IDLE_ROUNDS, KICK_US};
+
+    #[test]
+    fn shards_are_pinned_only_to_allowed_cpus() {
+        // `taskset -c 1` on a two-CPU host: the one shard goes on CPU 1, not CPU 0.
+        assert_eq!(placement(1, &[1]), vec![Some(1)]);
+        // A cpuset of 2,3,5: shards on those CPUs, in order.
+        assert_eq!(placement(3, &[2, 3, 5]), vec![Some(2), Some(3), Some(5)]);
+        assert_eq!(placement(2, &[2, 3, 5]), vec![Some(2), Some(3)]);
+        // More shards than allowed CPUs, or a mask that could not be read: none pinned.
+        assert_eq!(placement(2, &[1]), vec![None, None]);
+        assert_eq!(placement(1, &[]), vec![None]);
+    }
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 

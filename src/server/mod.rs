@@ -380,7 +380,8 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     if ctx.settings.server.reads.worker_threads > n {
         tracing::warn!(worker_threads = ctx.settings.server.reads.worker_threads, shards = n, "server.reads.worker_threads is above the most shards this server starts ({} per CPU, {} in all; each is a thread with its own io_uring rings and I/O memory); starting {n} shards instead", crate::config::MAX_SHARDS_PER_CPU, crate::config::MAX_SHARDS);
     }
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    // Pinned only within the CPUs the process was given (its affinity mask).
+    let placement = shards::placement(n, &shards::allowed_cpus());
     let mut shards = Vec::with_capacity(n);
     // The writer's own thread, unpinned: the scheduler may run it on whichever CPU is free.
     let writer = match writer_task {
@@ -430,7 +431,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         let (to_shard, words) = flume::bounded::<Word>(1);
         word_tx.push(to_shard);
         let released = released_tx.clone();
-        let cpu = (n <= cpus).then_some(shard);
+        let cpu = placement[shard];
         match shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, n, addr, tx, words, released)) {
             Ok(h) => shards.push(h),
             Err(e) => return refuse(&ctx, shards, word_tx, format!("cannot start shard {shard}: {e}")),
