@@ -422,7 +422,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     let mut ours = Vec::with_capacity(n);
     // Each shard's channel for what its bind gave (again after a `Word::Bind`).
     let mut bound_rx = Vec::with_capacity(n);
-    for shard in 0..n {
+    for (shard, &cpu) in placement.iter().enumerate() {
         let ctx2 = ctx.clone();
         // Its own channel, so a shard whose thread dies before it has bound (a thread it
         // cannot start, under a process limit) is seen at once instead of waited for forever
@@ -431,7 +431,6 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         let (to_shard, words) = flume::bounded::<Word>(1);
         word_tx.push(to_shard);
         let released = released_tx.clone();
-        let cpu = placement[shard];
         match shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, n, addr, tx, words, released)) {
             Ok(h) => shards.push(h),
             Err(e) => return refuse(&ctx, shards, word_tx, format!("cannot start shard {shard}: {e}")),
