@@ -2696,3 +2696,52 @@ fn a_server_started_on_a_narrowed_cpu_mask_keeps_every_thread_in_it() {
         assert_eq!(r.first.get(), 1);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// io_uring
+// ---------------------------------------------------------------------------------------------
+
+/// A host that refuses io_uring (Docker's default seccomp profile, `kernel.io_uring_disabled`)
+/// gets one clear error, exit 1, before the store is opened: the child runs under a seccomp
+/// filter that fails `io_uring_setup` with EPERM. Before, the store was opened, glommio
+/// panicked ("Failed to register a probe ... kernel should be at least 5.8") and the server
+/// said "shard 0 stopped before it could listen".
+#[test]
+fn a_host_without_io_uring_is_told_so_before_the_store_is_opened() {
+    use std::os::unix::process::CommandExt;
+    // Classic BPF: load the syscall number; io_uring_setup (425 on every architecture)
+    // returns EPERM, everything else is allowed.
+    #[repr(C)]
+    struct Insn(u16, u8, u8, u32);
+    #[repr(C)]
+    struct Prog(u16, *const Insn);
+    const IO_URING_SETUP: u32 = 425;
+    let filter = [
+        Insn(0x20, 0, 0, 0),                                  // ld [nr]
+        Insn(0x15, 0, 1, IO_URING_SETUP),                     // jeq io_uring_setup
+        Insn(0x06, 0, 0, 0x0005_0000 | libc::EPERM as u32),   // ret ERRNO(EPERM)
+        Insn(0x06, 0, 0, 0x7fff_0000),                        // ret ALLOW
+    ];
+    let prog = Prog(filter.len() as u16, filter.as_ptr());
+    let prog_addr = &prog as *const Prog as usize;
+    let scratch = tempfile::tempdir().unwrap();
+    let data = scratch.path().join("data");
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args(["--bind", "127.0.0.1:0", "--data-dir"]).arg(&data).env("NO_COLOR", "1");
+    // SAFETY: only prctl(2) between fork and exec, on memory that outlives the spawn.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, prog_addr, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(stderr.contains("cannot use io_uring") && stderr.contains("seccomp") && stderr.contains("Operation not permitted"), "{stderr}");
+    assert!(!stderr.contains("panicked") && !stdout.contains("panicked"), "{stderr}{stdout}");
+    assert!(!data.exists(), "the store was opened (created) before io_uring was checked");
+}

@@ -15,6 +15,37 @@ use std::task::{Context, Poll, Wake, Waker};
 /// Locked-memory budget glommio registers per executor for fixed I/O buffers, in bytes.
 pub const IO_MEMORY: usize = 4 << 20;
 
+/// Checks that this process may create an io_uring instance, which every glommio executor
+/// (every shard) needs, by creating a small one (`io_uring_setup(2)`, 4 entries) and closing
+/// it. Called before anything else at start, so a host without io_uring gets one clear error
+/// before the store is opened, not a panic inside glommio ("Failed to register a probe ...
+/// kernel should be at least 5.8") followed by "shard 0 stopped before it could listen".
+///
+/// # Errors
+/// A sentence for the operator, naming the cause by the error of `io_uring_setup`: `ENOSYS`
+/// (a kernel without io_uring), `EPERM`/`EACCES` (refused: the `kernel.io_uring_disabled`
+/// sysctl or a seccomp filter, such as Docker's default profile), `ENOMEM` (locked memory on
+/// older kernels), anything else with its errno text.
+pub fn io_uring_usable() -> Result<(), String> {
+    // struct io_uring_params is 120 bytes; all zero asks for a plain ring.
+    let mut params = [0u64; 15];
+    // SAFETY: io_uring_setup(2) with a valid, writable params buffer of the kernel's size.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
+    if fd >= 0 {
+        // SAFETY: the descriptor was just returned to us and is closed once.
+        unsafe { libc::close(fd as i32) };
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    let why = match e.raw_os_error() {
+        Some(libc::ENOSYS) => "this kernel has no io_uring (glommio needs Linux 5.8 or later, built with CONFIG_IO_URING)".to_owned(),
+        Some(libc::EPERM) | Some(libc::EACCES) => "io_uring is refused to this process: by the sysctl kernel.io_uring_disabled (1 allows it only to the group kernel.io_uring_group names, 2 to no one), or by a seccomp filter such as Docker's default profile (since Docker 25; run the container with a profile that allows io_uring_setup, io_uring_enter and io_uring_register)".to_owned(),
+        Some(libc::ENOMEM) => "the kernel refused the ring's memory (on kernels before 5.12 it counts against the locked-memory limit: raise ulimit -l / LimitMEMLOCK)".to_owned(),
+        _ => "io_uring_setup failed".to_owned(),
+    };
+    Err(format!("cannot use io_uring, which every shard's runtime (glommio) needs: {why} ({e})"))
+}
+
 /// Raises `RLIMIT_MEMLOCK` so every executor can register its I/O buffers (best effort, once
 /// per process). Returns the io_memory each executor should use: [`IO_MEMORY`] when the limit
 /// allows `shards` executors, else a smaller share (glommio then still works, but without

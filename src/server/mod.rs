@@ -295,7 +295,8 @@ pub fn min_usable_frame_len() -> usize {
 /// Opens the store and starts every shard; returns once all listeners are bound.
 ///
 /// # Errors
-/// [`StartError`] when the store refuses to open, TLS files are invalid, or binding fails.
+/// [`StartError`] when io_uring cannot be used ([`shards::io_uring_usable`]), the store
+/// refuses to open, TLS files are invalid, or binding fails.
 pub fn start(settings: Settings) -> Result<Running, StartError> {
     start_mode(settings, None)
 }
@@ -314,6 +315,8 @@ pub fn start_follower(settings: Settings, poll: std::time::Duration) -> Result<R
 }
 
 fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result<Running, StartError> {
+    // Before anything is opened: without io_uring no shard can run.
+    shards::io_uring_usable().map_err(StartError::Io)?;
     let tls = load_tls(&settings).map_err(StartError::Io)?;
     // An address another listener holds is refused before the data directory is touched (a
     // refused start must not create or open a store); checked again right before binding,
