@@ -2657,43 +2657,95 @@ fn threads_cpus(pid: i32) -> Vec<(String, Vec<usize>)> {
     out
 }
 
-/// Starts the server with this thread's CPU mask narrowed to `cpu` alone (a child inherits
-/// the mask of the thread that forks it, as under `taskset -c CPU`), then restores the mask.
-fn start_on_one_cpu(cpu: usize, env: &[(&str, &str)]) -> Server {
+/// This thread's CPU mask, read from the kernel (not through the code under test).
+fn my_cpus() -> Vec<usize> {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    let mask = sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+    (0..CpuSet::count()).filter(|&c| mask.is_set(c).unwrap()).collect()
+}
+
+/// Starts the server with this thread's CPU mask narrowed to `cpus` (a child inherits the mask
+/// of the thread that forks it, as under `taskset -c`), then restores the mask.
+fn start_on_cpus(cpus: &[usize], env: &[(&str, &str)]) -> Server {
     use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
     use nix::unistd::Pid;
     let before = sched_getaffinity(Pid::from_raw(0)).unwrap();
     let mut only = CpuSet::new();
-    only.set(cpu).unwrap();
+    for &c in cpus {
+        only.set(c).unwrap();
+    }
     sched_setaffinity(Pid::from_raw(0), &only).unwrap();
     let srv = std::panic::catch_unwind(|| Server::start(&bin(), env));
     sched_setaffinity(Pid::from_raw(0), &before).unwrap();
     srv.unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
 
-/// Under a narrowed CPU mask (`taskset -c 1`, a container's cpuset) every thread of the
-/// server stays within it and the server serves; the shards were pinned by CPU number, shard
-/// 0 on CPU 0, outside the mask (in a cpuset without CPU 0 the pin fails and the server does
-/// not start). With the default shard count (one per allowed CPU) and with more shards than
-/// allowed CPUs (then unpinned).
-#[test]
-fn a_server_started_on_a_narrowed_cpu_mask_keeps_every_thread_in_it() {
-    let allowed = shards::allowed_cpus();
-    let Some(&cpu) = allowed.iter().max().filter(|&&c| c > 0) else {
-        eprintln!("*** only CPU 0 is allowed here ({allowed:?}): a mask without CPU 0 cannot be made; not checked ***");
-        return;
-    };
-    for env in [&[][..], &[("TEPHRA__SERVER__READS__WORKER_THREADS", "2")][..]] {
-        let srv = start_on_one_cpu(cpu, env);
+/// The shard number in a shard thread's (truncated) name, `tephra-shard-N-...`.
+fn shard_number(name: &str) -> Option<usize> {
+    let digits: String = name.strip_prefix("tephra-shard-")?.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Starts the server on `cpus` with `env`, has it start its process-wide threads (a stats call
+/// starts the blocking pool), and returns it with its threads' CPU lists once the blocking
+/// threads are there.
+fn placed(cpus: &[usize], env: &[(&str, &str)]) -> (Server, Vec<(String, Vec<usize>)>) {
+    let srv = start_on_cpus(cpus, env);
+    let mut c = Client::connect(srv.addr).unwrap();
+    let r = c.append(vec![ev("Placed", &["cpu"], b"x")], None).unwrap();
+    assert_eq!(r.first.get(), 1);
+    c.stats().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
         let threads = threads_cpus(srv.pid());
-        let shards = threads.iter().filter(|(name, _)| name.starts_with("tephra-shard")).count();
-        assert!(shards >= 1, "no shard threads among {threads:?}");
-        for (name, cpus) in &threads {
-            assert_eq!(cpus, &vec![cpu], "thread {name} may run on {cpus:?}, outside the mask [{cpu}] the server was started with ({env:?})");
+        if threads.iter().any(|(n, _)| n.starts_with("tephra-blocking")) && threads.iter().any(|(n, _)| n == "tephra-kicker") {
+            return (srv, threads);
         }
-        let mut c = Client::connect(srv.addr).unwrap();
-        let r = c.append(vec![ev("Placed", &["cpu"], b"x")], None).unwrap();
-        assert_eq!(r.first.get(), 1);
+        assert!(Instant::now() < deadline, "no blocking or kicker thread after a stats call: {threads:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Shards are pinned within the CPU mask the server was started with (`taskset`, a container's
+/// cpuset), and no thread leaves it. With one shard per allowed CPU, shard `i` is pinned to the
+/// mask's `i`-th CPU, and the process-wide threads a shard starts (the kicker, the blocking
+/// pool) get the whole mask, not that shard's CPU; with more shards than allowed CPUs none is
+/// pinned. Before, shard `i` was pinned to CPU `i`: under a mask of CPU 1 shard 0 ran on CPU 0
+/// (in a cpuset without CPU 0 the pin failed and the server did not start), and the kicker and
+/// blocking threads inherited one shard's CPU.
+#[test]
+fn shards_are_pinned_within_the_cpu_mask_and_no_thread_leaves_it() {
+    let allowed = my_cpus();
+    if allowed.len() < 2 {
+        eprintln!("*** one CPU allowed here ({allowed:?}): no narrower mask or second shard to place; not checked ***");
+        return;
+    }
+    // The whole mask, one shard per CPU: each shard on its own CPU, everything else on all.
+    let per_cpu = allowed.len().to_string();
+    let (_srv, threads) = placed(&allowed, &[("TEPHRA__SERVER__READS__WORKER_THREADS", &per_cpu)]);
+    let mut seen = vec![false; allowed.len()];
+    for (name, cpus) in &threads {
+        match shard_number(name) {
+            Some(i) => {
+                assert_eq!(cpus, &vec![allowed[i]], "shard thread {name} (shard {i}) is not pinned to the mask's CPU {i} ({})", allowed[i]);
+                seen[i] = true;
+            }
+            // glommio's own helper threads of a shard are named after it too (and pinned with
+            // it); every other thread may run anywhere in the mask.
+            None if name.starts_with("tephra-shard") => {}
+            None => assert_eq!(cpus, &allowed, "thread {name} is confined to {cpus:?} within the mask {allowed:?}"),
+        }
+    }
+    assert!(seen.iter().all(|&s| s), "not every shard was found: {threads:?}");
+    // Narrowed to the last CPU, with the default shard count (one) and with two shards
+    // (unpinned): no thread outside it.
+    let last = *allowed.last().unwrap();
+    for env in [&[][..], &[("TEPHRA__SERVER__READS__WORKER_THREADS", "2")][..]] {
+        let (_srv, threads) = placed(&[last], env);
+        assert!(threads.iter().any(|(n, _)| shard_number(n).is_some()), "no shard threads among {threads:?}");
+        for (name, cpus) in &threads {
+            assert_eq!(cpus, &vec![last], "thread {name} may run on {cpus:?}, outside the mask [{last}] the server was started with ({env:?})");
+        }
     }
 }
 

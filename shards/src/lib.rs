@@ -316,20 +316,23 @@ fn register_kick(nudge: Nudge) {
     let list = KICKS.get_or_init(|| {
         std::thread::Builder::new()
             .name("tephra-kicker".into())
-            .spawn(|| loop {
-                std::thread::sleep(std::time::Duration::from_micros(KICK_US));
-                if let Some(l) = KICKS.get() {
-                    let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
-                    l.retain_mut(|(w, quiet)| match w.upgrade() {
-                        Some(n) => {
-                            *quiet = if n.active.swap(false, Ordering::Relaxed) { 0 } else { quiet.saturating_add(1) };
-                            if kick_due(*quiet) {
-                                Nudge(n).nudge();
+            .spawn(|| {
+                use_process_mask();
+                loop {
+                    std::thread::sleep(std::time::Duration::from_micros(KICK_US));
+                    if let Some(l) = KICKS.get() {
+                        let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
+                        l.retain_mut(|(w, quiet)| match w.upgrade() {
+                            Some(n) => {
+                                *quiet = if n.active.swap(false, Ordering::Relaxed) { 0 } else { quiet.saturating_add(1) };
+                                if kick_due(*quiet) {
+                                    Nudge(n).nudge();
+                                }
+                                true
                             }
-                            true
-                        }
-                        None => false,
-                    });
+                            None => false,
+                        });
+                    }
                 }
             })
             .expect("kicker thread");
@@ -381,6 +384,7 @@ fn blocking_pool() -> &'static flume::Sender<Job> {
         for i in 0..BLOCKING_THREADS {
             let rx = rx.clone();
             let spawned = std::thread::Builder::new().name(format!("tephra-blocking-{i}")).spawn(move || {
+                use_process_mask();
                 while let Ok(job) = rx.recv() {
                     // A panicking job drops its result sender: its caller gets `None`.
                     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
@@ -394,24 +398,58 @@ fn blocking_pool() -> &'static flume::Sender<Job> {
     })
 }
 
-/// The CPUs this process may run on (its affinity mask, `sched_getaffinity(2)`), ascending:
-/// what `taskset`, a container's cpuset (`docker --cpuset-cpus`, Kubernetes' static CPU
-/// manager) or systemd's `CPUAffinity` left it. Empty when the mask cannot be read.
+/// The process's CPU mask, as the first call of [`allowed_cpus`] read it; `None` inside when
+/// it could not be read.
+static PROCESS_MASK: OnceLock<Option<nix::sched::CpuSet>> = OnceLock::new();
+
+/// The CPU mask of the calling thread, read once for the process by the first call (every
+/// later call returns that first answer, from whichever thread). Called at start, before any
+/// shard is pinned, it is the process's own mask: what `taskset`, a container's cpuset
+/// (`docker --cpuset-cpus`, Kubernetes' static CPU manager) or systemd's `CPUAffinity` left it.
+fn process_mask() -> Option<&'static nix::sched::CpuSet> {
+    PROCESS_MASK
+        .get_or_init(|| match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                // nix's CpuSet holds 1024 CPUs: a larger machine fails here (EINVAL).
+                tracing::warn!(error = %e, "cannot read this process's CPU mask (sched_getaffinity); shards are left unpinned");
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// The CPUs of the process's mask (see [`process_mask`]: the first call reads it from the
+/// calling thread, so call it at start from an unpinned thread), ascending. Empty when the
+/// mask cannot be read.
 pub fn allowed_cpus() -> Vec<usize> {
-    use nix::sched::{sched_getaffinity, CpuSet};
-    let Ok(mask) = sched_getaffinity(nix::unistd::Pid::from_raw(0)) else { return Vec::new() };
+    use nix::sched::CpuSet;
+    let Some(mask) = process_mask() else { return Vec::new() };
     (0..CpuSet::count()).filter(|&c| mask.is_set(c).unwrap_or(false)).collect()
 }
 
+/// Gives the calling thread the process's whole mask back (when [`allowed_cpus`] has read it),
+/// for the process-wide threads a shard happens to start (the kicker, the blocking pool): a new
+/// thread inherits the mask of the thread that starts it, and a pinned shard's is one CPU.
+fn use_process_mask() {
+    if let Some(Some(mask)) = PROCESS_MASK.get() {
+        if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), mask) {
+            tracing::warn!(error = %e, "cannot widen a thread to the process's CPU mask; it stays on the CPU of the shard that started it");
+        }
+    }
+}
+
 /// Where each of `shards` shards runs: shard `i` pinned to the `i`-th CPU of `allowed` (see
-/// [`allowed_cpus`]) when there are at least as many allowed CPUs as shards, else every shard
-/// unpinned (`None`), left to the scheduler within the process's mask. Never a CPU outside
-/// `allowed`: pinning by CPU number alone put shard 0 on CPU 0 under `taskset -c 1` (out of
-/// the operator's mask), and in a cpuset that excludes CPU 0 the pin failed and the server did
-/// not start.
+/// [`allowed_cpus`]) when there is one shard per allowed CPU, else every shard unpinned
+/// (`None`), left to the scheduler within the process's mask. Never a CPU outside `allowed`:
+/// pinning by CPU number alone put shard 0 on CPU 0 under `taskset -c 1` (out of the
+/// operator's mask), and in a cpuset that excludes CPU 0 the pin failed and the server did not
+/// start. Fewer shards than allowed CPUs (a CPU quota such as `docker --cpus=1`, which lowers
+/// the default shard count, or a smaller `server.reads.worker_threads`) are not pinned either:
+/// pinning them to the first CPUs of the mask would put every such process on a host on CPU 0.
 pub fn placement(shards: usize, allowed: &[usize]) -> Vec<Option<usize>> {
-    if shards <= allowed.len() {
-        allowed[..shards].iter().map(|&c| Some(c)).collect()
+    if shards == allowed.len() {
+        allowed.iter().map(|&c| Some(c)).collect()
     } else {
         vec![None; shards]
     }
@@ -463,10 +501,27 @@ mod tests {
         assert_eq!(placement(1, &[1]), vec![Some(1)]);
         // A cpuset of 2,3,5: shards on those CPUs, in order.
         assert_eq!(placement(3, &[2, 3, 5]), vec![Some(2), Some(3), Some(5)]);
-        assert_eq!(placement(2, &[2, 3, 5]), vec![Some(2), Some(3)]);
+        // Fewer shards than allowed CPUs (a CPU quota, a smaller worker_threads): none pinned,
+        // rather than all on the mask's first CPUs.
+        assert_eq!(placement(2, &[2, 3, 5]), vec![None, None]);
+        assert_eq!(placement(1, &[0, 1]), vec![None]);
         // More shards than allowed CPUs, or a mask that could not be read: none pinned.
         assert_eq!(placement(2, &[1]), vec![None, None]);
         assert_eq!(placement(1, &[]), vec![None]);
+    }
+
+    #[test]
+    fn allowed_cpus_are_the_mask_the_kernel_reports() {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim();
+        let mut want = Vec::new();
+        for part in list.split(',') {
+            match part.split_once('-') {
+                Some((a, b)) => want.extend(a.parse::<usize>().unwrap()..=b.parse::<usize>().unwrap()),
+                None => want.push(part.parse::<usize>().unwrap()),
+            }
+        }
+        assert_eq!(super::allowed_cpus(), want);
     }
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
