@@ -2547,6 +2547,14 @@ fn help_words_are_read_as_the_reference_reads_them() {
         &["-b", "127.0.0.1:1", "help"],
         &["-b", "127.0.0.1:1", "--help"],
         &["-l", "info", "help"],
+        // One `--` may end it; an option's value may start with a dash, as in the reference.
+        &["help", "--"],
+        &["--help", "--"],
+        &["help", "help", "--"],
+        &["-c", "--", "help"],
+        &["-c", "--", "--help"],
+        &["-l", "-x", "help"],
+        &["-b", "-x", "help"],
     ];
     const REFUSED: &[&[&str]] = &[
         &["help", "extra"],
@@ -2558,10 +2566,37 @@ fn help_words_are_read_as_the_reference_reads_them() {
         // A help word as an option's value is that value: a configuration file named "help".
         &["-c", "help-is-no-such-file"],
         &["-c", "help"],
+        &["-c", "--help"],
+        // Nothing but help after it, `--` included.
+        &["help", "--", "extra"],
+        &["help", "--", "-b", "127.0.0.1:1"],
+        &["help", "--", "--"],
+        &["--help", "--", "help"],
+        &["--", "help"],
     ];
     let scratch = tempfile::tempdir().unwrap();
+    // A case that regressed into starting a server must fail the test, not hang it: a port
+    // of its own, and a deadline.
     let run = |binary: &std::path::Path, args: &[&str]| {
-        std::process::Command::new(binary).args(args).current_dir(scratch.path()).env("TEPHRA__DATA_DIR", scratch.path().join("data")).output().unwrap()
+        let mut child = std::process::Command::new(binary)
+            .args(args)
+            .current_dir(scratch.path())
+            .env("TEPHRA__DATA_DIR", scratch.path().join("data"))
+            .env("TEPHRA__BIND", "127.0.0.1:0")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{} {args:?} did not exit within 10 s (it started a server?)", binary.display());
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        child.wait_with_output().unwrap()
     };
     let mut binaries = vec![bin()];
     binaries.extend(support::reference_binary());
@@ -2582,6 +2617,10 @@ fn help_words_are_read_as_the_reference_reads_them() {
     let out = run(&bin(), &["help", "extra"]);
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.starts_with("error: unexpected argument 'extra' after 'help': nothing but help may follow it"), "{text}");
+    // `--help` as the address is refused as an address (the reference opens the store first).
+    let out = run(&bin(), &["-b", "--help"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bind must be an address"), "{out:?}");
     // Ours also reads `-h` (the reference refuses it), by the same rule.
     assert_eq!(run(&bin(), &["-h"]).status.code(), Some(0));
     assert_eq!(run(&bin(), &["--healthcheck", "-h"]).status.code(), Some(0));

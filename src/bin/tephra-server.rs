@@ -25,9 +25,17 @@ fn is_help_word(a: &std::ffi::OsStr) -> bool {
 }
 
 /// Where the first help word stands in `argv` (after the program name), skipping the value
-/// of every option that takes one (`-c help` names a file "help"); `None` when there is none.
+/// of every option that takes one (`-c help` names a file "help", `-c --` one named "--");
+/// `None` when there is none, or when `--` (the end of options) comes first.
 fn help_word_at(argv: &[std::ffi::OsString]) -> Option<usize> {
-    const TAKES_VALUE: [&str; 9] = ["-c", "--config", "-b", "--bind", "-d", "--data-dir", "-l", "--log", "--follow-poll-ms"];
+    use clap::CommandFactory;
+    // The options that take a value, as clap knows them, in both spellings.
+    let cmd = ServerArgs::command();
+    let takes_value = |a: &std::ffi::OsStr| {
+        cmd.get_arguments().filter(|o| o.get_action().takes_values() && !o.is_positional()).any(|o| {
+            o.get_short().is_some_and(|c| a.to_str() == Some(format!("-{c}").as_str())) || o.get_long().is_some_and(|l| a.to_str() == Some(format!("--{l}").as_str()))
+        })
+    };
     let mut i = 1;
     while i < argv.len() {
         if is_help_word(&argv[i]) {
@@ -36,7 +44,7 @@ fn help_word_at(argv: &[std::ffi::OsString]) -> Option<usize> {
         if argv[i] == "--" {
             return None;
         }
-        i += if TAKES_VALUE.iter().any(|o| argv[i] == *o) { 2 } else { 1 };
+        i += if takes_value(&argv[i]) { 2 } else { 1 };
     }
     None
 }
@@ -52,12 +60,14 @@ fn main() -> ExitCode {
     // Help as the reference reads it (review: scripts written for it must keep their exit
     // codes): `help`, `--help` (and our `-h`) anywhere an option may stand ask for the usage.
     // What comes before must parse (`--bogus --help` is refused); only more help words may
-    // follow (`--help extra` and `--help -b ADDR` are refused, exit 1; `help help` and
-    // `--healthcheck help` print the usage, exit 0). A help word in an option's value place
-    // (`-c help`) is that value.
+    // follow, and one `--` last (`--help extra`, `--help -b ADDR` and `help -- extra` are
+    // refused, exit 1; `help help`, `help --` and `--healthcheck help` print the usage, exit
+    // 0). A help word in an option's value place (`-c help`) is that value.
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(at) = help_word_at(&argv) {
-        if let Some(extra) = argv[at + 1..].iter().find(|a| !is_help_word(a)) {
+        let after = &argv[at + 1..];
+        let after = if after.last().is_some_and(|a| a == "--") { &after[..after.len() - 1] } else { after };
+        if let Some(extra) = after.iter().find(|a| !is_help_word(a)) {
             use clap::CommandFactory;
             let e = ServerArgs::command().error(
                 clap::error::ErrorKind::UnknownArgument,

@@ -26,20 +26,20 @@ default.";
 )]
 pub struct ServerArgs {
     /// TOML configuration file; it must exist when given
-    #[arg(short = 'c', long = "config", value_name = "PATH")]
+    #[arg(short = 'c', long = "config", value_name = "PATH", allow_hyphen_values = true)]
     pub config: Option<PathBuf>,
 
     /// Address to listen on, e.g. 127.0.0.1:9000 (overrides `bind`)
-    #[arg(short = 'b', long = "bind", value_name = "ADDR")]
+    #[arg(short = 'b', long = "bind", value_name = "ADDR", allow_hyphen_values = true)]
     pub bind: Option<String>,
 
     /// Directory of the event store (overrides `data_dir`)
-    #[arg(short = 'd', long = "data-dir", value_name = "DIR")]
+    #[arg(short = 'd', long = "data-dir", value_name = "DIR", allow_hyphen_values = true)]
     pub data_dir: Option<PathBuf>,
 
     /// Tracing filter such as `info` or `tephra=debug` (overrides `log`, TEPHRA__LOG and
     /// TEPHRA_LOG)
-    #[arg(short = 'l', long = "log", value_name = "FILTER")]
+    #[arg(short = 'l', long = "log", value_name = "FILTER", allow_hyphen_values = true)]
     pub log: Option<String>,
 
     /// Probe the server at the configured address (Hello, then stats) and exit 0 if it is
