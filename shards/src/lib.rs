@@ -51,8 +51,41 @@ pub fn io_uring_usable() -> Result<(), String> {
 /// allows `shards` executors, else a smaller share (glommio then still works, but without
 /// registered buffers below 64 KiB it logs an error, so we never go below that).
 pub fn prepare_memlock(shards: usize) -> usize {
+    let limit = raise_memlock();
+    // glommio registers io_memory in each of its three rings, and each executor also needs
+    // some locked memory for the rings themselves.
+    let per = (limit / shards.max(1) as u64 / 3).saturating_sub(256 << 10);
+    (per as usize).clamp(64 << 10, IO_MEMORY)
+}
+
+/// The least `RLIMIT_MEMLOCK` glommio 0.9 starts an executor with, in bytes: below it every
+/// executor fails to start (`MemLockLimit`), whatever its io_memory.
+pub const MIN_MEMLOCK: u64 = 512 << 10;
+
+/// Checks, after raising it as far as the process may, that the locked-memory limit lets
+/// glommio start executors (at least [`MIN_MEMLOCK`]). Called at start, before the store is
+/// opened, so a low limit gets one clear error instead of every shard's thread ending with
+/// "shard 0 stopped before it could listen".
+///
+/// # Errors
+/// A sentence for the operator giving the limit and how to raise it.
+pub fn memlock_sufficient() -> Result<(), String> {
+    let limit = raise_memlock();
+    if limit >= MIN_MEMLOCK {
+        return Ok(());
+    }
+    Err(format!(
+        "the locked-memory limit (RLIMIT_MEMLOCK) is {} KiB and cannot be raised by this process; every shard's runtime (glommio) needs at least {} KiB: raise it (ulimit -l, systemd's LimitMEMLOCK=, docker run --ulimit memlock=-1, or run with CAP_SYS_RESOURCE)",
+        limit >> 10,
+        MIN_MEMLOCK >> 10
+    ))
+}
+
+/// Raises `RLIMIT_MEMLOCK` (soft) as far as the process may, once: to unlimited when it may
+/// (root, `CAP_SYS_RESOURCE`), else to the hard limit. Returns the soft limit it ends at.
+fn raise_memlock() -> u64 {
     static RAISED: OnceLock<u64> = OnceLock::new();
-    let limit = *RAISED.get_or_init(|| {
+    *RAISED.get_or_init(|| {
         use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
         let (soft, hard) = getrlimit(Resource::RLIMIT_MEMLOCK).unwrap_or((0, 0));
         if soft != RLIM_INFINITY && setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY).is_ok() {
@@ -62,11 +95,7 @@ pub fn prepare_memlock(shards: usize) -> usize {
             return hard;
         }
         soft
-    });
-    // glommio registers io_memory in each of its three rings, and each executor also needs
-    // some locked memory for the rings themselves.
-    let per = (limit / shards.max(1) as u64 / 3).saturating_sub(256 << 10);
-    (per as usize).clamp(64 << 10, IO_MEMORY)
+    })
 }
 
 /// Scheduler shares of an executor's bulk queue ([`spawn_bulk`]) against the 1000 of its

@@ -317,6 +317,7 @@ pub fn start_follower(settings: Settings, poll: std::time::Duration) -> Result<R
 fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result<Running, StartError> {
     // Before anything is opened: without io_uring no shard can run.
     shards::io_uring_usable().map_err(StartError::Io)?;
+    shards::memlock_sufficient().map_err(StartError::Io)?;
     let tls = load_tls(&settings).map_err(StartError::Io)?;
     // An address another listener holds is refused before the data directory is touched (a
     // refused start must not create or open a store); checked again right before binding,
@@ -447,7 +448,18 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
                 ours.push(inode);
             }
             Ok(Err(e)) => return refuse(&ctx, shards, word_tx, e),
-            Err(_) => return refuse(&ctx, shards, word_tx, format!("shard {shard} stopped before it could listen (a thread it needs could not start?)")),
+            Err(_) => {
+                // Its thread has ended: what glommio returned says why (a runtime that could
+                // not be set up, a panic).
+                let why = match shards.pop().map(|h| h.join()) {
+                    Some(Err(glommio::GlommioError::BuilderError(glommio::BuilderErrorKind::ThreadPanic(_)))) => {
+                        format!("shard {shard} stopped before it could listen: its thread panicked (a thread it needs could not start?)")
+                    }
+                    Some(Err(e)) => format!("shard {shard} could not start its runtime: {e}"),
+                    _ => format!("shard {shard} stopped before it could listen (a thread it needs could not start?)"),
+                };
+                return refuse(&ctx, shards, word_tx, why);
+            }
         }
     }
     // The probe and the binds are two steps: a server started in the same few milliseconds
