@@ -248,11 +248,21 @@ fn load_tls(settings: &Settings) -> Result<Option<Arc<rustls::ServerConfig>>, St
     for warning in crate::client::tls::server_certificate_warnings(&certs) {
         tracing::warn!(cert = %cert.display(), "{warning}");
     }
+    // A passphrase-protected key (PKCS#8 `ENCRYPTED PRIVATE KEY`, skipped by the PEM reader as
+    // no key, or OpenSSL's legacy `Proc-Type: 4,ENCRYPTED` header, which it fails to decode)
+    // is named as such (new-user review: "holds no private key").
+    let encrypted = || {
+        let text = std::fs::read(key).unwrap_or_default();
+        let has = |needle: &[u8]| text.windows(needle.len()).any(|w| w == needle);
+        (has(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || has(b"Proc-Type: 4,ENCRYPTED")).then(|| {
+            format!("tls.key {} is encrypted (passphrase-protected), which the server cannot read: give it the key unencrypted, e.g. `openssl pkey -in {} -out key.pem`", key.display(), key.display())
+        })
+    };
     let key_der = rustls_pemfile::private_key(&mut std::io::BufReader::new(
         std::fs::File::open(key).map_err(|e| format!("cannot read tls.key {}: {e}", key.display()))?,
     ))
-    .map_err(|e| format!("invalid tls.key {}: {e}", key.display()))?
-    .ok_or_else(|| format!("tls.key {} holds no private key", key.display()))?;
+    .map_err(|e| encrypted().unwrap_or_else(|| format!("invalid tls.key {}: {e}", key.display())))?
+    .ok_or_else(|| encrypted().unwrap_or_else(|| format!("tls.key {} holds no private key", key.display())))?;
     let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| e.to_string())?
@@ -523,6 +533,10 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         None => None,
     };
     tracing::info!(shards = n, tls = ctx.tls.is_some(), follower = follower.is_some(), "serving");
+    if !ctx.token_digests.is_empty() {
+        // As the reference says it; how many, never which.
+        tracing::info!(tokens = ctx.token_digests.len(), "requiring bearer-token authentication");
+    }
     // The readiness line, exactly as the reference logs it (target `tephra_server`, nothing
     // after the address; reference §2.1): harnesses wait for it, some under filters such as
     // `warn,tephra_server=info`.
