@@ -1,7 +1,7 @@
 //! Named crash points and I/O faults for the crash-consistency harness.
 //!
 //! Armed by `TEPHRA_CRASH_POINT=<site>:<action>[:<skip>[:<count>]]` in a build with the
-//! `crash-points` feature; `action` is `abort`, `eio`, `enospc`, `shortwrite` or `pause` (see
+//! `crash-points` feature; `action` is `abort`, `eio`, `enospc`, `eopnotsupp`, `shortwrite` or `pause` (see
 //! [`pause_point`]), `skip` lets that many hits pass first, and `count` (default: no limit) is
 //! how many hits of an I/O fault fail before the site works again. Without the feature both functions are empty and inline away.
 
@@ -58,7 +58,7 @@ pub fn pause_point(site: &str) {
     let _ = site;
 }
 
-/// Returns an injected I/O error at `site` when armed with `eio`, `enospc` or `shortwrite`
+/// Returns an injected I/O error at `site` when armed with `eio`, `enospc`, `eopnotsupp` or `shortwrite`
 /// (aborts when armed with `abort`).
 ///
 /// # Errors
@@ -124,6 +124,7 @@ mod armed {
             _ if abort_only => Ok(()),
             "eio" => Err(std::io::Error::from_raw_os_error(libc::EIO)),
             "enospc" => Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+            "eopnotsupp" => Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
             "shortwrite" => Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "injected short write")),
             _ => Ok(()),
         }

@@ -1923,6 +1923,19 @@ fn missing_index_files_are_rebuilt_with_one_log_line() {
     assert!(!srv.log().contains("sealed index"), "{}", srv.log());
 }
 
+/// A data directory whose file system cannot preallocate (fallocate fails with EOPNOTSUPP,
+/// as on ext2; injected here at the first segment's reservation) stops the start with exit 1
+/// and an error that says so and names file systems that work (new-user review: a bare
+/// "Operation not supported (os error 95)").
+#[test]
+fn a_file_system_that_cannot_preallocate_is_named_at_start() {
+    let Some(faulty) = crash_points_bin() else { return };
+    let out = run_to_exit(&faulty, &["--bind", "127.0.0.1:0"], &[("TEPHRA_CRASH_POINT", "segment_extend:eopnotsupp")], None, Duration::from_secs(20));
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("the data directory's file system cannot preallocate segment files") && out.stderr.contains("use ext4, xfs, btrfs or tmpfs"), "{out:?}");
+    assert!(!out.stdout.contains("server listening"), "{out:?}");
+}
+
 /// A shard whose thread dies before it has bound (a thread it needs cannot start under a
 /// process limit, injected here) makes the start fail at once, with exit code 1 and the shard
 /// named, instead of leaving a server that never listens and ignores SIGTERM (review: it hung

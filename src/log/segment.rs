@@ -112,6 +112,28 @@ fn now_nanos() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
+/// Reserves `len` bytes of `f` from its start (`fallocate(2)`, mode 0), as every segment is
+/// reserved at its full size (reference engine §3.2).
+///
+/// # Errors
+/// The system call's, with `EOPNOTSUPP` explained ([`explain_preallocate`]).
+fn preallocate(f: &std::fs::File, len: u64) -> std::io::Result<()> {
+    nix::fcntl::fallocate(std::os::fd::AsRawFd::as_raw_fd(f), nix::fcntl::FallocateFlags::empty(), 0, len as i64).map_err(|e| explain_preallocate(e.into()))
+}
+
+/// An `EOPNOTSUPP` from reserving a segment says what it means for the operator: the data
+/// directory's file system cannot preallocate (new-user review: a bare "Operation not
+/// supported (os error 95)" on ext2). Other errors are returned as they are.
+fn explain_preallocate(e: std::io::Error) -> std::io::Error {
+    if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return e;
+    }
+    std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!("the data directory's file system cannot preallocate segment files (fallocate: {e}), which the log needs; ext2 and some network and FUSE file systems lack it: use ext4, xfs, btrfs or tmpfs"),
+    )
+}
+
 /// Creates segment `base` durably: create, fallocate the full size, fsync, fsync the
 /// directory, write the header, fsync again. On failure the partial file is removed
 /// (best effort); a crash in between leaves a short or all-zero file that open removes.
@@ -123,9 +145,9 @@ pub fn create_segment(dir: &Path, base: u64, cfg: &SegmentConfig) -> Result<Path
     let io = |source: std::io::Error| LogError::Io { path: path.clone(), source };
     let result = (|| {
         let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(io)?;
-        crate::fault::io_point("segment_extend").map_err(io)?;
-        nix::fcntl::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), nix::fcntl::FallocateFlags::empty(), 0, cfg.segment_size as i64)
-            .map_err(|e| io(e.into()))?;
+        // The injected error stands for the fallocate's own, and is explained as it would be.
+        crate::fault::io_point("segment_extend").map_err(explain_preallocate).map_err(io)?;
+        preallocate(&f, cfg.segment_size).map_err(io)?;
         f.sync_all().map_err(io)?;
         sync_dir(dir)?;
         f.write_all_at(&new_header(base), 0).map_err(io)?;
@@ -176,7 +198,7 @@ pub fn prepare_segment(dir: &Path, cfg: &SegmentConfig) -> Result<PathBuf, LogEr
     let result = (|| {
         let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(io)?;
         crate::fault::io_point("segment_extend").map_err(io)?;
-        nix::fcntl::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), nix::fcntl::FallocateFlags::empty(), 0, cfg.segment_size as i64).map_err(|e| io(e.into()))?;
+        preallocate(&f, cfg.segment_size).map_err(io)?;
         f.sync_all().map_err(io)
     })();
     if let Err(e) = result {
