@@ -305,8 +305,9 @@ pub fn min_usable_frame_len() -> usize {
 /// Opens the store and starts every shard; returns once all listeners are bound.
 ///
 /// # Errors
-/// [`StartError`] when io_uring cannot be used ([`shards::io_uring_usable`]), the store
-/// refuses to open, TLS files are invalid, or binding fails.
+/// [`StartError`] when io_uring cannot be used ([`shards::io_uring_usable`]), the locked-memory
+/// limit is below what glommio needs ([`shards::memlock_sufficient`]), the store refuses to
+/// open, TLS files are invalid, or binding fails.
 pub fn start(settings: Settings) -> Result<Running, StartError> {
     start_mode(settings, None)
 }
