@@ -2880,7 +2880,12 @@ fn a_locked_memory_limit_too_low_for_the_runtime_is_told_so() {
     let scratch = tempfile::tempdir().unwrap();
     std::fs::set_permissions(scratch.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let data = scratch.path().join("data");
-    let mut cmd = std::process::Command::new(bin());
+    // A copy that `nobody` can reach: the checkout may sit under a directory only root may
+    // enter (CI's clone is in a 0700 mktemp directory; the exec failed with EACCES there).
+    let exe = scratch.path().join("tephra-server");
+    std::fs::copy(bin(), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut cmd = std::process::Command::new(&exe);
     cmd.args(["--bind", "127.0.0.1:0", "--data-dir"]).arg(&data).env("NO_COLOR", "1");
     // SAFETY: only setrlimit(2), setgid(2) and setuid(2) between fork and exec.
     unsafe {
