@@ -52,15 +52,11 @@ pub fn io_uring_usable() -> Result<(), String> {
 }
 
 /// Raises `RLIMIT_MEMLOCK` so every executor can register its I/O buffers (best effort, once
-/// per process). Returns the io_memory each executor should use: [`IO_MEMORY`] when the limit
-/// allows `shards` executors, else a smaller share (glommio then still works, but without
-/// registered buffers below 64 KiB it logs an error, so we never go below that).
-pub fn prepare_memlock(shards: usize) -> usize {
-    let limit = raise_memlock();
-    // glommio registers io_memory in each of its three rings, and each executor also needs
-    // some locked memory for the rings themselves.
-    let per = (limit / shards.max(1) as u64 / 3).saturating_sub(256 << 10);
-    (per as usize).clamp(64 << 10, IO_MEMORY)
+/// per process) and returns the io_memory each executor asks for: [`IO_MEMORY`], already the
+/// least glommio takes, so there is no smaller share to fall back to.
+pub fn prepare_memlock() -> usize {
+    raise_memlock();
+    IO_MEMORY
 }
 
 /// The least `RLIMIT_MEMLOCK` glommio 0.9 starts an executor with, in bytes: below it every
@@ -498,13 +494,13 @@ pub const BLOCKING_THREADS: usize = 4;
 ///
 /// # Errors
 /// The I/O error glommio reports when the executor cannot start (no io_uring, memlock).
-pub fn spawn_executor<G, F, T>(name: &str, cpu: Option<usize>, shards: usize, make: G) -> std::io::Result<glommio::ExecutorJoinHandle<T>>
+pub fn spawn_executor<G, F, T>(name: &str, cpu: Option<usize>, make: G) -> std::io::Result<glommio::ExecutorJoinHandle<T>>
 where
     G: FnOnce() -> F + Send + 'static,
     F: Future<Output = T> + 'static,
     T: Send + 'static,
 {
-    let io_memory = prepare_memlock(shards);
+    let io_memory = prepare_memlock();
     let placement = match cpu {
         Some(c) => Placement::Fixed(c),
         None => Placement::Unbound,

@@ -115,10 +115,16 @@ fn now_nanos() -> u64 {
 /// Reserves `len` bytes of `f` from its start (`fallocate(2)`, mode 0), as every segment is
 /// reserved at its full size (reference engine §3.2).
 ///
+/// The fault site `segment_extend` stands just before the system call, and an error injected
+/// there is explained as the system call's would be.
+///
 /// # Errors
-/// The system call's, with `EOPNOTSUPP` explained ([`explain_preallocate`]).
+/// The system call's (or the injected one), with `EOPNOTSUPP` explained
+/// ([`explain_preallocate`]).
 fn preallocate(f: &std::fs::File, len: u64) -> std::io::Result<()> {
-    nix::fcntl::fallocate(std::os::fd::AsRawFd::as_raw_fd(f), nix::fcntl::FallocateFlags::empty(), 0, len as i64).map_err(|e| explain_preallocate(e.into()))
+    crate::fault::io_point("segment_extend")
+        .and_then(|()| nix::fcntl::fallocate(std::os::fd::AsRawFd::as_raw_fd(f), nix::fcntl::FallocateFlags::empty(), 0, len as i64).map_err(Into::into))
+        .map_err(explain_preallocate)
 }
 
 /// An `EOPNOTSUPP` from reserving a segment says what it means for the operator: the data
@@ -145,8 +151,6 @@ pub fn create_segment(dir: &Path, base: u64, cfg: &SegmentConfig) -> Result<Path
     let io = |source: std::io::Error| LogError::Io { path: path.clone(), source };
     let result = (|| {
         let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(io)?;
-        // The injected error stands for the fallocate's own, and is explained as it would be.
-        crate::fault::io_point("segment_extend").map_err(explain_preallocate).map_err(io)?;
         preallocate(&f, cfg.segment_size).map_err(io)?;
         f.sync_all().map_err(io)?;
         sync_dir(dir)?;
@@ -197,7 +201,6 @@ pub fn prepare_segment(dir: &Path, cfg: &SegmentConfig) -> Result<PathBuf, LogEr
     let _ = std::fs::remove_file(&path);
     let result = (|| {
         let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(io)?;
-        crate::fault::io_point("segment_extend").map_err(io)?;
         preallocate(&f, cfg.segment_size).map_err(io)?;
         f.sync_all().map_err(io)
     })();

@@ -446,7 +446,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
         let (to_shard, words) = flume::bounded::<Word>(1);
         word_tx.push(to_shard);
         let released = released_tx.clone();
-        match shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, n + 1, move || shard_main(ctx2, shard, n, addr, tx, words, released)) {
+        match shards::spawn_executor(&format!("tephra-shard-{shard}"), cpu, move || shard_main(ctx2, shard, n, addr, tx, words, released)) {
             Ok(h) => shards.push(h),
             Err(e) => return refuse(&ctx, shards, word_tx, format!("cannot start shard {shard}: {e}")),
         }
