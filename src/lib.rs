@@ -11,6 +11,7 @@ pub mod event;
 pub mod fault;
 pub mod follow;
 pub mod index;
+pub mod journal;
 pub mod log;
 pub mod model;
 pub mod proto;

@@ -1,0 +1,16 @@
+//! Journals (seed 002): ordered logs of opaque records with a fenced single-writer mode and
+//! an at-least-once multi-writer mode.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`model`] | ids, seqs, the leader uuid, modes, the per-journal state and its invariants |
+//! | [`mod@apply`] | the pure verdict `apply(state, call) -> outcome`, judged in log order |
+//!
+//! Everything here is sans-IO: the command log, the sequencer and the wire live at the
+//! edges. Source: `docs/journals.md`.
+
+pub mod apply;
+pub mod model;
+
+pub use apply::{apply, Call, Outcome};
+pub use model::{digest_records, BatchMark, JournalId, JournalState, LeaderUuid, Mode, Records, Seq, StoreDurability, View};

@@ -1,0 +1,204 @@
+//! The journal's values and its per-journal state: ids, seqs, the leader uuid, the writer
+//! mode, the store durability, and the invariants every transition keeps.
+//!
+//! Source: `docs/journals.md` §1 (seed 002, "The journal API", "Two writer modes", "Ids",
+//! "Store durability").
+
+use std::collections::VecDeque;
+use std::fmt;
+
+/// A position in a journal: the dense, 0-based index of a record. A new journal's first
+/// record gets seq 0.
+pub type Seq = u64;
+
+/// Names one journal: a `(tenant, journal)` pair of random u64s. A 0 in either half means
+/// "not set"; a call naming such a pair is refused as an unknown journal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JournalId {
+    /// The tenant half.
+    pub tenant: u64,
+    /// The journal half.
+    pub journal: u64,
+}
+
+impl JournalId {
+    /// Whether both halves are set (non-zero); only such an id can name a journal.
+    pub fn is_set(&self) -> bool {
+        self.tenant != 0 && self.journal != 0
+    }
+}
+
+impl fmt::Display for JournalId {
+    /// `id:TTTTTTTTTTTTTTTT/JJJJJJJJJJJJJJJJ`, both halves as 16 hex digits.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "id:{:016x}/{:016x}", self.tenant, self.journal)
+    }
+}
+
+/// A writer's leader uuid: 128 bits, drawn at random once per leadership term. It is not a
+/// secret; it is the only fence of a single-writer journal. The value 0 is "no leader" and
+/// never leads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct LeaderUuid(pub u128);
+
+impl LeaderUuid {
+    /// The unset uuid (0): no leader.
+    pub const NONE: LeaderUuid = LeaderUuid(0);
+
+    /// `Some(self)` unless this is the unset uuid.
+    pub fn set(self) -> Option<LeaderUuid> {
+        (self.0 != 0).then_some(self)
+    }
+}
+
+impl fmt::Display for LeaderUuid {
+    /// Lower-case hex without leading zeros (`0` for the unset uuid).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:x}", self.0)
+    }
+}
+
+/// Who may write a journal; chosen at creation and never changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// One writer at a time, fenced by its leader uuid; writes name their seq and an exact
+    /// retry is answered `Duplicate`.
+    Single,
+    /// Anyone appends at the tail; no fence, no deduplication (at-least-once delivery).
+    Multi,
+}
+
+/// How each machine's store commits a batch of a journal; chosen at creation and never
+/// changed (seed 002, "Store durability").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StoreDurability {
+    /// Records, sync, commit marker, sync: a marker on disk proves its batch is intact, so
+    /// damage before a marker is corruption, never a torn tail. The default.
+    Ordered,
+    /// Records and commit marker, one sync: a crash inside a commit can lose the last batch
+    /// (it was never acknowledged).
+    Batched,
+}
+
+/// What a client sees of a journal: the leader and the two positions. Every refusal carries
+/// the view it was judged against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct View {
+    /// The current leader uuid, `None` before the first `SetLeader` (and always in a
+    /// multi-writer journal).
+    pub leader: Option<LeaderUuid>,
+    /// The seq the next accepted record gets.
+    pub next_seq: Seq,
+    /// The first seq still held; reads below it are `Truncated`.
+    pub first_seq: Seq,
+}
+
+/// An accepted single-writer batch, kept while its first record is held, so that an exact
+/// retry can be recognised ("the log is the dedup table": no session table, nothing expires).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchMark {
+    /// The seq of the batch's first record.
+    pub seq: Seq,
+    /// How many records the batch holds.
+    pub count: u32,
+    /// The uuid that wrote it.
+    pub leader: LeaderUuid,
+    /// [`Records::digest`] of its records.
+    pub digest: u128,
+}
+
+/// The state of one journal, as every node holds it after applying the same commands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalState {
+    /// The writer mode (fixed).
+    pub mode: Mode,
+    /// The store durability (fixed).
+    pub durability: StoreDurability,
+    /// The current leader, `None` until the first won `SetLeader`.
+    pub leader: Option<LeaderUuid>,
+    /// Won `SetLeader`s so far; `leader.is_some() == (term > 0)`.
+    pub term: u64,
+    /// The first seq still held.
+    pub first_seq: Seq,
+    /// The seq the next accepted record gets.
+    pub next_seq: Seq,
+    /// Accepted single-writer batches whose first record is still held, oldest first.
+    pub batches: VecDeque<BatchMark>,
+}
+
+impl JournalState {
+    /// A new, empty journal: no leader, term 0, `first_seq == next_seq == 0`.
+    pub fn new(mode: Mode, durability: StoreDurability) -> JournalState {
+        JournalState { mode, durability, leader: None, term: 0, first_seq: 0, next_seq: 0, batches: VecDeque::new() }
+    }
+
+    /// The client-visible view of this state.
+    pub fn view(&self) -> View {
+        View { leader: self.leader, next_seq: self.next_seq, first_seq: self.first_seq }
+    }
+
+    /// The mark of the accepted batch that starts exactly at `seq`, if it is still held.
+    pub fn batch_at(&self, seq: Seq) -> Option<&BatchMark> {
+        let i = self.batches.partition_point(|b| b.seq < seq);
+        self.batches.get(i).filter(|b| b.seq == seq)
+    }
+
+    /// Checks the invariants of one state on its own.
+    ///
+    /// # Panics
+    /// When `first_seq > next_seq`, when a leader exists without a term (or a term without a
+    /// leader), when the unset uuid leads, or when a batch mark lies outside
+    /// `[first_seq, next_seq)` or out of order. Each is a bug in [`super::apply()`], never
+    /// bad input, so the sequencer stops rather than answer from a broken state.
+    pub fn check(&self) {
+        assert!(self.first_seq <= self.next_seq, "first_seq {} > next_seq {}", self.first_seq, self.next_seq);
+        assert_eq!(self.leader.is_some(), self.term > 0, "leader {:?} with term {}", self.leader, self.term);
+        assert!(self.leader != Some(LeaderUuid::NONE), "the unset uuid leads");
+        assert!(self.mode == Mode::Single || (self.leader.is_none() && self.batches.is_empty()), "a multi-writer journal has a leader or batch marks");
+        let mut end = self.first_seq;
+        for b in &self.batches {
+            assert!(b.seq >= end && b.count > 0, "batch mark {b:?} overlaps or is empty");
+            end = b.seq + u64::from(b.count);
+        }
+        assert!(end <= self.next_seq, "batch marks end at {end} past next_seq {}", self.next_seq);
+    }
+
+    /// Checks one transition from `before` to `self`: both states are valid and nothing went
+    /// backwards (term, `first_seq`, `next_seq`), and the mode and durability did not change.
+    ///
+    /// # Panics
+    /// As [`JournalState::check`], and when the transition lowers or changes what must not be.
+    pub fn check_transition(&self, before: &JournalState) {
+        self.check();
+        assert_eq!(self.mode, before.mode, "the writer mode changed");
+        assert_eq!(self.durability, before.durability, "the store durability changed");
+        assert!(self.term >= before.term, "term went back from {} to {}", before.term, self.term);
+        assert!(self.first_seq >= before.first_seq, "first_seq went back from {} to {}", before.first_seq, self.first_seq);
+        assert!(self.next_seq >= before.next_seq, "next_seq went back from {} to {}", before.next_seq, self.next_seq);
+        assert!(self.term == before.term || self.leader != before.leader, "a new term kept its leader");
+    }
+}
+
+/// The records of one write, borrowed: each record is an opaque byte string.
+#[derive(Clone, Copy, Debug)]
+pub struct Records<'a>(pub &'a [&'a [u8]]);
+
+impl Records<'_> {
+    /// The 128-bit digest that identifies a batch for retry detection: XXH3-128 over the
+    /// record count, then each record's length (u32 little-endian) and bytes, so that two
+    /// batches differing only in where records split get different digests.
+    pub fn digest(&self) -> u128 {
+        digest_records(self.0.iter().copied())
+    }
+}
+
+/// [`Records::digest`] over any sequence of records.
+pub fn digest_records<'r>(records: impl ExactSizeIterator<Item = &'r [u8]>) -> u128 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&(records.len() as u64).to_le_bytes());
+    for r in records {
+        h.update(&(r.len() as u32).to_le_bytes());
+        h.update(r);
+    }
+    h.digest128()
+}
