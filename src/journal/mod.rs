@@ -10,7 +10,9 @@
 //! edges. Source: `docs/journals.md`.
 
 pub mod apply;
+pub mod command;
 pub mod model;
 
 pub use apply::{apply, Call, Outcome};
+pub use command::{decode as decode_command, Command, CommandError, EntryId};
 pub use model::{digest_records, BatchMark, JournalId, JournalState, LeaderUuid, Mode, Records, Seq, StoreDurability, View};
