@@ -258,3 +258,73 @@ proptest! {
         }
     }
 }
+
+// ---- the directory ----
+
+mod directory {
+    use tephra::journal::{valid_name, Answer, Command, Directory, JournalId, LeaderUuid, Mode, Outcome, StoreDurability, View};
+
+    const ACME: u64 = 0xac;
+    const ORDERS: JournalId = JournalId { tenant: ACME, journal: 0x0d };
+
+    fn acme_orders() -> Directory {
+        let mut d = Directory::new();
+        assert_eq!(d.apply(&Command::CreateTenant { tenant: ACME, name: "acme" }), Answer::TenantCreated { tenant: ACME });
+        let create = Command::CreateJournal { journal: ORDERS, name: "orders", mode: Mode::Single, durability: StoreDurability::Ordered };
+        assert_eq!(d.apply(&create), Answer::JournalCreated { journal: ORDERS });
+        d
+    }
+
+    #[test]
+    fn names_are_unique_and_ids_are_never_reused_or_zero() {
+        let mut d = acme_orders();
+        assert_eq!(d.apply(&Command::CreateTenant { tenant: 5, name: "acme" }), Answer::NameTaken { existing: JournalId { tenant: ACME, journal: 0 } });
+        assert_eq!(d.apply(&Command::CreateTenant { tenant: ACME, name: "globex" }), Answer::NameTaken { existing: JournalId { tenant: ACME, journal: 0 } });
+        assert_eq!(d.apply(&Command::CreateTenant { tenant: 0, name: "globex" }), Answer::NameTaken { existing: JournalId { tenant: 0, journal: 0 } });
+        let again = Command::CreateJournal { journal: JournalId { tenant: ACME, journal: 9 }, name: "orders", mode: Mode::Multi, durability: StoreDurability::Batched };
+        assert_eq!(d.apply(&again), Answer::NameTaken { existing: ORDERS });
+        let same_id = Command::CreateJournal { journal: ORDERS, name: "other", mode: Mode::Multi, durability: StoreDurability::Batched };
+        assert_eq!(d.apply(&same_id), Answer::NameTaken { existing: ORDERS });
+        let zero = Command::CreateJournal { journal: JournalId { tenant: ACME, journal: 0 }, name: "z", mode: Mode::Multi, durability: StoreDurability::Batched };
+        assert_eq!(d.apply(&zero), Answer::NameTaken { existing: JournalId { tenant: ACME, journal: 0 } });
+        let orphan = Command::CreateJournal { journal: JournalId { tenant: 77, journal: 1 }, name: "x", mode: Mode::Multi, durability: StoreDurability::Batched };
+        assert_eq!(d.apply(&orphan), Answer::UnknownTenant);
+        assert_eq!(d.apply(&Command::CreateTenant { tenant: 6, name: "bad/name" }), Answer::InvalidName);
+        assert_eq!(d.journals_of(ACME).count(), 1);
+    }
+
+    #[test]
+    fn calls_reach_their_journal_and_unknown_or_zero_ids_are_unknown() {
+        let mut d = acme_orders();
+        let sl = Command::SetLeader { journal: ORDERS, new: LeaderUuid(7), old: None };
+        assert_eq!(d.apply(&sl), Answer::Journal(Outcome::Leader(View { leader: Some(LeaderUuid(7)), next_seq: 0, first_seq: 0 })));
+        let w = Command::Write { journal: ORDERS, leader: Some(LeaderUuid(7)), seq: 0, records: vec![b"hello"] };
+        assert_eq!(d.apply(&w), Answer::Journal(Outcome::Accepted { seq: 0, count: 1 }));
+        assert_eq!(d.apply(&w), Answer::Journal(Outcome::Duplicate { seq: 0, count: 1 }));
+        for id in [JournalId { tenant: 0, journal: 0x0d }, JournalId { tenant: ACME, journal: 0 }, JournalId { tenant: ACME, journal: 0x0e }] {
+            assert_eq!(d.apply(&Command::Write { journal: id, leader: None, seq: 0, records: vec![b"x"] }), Answer::UnknownJournal);
+        }
+        assert_eq!(d.journal_named("acme", "orders").map(|(id, e)| (id, e.state.next_seq)), Some((ORDERS, 1)));
+    }
+
+    #[test]
+    fn a_deleted_journal_is_unknown_and_its_name_is_free() {
+        let mut d = acme_orders();
+        assert!(matches!(d.apply(&Command::DeleteJournal { journal: ORDERS }), Answer::Deleted { .. }));
+        assert_eq!(d.apply(&Command::DeleteJournal { journal: ORDERS }), Answer::UnknownJournal);
+        assert_eq!(d.apply(&Command::Truncate { journal: ORDERS, leader: None, up_to: 0 }), Answer::UnknownJournal);
+        assert!(d.journal_named("acme", "orders").is_none());
+        let again = Command::CreateJournal { journal: JournalId { tenant: ACME, journal: 0x0f }, name: "orders", mode: Mode::Multi, durability: StoreDurability::Batched };
+        assert_eq!(d.apply(&again), Answer::JournalCreated { journal: JournalId { tenant: ACME, journal: 0x0f } });
+    }
+
+    #[test]
+    fn name_rules() {
+        for ok in ["acme", "a", "orders-2026.v1", "A_b", &"x".repeat(64)] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in ["", ".hidden", "-x", "a/b", "a b", "é", "id:12", &"x".repeat(65)] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+}

@@ -5,14 +5,18 @@
 //! |---|---|
 //! | [`model`] | ids, seqs, the leader uuid, modes, the per-journal state and its invariants |
 //! | [`mod@apply`] | the pure verdict `apply(state, call) -> outcome`, judged in log order |
+//! | [`command`] | the command-log record layout of every command |
+//! | [`directory`] | tenants, journal names, and every journal's state as one state machine |
 //!
 //! Everything here is sans-IO: the command log, the sequencer and the wire live at the
 //! edges. Source: `docs/journals.md`.
 
 pub mod apply;
 pub mod command;
+pub mod directory;
 pub mod model;
 
 pub use apply::{apply, Call, Outcome};
+pub use directory::{valid_name, Answer, Directory};
 pub use command::{decode as decode_command, Command, CommandError, EntryId};
 pub use model::{digest_records, BatchMark, JournalId, JournalState, LeaderUuid, Mode, Records, Seq, StoreDurability, View};

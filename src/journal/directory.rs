@@ -1,0 +1,205 @@
+//! The node's journals as one state machine: the directory of tenants and journal names, and
+//! each journal's [`JournalState`]. [`Directory::apply`] judges any [`Command`] in log order;
+//! like [`super::apply()`] it is pure.
+//!
+//! Source: `docs/journals.md` §5.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::apply::{apply, Call, Outcome};
+use super::command::Command;
+use super::model::{digest_records, JournalId, JournalState, Mode, StoreDurability};
+
+/// The longest tenant or journal name, in bytes.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Whether `name` is a valid tenant or journal name: 1 to [`MAX_NAME_LEN`] bytes of ASCII
+/// letters, digits, `.`, `_` and `-`, not starting with `.` or `-`, and not all hex digits
+/// after an `id:` (names never start with `id:` since `:` is not allowed).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !name.starts_with(['.', '-'])
+}
+
+/// One tenant: its name and its journals by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tenant {
+    /// The tenant's name.
+    pub name: String,
+    /// Its journals: name to journal id (the second half).
+    pub journals: BTreeMap<String, u64>,
+}
+
+/// One journal: its name within its tenant and its state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The journal's name within its tenant.
+    pub name: String,
+    /// Its state.
+    pub state: JournalState,
+}
+
+/// The answer to one command of the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The verdict of a journal call.
+    Journal(Outcome),
+    /// A tenant now exists under this id.
+    TenantCreated {
+        /// Its id.
+        tenant: u64,
+    },
+    /// A journal now exists under this id.
+    JournalCreated {
+        /// Its id.
+        journal: JournalId,
+    },
+    /// The name (or the id drawn for it) is taken; `existing` names the holder.
+    NameTaken {
+        /// The id that holds the name (for a tenant: journal half 0).
+        existing: JournalId,
+    },
+    /// A name that breaks [`valid_name`].
+    InvalidName,
+    /// The tenant does not exist.
+    UnknownTenant,
+    /// The journal does not exist (or an id half is 0).
+    UnknownJournal,
+    /// The journal and its records are gone; `view` was its last state.
+    Deleted {
+        /// Its last state.
+        state: Box<JournalState>,
+    },
+}
+
+/// Every tenant and journal of a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Directory {
+    tenants: BTreeMap<u64, Tenant>,
+    tenant_names: HashMap<String, u64>,
+    journals: BTreeMap<JournalId, Entry>,
+}
+
+impl Directory {
+    /// An empty directory.
+    pub fn new() -> Directory {
+        Directory::default()
+    }
+
+    /// The tenant with this id.
+    pub fn tenant(&self, id: u64) -> Option<&Tenant> {
+        self.tenants.get(&id)
+    }
+
+    /// The tenant with this name, and its id.
+    pub fn tenant_named(&self, name: &str) -> Option<(u64, &Tenant)> {
+        let id = *self.tenant_names.get(name)?;
+        Some((id, &self.tenants[&id]))
+    }
+
+    /// Every tenant, by id.
+    pub fn tenants(&self) -> impl Iterator<Item = (u64, &Tenant)> {
+        self.tenants.iter().map(|(id, t)| (*id, t))
+    }
+
+    /// The journal with this id.
+    pub fn journal(&self, id: JournalId) -> Option<&Entry> {
+        self.journals.get(&id)
+    }
+
+    /// The journal `tenant/journal` by names.
+    pub fn journal_named(&self, tenant: &str, journal: &str) -> Option<(JournalId, &Entry)> {
+        let (t, ten) = self.tenant_named(tenant)?;
+        let id = JournalId { tenant: t, journal: *ten.journals.get(journal)? };
+        Some((id, &self.journals[&id]))
+    }
+
+    /// Every journal of a tenant, by name.
+    pub fn journals_of(&self, tenant: u64) -> impl Iterator<Item = (JournalId, &Entry)> {
+        self.tenants.get(&tenant).into_iter().flat_map(move |t| {
+            t.journals.values().map(move |&j| {
+                let id = JournalId { tenant, journal: j };
+                (id, &self.journals[&id])
+            })
+        })
+    }
+
+    /// Judges one command of the log and applies it.
+    ///
+    /// # Panics
+    /// As [`super::apply()`]: only on a broken invariant, a bug.
+    pub fn apply(&mut self, command: &Command<'_>) -> Answer {
+        match command {
+            Command::CreateTenant { tenant, name } => self.create_tenant(*tenant, name),
+            Command::CreateJournal { journal, name, mode, durability } => self.create_journal(*journal, name, *mode, *durability),
+            Command::DeleteJournal { journal } => self.delete_journal(*journal),
+            Command::Write { journal, leader, seq, records } => {
+                let call = Call::Write { leader: *leader, seq: *seq, count: u32::try_from(records.len()).unwrap_or(u32::MAX), digest: digest_records(records.iter().copied()) };
+                self.call(*journal, &call)
+            }
+            Command::SetLeader { journal, new, old } => self.call(*journal, &Call::SetLeader { new: *new, old: *old }),
+            Command::Truncate { journal, leader, up_to } => self.call(*journal, &Call::Truncate { leader: *leader, up_to: *up_to }),
+            Command::Noop { journal } => {
+                if journal.tenant == 0 && journal.journal == 0 {
+                    Answer::Journal(Outcome::Noop)
+                } else {
+                    self.call(*journal, &Call::Noop)
+                }
+            }
+        }
+    }
+
+    /// Judges a journal call against its journal's state.
+    pub fn call(&mut self, journal: JournalId, call: &Call) -> Answer {
+        match self.journals.get_mut(&journal) {
+            Some(e) if journal.is_set() => Answer::Journal(apply(&mut e.state, call)),
+            _ => Answer::UnknownJournal,
+        }
+    }
+
+    fn create_tenant(&mut self, tenant: u64, name: &str) -> Answer {
+        if !valid_name(name) {
+            return Answer::InvalidName;
+        }
+        if let Some(&existing) = self.tenant_names.get(name) {
+            return Answer::NameTaken { existing: JournalId { tenant: existing, journal: 0 } };
+        }
+        if tenant == 0 || self.tenants.contains_key(&tenant) {
+            // A drawn id that is 0 or already used: refused like a taken name, naming the holder.
+            return Answer::NameTaken { existing: JournalId { tenant, journal: 0 } };
+        }
+        self.tenant_names.insert(name.to_owned(), tenant);
+        self.tenants.insert(tenant, Tenant { name: name.to_owned(), journals: BTreeMap::new() });
+        Answer::TenantCreated { tenant }
+    }
+
+    fn create_journal(&mut self, journal: JournalId, name: &str, mode: Mode, durability: StoreDurability) -> Answer {
+        if !valid_name(name) {
+            return Answer::InvalidName;
+        }
+        let Some(t) = self.tenants.get_mut(&journal.tenant) else {
+            return Answer::UnknownTenant;
+        };
+        if let Some(&existing) = t.journals.get(name) {
+            return Answer::NameTaken { existing: JournalId { tenant: journal.tenant, journal: existing } };
+        }
+        if !journal.is_set() || self.journals.contains_key(&journal) {
+            return Answer::NameTaken { existing: journal };
+        }
+        t.journals.insert(name.to_owned(), journal.journal);
+        self.journals.insert(journal, Entry { name: name.to_owned(), state: JournalState::new(mode, durability) });
+        Answer::JournalCreated { journal }
+    }
+
+    fn delete_journal(&mut self, journal: JournalId) -> Answer {
+        let Some(e) = self.journals.remove(&journal) else {
+            return Answer::UnknownJournal;
+        };
+        if let Some(t) = self.tenants.get_mut(&journal.tenant) {
+            t.journals.remove(&e.name);
+        }
+        Answer::Deleted { state: Box::new(e.state) }
+    }
+}
