@@ -893,6 +893,7 @@ fn fmt_item(i: &Item) -> String {
         Item::Resp(r) => {
             let k = match &r.kind {
                 None => "<no kind>".into(),
+                Some(response::Kind::Journal(j)) => format!("Journal {j:?}"),
                 Some(response::Kind::Append(a)) => format!("Append {}..={}", a.first, a.last),
                 Some(response::Kind::ReadEvents(b)) => {
                     let evs: Vec<String> = b

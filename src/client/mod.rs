@@ -136,6 +136,7 @@ impl ClientError {
             response::Kind::CaughtUp(_) => "caught_up",
             response::Kind::Stats(_) => "stats",
             response::Kind::HelloAck(_) => "hello_ack",
+            response::Kind::Journal(_) => "journal",
         };
         ClientError::Protocol(format!("expected {wanted}, got a {got} response"))
     }

@@ -14,6 +14,8 @@
 //! - decoding rejects invalid UTF-8 in any `string` field with a [`prost::DecodeError`],
 //!   which a server must answer with a frame-level `BAD_REQUEST` (spec §1.3, §1.9).
 
+pub use super::journal::*;
+
 /// One event as it travels on the wire (spec §1.3, `Event`).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Event {
@@ -316,8 +318,9 @@ pub struct Request {
     /// Field 1: chosen by the client, echoed on every response frame; 0 is reserved.
     #[prost(uint64, tag = "1")]
     pub request_id: u64,
-    /// Fields 2-7: what to do. `None` (no kind) is answered with `BAD_REQUEST`.
-    #[prost(oneof = "request::Kind", tags = "2, 3, 4, 5, 6, 7")]
+    /// Fields 2-7 (protocol v1) and 16 (journals, ours): what to do. `None` (no kind) is
+    /// answered with `BAD_REQUEST`.
+    #[prost(oneof = "request::Kind", tags = "2, 3, 4, 5, 6, 7, 16")]
     pub kind: ::core::option::Option<request::Kind>,
 }
 
@@ -344,6 +347,9 @@ pub mod request {
         /// Field 7.
         #[prost(message, tag = "7")]
         Hello(super::Hello),
+        /// Field 16: a journal call (ours, not in the reference's schema).
+        #[prost(message, tag = "16")]
+        Journal(super::JournalRequest),
     }
 }
 
@@ -353,8 +359,8 @@ pub struct Response {
     /// Field 1: the request's id; 0 means "unattributed" and is then omitted on the wire.
     #[prost(uint64, tag = "1")]
     pub request_id: u64,
-    /// Fields 2-8: the payload.
-    #[prost(oneof = "response::Kind", tags = "2, 3, 4, 5, 6, 7, 8")]
+    /// Fields 2-8 (protocol v1) and 16 (journals, ours): the payload.
+    #[prost(oneof = "response::Kind", tags = "2, 3, 4, 5, 6, 7, 8, 16")]
     pub kind: ::core::option::Option<response::Kind>,
 }
 
@@ -384,6 +390,9 @@ pub mod response {
         /// Field 8.
         #[prost(message, tag = "8")]
         HelloAck(super::HelloAck),
+        /// Field 16: the answer to a journal call (ours).
+        #[prost(message, tag = "16")]
+        Journal(super::JournalResponse),
     }
 }
 

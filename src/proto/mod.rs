@@ -16,6 +16,7 @@ pub mod append;
 pub mod batch;
 pub mod convert;
 pub mod frame;
+pub mod journal;
 pub mod messages;
 
 pub use batch::ReadEventsEncoder;

@@ -819,7 +819,7 @@ impl Conn {
                     None => self.lanes.error(id, convert::internal_error("stats could not be gathered")).await,
                 }
             }
-            Some(request::Kind::Hello(_)) | None => self.lanes.error(id, convert::bad_request(text::NO_KIND)).await,
+            Some(request::Kind::Hello(_) | request::Kind::Journal(_)) | None => self.lanes.error(id, convert::bad_request(text::NO_KIND)).await,
         }
     }
 
