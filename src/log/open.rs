@@ -340,7 +340,9 @@ fn remove_unwritten(dir: &Path, files: &[PathBuf]) -> Result<(), LogError> {
 /// copy and no fresh memory to fault in and clear (a copy took a third of a warm open). The
 /// map ends where the file's data does ([`data_end`]): what follows reads as zeros, and
 /// mapping it would fill the page cache with zeroed pages (a new 256 MiB segment: 0.6 s of
-/// the first start, and of any start whose cache does not hold the active segment).
+/// the first start, and of any start whose cache does not hold the active segment). The
+/// kernel's read-ahead around the mapped pages may still read up to one window past the data
+/// (the device's `read_ahead_kb`) when they are not cached.
 ///
 /// Safety of the mapping: this process holds the directory's `LOCK` and its writer has not
 /// started, so nothing changes the file while it is mapped, except a rollback zeroing the
