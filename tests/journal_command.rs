@@ -1,4 +1,4 @@
-//! Layout lock of the journal command codec (`docs/journals.md` §4.2): golden bytes for every
+//! Layout lock of the journal command codec (docs/journals.md §4.2): golden bytes for every
 //! kind, a round trip over random commands, and every decode error. If a golden test fails,
 //! the on-disk format changed: never regenerate the bytes.
 

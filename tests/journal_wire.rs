@@ -1,5 +1,5 @@
 //! Layout lock of the journal messages on protocol v1 (`src/proto/journal.rs`,
-//! `docs/journals.md` §6): our kinds sit at field 16 of `Request` and `Response`. If a
+//! docs/journals.md §6): our kinds sit at field 16 of `Request` and `Response`. If a
 //! golden test fails, the wire format changed: never regenerate the bytes.
 
 use prost::Message;

@@ -4,7 +4,7 @@
 //! applies the same commands in the same order with this function, so each node gives the
 //! same answer to the same call. Nothing here touches a runtime, a file or a clock.
 //!
-//! Source: `docs/journals.md` §2 (seed 002, "The data plane", "Two writer modes",
+//! Source: docs/journals.md §2 (seed 002, "The data plane", "Two writer modes",
 //! "Truncation").
 
 use super::model::{BatchMark, JournalState, LeaderUuid, Mode, Seq, View};
@@ -84,7 +84,7 @@ pub enum Outcome {
 
 /// Judges `call` against `state` and applies it: the state after, and the answer.
 ///
-/// Rules (seed 002, "Two writer modes" and "Truncation"; `docs/journals.md` §2):
+/// Rules (seed 002, "Two writer modes" and "Truncation"; docs/journals.md §2):
 ///
 /// | call | verdict |
 /// |---|---|

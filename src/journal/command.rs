@@ -1,7 +1,7 @@
 //! The command codec: how one journal command is laid out as the payload of one data record
 //! of the command log. Pure over bytes.
 //!
-//! Layout (little-endian; `docs/journals.md` §4.2):
+//! Layout (little-endian; docs/journals.md §4.2):
 //!
 //! | offset | size | field |
 //! |---:|---:|---|

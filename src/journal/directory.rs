@@ -2,7 +2,7 @@
 //! each journal's [`JournalState`]. [`Directory::apply`] judges any [`Command`] in log order;
 //! like [`super::apply()`] it is pure.
 //!
-//! Source: `docs/journals.md` §5.
+//! Source: docs/journals.md §5.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,7 +1,7 @@
 //! The journal's values and its per-journal state: ids, seqs, the leader uuid, the writer
 //! mode, the store durability, and the invariants every transition keeps.
 //!
-//! Source: `docs/journals.md` §1 (seed 002, "The journal API", "Two writer modes", "Ids",
+//! Source: docs/journals.md §1 (seed 002, "The journal API", "Two writer modes", "Ids",
 //! "Store durability").
 
 use std::collections::VecDeque;

@@ -3,7 +3,7 @@
 //! reference does not use (it answers such a request `BAD_REQUEST`, as it answers any request
 //! without a kind it knows). A DCB client's bytes do not change.
 //!
-//! Source: `docs/protocol.md` §"Journal messages" and `docs/journals.md` §6; golden bytes in
+//! Source: docs/protocol.md §15 and docs/journals.md §6; golden bytes in
 //! `tests/journal_wire.rs`.
 //!
 //! Conventions: a leader uuid travels as `bytes`, empty for "none" or exactly 16 bytes
@@ -159,7 +159,7 @@ pub struct JournalList {
 }
 
 /// Field 16 of `Response`: the answer to one [`JournalRequest`]. Which fields are set
-/// depends on `outcome` (`docs/journals.md` §6).
+/// depends on `outcome` (docs/journals.md §6).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct JournalResponse {
     /// Field 1: what happened.
@@ -261,7 +261,7 @@ pub enum JournalDurability {
     Batched = 1,
 }
 
-/// Every answer a journal call can get (`docs/journals.md` §6).
+/// Every answer a journal call can get (docs/journals.md §6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum JournalOutcome {
