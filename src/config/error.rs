@@ -62,6 +62,16 @@ pub enum ConfigError {
         var: String,
     },
 
+    /// A `PAROS_*` variable that names no journal limit (seed 002, "Limits": an unknown
+    /// `PAROS_*` variable stops the server).
+    #[error("environment variable {var} is not a journal limit: the PAROS_* variables are {known}")]
+    UnknownParos {
+        /// The variable name as found in the environment.
+        var: String,
+        /// The variables that exist, comma-separated.
+        known: String,
+    },
+
     /// A value does not fit the settings schema: an unknown key, a wrong type, or an
     /// out-of-range number. Displayed in the reference's wording plus the source, e.g.
     /// ``unknown field `probes`, expected `idle_secs` or `interval_secs` for key

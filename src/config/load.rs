@@ -294,13 +294,45 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     (line, before[line_start..].chars().count() + 1)
 }
 
-/// The `TEPHRA__*` variables of `env` as `(name, lower-cased path, value)`, sorted by name so the
-/// outcome does not depend on the environment's order.
+/// Prefix of the journal seed's own variables, each an alias of a `[journal]` key.
+pub const PAROS_PREFIX: &str = "PAROS_";
+/// The `PAROS_*` variables (after the prefix) and the `[journal]` key each one sets.
+pub const PAROS_KEYS: [(&str, &str); 7] = [
+    ("MAX_BATCH_RECORDS", "max_batch_records"),
+    ("MAX_BATCH_BYTES", "max_batch_bytes"),
+    ("MAX_READ_RECORDS", "max_read_records"),
+    ("MAX_READ_BYTES", "max_read_bytes"),
+    ("MAX_WAIT_MS", "max_wait_ms"),
+    ("MIN_WAIT_MS", "min_wait_ms"),
+    ("ADMISSION_ROUNDS", "admission_rounds"),
+];
+
+/// The `[journal]` path a `PAROS_*` variable sets; `Ok(None)` for any other variable.
+fn paros_path(name: &str) -> Result<Option<Vec<String>>, ConfigError> {
+    let Some(rest) = name.strip_prefix(PAROS_PREFIX) else {
+        return Ok(None);
+    };
+    match PAROS_KEYS.iter().find(|(var, _)| *var == rest) {
+        Some((_, key)) => Ok(Some(vec!["journal".to_owned(), (*key).to_owned()])),
+        None => Err(ConfigError::UnknownParos {
+            var: name.to_owned(),
+            known: PAROS_KEYS.iter().map(|(v, _)| format!("{PAROS_PREFIX}{v}")).collect::<Vec<_>>().join(", "),
+        }),
+    }
+}
+
+/// The `TEPHRA__*` and `PAROS_*` variables of `env` as `(name, lower-cased path, value)`, sorted
+/// so the outcome does not depend on the environment's order: every `PAROS_*` variable comes
+/// before every `TEPHRA__*` one, so that `TEPHRA__JOURNAL__*` wins over its `PAROS_*` alias.
 fn env_vars(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<Vec<(String, Vec<String>, String)>, ConfigError> {
     let mut vars = Vec::new();
     for (name, value) in env {
+        if let Some(path) = paros_path(&name)? {
+            vars.push((name, path, value));
+            continue;
+        }
         let Some(rest) = name
             .get(..ENV_PREFIX.len())
             .filter(|prefix| prefix.eq_ignore_ascii_case(ENV_PREFIX))
@@ -317,7 +349,7 @@ fn env_vars(
         }
         vars.push((name, path, value));
     }
-    vars.sort();
+    vars.sort_by(|a, b| (!a.0.starts_with(PAROS_PREFIX), &a.0).cmp(&(!b.0.starts_with(PAROS_PREFIX), &b.0)));
     Ok(vars)
 }
 

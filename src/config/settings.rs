@@ -90,6 +90,8 @@ pub struct Settings {
     pub tls: TlsSettings,
     /// `[auth]`: optional bearer-token authentication.
     pub auth: AuthSettings,
+    /// `[journal]`: the limits of the journal API (ours; the reference has no such section).
+    pub journal: JournalSettings,
 }
 
 impl Default for Settings {
@@ -105,6 +107,48 @@ impl Default for Settings {
             metrics: MetricsSettings::default(),
             tls: TlsSettings::default(),
             auth: AuthSettings::default(),
+            journal: JournalSettings::default(),
+        }
+    }
+}
+
+/// `[journal]`: the limits of the journal API, which are part of the API (docs/journals.md §7).
+/// Each key can also be set by the journal seed's own `PAROS_*` variable (the key upper-cased
+/// after `PAROS_`, e.g. `PAROS_MAX_READ_RECORDS`); `TEPHRA__JOURNAL__*` wins over `PAROS_*`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JournalSettings {
+    /// `journal.max_batch_records`: most records in one write; a larger write gets `TOO_LARGE`
+    /// before anything is logged. Default 1,024. At least 1.
+    pub max_batch_records: u64,
+    /// `journal.max_batch_bytes`: most record bytes in one write (`TOO_LARGE` above it).
+    /// Default 1,048,576 (1 MiB). At least 1.
+    pub max_batch_bytes: u64,
+    /// `journal.max_read_records`: most records in one read page. Default 256. At least 1.
+    pub max_read_records: u64,
+    /// `journal.max_read_bytes`: most record bytes in one read page; a page still holds at
+    /// least one record. Default 65,536. At least 1.
+    pub max_read_bytes: u64,
+    /// `journal.max_wait_ms`: the cap on a read's wait at the tail, in milliseconds. Default
+    /// 1,000.
+    pub max_wait_ms: u64,
+    /// `journal.min_wait_ms`: a non-zero wait shorter than this is raised to it. Default 0.
+    pub min_wait_ms: u64,
+    /// `journal.admission_rounds`: writes judged but not yet durable beyond which a new write
+    /// is answered `BUSY` before it is logged. Default 256. At least 1.
+    pub admission_rounds: u64,
+}
+
+impl Default for JournalSettings {
+    fn default() -> Self {
+        JournalSettings {
+            max_batch_records: 1_024,
+            max_batch_bytes: 1_048_576,
+            max_read_records: 256,
+            max_read_bytes: 65_536,
+            max_wait_ms: 1_000,
+            min_wait_ms: 0,
+            admission_rounds: 256,
         }
     }
 }

@@ -66,6 +66,18 @@ impl Settings {
         let w = &self.writer;
         let s = &self.server;
         at_least_one("writer.queue_capacity", w.queue_capacity as u64)?;
+        let j = &self.journal;
+        at_least_one("journal.max_batch_records", j.max_batch_records)?;
+        at_least_one("journal.max_batch_bytes", j.max_batch_bytes)?;
+        at_least_one("journal.max_read_records", j.max_read_records)?;
+        at_least_one("journal.max_read_bytes", j.max_read_bytes)?;
+        at_least_one("journal.admission_rounds", j.admission_rounds)?;
+        if j.min_wait_ms > j.max_wait_ms {
+            return Err(ConfigError::invalid(format!(
+                "journal.min_wait_ms ({}) must not be above journal.max_wait_ms ({})",
+                j.min_wait_ms, j.max_wait_ms
+            )));
+        }
         at_least_one("writer.max_batch_records", w.max_batch_records as u64)?;
         if !segment_size_fits(self.segment.size) {
             return Err(ConfigError::invalid(format!(
