@@ -14,6 +14,7 @@
 pub mod apply;
 pub mod command;
 pub mod directory;
+pub mod held;
 pub mod model;
 
 pub use apply::{apply, Call, Outcome};
