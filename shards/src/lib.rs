@@ -3,7 +3,17 @@
 //! about events.
 //!
 //! glommio is pinned to `=0.9.0` (DESIGN "Boxes"); everything runtime-specific that the
-//! server needs goes through this crate so the runtime stays swappable.
+//! server needs goes through this crate so the runtime stays swappable: its executors
+//! ([`spawn_executor`], [`Executor`]), tasks ([`spawn`], [`spawn_bulk`], [`Task`]), timers
+//! ([`sleep`]), network types ([`net`]) and synchronisation ([`sync`]). Every task spawned
+//! through it gets [`reliable_wakes`], so no call site can forget them. Outside this crate the
+//! workspace's `clippy.toml` refuses glommio's own types and functions.
+
+// The one place glommio is named (the lint is for everyone else).
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+pub mod net;
+pub mod sync;
 
 use glommio::{LocalExecutorBuilder, Placement};
 use std::future::Future;
@@ -112,8 +122,8 @@ thread_local! {
 /// there and calls [`bulk_yield`] between steps, so that the default queue, where connections
 /// read requests and answer appends, gets the executor back every [`BULK_SLICE_US`] or so
 /// (appends on a shard running 128 scans: p99 1.4 ms, worst ~5 ms; before, an append waited
-/// for all the scans). Tasks that `fut` spawns stay in the bulk queue.
-/// Cross-thread wake-ups of a bulk task need [`reliable_wakes`] as anywhere else.
+/// for all the scans). Tasks that `fut` spawns stay in the bulk queue. Like every spawn here,
+/// it runs `fut` with [`reliable_wakes`].
 ///
 /// # Panics
 /// Outside a glommio executor.
@@ -127,7 +137,41 @@ pub fn spawn_bulk(fut: impl Future<Output = ()> + 'static) {
         }
     });
     // The handle was created by this thread's executor, the only one it ever runs.
-    glommio::spawn_local_into(fut, queue).expect("the bulk queue belongs to this executor").detach();
+    glommio::spawn_local_into(reliable_wakes(fut), queue).expect("the bulk queue belongs to this executor").detach();
+}
+
+/// Spawns `fut` on this executor's default task queue, with [`reliable_wakes`]: a wake-up it
+/// receives from another thread (a reply from the writer, a blocking job done) reaches the
+/// executor even while it sleeps. Dropping the returned [`Task`] cancels it; [`Task::detach`]
+/// lets it run on its own.
+///
+/// # Panics
+/// Outside a glommio executor.
+pub fn spawn<T: 'static>(fut: impl Future<Output = T> + 'static) -> Task<T> {
+    Task(glommio::spawn_local(reliable_wakes(fut)))
+}
+
+/// A task spawned by [`spawn`]: awaiting it gives its output; dropping it cancels it.
+pub struct Task<T>(glommio::Task<T>);
+
+impl<T> Task<T> {
+    /// Lets the task run to its end on its own.
+    pub fn detach(self) {
+        self.0.detach();
+    }
+}
+
+impl<T> Future for Task<T> {
+    type Output = T;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll(cx)
+    }
+}
+
+/// Waits `wait` on this executor's timers (they may oversleep by up to [`KICK_US`] while the
+/// executor is busy, [`KICK_IDLE_ROUNDS`] kicks while it idles: see the notes on waking).
+pub async fn sleep(wait: std::time::Duration) {
+    glommio::timer::sleep(wait).await;
 }
 
 /// How long the bulk tasks of an executor may run, together, before they step aside for its
@@ -164,7 +208,7 @@ pub async fn bulk_yield() {
         if now.duration_since(start) < std::time::Duration::from_micros(BULK_SLICE_US) {
             return;
         }
-        glommio::timer::sleep(std::time::Duration::from_micros(BULK_PAUSE_US)).await;
+        sleep(std::time::Duration::from_micros(BULK_PAUSE_US)).await;
         BULK_SLICE.with(|s| {
             if s.get().0 == slice {
                 s.set((slice.wrapping_add(1), Some(std::time::Instant::now())));
@@ -488,13 +532,38 @@ pub fn placement(shards: usize, allowed: &[usize]) -> Vec<Option<usize>> {
 /// Threads of [`run_blocking`].
 pub const BLOCKING_THREADS: usize = 4;
 
+/// An executor thread started by [`spawn_executor`].
+pub struct Executor<T: Send + 'static>(glommio::ExecutorJoinHandle<T>);
+
+/// Why an executor's thread ended without its future's output.
+#[derive(Debug)]
+pub enum ExecutorEnd {
+    /// The thread panicked (its future, or the runtime's set-up).
+    Panicked,
+    /// The runtime could not be set up (glommio's error, in words).
+    Failed(String),
+}
+
+impl<T: Send + 'static> Executor<T> {
+    /// Waits for the thread to end.
+    ///
+    /// # Errors
+    /// [`ExecutorEnd`] when it ended without the future's output.
+    pub fn join(self) -> Result<T, ExecutorEnd> {
+        self.0.join().map_err(|e| match e {
+            glommio::GlommioError::BuilderError(glommio::BuilderErrorKind::ThreadPanic(_)) => ExecutorEnd::Panicked,
+            e => ExecutorEnd::Failed(e.to_string()),
+        })
+    }
+}
+
 /// Spawns one glommio executor thread named `name`, optionally pinned to `cpu`, running the
 /// future built by `make` on it with [`reliable_wakes`], its [`Nudge`] installed and registered
-/// with the kicker. Returns the thread's join handle.
+/// with the kicker. Returns the thread's handle.
 ///
 /// # Errors
 /// The I/O error glommio reports when the executor cannot start (no io_uring, memlock).
-pub fn spawn_executor<G, F, T>(name: &str, cpu: Option<usize>, make: G) -> std::io::Result<glommio::ExecutorJoinHandle<T>>
+pub fn spawn_executor<G, F, T>(name: &str, cpu: Option<usize>, make: G) -> std::io::Result<Executor<T>>
 where
     G: FnOnce() -> F + Send + 'static,
     F: Future<Output = T> + 'static,
@@ -518,6 +587,7 @@ where
             }
             reliable_wakes(make()).await
         })
+        .map(Executor)
         .map_err(|e| std::io::Error::other(e.to_string()))
 }
 

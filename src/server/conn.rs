@@ -11,8 +11,8 @@ use crate::read::Step;
 use crate::writer::condition::{ConflictClause, ConflictSite};
 use crate::writer::{AppendError, PreparedAppend};
 use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use glommio::net::TcpStream;
-use glommio::sync::Semaphore;
+use shards::net::TcpStream;
+use shards::sync::{Permit, Semaphore};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -404,11 +404,11 @@ struct Conn {
     ctx: Arc<Context>,
     router: Rc<ReplyRouter>,
     lanes: Lanes,
-    append_budget: Rc<Semaphore>,
-    read_budget: Rc<Semaphore>,
-    read_overflow: Rc<Semaphore>,
+    append_budget: Semaphore,
+    read_budget: Semaphore,
+    read_overflow: Semaphore,
     /// [`READ_SLOTS`] permits: a read builds a batch only while it holds one.
-    read_slots: Rc<Semaphore>,
+    read_slots: Semaphore,
     subscriptions: Rc<Cell<usize>>,
     inflight: Rc<Cell<usize>>,
     /// The cancel flags of the reads and subscriptions running, by request id. Ids need not be
@@ -448,7 +448,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
             let limit = timeouts.tls_handshake().unwrap_or(Duration::from_secs(3600));
             let stream = Heard { stream, last: heard.clone() };
             let hs = futures_lite::future::or(async { Some(acceptor.accept(stream).await) }, async {
-                glommio::timer::sleep(limit).await;
+                shards::sleep(limit).await;
                 None
             });
             // A stalled handshake must not hold up a graceful shutdown either.
@@ -473,7 +473,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
     let (abandon_tx, abandon_rx) = flume::bounded(1);
     let bulk_room = Rc::new(LaneRoom::new(BULK_LANE_BYTES));
     let room = bulk_room.clone();
-    let egress_task = glommio::spawn_local(async move {
+    let egress_task = shards::spawn(async move {
         let out = egress(writer, ctl_rx, bulk_rx, &room).await;
         // Whoever still waits for room gives up: nothing will be written any more.
         room.close();
@@ -481,10 +481,10 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
     });
     let conn = Rc::new(Conn {
         lanes: Lanes { control: ctl_tx, bulk: bulk_tx, bulk_room, max_frame_len: ctx.settings.server.max_frame_len, abandoned: Rc::new(Cell::new(false)), abandon_tx },
-        append_budget: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
-        read_budget: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
-        read_overflow: Rc::new(Semaphore::new(bp.max_inflight_per_conn as u64)),
-        read_slots: Rc::new(Semaphore::new(READ_SLOTS)),
+        append_budget: Semaphore::new(bp.max_inflight_per_conn as u64),
+        read_budget: Semaphore::new(bp.max_inflight_per_conn as u64),
+        read_overflow: Semaphore::new(bp.max_inflight_per_conn as u64),
+        read_slots: Semaphore::new(READ_SLOTS),
         subscriptions: Rc::new(Cell::new(0)),
         inflight: Rc::new(Cell::new(0)),
         cancels: Rc::new(RefCell::new(HashMap::new())),
@@ -609,7 +609,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
                 async {
                     // Ends with the wait, or when a reply could not be sent (checked above).
                     let _ = futures_lite::future::or(async { abandon_rx.recv_async().await.ok() }, async {
-                        glommio::timer::sleep(wait).await;
+                        shards::sleep(wait).await;
                         None
                     })
                     .await;
@@ -655,7 +655,7 @@ pub(super) async fn serve(ctx: Arc<Context>, router: Rc<ReplyRouter>, stream: Tc
     let grace = if shutting_down { SHUTDOWN_DRAIN } else { CLOSE_DRAIN };
     let drain_started = Instant::now();
     let sent = futures_lite::future::or(egress_task, async {
-        glommio::timer::sleep(grace).await;
+        shards::sleep(grace).await;
         None
     })
     .await;
@@ -680,10 +680,10 @@ async fn close_once_delivered<W: AsyncWrite + Unpin>(fd: std::os::fd::RawFd, mut
     }
     let delivered = async {
         while unacknowledged_output(fd).is_some_and(|n| n > 0) {
-            glommio::timer::sleep(Duration::from_millis(1)).await;
+            shards::sleep(Duration::from_millis(1)).await;
         }
     };
-    futures_lite::future::or(delivered, glommio::timer::sleep(limit)).await;
+    futures_lite::future::or(delivered, shards::sleep(limit)).await;
 }
 
 nix::ioctl_read_bad!(siocoutq, libc::TIOCOUTQ, libc::c_int);
@@ -729,7 +729,7 @@ async fn linger<R: futures_lite::AsyncRead + Unpin, W: AsyncWrite + Unpin>(mut r
             }
         }
     };
-    futures_lite::future::or(discard, glommio::timer::sleep(LINGER)).await;
+    futures_lite::future::or(discard, shards::sleep(LINGER)).await;
 }
 
 /// Longest a closing connection keeps discarding what its client still sends.
@@ -846,7 +846,7 @@ impl Conn {
             return self.append_error(id, e).await;
         }
         // The reader waits here while the append budget is spent (backpressure).
-        let Ok(permit) = self.append_budget.acquire_static_permit(1).await else { return };
+        let Some(permit) = self.append_budget.acquire(1).await else { return };
         let prepared = match PreparedAppend::from_framed(fa.records, fa.count, fa.largest_record, condition, self.ctx.store.segment_config()) {
             Ok(p) => p,
             Err(e) => return self.append_error(id, append_error_response(e)).await,
@@ -868,7 +868,7 @@ impl Conn {
             return self.append_error(id, e).await;
         }
         // The reader waits here while the append budget is spent (backpressure).
-        let Ok(permit) = self.append_budget.acquire_static_permit(1).await else { return };
+        let Some(permit) = self.append_budget.acquire(1).await else { return };
         let prepared = match PreparedAppend::new(&events, condition, self.ctx.store.segment_config()) {
             Ok(p) => p,
             Err(e) => return self.append_error(id, append_error_response(e)).await,
@@ -887,7 +887,7 @@ impl Conn {
 
     /// Queues a prepared append on the writer; the shard's dispatcher answers it
     /// ([`Conn::complete`]) when its batch is durable.
-    async fn submit(self: Rc<Self>, id: u64, prepared: PreparedAppend, permit: glommio::sync::StaticPermit, started: Instant) {
+    async fn submit(self: Rc<Self>, id: u64, prepared: PreparedAppend, permit: Permit, started: Instant) {
         let me = self.clone();
         let (reply, token) = self.router.register(Box::new(move |res| me.complete(id, res, permit, started)));
         self.inflight.set(self.inflight.get() + 1);
@@ -903,7 +903,7 @@ impl Conn {
     /// goes straight into the control lane; only when that lane is full does a task wait for
     /// room, holding the append's budget permit until the answer is queued (a client that does
     /// not read its answers still cannot have more appends in flight than its budget).
-    fn complete(self: Rc<Self>, id: u64, res: crate::writer::AppendResult, permit: glommio::sync::StaticPermit, started: Instant) {
+    fn complete(self: Rc<Self>, id: u64, res: crate::writer::AppendResult, permit: Permit, started: Instant) {
         let acked = res.is_ok();
         let kind = match res {
             Ok(r) => response::Kind::Append(pb::AppendResponse { first: r.first.get(), last: r.last.get() }),
@@ -933,7 +933,7 @@ impl Conn {
             Some(frame) => match self.lanes.control.try_send(frame) {
                 Err(flume::TrySendError::Full(frame)) => {
                     tracing::debug!(id, "control lane full: the append's answer waits for room");
-                    glommio::spawn_local(async move {
+                    shards::spawn(async move {
                         let _ = self.lanes.control.send_async(frame).await;
                         done(&self);
                     })
@@ -967,11 +967,11 @@ impl Conn {
             Err(e) => return self.lanes.error(id, e.to_error_response()).await,
         };
         // Admission never blocks the reader: a running slot, else a queued slot, else refuse.
-        let run_permit = self.read_budget.try_acquire_static_permit(1).ok();
+        let run_permit = self.read_budget.try_acquire(1);
         let overflow = if run_permit.is_none() {
-            match self.read_overflow.try_acquire_static_permit(1) {
-                Ok(p) => Some(p),
-                Err(_) => {
+            match self.read_overflow.try_acquire(1) {
+                Some(p) => Some(p),
+                None => {
                     release(query);
                     return self.lanes.error(id, convert::bad_request(text::TOO_MANY_READS)).await;
                 }
@@ -996,7 +996,7 @@ impl Conn {
                 None => {
                     // Queued: until a running slot frees up, or the read is abandoned (cancelled,
                     // its connection closed, the server shutting down).
-                    let p = futures_lite::future::or(async { me.read_budget.acquire_static_permit(1).await.ok() }, async {
+                    let p = futures_lite::future::or(async { me.read_budget.acquire(1).await }, async {
                         me.abandoned(&cancel).await;
                         None
                     })
@@ -1062,11 +1062,11 @@ impl Conn {
 
     /// Waits for one of the connection's [`READ_SLOTS`]; `None` once the read is cancelled
     /// (or the server shuts down) meanwhile.
-    async fn read_slot(&self, cancel: &Cell<bool>) -> Option<glommio::sync::StaticPermit> {
-        if let Ok(p) = self.read_slots.try_acquire_static_permit(1) {
+    async fn read_slot(&self, cancel: &Cell<bool>) -> Option<Permit> {
+        if let Some(p) = self.read_slots.try_acquire(1) {
             return Some(p);
         }
-        futures_lite::future::or(async { self.read_slots.acquire_static_permit(1).await.ok() }, async {
+        futures_lite::future::or(async { self.read_slots.acquire(1).await }, async {
             self.abandoned(cancel).await;
             None
         })
@@ -1202,13 +1202,13 @@ impl Conn {
         let cancel = self.register_cancel(id);
         let me = self.clone();
         // Woken by the writer's thread when new events are published.
-        shards::spawn_bulk(shards::reliable_wakes(async move {
+        shards::spawn_bulk(async move {
             me.run_subscription(id, query.clone(), crate::model::Position(s.after), &cancel).await;
             release(query);
             me.unregister_cancel(id, &cancel);
             me.subscriptions.set(me.subscriptions.get() - 1);
             me.ctx.active_subscriptions.fetch_sub(1, Ordering::SeqCst);
-        }));
+        });
     }
 
     async fn run_subscription(&self, id: u64, query: Arc<QueryMatcher>, after: crate::model::Position, cancel: &Cell<bool>) {
@@ -1304,7 +1304,7 @@ impl Conn {
                 announced = true;
             }
             let _ = futures_lite::future::or(async { Some(sub.wait().await) }, async {
-                glommio::timer::sleep(tick).await;
+                shards::sleep(tick).await;
                 None
             })
             .await;
