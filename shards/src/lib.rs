@@ -37,11 +37,8 @@ pub const IO_MEMORY: usize = 64 << 10;
 /// kernel should be at least 5.8") followed by "shard 0 stopped before it could listen".
 ///
 /// # Errors
-/// A sentence for the operator, naming the cause by the error of `io_uring_setup`: `ENOSYS`
-/// (a kernel without io_uring), `EPERM`/`EACCES` (refused: the `kernel.io_uring_disabled`
-/// sysctl or a seccomp filter, such as Docker's default profile), `ENOMEM` (locked memory on
-/// older kernels), anything else with its errno text.
-pub fn io_uring_usable() -> Result<(), String> {
+/// [`IoUringUnusable`], with the error of `io_uring_setup`.
+pub fn io_uring_usable() -> Result<(), IoUringUnusable> {
     // struct io_uring_params is 120 bytes; all zero asks for a plain ring.
     let mut params = [0u64; 15];
     // SAFETY: io_uring_setup(2) with a valid, writable params buffer of the kernel's size.
@@ -51,15 +48,30 @@ pub fn io_uring_usable() -> Result<(), String> {
         unsafe { libc::close(fd as i32) };
         return Ok(());
     }
-    let e = std::io::Error::last_os_error();
-    let why = match e.raw_os_error() {
-        Some(libc::ENOSYS) => "this kernel has no io_uring (glommio needs Linux 5.8 or later, built with CONFIG_IO_URING)".to_owned(),
-        Some(libc::EPERM) | Some(libc::EACCES) => "io_uring is refused to this process: by the sysctl kernel.io_uring_disabled (1 allows it only to the group kernel.io_uring_group names, 2 to no one), or by a seccomp filter such as Docker's default profile (since Docker 25; run the container with a profile that allows io_uring_setup, io_uring_enter and io_uring_register)".to_owned(),
-        Some(libc::ENOMEM) => "the kernel refused the ring's memory (on kernels before 5.12 it counts against the locked-memory limit: raise ulimit -l / LimitMEMLOCK)".to_owned(),
-        _ => "io_uring_setup failed".to_owned(),
-    };
-    Err(format!("cannot use io_uring, which every shard's runtime (glommio) needs: {why} ({e})"))
+    Err(IoUringUnusable(std::io::Error::last_os_error()))
 }
+
+/// This process cannot create an io_uring instance ([`io_uring_usable`]): the error of
+/// `io_uring_setup(2)`. Its message is a sentence for the operator naming the cause by that
+/// error: `ENOSYS` (a kernel without io_uring), `EPERM`/`EACCES` (refused: the
+/// `kernel.io_uring_disabled` sysctl or a seccomp filter, such as Docker's default profile),
+/// `ENOMEM` (locked memory on older kernels), anything else with its errno text.
+#[derive(Debug)]
+pub struct IoUringUnusable(pub std::io::Error);
+
+impl std::fmt::Display for IoUringUnusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let why = match self.0.raw_os_error() {
+            Some(libc::ENOSYS) => "this kernel has no io_uring (glommio needs Linux 5.8 or later, built with CONFIG_IO_URING)",
+            Some(libc::EPERM) | Some(libc::EACCES) => "io_uring is refused to this process: by the sysctl kernel.io_uring_disabled (1 allows it only to the group kernel.io_uring_group names, 2 to no one), or by a seccomp filter such as Docker's default profile (since Docker 25; run the container with a profile that allows io_uring_setup, io_uring_enter and io_uring_register)",
+            Some(libc::ENOMEM) => "the kernel refused the ring's memory (on kernels before 5.12 it counts against the locked-memory limit: raise ulimit -l / LimitMEMLOCK)",
+            _ => "io_uring_setup failed",
+        };
+        write!(f, "cannot use io_uring, which every shard's runtime (glommio) needs: {why} ({})", self.0)
+    }
+}
+
+impl std::error::Error for IoUringUnusable {}
 
 /// Raises `RLIMIT_MEMLOCK` so every executor can register its I/O buffers (best effort, once
 /// per process) and returns the io_memory each executor asks for: [`IO_MEMORY`], already the
@@ -79,18 +91,35 @@ pub const MIN_MEMLOCK: u64 = 512 << 10;
 /// "shard 0 stopped before it could listen".
 ///
 /// # Errors
-/// A sentence for the operator giving the limit and how to raise it.
-pub fn memlock_sufficient() -> Result<(), String> {
+/// [`MemlockTooLow`], with the limit the process ends at.
+pub fn memlock_sufficient() -> Result<(), MemlockTooLow> {
     let limit = raise_memlock();
     if limit >= MIN_MEMLOCK {
         return Ok(());
     }
-    Err(format!(
-        "the locked-memory limit (RLIMIT_MEMLOCK) is {} KiB and cannot be raised by this process; every shard's runtime (glommio) needs at least {} KiB: raise it (ulimit -l, systemd's LimitMEMLOCK=, docker run --ulimit memlock=-1, or run with CAP_SYS_RESOURCE)",
-        limit >> 10,
-        MIN_MEMLOCK >> 10
-    ))
+    Err(MemlockTooLow { limit })
 }
+
+/// The locked-memory limit is below [`MIN_MEMLOCK`] and this process cannot raise it
+/// ([`memlock_sufficient`]). Its message gives the limit and how to raise it.
+#[derive(Debug)]
+pub struct MemlockTooLow {
+    /// The soft `RLIMIT_MEMLOCK` after raising it as far as the process may, in bytes.
+    pub limit: u64,
+}
+
+impl std::fmt::Display for MemlockTooLow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the locked-memory limit (RLIMIT_MEMLOCK) is {} KiB and cannot be raised by this process; every shard's runtime (glommio) needs at least {} KiB: raise it (ulimit -l, systemd's LimitMEMLOCK=, docker run --ulimit memlock=-1, or run with CAP_SYS_RESOURCE)",
+            self.limit >> 10,
+            MIN_MEMLOCK >> 10
+        )
+    }
+}
+
+impl std::error::Error for MemlockTooLow {}
 
 /// Raises `RLIMIT_MEMLOCK` (soft) as far as the process may, once: to unlimited when it may
 /// (root, `CAP_SYS_RESOURCE`), else to the hard limit. Returns the soft limit it ends at.

@@ -43,8 +43,8 @@ pub struct Context {
     /// The connection cap was reached and said; cleared once a connection is accepted.
     pub(super) cap_warned: AtomicBool,
     /// The open-files limit (`RLIMIT_NOFILE`, soft) when the server started: connections are
-    /// refused once a new one's descriptor comes within [`FD_RESERVE`] (at most an eighth of
-    /// it) of it.
+    /// refused once a new one's descriptor comes within [`super::shard::FD_RESERVE`] (at most
+    /// an eighth of it) of it.
     pub(super) open_files: u64,
     /// The descriptor reserve was reached and said; cleared once a connection is accepted.
     pub(super) fd_warned: AtomicBool,

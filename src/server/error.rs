@@ -7,14 +7,14 @@ use std::path::PathBuf;
 /// messages are for the operator (the binary prints them after `error: `).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// io_uring, which every shard's runtime needs, cannot be used on this host (the
-    /// operator's sentence from [`shards::io_uring_usable`]: which refusal, and what to change).
-    #[error("{0}")]
-    IoUring(String),
-    /// The locked-memory limit is below what a shard's runtime needs and cannot be raised (the
-    /// sentence from [`shards::memlock_sufficient`]).
-    #[error("{0}")]
-    LockedMemory(String),
+    /// io_uring, which every shard's runtime needs, cannot be used on this host
+    /// ([`shards::io_uring_usable`]; the message says which refusal, and what to change).
+    #[error(transparent)]
+    IoUring(#[from] shards::IoUringUnusable),
+    /// The locked-memory limit is below what a shard's runtime needs and cannot be raised
+    /// ([`shards::memlock_sufficient`]; the message gives the limit and how to raise it).
+    #[error(transparent)]
+    LockedMemory(#[from] shards::MemlockTooLow),
     /// `tls.cert` or `tls.key` could not be loaded.
     #[error(transparent)]
     Tls(#[from] super::tls::TlsError),

@@ -134,8 +134,8 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
 /// Checks, before anything is opened, that this host can run the shards' runtime: io_uring
 /// ([`shards::io_uring_usable`]) and enough locked memory ([`shards::memlock_sufficient`]).
 fn check_host() -> Result<(), StartError> {
-    shards::io_uring_usable().map_err(StartError::IoUring)?;
-    shards::memlock_sufficient().map_err(StartError::LockedMemory)
+    shards::io_uring_usable()?;
+    Ok(shards::memlock_sufficient()?)
 }
 
 /// Refuses an address another listener holds, after waiting a little for a previous server of

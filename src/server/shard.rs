@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// What a shard that has bound its listener does next (see [`start`]).
+/// What a shard that has bound its listener does next (see [`Launch`]).
 #[derive(Clone, Copy)]
 enum Word {
     /// Serve: the address is ours alone.
