@@ -7,8 +7,16 @@
 //! (`tephra-commit`), which blocks in `pwrite` and `fdatasync` the way the reference's writer
 //! thread does, so a commit costs no io_uring worker hand-offs and no shard's connections wait
 //! behind it. Appends cross to it over the bounded writer queue; results come back grouped per
-//! shard per commit. Reads and
-//! subscriptions run on the connection's shard. (DESIGN "Shape", seed "Backpressure".)
+//! shard per commit. Reads and subscriptions run on the connection's shard. (DESIGN "Shape",
+//! seed "Backpressure".)
+//!
+//! Code map: [`start`] runs the start as a sequence of named steps; `exclusive` holds the
+//! start-up checks against other processes (a previous server still exiting, another server on
+//! the address), `tls` loads the certificate and key, `shard` starts the shards, binds their
+//! listeners and runs each one's accept loop, `conn` serves one connection, `reply` routes
+//! append results back to their connections, [`Context`] is the state every shard shares, and
+//! [`StartError`] says which stage of a start failed. Everything runtime-specific goes through
+//! the `shards` crate.
 
 mod conn;
 mod context;

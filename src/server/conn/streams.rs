@@ -270,7 +270,8 @@ impl Conn {
         self.ctx.active_subscriptions.fetch_add(1, Ordering::SeqCst);
         let cancel = self.register_cancel(id);
         let me = self.clone();
-        // Woken by the writer's thread when new events are published.
+        // Woken by the writer's thread when new events are published (spawn_bulk makes that
+        // wake-up reach a sleeping shard).
         shards::spawn_bulk(async move {
             me.run_subscription(id, query.clone(), crate::model::Position(s.after), &cancel).await;
             release(query);
