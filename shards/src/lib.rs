@@ -693,6 +693,30 @@ mod tests {
         assert!(!ran.load(Ordering::SeqCst), "an abandoned job ran");
     }
 
+    /// A task spawned on an executor gives its output to whoever awaits it, a semaphore's
+    /// units come back with their permit, and an executor whose future panicked says so.
+    #[test]
+    fn spawned_tasks_answer_and_a_panicked_executor_is_named() {
+        let h = super::spawn_executor("shards-test", None, || async {
+            let units = super::sync::Semaphore::new(1);
+            let held = units.try_acquire(1).expect("one unit free");
+            assert!(units.try_acquire(1).is_none());
+            let waiting = super::spawn({
+                let units = units.clone();
+                async move { units.acquire(1).await.is_some() }
+            });
+            super::sleep(std::time::Duration::from_millis(1)).await;
+            drop(held);
+            let got = waiting.await;
+            let answer = super::spawn(async { 6 * 7 }).await;
+            (got, answer)
+        })
+        .unwrap();
+        assert_eq!(h.join().unwrap(), (true, 42));
+        let h = super::spawn_executor("shards-test", None, || async { panic!("on purpose") }).unwrap();
+        assert!(matches!(h.join(), Err(super::ExecutorEnd::Panicked)));
+    }
+
     #[test]
     fn busy_executors_are_kicked_every_round_idle_ones_every_50_ms() {
         let kicked: Vec<u32> = (0..=200).filter(|&q| kick_due(q)).collect();
