@@ -522,7 +522,7 @@ fn process_mask() -> Option<&'static nix::sched::CpuSet> {
         .as_ref()
 }
 
-/// The CPUs of the process's mask (see [`process_mask`]: the first call reads it from the
+/// The CPUs of the process's mask (see `process_mask`: the first call reads it from the
 /// calling thread, so call it at start from an unpinned thread), ascending. Empty when the
 /// mask cannot be read.
 pub fn allowed_cpus() -> Vec<usize> {

@@ -84,7 +84,7 @@ pub enum StartError {
     #[error("a shard stopped while binding")]
     ShardEndedRebinding,
     /// Another server began listening on the address while this one was binding, and the
-    /// address was still shared after [`super::exclusive::BIND_ATTEMPTS`] binds.
+    /// address was still shared after 4 binds.
     #[error("cannot bind {addr}: another server began listening on {} while this one was binding; refusing to share the address (start one server per address)", holders.join(", "))]
     AddressShared {
         /// The listen address.
