@@ -82,3 +82,55 @@ impl Batch {
 pub(super) fn too_large_to_send(e: impl std::fmt::Display) -> response::Kind {
     response::Kind::Error(convert::internal_error(format!("event too large to send: {e} (raise server.max_frame_len to read it)")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Batch;
+    use crate::config::ReadsSettings;
+    use crate::proto::messages::response;
+    use crate::{Event, EventType, Position, Tags};
+
+    /// The positions in each `ReadEvents` frame, and the frames' body lengths.
+    fn decoded(frames: &[Vec<u8>]) -> (Vec<Vec<u64>>, Vec<usize>) {
+        let positions = frames
+            .iter()
+            .map(|f| match <crate::proto::Response as prost::Message>::decode(&f[4..]).unwrap().kind {
+                Some(response::Kind::ReadEvents(b)) => b.events.iter().map(|e| e.position).collect(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        (positions, frames.iter().map(|f| f.len() - 4).collect())
+    }
+
+    /// Reads and subscriptions frame alike: a batch is cut once it holds `batch_events`, before
+    /// an event that would push its frame past `max_frame_len`, and never empty; an event that
+    /// fits no frame is an error.
+    #[test]
+    fn a_batch_is_cut_when_full_and_before_it_outgrows_a_frame() {
+        let ev = Event::new(&EventType::new("E").unwrap(), &Tags::new(["t"]).unwrap(), &[7u8; 100]).unwrap();
+        let cfg = ReadsSettings { batch_events: 3, batch_bytes: usize::MAX, ..ReadsSettings::default() };
+        let mut frames = Vec::new();
+        let mut b = Batch::new(9, 1 << 20);
+        let full: Vec<bool> = (1..=7).map(|p| b.add(Position(p), &ev.as_ref(), &cfg, &mut frames).unwrap()).collect();
+        assert_eq!(full, [false, false, true, false, false, true, false]);
+        b.cut(&mut frames).unwrap();
+        b.cut(&mut frames).unwrap();
+        let (positions, lens) = decoded(&frames);
+        assert_eq!(positions, [vec![1, 2, 3], vec![4, 5, 6], vec![7]]);
+        // A frame cap below three events' frame: no frame goes over it, every event is sent.
+        let cap = lens[0] as u32 - 1;
+        let cfg = ReadsSettings { batch_events: 100, ..cfg };
+        let (mut frames, mut b) = (Vec::new(), Batch::new(9, cap));
+        for p in 1..=7 {
+            assert!(!b.add(Position(p), &ev.as_ref(), &cfg, &mut frames).unwrap());
+        }
+        b.cut(&mut frames).unwrap();
+        let (positions, lens) = decoded(&frames);
+        assert!(positions.len() > 2 && lens.iter().all(|&l| l <= cap as usize), "{positions:?} {lens:?}");
+        assert_eq!(positions.concat(), (1..=7).collect::<Vec<u64>>());
+        // An event larger than any frame.
+        let (mut frames, mut b) = (Vec::new(), Batch::new(9, 64));
+        assert!(!b.add(Position(1), &ev.as_ref(), &cfg, &mut frames).unwrap());
+        assert!(b.cut(&mut frames).is_err() && frames.is_empty());
+    }
+}
