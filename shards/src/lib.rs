@@ -3,7 +3,17 @@
 //! about events.
 //!
 //! glommio is pinned to `=0.9.0` (DESIGN "Boxes"); everything runtime-specific that the
-//! server needs goes through this crate so the runtime stays swappable.
+//! server needs goes through this crate so the runtime stays swappable: its executors
+//! ([`spawn_executor`], [`Executor`]), tasks ([`spawn`], [`spawn_bulk`], [`Task`]), timers
+//! ([`sleep`]), network types ([`net`]) and synchronisation ([`sync`]). Every task spawned
+//! through it gets [`reliable_wakes`], so no call site can forget them. Outside this crate the
+//! workspace's `clippy.toml` refuses glommio's own types and functions.
+
+// The one place glommio is named (the lint is for everyone else).
+#![allow(clippy::disallowed_types, clippy::disallowed_methods)]
+
+pub mod net;
+pub mod sync;
 
 use glommio::{LocalExecutorBuilder, Placement};
 use std::future::Future;
@@ -27,11 +37,8 @@ pub const IO_MEMORY: usize = 64 << 10;
 /// kernel should be at least 5.8") followed by "shard 0 stopped before it could listen".
 ///
 /// # Errors
-/// A sentence for the operator, naming the cause by the error of `io_uring_setup`: `ENOSYS`
-/// (a kernel without io_uring), `EPERM`/`EACCES` (refused: the `kernel.io_uring_disabled`
-/// sysctl or a seccomp filter, such as Docker's default profile), `ENOMEM` (locked memory on
-/// older kernels), anything else with its errno text.
-pub fn io_uring_usable() -> Result<(), String> {
+/// [`IoUringUnusable`], with the error of `io_uring_setup`.
+pub fn io_uring_usable() -> Result<(), IoUringUnusable> {
     // struct io_uring_params is 120 bytes; all zero asks for a plain ring.
     let mut params = [0u64; 15];
     // SAFETY: io_uring_setup(2) with a valid, writable params buffer of the kernel's size.
@@ -41,15 +48,30 @@ pub fn io_uring_usable() -> Result<(), String> {
         unsafe { libc::close(fd as i32) };
         return Ok(());
     }
-    let e = std::io::Error::last_os_error();
-    let why = match e.raw_os_error() {
-        Some(libc::ENOSYS) => "this kernel has no io_uring (glommio needs Linux 5.8 or later, built with CONFIG_IO_URING)".to_owned(),
-        Some(libc::EPERM) | Some(libc::EACCES) => "io_uring is refused to this process: by the sysctl kernel.io_uring_disabled (1 allows it only to the group kernel.io_uring_group names, 2 to no one), or by a seccomp filter such as Docker's default profile (since Docker 25; run the container with a profile that allows io_uring_setup, io_uring_enter and io_uring_register)".to_owned(),
-        Some(libc::ENOMEM) => "the kernel refused the ring's memory (on kernels before 5.12 it counts against the locked-memory limit: raise ulimit -l / LimitMEMLOCK)".to_owned(),
-        _ => "io_uring_setup failed".to_owned(),
-    };
-    Err(format!("cannot use io_uring, which every shard's runtime (glommio) needs: {why} ({e})"))
+    Err(IoUringUnusable(std::io::Error::last_os_error()))
 }
+
+/// This process cannot create an io_uring instance ([`io_uring_usable`]): the error of
+/// `io_uring_setup(2)`. Its message is a sentence for the operator naming the cause by that
+/// error: `ENOSYS` (a kernel without io_uring), `EPERM`/`EACCES` (refused: the
+/// `kernel.io_uring_disabled` sysctl or a seccomp filter, such as Docker's default profile),
+/// `ENOMEM` (locked memory on older kernels), anything else with its errno text.
+#[derive(Debug)]
+pub struct IoUringUnusable(pub std::io::Error);
+
+impl std::fmt::Display for IoUringUnusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let why = match self.0.raw_os_error() {
+            Some(libc::ENOSYS) => "this kernel has no io_uring (glommio needs Linux 5.8 or later, built with CONFIG_IO_URING)",
+            Some(libc::EPERM) | Some(libc::EACCES) => "io_uring is refused to this process: by the sysctl kernel.io_uring_disabled (1 allows it only to the group kernel.io_uring_group names, 2 to no one), or by a seccomp filter such as Docker's default profile (since Docker 25; run the container with a profile that allows io_uring_setup, io_uring_enter and io_uring_register)",
+            Some(libc::ENOMEM) => "the kernel refused the ring's memory (on kernels before 5.12 it counts against the locked-memory limit: raise ulimit -l / LimitMEMLOCK)",
+            _ => "io_uring_setup failed",
+        };
+        write!(f, "cannot use io_uring, which every shard's runtime (glommio) needs: {why} ({})", self.0)
+    }
+}
+
+impl std::error::Error for IoUringUnusable {}
 
 /// Raises `RLIMIT_MEMLOCK` so every executor can register its I/O buffers (best effort, once
 /// per process) and returns the io_memory each executor asks for: [`IO_MEMORY`], already the
@@ -69,18 +91,35 @@ pub const MIN_MEMLOCK: u64 = 512 << 10;
 /// "shard 0 stopped before it could listen".
 ///
 /// # Errors
-/// A sentence for the operator giving the limit and how to raise it.
-pub fn memlock_sufficient() -> Result<(), String> {
+/// [`MemlockTooLow`], with the limit the process ends at.
+pub fn memlock_sufficient() -> Result<(), MemlockTooLow> {
     let limit = raise_memlock();
     if limit >= MIN_MEMLOCK {
         return Ok(());
     }
-    Err(format!(
-        "the locked-memory limit (RLIMIT_MEMLOCK) is {} KiB and cannot be raised by this process; every shard's runtime (glommio) needs at least {} KiB: raise it (ulimit -l, systemd's LimitMEMLOCK=, docker run --ulimit memlock=-1, or run with CAP_SYS_RESOURCE)",
-        limit >> 10,
-        MIN_MEMLOCK >> 10
-    ))
+    Err(MemlockTooLow { limit })
 }
+
+/// The locked-memory limit is below [`MIN_MEMLOCK`] and this process cannot raise it
+/// ([`memlock_sufficient`]). Its message gives the limit and how to raise it.
+#[derive(Debug)]
+pub struct MemlockTooLow {
+    /// The soft `RLIMIT_MEMLOCK` after raising it as far as the process may, in bytes.
+    pub limit: u64,
+}
+
+impl std::fmt::Display for MemlockTooLow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the locked-memory limit (RLIMIT_MEMLOCK) is {} KiB and cannot be raised by this process; every shard's runtime (glommio) needs at least {} KiB: raise it (ulimit -l, systemd's LimitMEMLOCK=, docker run --ulimit memlock=-1, or run with CAP_SYS_RESOURCE)",
+            self.limit >> 10,
+            MIN_MEMLOCK >> 10
+        )
+    }
+}
+
+impl std::error::Error for MemlockTooLow {}
 
 /// Raises `RLIMIT_MEMLOCK` (soft) as far as the process may, once: to unlimited when it may
 /// (root, `CAP_SYS_RESOURCE`), else to the hard limit. Returns the soft limit it ends at.
@@ -112,8 +151,8 @@ thread_local! {
 /// there and calls [`bulk_yield`] between steps, so that the default queue, where connections
 /// read requests and answer appends, gets the executor back every [`BULK_SLICE_US`] or so
 /// (appends on a shard running 128 scans: p99 1.4 ms, worst ~5 ms; before, an append waited
-/// for all the scans). Tasks that `fut` spawns stay in the bulk queue.
-/// Cross-thread wake-ups of a bulk task need [`reliable_wakes`] as anywhere else.
+/// for all the scans). Tasks that `fut` spawns stay in the bulk queue. Like every spawn here,
+/// it runs `fut` with [`reliable_wakes`].
 ///
 /// # Panics
 /// Outside a glommio executor.
@@ -127,7 +166,41 @@ pub fn spawn_bulk(fut: impl Future<Output = ()> + 'static) {
         }
     });
     // The handle was created by this thread's executor, the only one it ever runs.
-    glommio::spawn_local_into(fut, queue).expect("the bulk queue belongs to this executor").detach();
+    glommio::spawn_local_into(reliable_wakes(fut), queue).expect("the bulk queue belongs to this executor").detach();
+}
+
+/// Spawns `fut` on this executor's default task queue, with [`reliable_wakes`]: a wake-up it
+/// receives from another thread (a reply from the writer, a blocking job done) reaches the
+/// executor even while it sleeps. Dropping the returned [`Task`] cancels it; [`Task::detach`]
+/// lets it run on its own.
+///
+/// # Panics
+/// Outside a glommio executor.
+pub fn spawn<T: 'static>(fut: impl Future<Output = T> + 'static) -> Task<T> {
+    Task(glommio::spawn_local(reliable_wakes(fut)))
+}
+
+/// A task spawned by [`spawn`]: awaiting it gives its output; dropping it cancels it.
+pub struct Task<T>(glommio::Task<T>);
+
+impl<T> Task<T> {
+    /// Lets the task run to its end on its own.
+    pub fn detach(self) {
+        self.0.detach();
+    }
+}
+
+impl<T> Future for Task<T> {
+    type Output = T;
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        std::pin::Pin::new(&mut self.get_mut().0).poll(cx)
+    }
+}
+
+/// Waits `wait` on this executor's timers (they may oversleep by up to [`KICK_US`] while the
+/// executor is busy, [`KICK_IDLE_ROUNDS`] kicks while it idles: see the notes on waking).
+pub async fn sleep(wait: std::time::Duration) {
+    glommio::timer::sleep(wait).await;
 }
 
 /// How long the bulk tasks of an executor may run, together, before they step aside for its
@@ -164,7 +237,7 @@ pub async fn bulk_yield() {
         if now.duration_since(start) < std::time::Duration::from_micros(BULK_SLICE_US) {
             return;
         }
-        glommio::timer::sleep(std::time::Duration::from_micros(BULK_PAUSE_US)).await;
+        sleep(std::time::Duration::from_micros(BULK_PAUSE_US)).await;
         BULK_SLICE.with(|s| {
             if s.get().0 == slice {
                 s.set((slice.wrapping_add(1), Some(std::time::Instant::now())));
@@ -449,7 +522,7 @@ fn process_mask() -> Option<&'static nix::sched::CpuSet> {
         .as_ref()
 }
 
-/// The CPUs of the process's mask (see [`process_mask`]: the first call reads it from the
+/// The CPUs of the process's mask (see `process_mask`: the first call reads it from the
 /// calling thread, so call it at start from an unpinned thread), ascending. Empty when the
 /// mask cannot be read.
 pub fn allowed_cpus() -> Vec<usize> {
@@ -488,13 +561,38 @@ pub fn placement(shards: usize, allowed: &[usize]) -> Vec<Option<usize>> {
 /// Threads of [`run_blocking`].
 pub const BLOCKING_THREADS: usize = 4;
 
+/// An executor thread started by [`spawn_executor`].
+pub struct Executor<T: Send + 'static>(glommio::ExecutorJoinHandle<T>);
+
+/// Why an executor's thread ended without its future's output.
+#[derive(Debug)]
+pub enum ExecutorEnd {
+    /// The thread panicked (its future, or the runtime's set-up).
+    Panicked,
+    /// The runtime could not be set up (glommio's error, in words).
+    Failed(String),
+}
+
+impl<T: Send + 'static> Executor<T> {
+    /// Waits for the thread to end.
+    ///
+    /// # Errors
+    /// [`ExecutorEnd`] when it ended without the future's output.
+    pub fn join(self) -> Result<T, ExecutorEnd> {
+        self.0.join().map_err(|e| match e {
+            glommio::GlommioError::BuilderError(glommio::BuilderErrorKind::ThreadPanic(_)) => ExecutorEnd::Panicked,
+            e => ExecutorEnd::Failed(e.to_string()),
+        })
+    }
+}
+
 /// Spawns one glommio executor thread named `name`, optionally pinned to `cpu`, running the
 /// future built by `make` on it with [`reliable_wakes`], its [`Nudge`] installed and registered
-/// with the kicker. Returns the thread's join handle.
+/// with the kicker. Returns the thread's handle.
 ///
 /// # Errors
 /// The I/O error glommio reports when the executor cannot start (no io_uring, memlock).
-pub fn spawn_executor<G, F, T>(name: &str, cpu: Option<usize>, make: G) -> std::io::Result<glommio::ExecutorJoinHandle<T>>
+pub fn spawn_executor<G, F, T>(name: &str, cpu: Option<usize>, make: G) -> std::io::Result<Executor<T>>
 where
     G: FnOnce() -> F + Send + 'static,
     F: Future<Output = T> + 'static,
@@ -518,6 +616,7 @@ where
             }
             reliable_wakes(make()).await
         })
+        .map(Executor)
         .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
@@ -592,6 +691,30 @@ mod tests {
         // The job queued after the abandoned one ran, and saw the abandoned one had not.
         assert_eq!(wanted.join().unwrap(), Some(false));
         assert!(!ran.load(Ordering::SeqCst), "an abandoned job ran");
+    }
+
+    /// A task spawned on an executor gives its output to whoever awaits it, a semaphore's
+    /// units come back with their permit, and an executor whose future panicked says so.
+    #[test]
+    fn spawned_tasks_answer_and_a_panicked_executor_is_named() {
+        let h = super::spawn_executor("shards-test", None, || async {
+            let units = super::sync::Semaphore::new(1);
+            let held = units.try_acquire(1).expect("one unit free");
+            assert!(units.try_acquire(1).is_none());
+            let waiting = super::spawn({
+                let units = units.clone();
+                async move { units.acquire(1).await.is_some() }
+            });
+            super::sleep(std::time::Duration::from_millis(1)).await;
+            drop(held);
+            let got = waiting.await;
+            let answer = super::spawn(async { 6 * 7 }).await;
+            (got, answer)
+        })
+        .unwrap();
+        assert_eq!(h.join().unwrap(), (true, 42));
+        let h = super::spawn_executor("shards-test", None, || async { panic!("on purpose") }).unwrap();
+        assert!(matches!(h.join(), Err(super::ExecutorEnd::Panicked)));
     }
 
     #[test]

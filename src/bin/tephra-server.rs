@@ -57,35 +57,9 @@ fn main() -> ExitCode {
     // one page fault (its CPU time, counted with getrusage); with THP off, p99.9 4.2 vs 5.5-7.4
     // ms and the worst request 9.6 vs 26-30 ms. The usual advice for latency-bound stores.
     let thp = nix::sys::prctl::set_thp_disable(true);
-    // Help as the reference reads it (review: scripts written for it must keep their exit
-    // codes): `help`, `--help` (and our `-h`) anywhere an option may stand ask for the usage.
-    // What comes before must parse (`--bogus --help` is refused); only more help words may
-    // follow, and one `--` last (`--help extra`, `--help -b ADDR` and `help -- extra` are
-    // refused, exit 1; `help help`, `help --` and `--healthcheck help` print the usage, exit
-    // 0). A help word in an option's value place (`-c help`) is that value.
-    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if let Some(at) = help_word_at(&argv) {
-        let after = &argv[at + 1..];
-        let after = if after.last().is_some_and(|a| a == "--") { &after[..after.len() - 1] } else { after };
-        if let Some(extra) = after.iter().find(|a| !is_help_word(a)) {
-            use clap::CommandFactory;
-            let e = ServerArgs::command().error(
-                clap::error::ErrorKind::UnknownArgument,
-                format!("unexpected argument '{}' after '{}': nothing but help may follow it", extra.to_string_lossy(), argv[at].to_string_lossy()),
-            );
-            let _ = e.print();
-            return ExitCode::from(1);
-        }
-        argv.truncate(at);
-        argv.push("--help".into());
-    }
-    let args = match ServerArgs::try_parse_from(argv) {
+    let args = match parse_args() {
         Ok(a) => a,
-        Err(e) => {
-            let code = if e.use_stderr() { 1 } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
-        }
+        Err(code) => return code,
     };
     let settings = match config::resolve(&args, config::process_env()) {
         Ok(s) => s,
@@ -97,6 +71,73 @@ fn main() -> ExitCode {
     if args.healthcheck {
         return healthcheck(&settings);
     }
+    init_logging(&settings);
+    if let Err(e) = thp {
+        tracing::warn!(error = %e, "cannot turn transparent huge pages off for this process (prctl PR_SET_THP_DISABLE); page faults may stall appends for milliseconds");
+    }
+    check_settings(&settings);
+    let serving = match take_signals() {
+        Ok(slot) => slot,
+        Err(e) => {
+            eprintln!("cannot block signals: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let started = if args.follow {
+        tephra::server::start_follower(settings, Duration::from_millis(args.follow_poll_ms.unwrap_or(100)))
+    } else {
+        tephra::server::start(settings)
+    };
+    let running = match started {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "tephra server failed to start");
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let _ = serving.set(running.context().clone());
+    running.wait();
+    ExitCode::SUCCESS
+}
+
+/// Parses the command line. Help as the reference reads it (review: scripts written for it
+/// must keep their exit codes): `help`, `--help` (and our `-h`) anywhere an option may stand
+/// ask for the usage. What comes before must parse (`--bogus --help` is refused); only more
+/// help words may follow, and one `--` last (`--help extra`, `--help -b ADDR` and `help --
+/// extra` are refused, exit 1; `help help`, `help --` and `--healthcheck help` print the
+/// usage, exit 0). A help word in an option's value place (`-c help`) is that value.
+///
+/// # Errors
+/// The exit code once the usage or the error has been printed.
+fn parse_args() -> Result<ServerArgs, ExitCode> {
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(at) = help_word_at(&argv) {
+        let after = &argv[at + 1..];
+        let after = if after.last().is_some_and(|a| a == "--") { &after[..after.len() - 1] } else { after };
+        if let Some(extra) = after.iter().find(|a| !is_help_word(a)) {
+            use clap::CommandFactory;
+            let e = ServerArgs::command().error(
+                clap::error::ErrorKind::UnknownArgument,
+                format!("unexpected argument '{}' after '{}': nothing but help may follow it", extra.to_string_lossy(), argv[at].to_string_lossy()),
+            );
+            let _ = e.print();
+            return Err(ExitCode::from(1));
+        }
+        argv.truncate(at);
+        argv.push("--help".into());
+    }
+    ServerArgs::try_parse_from(argv).map_err(|e| {
+        let code = if e.use_stderr() { 1 } else { 0 };
+        let _ = e.print();
+        ExitCode::from(code)
+    })
+}
+
+/// Starts logging to stdout under the configured filter (ANSI colours on a terminal unless
+/// `NO_COLOR` is set). An empty filter logs nothing, as the reference's does, so that is said
+/// on stderr first.
+fn init_logging(settings: &Settings) {
     if blank_filter(&settings.log_filter(config::process_env())) {
         // Logging is off from here on, as in the reference, so say it where it is still seen.
         eprintln!("tephra-server: note: the log filter (--log, the log key, TEPHRA__LOG or TEPHRA_LOG) is empty, so nothing is logged, the `tephra server listening` line included, as the reference does; leave it unset for info, or set it to off to silence the server without this note");
@@ -108,12 +149,14 @@ fn main() -> ExitCode {
     if let Some(w) = warning {
         tracing::warn!("{w}");
     }
-    if let Err(e) = thp {
-        tracing::warn!(error = %e, "cannot turn transparent huge pages off for this process (prctl PR_SET_THP_DISABLE); page faults may stall appends for milliseconds");
-    }
-    // The reference warns of every clamp (protocol spec §2.1, startup order). The default
-    // budget (8 MiB) over a small segment.size is the expected case, not a mistake: it is said
-    // at info (new-user review); a configured budget that does not fit is warned of.
+}
+
+/// Says which settings are clamped or defeat themselves, as the reference warns of every clamp
+/// (protocol spec §2.1, startup order), and raises the open-files limit for the connection cap
+/// ([`open_files_for`]). The default batch budget (8 MiB) over a small segment.size is the
+/// expected case, not a mistake: it is said at info (new-user review); a configured budget
+/// that does not fit is warned of.
+fn check_settings(settings: &Settings) {
     if settings.effective_max_batch_bytes() < settings.writer.max_batch_bytes {
         let (configured, effective) = (settings.writer.max_batch_bytes, settings.effective_max_batch_bytes());
         if configured == tephra::writer::WriterConfig::default().max_batch_bytes {
@@ -137,78 +180,73 @@ fn main() -> ExitCode {
         // Accepted, as by the reference: every request is then over budget and commits alone.
         tracing::warn!("writer.max_batch_bytes = 0: group commit is off, every append request is synced on its own");
     }
-    // Block the termination signals in every thread; one thread takes them with sigwait.
+}
+
+/// Where the signal thread finds the context of the server once it serves.
+type Serving = std::sync::Arc<std::sync::OnceLock<std::sync::Arc<tephra::server::Context>>>;
+
+/// Blocks the termination signals (SIGINT, SIGTERM, and SIGHUP: a closed terminal or a
+/// supervisor's stop, graceful too, as the reference's ctrlc termination set is) in every
+/// thread, and starts the one thread that takes them with sigwait. It runs from here on, so a
+/// signal during a long start (recovering a large store, rebuilding its indexes) is not left
+/// waiting for the start to finish (review: it was taken only once the server listened).
+/// Until the server is up it exits at once: nothing is served yet, and an interrupted recovery
+/// is redone at the next start. Returns where to put the server's context once it serves.
+///
+/// # Errors
+/// The signals could not be blocked.
+fn take_signals() -> nix::Result<Serving> {
     let mut set = nix::sys::signal::SigSet::empty();
     set.add(nix::sys::signal::Signal::SIGINT);
     set.add(nix::sys::signal::Signal::SIGTERM);
-    // A closed terminal or a supervisor's stop: graceful too, as the reference's (ctrlc's
-    // termination set) is.
     set.add(nix::sys::signal::Signal::SIGHUP);
-    if let Err(e) = set.thread_block() {
-        eprintln!("cannot block signals: {e}");
-        return ExitCode::from(1);
-    }
-    // The signal thread runs from here on, so a signal during a long start (recovering a large
-    // store, rebuilding its indexes) is not left waiting for the start to finish (review: it
-    // was taken only once the server listened). Until the server is up it exits at once:
-    // nothing is served yet, and an interrupted recovery is redone at the next start.
-    let serving: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<tephra::server::Context>>> = Default::default();
+    set.thread_block()?;
+    let serving = Serving::default();
     let slot = serving.clone();
-    std::thread::Builder::new()
-        .name("tephra-signals".into())
-        .spawn(move || {
-            let mut first = true;
-            loop {
-                let Ok(sig) = set.wait() else {
-                    std::thread::sleep(Duration::from_millis(10));
-                    continue;
-                };
-                // A start that has bound its listeners is handing its context over; before
-                // that, nothing is served yet.
-                let ctx = slot.get().cloned().or_else(|| {
-                    if !tephra::server::LISTENING.load(std::sync::atomic::Ordering::SeqCst) {
-                        return None;
-                    }
-                    let until = std::time::Instant::now() + Duration::from_secs(5);
-                    while std::time::Instant::now() < until {
-                        std::thread::sleep(Duration::from_millis(10));
-                        if let Some(c) = slot.get() {
-                            return Some(c.clone());
-                        }
-                    }
-                    None
-                });
-                match ctx {
-                    Some(ctx) if first => {
-                        tracing::info!(signal = ?sig, "shutting down gracefully; a second signal exits at once");
-                        ctx.shutdown();
-                        first = false;
-                    }
-                    Some(_) => std::process::exit(143),
-                    None => {
-                        tracing::info!(signal = ?sig, "signal during startup: exiting before serving");
-                        std::process::exit(143);
-                    }
-                }
+    std::thread::Builder::new().name("tephra-signals".into()).spawn(move || on_signals(set, slot)).expect("signal thread");
+    Ok(serving)
+}
+
+/// The signal thread: the first signal once serving is a graceful shutdown, a second one exits
+/// at once (143); before serving, any signal exits at once.
+fn on_signals(set: nix::sys::signal::SigSet, slot: Serving) {
+    let mut first = true;
+    loop {
+        let Ok(sig) = set.wait() else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        match serving_context(&slot) {
+            Some(ctx) if first => {
+                tracing::info!(signal = ?sig, "shutting down gracefully; a second signal exits at once");
+                ctx.shutdown();
+                first = false;
             }
-        })
-        .expect("signal thread");
-    let started = if args.follow {
-        tephra::server::start_follower(settings, Duration::from_millis(args.follow_poll_ms.unwrap_or(100)))
-    } else {
-        tephra::server::start(settings)
-    };
-    let running = match started {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(error = %e, "tephra server failed to start");
-            eprintln!("error: {e}");
-            return ExitCode::from(1);
+            Some(_) => std::process::exit(143),
+            None => {
+                tracing::info!(signal = ?sig, "signal during startup: exiting before serving");
+                std::process::exit(143);
+            }
         }
-    };
-    let _ = serving.set(running.context().clone());
-    running.wait();
-    ExitCode::SUCCESS
+    }
+}
+
+/// The serving server's context; a start that has bound its listeners is handing it over, so
+/// it is waited for (up to 5 s); before that, nothing is served yet (`None`).
+fn serving_context(slot: &Serving) -> Option<std::sync::Arc<tephra::server::Context>> {
+    slot.get().cloned().or_else(|| {
+        if !tephra::server::LISTENING.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+            if let Some(c) = slot.get() {
+                return Some(c.clone());
+            }
+        }
+        None
+    })
 }
 
 /// Whether the log filter `filter` holds no directive at all (`""`, `" "`, `","`): it then

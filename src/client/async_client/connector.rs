@@ -16,17 +16,18 @@ use futures_lite::{AsyncRead, AsyncWrite};
 /// `async-io`'s `Async<TcpStream>`, glommio's `TcpStream`, `futures-rustls` streams, and by
 /// tokio streams through `tokio-util`'s `compat`).
 ///
-/// Any closure returning a future implements it:
+/// Any closure returning a future implements it (on glommio, the same with its `TcpStream`:
+/// the test `runs_on_glommio` in `tests/async_client/cases.rs` does it):
 ///
 /// ```ignore
-/// // glommio, inside a LocalExecutor:
+/// // async-io's reactor, under any executor (here an async-executor `LocalExecutor`):
 /// let connect = move || async move {
-///     let s = glommio::net::TcpStream::connect(addr).await?;
-///     s.set_nodelay(true)?;
+///     let s = async_io::Async::<std::net::TcpStream>::connect(addr).await?;
+///     s.get_ref().set_nodelay(true)?;
 ///     Ok::<_, std::io::Error>(s)
 /// };
 /// let (client, driver) = AsyncClient::connect_with(connect, AsyncClientConfig::default()).await?;
-/// glommio::spawn_local(driver).detach();
+/// executor.spawn(driver).detach();
 /// ```
 pub trait Connector {
     /// The connected stream.
