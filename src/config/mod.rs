@@ -36,7 +36,7 @@ pub use load::{
     ENV_SEPARATOR,
 };
 pub use settings::{
-    segment_size_fits, MAX_KEEPALIVE_SECS, MAX_TIMEOUT_SECS, AuthSettings, BackpressureSettings, KeepaliveSettings, LimitSettings,
+    segment_size_fits, MAX_KEEPALIVE_SECS, MAX_TIMEOUT_SECS, AuthSettings, BackpressureSettings, JournalSettings, KeepaliveSettings, LimitSettings,
     MetricsSettings, ReadSettings, ReadsSettings, SegmentSettings, ServerSettings, Settings,
     SubscriptionSettings, TimeoutSettings, TlsSettings, TokenSettings, WriterSettings,
     COMMIT_MARKER_LEN, DEFAULT_BIND, DEFAULT_DATA_DIR, DEFAULT_LOG_FILTER, DEFAULT_SEGMENT_SIZE,

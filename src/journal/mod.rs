@@ -15,6 +15,8 @@ pub mod apply;
 pub mod command;
 pub mod directory;
 pub mod held;
+pub mod sequencer;
+pub mod store;
 pub mod model;
 
 pub use apply::{apply, Call, Outcome};

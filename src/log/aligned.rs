@@ -83,6 +83,11 @@ impl AlignedBuf {
         self.len += bytes.len();
     }
 
+    /// Shortens the buffer to `len` bytes (no-op when already shorter).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// Zero-fills up to the next multiple of [`BLOCK`].
     pub(crate) fn pad_to_block(&mut self) {
         let to = self.len.next_multiple_of(BLOCK);

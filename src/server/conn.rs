@@ -453,7 +453,14 @@ impl Conn {
                     None => self.lanes.error(id, convert::internal_error("stats could not be gathered")).await,
                 }
             }
-            Some(request::Kind::Hello(_) | request::Kind::Journal(_)) | None => self.lanes.error(id, convert::bad_request(text::NO_KIND)).await,
+            Some(request::Kind::Journal(j)) => {
+                let resp = match self.ctx.journals.get() {
+                    Some(journals) => journals.serve(j).await,
+                    None => crate::journal::sequencer::unavailable("this server serves no journals (a follower is read-only for events only)"),
+                };
+                self.lanes.control(id, response::Kind::Journal(resp)).await
+            }
+            Some(request::Kind::Hello(_)) | None => self.lanes.error(id, convert::bad_request(text::NO_KIND)).await,
         }
     }
 

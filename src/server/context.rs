@@ -42,6 +42,8 @@ pub struct Context {
     shutdown_event: event_listener::Event,
     /// The connection cap was reached and said; cleared once a connection is accepted.
     pub(super) cap_warned: AtomicBool,
+    /// The node's journals (docs/journals.md); unset on a follower, which serves none.
+    pub journals: std::sync::OnceLock<super::journal::Journals>,
     /// The open-files limit (`RLIMIT_NOFILE`, soft) when the server started: connections are
     /// refused once a new one's descriptor comes within [`super::shard::FD_RESERVE`] (at most
     /// an eighth of it) of it.
@@ -76,6 +78,7 @@ impl Context {
             cap_warned: AtomicBool::new(false),
             open_files: nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(u64::MAX, |(soft, _)| soft),
             fd_warned: AtomicBool::new(false),
+            journals: std::sync::OnceLock::new(),
             settings,
         }
     }

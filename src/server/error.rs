@@ -15,6 +15,9 @@ pub enum StartError {
     /// ([`shards::memlock_sufficient`]; the message gives the limit and how to raise it).
     #[error(transparent)]
     LockedMemory(#[from] shards::MemlockTooLow),
+    /// The journal command log (`journals/` in the data directory) refused to open.
+    #[error(transparent)]
+    Journals(crate::journal::store::StoreError),
     /// `tls.cert` or `tls.key` could not be loaded.
     #[error(transparent)]
     Tls(#[from] super::tls::TlsError),

@@ -22,6 +22,7 @@ mod conn;
 mod context;
 mod error;
 mod exclusive;
+pub mod journal;
 pub mod metrics;
 mod reply;
 mod shard;
@@ -130,6 +131,13 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     let ctx = Arc::new(Context::new(settings, opened.handle.clone(), tls));
     let n = shard_count(&ctx);
     let writer = start_writer(opened.writer)?;
+    if opened.follower.is_none() {
+        let journals = journal::Journals::start(&ctx.settings.data_dir, ctx.settings.journal.clone()).map_err(|e| {
+            ctx.shutdown();
+            StartError::Journals(e)
+        })?;
+        let _ = ctx.journals.set(journals);
+    }
     // Again right before binding, since opening a large store takes a while.
     check_address_free(bind, &ctx.settings.data_dir).inspect_err(|_| ctx.shutdown())?;
     crate::fault::pause_point("before_bind");

@@ -1,0 +1,459 @@
+//! The journal sequencer: one thread per node that judges every journal call in log order,
+//! stages the calls that change something in the command log, commits them in groups (many
+//! journals' writes share one sync), and releases each answer only once the state it was
+//! judged against is durable. Readers see only what it has published, which is durable.
+//!
+//! Source: docs/journals.md §4 and §6.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::proto::{JournalDurability, JournalInfo, JournalMode, JournalOutcome, JournalResponse, JournalView};
+
+use super::apply::Outcome;
+use super::command::{decode, Command, EntryId};
+use super::directory::{Answer, Directory};
+use super::held::{Held, Loc};
+use super::model::{JournalId, LeaderUuid, Mode, StoreDurability, View};
+use super::store::{JournalStore, Segments, StoreError};
+
+/// One call for the sequencer, with where to send its answer.
+pub enum Call {
+    /// A journal command, already encoded by the connection's shard (docs/journals.md §4.2).
+    Command {
+        /// The encoded command.
+        payload: Vec<u8>,
+        /// Where the answer goes.
+        reply: flume::Sender<JournalResponse>,
+    },
+    /// Create `tenant/journal`, the tenant too when it does not exist, under the given ids
+    /// (drawn at random by the caller, non-zero).
+    Create {
+        /// The tenant's name.
+        tenant: String,
+        /// The journal's name.
+        journal: String,
+        /// The writer mode.
+        mode: Mode,
+        /// The store durability.
+        durability: StoreDurability,
+        /// The id the tenant gets if it is new.
+        tenant_id: u64,
+        /// The id the journal gets.
+        journal_id: u64,
+        /// Where the answer goes.
+        reply: flume::Sender<JournalResponse>,
+    },
+    /// List the journals of a tenant (all tenants for an empty name).
+    List {
+        /// The tenant's name, or empty.
+        tenant: String,
+        /// Where the answer goes.
+        reply: flume::Sender<JournalResponse>,
+    },
+}
+
+/// The durable state of one journal as readers see it.
+pub struct Shown {
+    /// Its state.
+    pub state: Mutex<ShownState>,
+    /// Notified after every commit that moved its tail (and when it is deleted).
+    pub tail: event_listener::Event,
+}
+
+/// See [`Shown`].
+#[derive(Clone, Debug)]
+pub struct ShownState {
+    /// The durable view.
+    pub view: View,
+    /// The held records' locations.
+    pub held: Held,
+    /// Whether the journal was deleted (readers then answer unknown journal).
+    pub deleted: bool,
+}
+
+/// What the sequencer has made durable, shared with every shard.
+pub struct Published {
+    journals: RwLock<HashMap<JournalId, Arc<Shown>>>,
+    /// The command log's segments, for reading records.
+    pub segments: Arc<Segments>,
+    stopped: RwLock<Option<String>>,
+}
+
+impl Published {
+    /// The journal, if it exists (durably).
+    pub fn journal(&self, id: JournalId) -> Option<Arc<Shown>> {
+        self.journals.read().unwrap().get(&id).cloned()
+    }
+
+    /// Why the sequencer stopped judging calls (a failed write or sync), if it did.
+    pub fn stopped(&self) -> Option<String> {
+        self.stopped.read().unwrap().clone()
+    }
+
+    fn set(&self, id: JournalId, view: View, held: Held) {
+        let mut map = self.journals.write().unwrap();
+        match map.get(&id) {
+            Some(s) => {
+                let mut st = s.state.lock().unwrap();
+                st.view = view;
+                st.held = held;
+                st.deleted = false;
+            }
+            None => {
+                map.insert(id, Arc::new(Shown { state: Mutex::new(ShownState { view, held, deleted: false }), tail: event_listener::Event::new() }));
+            }
+        }
+    }
+}
+
+/// A change judged in the open batch, published once the batch is durable.
+enum Change {
+    /// The journal's new view and held records.
+    Journal(JournalId),
+    /// The journal is gone.
+    Deleted(JournalId),
+}
+
+/// The sequencer's state: the directory (every journal's pending state), the held records,
+/// and the command log.
+pub struct Sequencer {
+    directory: Directory,
+    held: HashMap<JournalId, Held>,
+    store: JournalStore,
+    published: Arc<Published>,
+    /// Answers waiting for the open batch to be durable.
+    waiting: Vec<(flume::Sender<JournalResponse>, JournalResponse)>,
+    changes: Vec<Change>,
+    ordered: bool,
+}
+
+/// Most calls judged into one group commit.
+const MAX_GROUP: usize = 4096;
+
+impl Sequencer {
+    /// Opens the command log under `data_dir` and replays it.
+    ///
+    /// # Errors
+    /// [`StoreError`] from the log's recovery, or a command that does not decode.
+    pub fn open(data_dir: &Path, segment_size: u64) -> Result<Sequencer, StoreError> {
+        let mut directory = Directory::new();
+        let mut held: HashMap<JournalId, Held> = HashMap::new();
+        let (store, outcome) = JournalStore::open(data_dir, segment_size, |r| {
+            let (_, cmd) = decode(r.payload).map_err(|source| StoreError::Command { segment: data_dir.join(super::store::JOURNALS_DIR), position: r.position, source })?;
+            let answer = directory.apply(&cmd);
+            note_held(&mut held, &directory, &cmd, &answer, r.segment, r.offset, r.payload);
+            Ok(())
+        })?;
+        if let crate::log::OpenOutcome::RolledBack { segment, bytes, .. } = &outcome {
+            tracing::warn!(segment = %segment.display(), from = bytes.0, to = bytes.1, "journal log: rolled back a torn tail that was never acknowledged");
+        }
+        let published = Arc::new(Published { journals: RwLock::new(HashMap::new()), segments: store.segments(), stopped: RwLock::new(None) });
+        for t in directory.tenants().map(|(id, _)| id).collect::<Vec<_>>() {
+            for (id, e) in directory.journals_of(t) {
+                published.set(id, e.state.view(), held.get(&id).cloned().unwrap_or_default());
+            }
+        }
+        Ok(Sequencer { directory, held, store, published, waiting: Vec::new(), changes: Vec::new(), ordered: false })
+    }
+
+    /// What readers see.
+    pub fn published(&self) -> Arc<Published> {
+        Arc::clone(&self.published)
+    }
+
+    /// Runs until every sender of `calls` is gone: takes the calls waiting, judges them in
+    /// order, commits, answers.
+    pub fn run(mut self, calls: flume::Receiver<Call>) {
+        while let Ok(first) = calls.recv() {
+            self.judge(first);
+            for call in calls.try_iter().take(MAX_GROUP - 1) {
+                self.judge(call);
+            }
+            self.commit();
+        }
+    }
+
+    fn judge(&mut self, call: Call) {
+        if let Some(why) = self.published.stopped() {
+            let reply = match &call {
+                Call::Command { reply, .. } | Call::Create { reply, .. } | Call::List { reply, .. } => reply.clone(),
+            };
+            let _ = reply.send(unavailable(&why));
+            return;
+        }
+        match call {
+            Call::Command { payload, reply } => {
+                let answer = self.command(&payload);
+                self.answer(reply, answer);
+            }
+            Call::Create { tenant, journal, mode, durability, tenant_id, journal_id, reply } => {
+                let answer = self.create(&tenant, &journal, mode, durability, tenant_id, journal_id);
+                self.answer(reply, answer);
+            }
+            Call::List { tenant, reply } => {
+                let answer = self.list(&tenant);
+                self.answer(reply, answer);
+            }
+        }
+    }
+
+    /// Queues an answer behind the open batch, or sends it now when nothing is staged (the
+    /// state it was judged against is then durable).
+    fn answer(&mut self, reply: flume::Sender<JournalResponse>, answer: JournalResponse) {
+        if self.store.staged() == 0 {
+            let _ = reply.send(answer);
+        } else {
+            self.waiting.push((reply, answer));
+        }
+    }
+
+    fn command(&mut self, payload: &[u8]) -> JournalResponse {
+        let Ok((_, cmd)) = decode(payload) else {
+            return invalid("the journal command did not decode");
+        };
+        let answer = self.directory.apply(&cmd);
+        if moved(&answer) {
+            if let Err(e) = self.stage(payload, &cmd, &answer) {
+                return unavailable(&e.to_string());
+            }
+        }
+        let mut resp = respond(&answer);
+        if resp.state.is_none() {
+            resp.state = self.directory.journal(cmd.target()).map(|e| wire_view(e.state.view()));
+        }
+        resp
+    }
+
+    fn create(&mut self, tenant: &str, journal: &str, mode: Mode, durability: StoreDurability, tenant_id: u64, journal_id: u64) -> JournalResponse {
+        let tid = match self.directory.tenant_named(tenant) {
+            Some((id, _)) => id,
+            None => {
+                let cmd = Command::CreateTenant { tenant: tenant_id, name: tenant };
+                let answer = self.directory.apply(&cmd);
+                if !matches!(answer, Answer::TenantCreated { .. }) {
+                    return respond(&answer);
+                }
+                if let Err(e) = self.stage_command(&cmd, &answer) {
+                    return unavailable(&e.to_string());
+                }
+                tenant_id
+            }
+        };
+        let cmd = Command::CreateJournal { journal: JournalId { tenant: tid, journal: journal_id }, name: journal, mode, durability };
+        let answer = self.directory.apply(&cmd);
+        if moved(&answer) {
+            if let Err(e) = self.stage_command(&cmd, &answer) {
+                return unavailable(&e.to_string());
+            }
+        }
+        respond(&answer)
+    }
+
+    fn list(&self, tenant: &str) -> JournalResponse {
+        let tenants: Vec<u64> = if tenant.is_empty() {
+            self.directory.tenants().map(|(id, _)| id).collect()
+        } else {
+            match self.directory.tenant_named(tenant) {
+                Some((id, _)) => vec![id],
+                None => return outcome(JournalOutcome::UnknownTenant),
+            }
+        };
+        let mut journals = Vec::new();
+        for t in tenants {
+            let tenant_name = self.directory.tenant(t).map(|x| x.name.clone()).unwrap_or_default();
+            for (id, e) in self.directory.journals_of(t) {
+                journals.push(JournalInfo {
+                    tenant: id.tenant,
+                    journal: id.journal,
+                    tenant_name: tenant_name.clone(),
+                    name: e.name.clone(),
+                    mode: wire_mode(e.state.mode) as i32,
+                    durability: wire_durability(e.state.durability) as i32,
+                    state: Some(wire_view(e.state.view())),
+                });
+            }
+        }
+        JournalResponse { outcome: JournalOutcome::Listed as i32, journals, ..Default::default() }
+    }
+
+    fn stage_command(&mut self, cmd: &Command<'_>, answer: &Answer) -> Result<(), StoreError> {
+        let mut payload = Vec::with_capacity(cmd.encoded_len());
+        cmd.encode(EntryId::default(), &mut payload);
+        self.stage(&payload, cmd, answer)
+    }
+
+    /// Stages a command that moved the state, committing first when the active segment is
+    /// full.
+    fn stage(&mut self, payload: &[u8], cmd: &Command<'_>, answer: &Answer) -> Result<(), StoreError> {
+        if !self.store.fits(payload.len()) {
+            self.commit();
+            self.store.roll_over()?;
+        }
+        let (_, offset) = self.store.stage(payload)?;
+        let segment = self.store.active_base();
+        note_held(&mut self.held, &self.directory, cmd, answer, segment, offset, payload);
+        let target = cmd.target();
+        match answer {
+            Answer::Deleted { .. } => self.changes.push(Change::Deleted(target)),
+            Answer::TenantCreated { .. } => {}
+            _ => self.changes.push(Change::Journal(target)),
+        }
+        let durability = self.directory.journal(target).map(|e| e.state.durability);
+        if durability != Some(StoreDurability::Batched) {
+            self.ordered = true;
+        }
+        Ok(())
+    }
+
+    /// Commits the open batch, publishes what it changed, and sends every answer waiting for
+    /// it; on a failed write or sync the sequencer stops (fail-stop) and those calls are
+    /// answered unavailable.
+    fn commit(&mut self) {
+        if self.store.staged() > 0 {
+            if let Err(e) = self.store.commit(self.ordered) {
+                let why = e.to_string();
+                tracing::error!(error = %why, "journal log stopped: calls are refused until the server restarts");
+                *self.published.stopped.write().unwrap() = Some(why.clone());
+                for (reply, _) in self.waiting.drain(..) {
+                    let _ = reply.send(unavailable(&why));
+                }
+                self.changes.clear();
+                return;
+            }
+            self.publish();
+        }
+        self.ordered = false;
+        for (reply, answer) in self.waiting.drain(..) {
+            let _ = reply.send(answer);
+        }
+    }
+
+    fn publish(&mut self) {
+        for change in std::mem::take(&mut self.changes) {
+            match change {
+                Change::Journal(id) => {
+                    let Some(e) = self.directory.journal(id) else { continue };
+                    let held = self.held.get(&id).cloned().unwrap_or_default();
+                    self.published.set(id, e.state.view(), held);
+                    if let Some(s) = self.published.journal(id) {
+                        s.tail.notify(usize::MAX);
+                    }
+                }
+                Change::Deleted(id) => {
+                    if let Some(s) = self.published.journals.write().unwrap().remove(&id) {
+                        s.state.lock().unwrap().deleted = true;
+                        s.tail.notify(usize::MAX);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Records where an accepted write's records lie, trims held records after a truncation, and
+/// forgets a deleted journal.
+fn note_held(held: &mut HashMap<JournalId, Held>, directory: &Directory, cmd: &Command<'_>, answer: &Answer, segment: u64, offset: u64, payload: &[u8]) {
+    match (cmd, answer) {
+        (Command::Write { journal, records, .. }, Answer::Journal(Outcome::Accepted { seq, .. })) => {
+            let h = held.entry(*journal).or_default();
+            for (i, r) in records.iter().enumerate() {
+                let at = r.as_ptr() as usize - payload.as_ptr() as usize;
+                h.push(seq + i as u64, Loc { segment, offset: offset + at as u64, len: r.len() as u32 });
+            }
+        }
+        (Command::Truncate { journal, .. }, Answer::Journal(Outcome::Trimmed(view))) => {
+            held.entry(*journal).or_default().trim(view.first_seq);
+        }
+        (Command::DeleteJournal { journal }, Answer::Deleted { .. }) => {
+            held.remove(journal);
+        }
+        _ => {}
+    }
+    let _ = directory;
+}
+
+/// Whether a verdict changed the state (only those are logged on a single node).
+fn moved(answer: &Answer) -> bool {
+    matches!(
+        answer,
+        Answer::Journal(Outcome::Accepted { .. } | Outcome::Leader(_) | Outcome::Trimmed(_))
+            | Answer::TenantCreated { .. }
+            | Answer::JournalCreated { .. }
+            | Answer::Deleted { .. }
+    )
+}
+
+/// The uuid as it travels: empty for none, else 16 bytes big-endian.
+pub fn wire_uuid(u: Option<LeaderUuid>) -> Vec<u8> {
+    u.map(|u| u.0.to_be_bytes().to_vec()).unwrap_or_default()
+}
+
+/// A view as it travels.
+pub fn wire_view(v: View) -> JournalView {
+    JournalView { leader: wire_uuid(v.leader), next_seq: v.next_seq, first_seq: v.first_seq }
+}
+
+fn wire_mode(m: Mode) -> JournalMode {
+    match m {
+        Mode::Single => JournalMode::Single,
+        Mode::Multi => JournalMode::Multi,
+    }
+}
+
+fn wire_durability(d: StoreDurability) -> JournalDurability {
+    match d {
+        StoreDurability::Ordered => JournalDurability::Ordered,
+        StoreDurability::Batched => JournalDurability::Batched,
+    }
+}
+
+/// A response with only an outcome.
+pub fn outcome(o: JournalOutcome) -> JournalResponse {
+    JournalResponse { outcome: o as i32, ..Default::default() }
+}
+
+/// `INVALID` with a message.
+pub fn invalid(message: &str) -> JournalResponse {
+    JournalResponse { outcome: JournalOutcome::Invalid as i32, message: message.to_owned(), ..Default::default() }
+}
+
+/// `UNAVAILABLE` with a message.
+pub fn unavailable(message: &str) -> JournalResponse {
+    JournalResponse { outcome: JournalOutcome::Unavailable as i32, message: message.to_owned(), ..Default::default() }
+}
+
+/// The wire answer to a directory answer.
+pub fn respond(answer: &Answer) -> JournalResponse {
+    let with_view = |o: JournalOutcome, v: &View| JournalResponse { outcome: o as i32, state: Some(wire_view(*v)), ..Default::default() };
+    match answer {
+        Answer::Journal(o) => match o {
+            Outcome::Accepted { seq, count } => JournalResponse { outcome: JournalOutcome::Accepted as i32, seq: *seq, count: *count, ..Default::default() },
+            Outcome::Duplicate { seq, count } => JournalResponse { outcome: JournalOutcome::Duplicate as i32, seq: *seq, count: *count, ..Default::default() },
+            Outcome::Refused(v) => with_view(JournalOutcome::Refused, v),
+            Outcome::Truncated(v) => with_view(JournalOutcome::Truncated, v),
+            Outcome::WrongMode(v) => with_view(JournalOutcome::WrongMode, v),
+            Outcome::Leader(v) => with_view(JournalOutcome::Leader, v),
+            Outcome::LeaderRefused(v) => with_view(JournalOutcome::Lost, v),
+            Outcome::Trimmed(v) => with_view(JournalOutcome::Trimmed, v),
+            Outcome::TruncateRefused(v) => with_view(JournalOutcome::TruncateRefused, v),
+            Outcome::Noop => outcome(JournalOutcome::Unspecified),
+        },
+        Answer::TenantCreated { tenant } => JournalResponse { outcome: JournalOutcome::Created as i32, tenant: *tenant, ..Default::default() },
+        Answer::JournalCreated { journal } => JournalResponse { outcome: JournalOutcome::Created as i32, tenant: journal.tenant, journal: journal.journal, ..Default::default() },
+        Answer::NameTaken { existing } => JournalResponse { outcome: JournalOutcome::NameTaken as i32, tenant: existing.tenant, journal: existing.journal, ..Default::default() },
+        Answer::InvalidName => invalid_name(),
+        Answer::UnknownTenant => outcome(JournalOutcome::UnknownTenant),
+        Answer::UnknownJournal => outcome(JournalOutcome::UnknownJournal),
+        Answer::Deleted { state } => with_view(JournalOutcome::Deleted, &state.view()),
+    }
+}
+
+fn invalid_name() -> JournalResponse {
+    JournalResponse {
+        outcome: JournalOutcome::InvalidName as i32,
+        message: format!("a name is 1 to {} bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'", super::directory::MAX_NAME_LEN),
+        ..Default::default()
+    }
+}

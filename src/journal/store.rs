@@ -1,0 +1,330 @@
+//! The journal command log on disk: segment files under `journals/` in the data directory,
+//! written with the event log's framing, one commit marker per group commit, O_DIRECT writes
+//! and fdatasync, and recovered by the event log's walk (torn tails rolled back, damage
+//! followed by committed batches refused).
+//!
+//! Runs on the sequencer's thread; readers on other threads read records through the shared
+//! segment handles ([`Segments`]). Source: docs/journals.md §3-§4.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use crate::log::aligned::{AlignedBuf, BLOCK};
+use crate::log::{open_log, OpenOutcome};
+use crate::log::record::{frame_data, frame_marker, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
+use crate::log::segment::{create_segment, Segment, SegmentConfig};
+use crate::log::LogError;
+
+use super::held::Loc;
+
+/// The directory, under the data directory, that holds the journal command log.
+pub const JOURNALS_DIR: &str = "journals";
+
+/// Default size of one command-log segment: 64 MiB, so that truncation gives disk back in
+/// pieces no larger than that.
+pub const DEFAULT_SEGMENT_SIZE: u64 = 64 * 1024 * 1024;
+
+/// Why the command log failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Opening or recovering the log failed (see [`LogError`]).
+    #[error("journal log: {0}")]
+    Log(#[from] LogError),
+    /// A committed command did not decode: the log holds bytes this server did not write.
+    #[error("journal log: command at position {position} in {}: {source}", segment.display())]
+    Command {
+        /// The segment file.
+        segment: PathBuf,
+        /// The command's position in the log.
+        position: u64,
+        /// What was wrong.
+        source: super::command::CommandError,
+    },
+    /// A write or sync of the command log failed: the log stopped (fail-stop) and serves
+    /// reads only until the server restarts, since the kernel may have dropped the pages.
+    #[error("journal log stopped after a failed {what} of {}: {source}", path.display())]
+    Stopped {
+        /// `write` or `fdatasync`.
+        what: &'static str,
+        /// The segment file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// One command is larger than a segment can hold.
+    #[error("journal command of {len} bytes does not fit a {segment_size}-byte segment")]
+    TooLarge {
+        /// The command's size.
+        len: usize,
+        /// The segment size.
+        segment_size: u64,
+    },
+}
+
+/// The read handles of every segment of the command log, shared with readers.
+#[derive(Default)]
+pub struct Segments {
+    by_base: RwLock<BTreeMap<u64, Arc<Segment>>>,
+}
+
+impl Segments {
+    /// Reads the record at `loc`.
+    ///
+    /// # Errors
+    /// The I/O error of `pread`, or `UnexpectedEof` when the segment is gone or short.
+    pub fn read(&self, loc: Loc) -> std::io::Result<Vec<u8>> {
+        let seg = self.by_base.read().unwrap().get(&loc.segment).cloned();
+        let Some(seg) = seg else {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("journal segment {} is gone", loc.segment)));
+        };
+        let mut buf = vec![0u8; loc.len as usize];
+        if seg.read_at(&mut buf, loc.offset)? < buf.len() {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "journal record past its segment's end"));
+        }
+        Ok(buf)
+    }
+
+    fn insert(&self, seg: Arc<Segment>) {
+        self.by_base.write().unwrap().insert(seg.base, seg);
+    }
+}
+
+/// The segment being written: its O_DIRECT handle and the batch being staged, laid out as it
+/// will sit in the file.
+struct Active {
+    base: u64,
+    path: PathBuf,
+    file: File,
+    /// File offset of `buf[0]` (a multiple of [`BLOCK`]).
+    start: u64,
+    /// The partial block already in the file, then the staged records.
+    buf: AlignedBuf,
+    /// Length of that partial block.
+    prefix: usize,
+    /// Bytes the segment may hold.
+    limit: u64,
+}
+
+impl Active {
+    fn open(seg: &Segment, end: u64, limit: u64) -> Result<Active, LogError> {
+        let io = |source| LogError::Io { path: seg.path.clone(), source };
+        let file = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(&seg.path).map_err(io)?;
+        let start = end & !(BLOCK as u64 - 1);
+        let mut tail = vec![0u8; (end - start) as usize];
+        seg.file.read_exact_at(&mut tail, start).map_err(io)?;
+        let mut buf = AlignedBuf::with_capacity(1 << 20);
+        buf.extend_from_slice(&tail);
+        Ok(Active { base: seg.base, path: seg.path.clone(), file, start, prefix: tail.len(), buf, limit })
+    }
+
+    fn end(&self) -> u64 {
+        self.start + self.buf.len() as u64
+    }
+
+    /// Writes `buf` (padded to blocks with zeros) at `start`.
+    fn write_out(&mut self) -> std::io::Result<()> {
+        let len = self.buf.len();
+        self.buf.pad_to_block();
+        let r = self.file.write_all_at(self.buf.as_slice(), self.start);
+        self.buf.truncate(len);
+        r
+    }
+
+    /// After a durable commit: keeps only the new partial last block.
+    fn settle(&mut self) {
+        let end = self.end();
+        let new_start = end & !(BLOCK as u64 - 1);
+        let keep = (end - new_start) as usize;
+        let from = self.buf.len() - keep;
+        let tail = self.buf.as_slice()[from..].to_vec();
+        self.buf.clear();
+        self.buf.extend_from_slice(&tail);
+        self.start = new_start;
+        self.prefix = keep;
+    }
+}
+
+/// The command log: the sequencer's handle.
+pub struct JournalStore {
+    dir: PathBuf,
+    cfg: SegmentConfig,
+    _lock: crate::log::lock::DirLock,
+    segments: Arc<Segments>,
+    active: Active,
+    /// Position of the next command.
+    next_position: u64,
+    /// Commands staged in the open batch.
+    staged: u64,
+    /// Position of the first staged command.
+    first_staged: u64,
+    failed: Option<String>,
+}
+
+/// A command found by recovery: its position, where its payload lies, and the payload.
+pub struct Replayed<'a> {
+    /// The command's position in the log (1-based, dense).
+    pub position: u64,
+    /// The segment's base position.
+    pub segment: u64,
+    /// File offset of the payload's first byte.
+    pub offset: u64,
+    /// The payload (one encoded command).
+    pub payload: &'a [u8],
+}
+
+impl JournalStore {
+    /// Opens (creating when missing) the command log in `data_dir/journals`, recovering it,
+    /// and hands every committed command, in order, to `replay`.
+    ///
+    /// # Errors
+    /// [`StoreError::Log`] for what the event log refuses (damage followed by committed
+    /// batches, a segment chain with a gap, a held lock, I/O), or what `replay` returns.
+    pub fn open(data_dir: &Path, segment_size: u64, mut replay: impl FnMut(Replayed<'_>) -> Result<(), StoreError>) -> Result<(JournalStore, OpenOutcome), StoreError> {
+        let dir = data_dir.join(JOURNALS_DIR);
+        let cfg = SegmentConfig::new(segment_size);
+        let mut failed = None;
+        let mut recovered = open_log(&dir, &cfg, |walked| {
+            let seg = walked.segment;
+            for (i, (&off, payload)) in walked.offsets.iter().zip(walked.payloads()).enumerate() {
+                let r = Replayed { position: seg.base + i as u64, segment: seg.base, offset: u64::from(off) + RECORD_HEAD as u64, payload };
+                if let Err(e) = replay(r) {
+                    failed = Some(e);
+                    return Err(LogError::Corrupt { path: seg.path.clone(), offset: u64::from(off), detail: "a journal command could not be replayed".into() });
+                }
+            }
+            Ok(())
+        })
+        .map_err(|e| failed.take().unwrap_or(StoreError::Log(e)))?;
+        recovered.apply()?;
+        let segments = Arc::new(Segments::default());
+        for s in &recovered.segments {
+            segments.insert(Arc::clone(s));
+        }
+        let last = recovered.segments.last().expect("open_log leaves an active segment").clone();
+        let active = Active::open(&last, recovered.active_end, segment_size)?;
+        let store = JournalStore {
+            dir,
+            cfg,
+            _lock: recovered.lock,
+            segments,
+            active,
+            next_position: recovered.next_position,
+            staged: 0,
+            first_staged: recovered.next_position,
+            failed: None,
+        };
+        Ok((store, recovered.outcome))
+    }
+
+    /// The segment read handles, for readers.
+    pub fn segments(&self) -> Arc<Segments> {
+        Arc::clone(&self.segments)
+    }
+
+    /// Why the log stopped, once a write or sync failed.
+    pub fn failed(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Commands staged and not yet committed.
+    pub fn staged(&self) -> u64 {
+        self.staged
+    }
+
+    /// Whether a command of `len` payload bytes fits the open batch without a rollover.
+    pub fn fits(&self, len: usize) -> bool {
+        self.active.end() + (RECORD_HEAD + len + MARKER_LEN) as u64 <= self.active.limit
+    }
+
+    /// Stages one command payload in the open batch; returns its position and the file offset
+    /// of its payload in the active segment (whose base is [`JournalStore::active_base`]).
+    ///
+    /// # Errors
+    /// [`StoreError::TooLarge`] when the command cannot fit even an empty segment. The caller
+    /// commits and calls [`JournalStore::roll_over`] first when [`JournalStore::fits`] is false.
+    pub fn stage(&mut self, payload: &[u8]) -> Result<(u64, u64), StoreError> {
+        let max = (self.cfg.capacity() as usize).min(LENGTH_MASK as usize);
+        if payload.len() + RECORD_HEAD + MARKER_LEN > max {
+            return Err(StoreError::TooLarge { len: payload.len(), segment_size: self.active.limit });
+        }
+        debug_assert!(self.fits(payload.len()));
+        let offset = self.active.end() + RECORD_HEAD as u64;
+        let mut framed = Vec::with_capacity(RECORD_HEAD + payload.len());
+        frame_data(payload, &mut framed);
+        self.active.buf.extend_from_slice(&framed);
+        if self.staged == 0 {
+            self.first_staged = self.next_position;
+        }
+        let position = self.next_position;
+        self.next_position += 1;
+        self.staged += 1;
+        Ok((position, offset))
+    }
+
+    /// The base position of the segment being written.
+    pub fn active_base(&self) -> u64 {
+        self.active.base
+    }
+
+    /// Makes the open batch durable: under `ordered`, the records, a sync, the commit marker,
+    /// a sync; under `batched` (`ordered == false`), records and marker, one sync. Nothing is
+    /// answered before this returns.
+    ///
+    /// # Errors
+    /// [`StoreError::Stopped`]: the log is stopped for good (fail-stop), and so is every later
+    /// commit.
+    pub fn commit(&mut self, ordered: bool) -> Result<(), StoreError> {
+        if let Some(why) = &self.failed {
+            return Err(StoreError::Stopped { what: "earlier write", path: self.active.path.clone(), source: std::io::Error::other(why.clone()) });
+        }
+        if self.staged == 0 {
+            return Ok(());
+        }
+        let r = self.write_and_sync(ordered);
+        if let Err(StoreError::Stopped { what, source, .. }) = &r {
+            self.failed = Some(format!("{what} failed: {source}"));
+        }
+        r
+    }
+
+    fn write_and_sync(&mut self, ordered: bool) -> Result<(), StoreError> {
+        let stop = |what, path: &Path, source| StoreError::Stopped { what, path: path.to_owned(), source };
+        let path = self.active.path.clone();
+        if ordered {
+            self.active.write_out().map_err(|e| stop("write", &path, e))?;
+            sync(&self.active.file).map_err(|e| stop("fdatasync", &path, e))?;
+        }
+        let mut marker = Vec::with_capacity(MARKER_LEN);
+        frame_marker(self.next_position - 1, &mut marker);
+        self.active.buf.extend_from_slice(&marker);
+        self.active.write_out().map_err(|e| stop("write", &path, e))?;
+        sync(&self.active.file).map_err(|e| stop("fdatasync", &path, e))?;
+        self.active.settle();
+        self.staged = 0;
+        self.first_staged = self.next_position;
+        Ok(())
+    }
+
+    /// Starts a new segment at the next position (the open batch must be committed).
+    ///
+    /// # Errors
+    /// [`StoreError::Log`] when the segment cannot be created (the log then goes on in the
+    /// old one until it is full).
+    pub fn roll_over(&mut self) -> Result<(), StoreError> {
+        assert_eq!(self.staged, 0, "a batch never spans two segments");
+        let path = create_segment(&self.dir, self.next_position, &self.cfg)?;
+        let seg = Arc::new(Segment::open(self.next_position, path, &self.cfg)?);
+        self.active = Active::open(&seg, crate::log::header::HEADER_LEN as u64, self.cfg.segment_size)?;
+        self.segments.insert(seg);
+        Ok(())
+    }
+}
+
+/// `fdatasync`, behind the fault-injection site `journal_sync` (tests make it fail).
+fn sync(file: &File) -> std::io::Result<()> {
+    crate::fault::io_point("journal_sync")?;
+    file.sync_data()
+}

@@ -1,0 +1,214 @@
+//! Journal calls on a connection's shard: validation and limits (before anything is logged),
+//! the hand-off to the sequencer, and reads from the published durable state, waiting at the
+//! tail when asked.
+//!
+//! Source: docs/journals.md §6-§7.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::JournalSettings;
+use crate::journal::command::{Command, EntryId};
+use crate::journal::model::{JournalId, LeaderUuid, Mode, StoreDurability};
+use crate::journal::sequencer::{invalid, outcome, unavailable, wire_view, Call, Published, Sequencer};
+use crate::journal::store::{StoreError, DEFAULT_SEGMENT_SIZE};
+use crate::journal::valid_name;
+use crate::proto::{journal_request, JournalDurability, JournalMode, JournalOutcome, JournalRead, JournalRequest, JournalResponse};
+
+/// The node's journals as a shard sees them: the way to the sequencer, the published durable
+/// state, and the limits.
+pub struct Journals {
+    calls: flume::Sender<Call>,
+    published: Arc<Published>,
+    limits: JournalSettings,
+}
+
+impl Journals {
+    /// Opens the command log under `data_dir`, replays it, and starts the sequencer on its own
+    /// thread (`tephra-journal`), which ends once every handle is dropped.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the command log refuses to open; an I/O error as
+    /// [`StoreError::Log`] when the thread cannot start.
+    pub fn start(data_dir: &std::path::Path, limits: JournalSettings) -> Result<Journals, StoreError> {
+        let sequencer = Sequencer::open(data_dir, DEFAULT_SEGMENT_SIZE)?;
+        let published = sequencer.published();
+        // The queue holds the admission limit: a full queue answers `BUSY`, the write in no log.
+        let (calls, rx) = flume::bounded(limits.admission_rounds.min(1 << 20) as usize);
+        std::thread::Builder::new()
+            .name("tephra-journal".into())
+            .spawn(move || sequencer.run(rx))
+            .map_err(|source| StoreError::Log(crate::log::LogError::Io { path: data_dir.to_owned(), source }))?;
+        Ok(Journals { calls, published, limits })
+    }
+
+    /// Serves one journal call.
+    pub async fn serve(&self, req: JournalRequest) -> JournalResponse {
+        let Some(call) = req.call else {
+            return invalid("a journal request names no call");
+        };
+        match call {
+            journal_request::Call::Read(r) => self.read(r).await,
+            journal_request::Call::Write(w) => {
+                let id = JournalId { tenant: w.tenant, journal: w.journal };
+                if !id.is_set() {
+                    return outcome(JournalOutcome::UnknownJournal);
+                }
+                let leader = match uuid(&w.leader) {
+                    Ok(u) => u,
+                    Err(r) => return r,
+                };
+                let bytes: u64 = w.records.iter().map(|r| r.len() as u64).sum();
+                if w.records.len() as u64 > self.limits.max_batch_records || bytes > self.limits.max_batch_bytes {
+                    return JournalResponse { outcome: JournalOutcome::TooLarge as i32, max_records: self.limits.max_batch_records, max_bytes: self.limits.max_batch_bytes, ..Default::default() };
+                }
+                let records: Vec<&[u8]> = w.records.iter().map(Vec::as_slice).collect();
+                let seq = if leader.is_some() { w.seq } else { 0 };
+                self.command(&Command::Write { journal: id, leader, seq, records }, true).await
+            }
+            journal_request::Call::SetLeader(s) => {
+                let id = JournalId { tenant: s.tenant, journal: s.journal };
+                if !id.is_set() {
+                    return outcome(JournalOutcome::UnknownJournal);
+                }
+                let (new, old) = match (uuid(&s.new), uuid(&s.old)) {
+                    (Ok(n), Ok(o)) => (n.unwrap_or(LeaderUuid::NONE), o),
+                    (Err(r), _) | (_, Err(r)) => return r,
+                };
+                self.command(&Command::SetLeader { journal: id, new, old }, false).await
+            }
+            journal_request::Call::Truncate(t) => {
+                let id = JournalId { tenant: t.tenant, journal: t.journal };
+                if !id.is_set() {
+                    return outcome(JournalOutcome::UnknownJournal);
+                }
+                let leader = match uuid(&t.leader) {
+                    Ok(u) => u,
+                    Err(r) => return r,
+                };
+                self.command(&Command::Truncate { journal: id, leader, up_to: t.up_to }, false).await
+            }
+            journal_request::Call::Delete(d) => {
+                let id = JournalId { tenant: d.tenant, journal: d.journal };
+                if !id.is_set() {
+                    return outcome(JournalOutcome::UnknownJournal);
+                }
+                self.command(&Command::DeleteJournal { journal: id }, false).await
+            }
+            journal_request::Call::Create(c) => {
+                if !valid_name(&c.tenant_name) || !valid_name(&c.journal_name) {
+                    return JournalResponse { outcome: JournalOutcome::InvalidName as i32, message: "a name is 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'".into(), ..Default::default() };
+                }
+                let mode = match JournalMode::try_from(c.mode) {
+                    Ok(JournalMode::Single) => Mode::Single,
+                    Ok(JournalMode::Multi) => Mode::Multi,
+                    Err(_) => return invalid("unknown journal mode"),
+                };
+                let durability = match JournalDurability::try_from(c.durability) {
+                    Ok(JournalDurability::Ordered) => StoreDurability::Ordered,
+                    Ok(JournalDurability::Batched) => StoreDurability::Batched,
+                    Err(_) => return invalid("unknown store durability"),
+                };
+                let (reply, rx) = flume::bounded(1);
+                let call = Call::Create { tenant: c.tenant_name, journal: c.journal_name, mode, durability, tenant_id: random_id(), journal_id: random_id(), reply };
+                self.send(call, rx, false).await
+            }
+            journal_request::Call::List(l) => {
+                let (reply, rx) = flume::bounded(1);
+                self.send(Call::List { tenant: l.tenant_name, reply }, rx, false).await
+            }
+        }
+    }
+
+    /// Encodes `cmd` here, off the sequencer, and has it judged.
+    async fn command(&self, cmd: &Command<'_>, admission: bool) -> JournalResponse {
+        let mut payload = Vec::with_capacity(cmd.encoded_len());
+        cmd.encode(EntryId::default(), &mut payload);
+        let (reply, rx) = flume::bounded(1);
+        self.send(Call::Command { payload, reply }, rx, admission).await
+    }
+
+    /// Queues a call for the sequencer (answering `BUSY` when the admission queue is full and
+    /// `admission` is set) and waits for its answer.
+    async fn send(&self, call: Call, rx: flume::Receiver<JournalResponse>, admission: bool) -> JournalResponse {
+        if let Some(why) = self.published.stopped() {
+            return unavailable(&why);
+        }
+        let sent = if admission {
+            match self.calls.try_send(call) {
+                Err(flume::TrySendError::Full(_)) => {
+                    return JournalResponse { outcome: JournalOutcome::Busy as i32, message: format!("more than {} journal writes are waiting for their commit; retry the same write shortly", self.limits.admission_rounds), ..Default::default() };
+                }
+                other => other.map_err(|_| ()),
+            }
+        } else {
+            self.calls.send_async(call).await.map_err(|_| ())
+        };
+        if sent.is_err() {
+            return unavailable("the journal sequencer has stopped");
+        }
+        rx.recv_async().await.unwrap_or_else(|_| unavailable("the journal sequencer has stopped"))
+    }
+
+    /// A read: the page from the durable state, or a wait at the tail up to `wait_ms`.
+    async fn read(&self, r: JournalRead) -> JournalResponse {
+        let id = JournalId { tenant: r.tenant, journal: r.journal };
+        let Some(shown) = self.published.journal(id).filter(|_| id.is_set()) else {
+            return outcome(JournalOutcome::UnknownJournal);
+        };
+        let max_records = if r.limit == 0 { self.limits.max_read_records } else { r.limit.min(self.limits.max_read_records) };
+        let wait = match r.wait_ms {
+            0 => 0,
+            w => w.clamp(self.limits.min_wait_ms, self.limits.max_wait_ms),
+        };
+        let deadline = Instant::now() + Duration::from_millis(wait);
+        loop {
+            let listener = shown.tail.listen();
+            let (view, page, deleted) = {
+                let st = shown.state.lock().unwrap();
+                (st.view, st.held.page(r.from_seq, max_records, self.limits.max_read_bytes), st.deleted)
+            };
+            if deleted {
+                return outcome(JournalOutcome::UnknownJournal);
+            }
+            if r.from_seq < view.first_seq {
+                return JournalResponse { outcome: JournalOutcome::Truncated as i32, state: Some(wire_view(view)), ..Default::default() };
+            }
+            if let Some(page) = page {
+                let mut records = Vec::with_capacity(page.locs.len());
+                for loc in page.locs {
+                    match self.published.segments.read(loc) {
+                        Ok(b) => records.push(b),
+                        Err(e) => return unavailable(&format!("reading a journal record failed: {e}")),
+                    }
+                }
+                return JournalResponse { outcome: JournalOutcome::Page as i32, from_seq: r.from_seq, records, state: Some(wire_view(view)), ..Default::default() };
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return JournalResponse { outcome: JournalOutcome::Page as i32, from_seq: r.from_seq, state: Some(wire_view(view)), ..Default::default() };
+            }
+            futures_lite::future::or(listener, shards::sleep(deadline - now)).await;
+        }
+    }
+}
+
+/// A uuid off the wire: empty is none, 16 bytes big-endian is one (0 reads as none), any
+/// other length is `INVALID`.
+fn uuid(bytes: &[u8]) -> Result<Option<LeaderUuid>, JournalResponse> {
+    match bytes.len() {
+        0 => Ok(None),
+        16 => Ok(LeaderUuid(u128::from_be_bytes(bytes.try_into().unwrap())).set()),
+        n => Err(invalid(&format!("a leader uuid is 16 bytes (or empty for none), got {n}"))),
+    }
+}
+
+/// A random non-zero id.
+fn random_id() -> u64 {
+    loop {
+        let (hi, _) = uuid::Uuid::new_v4().as_u64_pair();
+        if hi != 0 {
+            return hi;
+        }
+    }
+}
