@@ -337,7 +337,8 @@ impl StoreHandle {
     ///
     /// # Errors
     /// Any [`AppendError`]: a conflict, `after` beyond the tip, an empty or oversized batch, a
-    /// failed (fail-stopped) log, or shutdown.
+    /// stopped writer (fail-stop), a rollover to retry, a new segment waiting for its name, or
+    /// shutdown.
     pub fn append(&self, events: Vec<Event>, condition: Option<AppendCondition>) -> AppendResult {
         let append = PreparedAppend::new(&events, condition, &self.segment)?;
         let (tx, rx) = flume::bounded(1);

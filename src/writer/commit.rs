@@ -193,14 +193,15 @@ impl GroupCommit {
         *self.naming_stuck.write().unwrap_or_else(|e| e.into_inner()) = reason;
     }
 
+    /// Records the fail-stop of a batch whose write, sync or naming failed: every later batch
+    /// fails with the same reason.
+    fn fail(&self, reason: String) {
+        self.lock().failed.get_or_insert(reason);
+    }
+
     /// Makes a naming that waits for room give up (shutdown): its batch then fails.
     pub(super) fn give_up_naming(&self) {
         self.give_up_naming.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Records a fail-stop decided by the writer (a rollover that could not create a segment).
-    pub(super) fn fail(&self, reason: String) {
-        self.lock().failed.get_or_insert(reason);
     }
 
     /// Runs `f` on the open batch once it has room for `bytes` more bytes of records (an
@@ -419,7 +420,7 @@ impl GroupCommit {
 fn answer(replies: Vec<(ReplyTo, Reply)>, failed: Option<&str>) {
     deliver(replies.into_iter().map(|(to, what)| {
         let res = match (failed, what) {
-            (Some(reason), _) => Err(AppendError::Failed(reason.to_owned())),
+            (Some(reason), _) => Err(AppendError::Stopped(reason.to_owned())),
             (None, Reply::Staged(range)) => Ok(range),
             (None, Reply::Done(res)) => res,
         };

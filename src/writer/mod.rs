@@ -92,9 +92,28 @@ pub enum AppendError {
     /// A record or the whole batch cannot fit a segment; `size` in bytes.
     #[error("append of {size} bytes is too large for the segment size")]
     TooLarge { size: u64 },
-    /// The log could not be written or synced: the writer is stopped (fail-stop).
-    #[error("log write failed: {0}")]
-    Failed(String),
+    /// The writer has stopped (fail-stop): a batch could not be written or synced, a new
+    /// segment's first batch could not be named (for a reason other than room), or the commit
+    /// thread could not start. Nothing after the failed batch was acknowledged; no retry
+    /// succeeds until the server restarts and recovery decides what the log holds. An operator
+    /// looks at the disk and the system log (the reason names the file and the error), then
+    /// restarts. Reads go on meanwhile.
+    #[error("the writer has stopped after a failed log write: {0}")]
+    Stopped(String),
+    /// A rollover could not create or open the next segment (a full disk, a directory that
+    /// cannot be written, ...). Nothing was written and the writer's state is as before: the
+    /// appends that needed the new segment are refused, and the next append tries the rollover
+    /// again, so a retry succeeds once the cause is gone. An operator frees space or fixes the
+    /// data directory's permissions; no restart is needed.
+    #[error("rollover failed (the next append tries again): {0}")]
+    RolloverFailed(String),
+    /// A new segment's first batch is durable but renaming the segment to its name found no
+    /// room (`ENOSPC`, `EDQUOT`) or no free file descriptor (`EMFILE`, `ENFILE`). The batch
+    /// waits for the name, which is retried every 100 ms; new appends are refused meanwhile
+    /// and succeed again once the segment is named. An operator frees space on the data
+    /// directory's file system, or file descriptors; no restart is needed.
+    #[error("the new segment is waiting for its name (appends resume once it is named): {0}")]
+    NamingStuck(String),
     /// Reading the log to judge a condition failed.
     #[error("reading the log failed: {0}")]
     Read(String),
@@ -693,12 +712,11 @@ impl Writer {
         }
     }
 
+    /// Stops the writer before its commit thread ran (fail-stop): every append is refused
+    /// with [`AppendError::Stopped`]; reads go on.
     fn fail(&mut self, reason: String) {
         tracing::error!(%reason, "writer stopped: appends are refused until restart, reads continue");
         self.shared.fail(reason.clone());
-        if let Some(line) = &self.line {
-            line.fail(reason.clone());
-        }
         self.failed = Some(reason);
     }
 
@@ -756,11 +774,11 @@ impl Writer {
         let failed = self.failed.clone().or_else(|| self.line.as_ref().and_then(|l| l.failed()));
         let (Some(line), None) = (self.line.clone(), failed.clone()) else {
             let reason = failed.unwrap_or_else(|| "no active segment".into());
-            deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
+            deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Stopped(reason.clone())))));
             return;
         };
         if let Some(reason) = line.naming_stuck() {
-            deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
+            deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::NamingStuck(reason.clone())))));
             return;
         }
         // Positions up to the head are committed or staged in a batch on its way to the disk:
@@ -846,7 +864,7 @@ impl Writer {
                     // events, so all of them fail.
                     let reason = format!("cannot create a new segment: {e}");
                     self.rollovers.failed(self.next, &reason);
-                    deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::Failed(reason.clone())))));
+                    deliver(drain.into_iter().map(|r| (r.reply, Err(AppendError::RolloverFailed(reason.clone())))));
                     return;
                 }
                 self.rollovers.succeeded(self.next);
