@@ -24,7 +24,7 @@
 //!   repair anything, and the prefix is as exact as ever.
 
 use crate::log::header::{HeaderError, SegmentHeader, HEADER_LEN};
-use crate::log::record::{classify_tail, walk, Stop, TailVerdict, LENGTH_MASK};
+use crate::log::record::{classify_tail, declared_len, payload_at, walk, Stop, TailVerdict, RECORD_HEAD};
 use crate::log::segment::{list_segments, Segment, SegmentConfig};
 use crate::log::LogError;
 use crate::repeated::RepeatedFailure;
@@ -32,7 +32,6 @@ use crate::event::EventRef;
 use crate::index::active::ActiveWriter;
 use crate::index::sealed::SealedIndex;
 use crate::index::SegIndex;
-use crate::log::record::RECORD_HEAD;
 use crate::read::{Shared, Snapshot};
 use crate::store::StoreHandle;
 use std::os::unix::fs::FileExt;
@@ -454,8 +453,7 @@ impl Follower {
             let mut invalid = None;
             for (k, off) in w.offsets.iter().enumerate() {
                 let o = *off as usize;
-                let len = (u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) & LENGTH_MASK) as usize;
-                if let Err(e) = EventRef::from_bytes(&buf[o + RECORD_HEAD..o + RECORD_HEAD + len]) {
+                if let Err(e) = EventRef::from_bytes(payload_at(buf, o)) {
                     invalid = Some((o, t.next + k as u64, e));
                     break;
                 }
@@ -464,9 +462,7 @@ impl Follower {
                 w = walk(&buf[..o], 0);
             }
             for (k, off) in w.offsets.iter().enumerate() {
-                let o = *off as usize;
-                let len = (u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) & LENGTH_MASK) as usize;
-                let ev = EventRef::from_bytes(&buf[o + RECORD_HEAD..o + RECORD_HEAD + len]).expect("validated above");
+                let ev = EventRef::from_bytes(payload_at(buf, *off as usize)).expect("validated above");
                 t.index.as_mut().expect("an active segment has an index").absorb(t.next + k as u64, &ev);
                 seg.offsets.set((t.next - seg.base) as usize + k, (start + *off as u64) as u32);
             }
@@ -488,7 +484,7 @@ impl Follower {
             let edge = n == window
                 && (w.stop_offset + RECORD_HEAD >= n.saturating_sub(1)
                     || (w.stop == Stop::PastEnd && {
-                        let len = u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap()) & LENGTH_MASK;
+                        let len = declared_len(&buf[w.stop_offset..]);
                         let file_len = seg.file.metadata().map_err(|source| LogError::Io { path: seg.path.clone(), source })?.len();
                         t.stopped_at + (RECORD_HEAD as u64) + len as u64 <= file_len
                     }));
@@ -497,8 +493,8 @@ impl Follower {
                     // Not one whole batch in the window (a group commit holds up to
                     // `writer.max_batch_bytes`, 8 MiB by default, and a record up to
                     // `segment.max_record_len`): read twice as much, and at least that record.
-                    let len = if w.stop == Stop::PastEnd { u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap()) & LENGTH_MASK } else { 0 };
-                    window = (window * 2).max(w.stop_offset + RECORD_HEAD + len as usize + 64);
+                    let len = if w.stop == Stop::PastEnd { declared_len(&buf[w.stop_offset..]) } else { 0 };
+                    window = (window * 2).max(w.stop_offset + RECORD_HEAD + len + 64);
                 } else {
                     // Catching up: read more at a time.
                     window = (window * 2).min(window.max(STEP_WINDOW));

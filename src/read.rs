@@ -8,7 +8,7 @@
 //! and no duplicate at the seam.
 
 use crate::event::EventRef;
-use crate::log::record::{LENGTH_MASK, RECORD_HEAD};
+use crate::log::record::{declared_len, verify_data, RECORD_HEAD};
 use crate::index::view::Direction;
 use crate::index::SegIndex;
 use crate::log::segment::Segment;
@@ -435,16 +435,10 @@ impl Cursor {
         let (si, off) = self.offset(pos);
         self.ensure(si, off, RECORD_HEAD, lo, hi)?;
         let h = (off - self.win_start) as usize;
-        let len_field = u32::from_le_bytes(self.window()[h..h + 4].try_into().unwrap());
-        let len = (len_field & LENGTH_MASK) as usize;
+        let len = declared_len(&self.window()[h..h + RECORD_HEAD]);
         self.ensure(si, off, RECORD_HEAD + len, off, off + (RECORD_HEAD + len) as u64)?;
         let h = (off - self.win_start) as usize;
-        let rec = &self.window()[h..h + RECORD_HEAD + len];
-        let crc = u32::from_le_bytes(rec[4..8].try_into().unwrap());
-        let mut hasher = crc32fast::Hasher::new();
-        hasher.update(&rec[0..4]);
-        hasher.update(&rec[RECORD_HEAD..]);
-        if len_field & !LENGTH_MASK != 0 || hasher.finalize() != crc {
+        if verify_data(&self.window()[h..h + RECORD_HEAD + len]).is_none() {
             let seg = &self.snap.segments[si];
             return Err(ReadError::Corrupt { path: seg.path.clone(), offset: off, detail: "record checksum mismatch".into() });
         }

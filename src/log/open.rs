@@ -3,7 +3,7 @@
 
 use super::header::{HeaderError, SegmentHeader, HEADER_LEN};
 use super::lock::DirLock;
-use super::record::{classify_tail, dirty_end, walk, TailVerdict};
+use super::record::{classify_tail, dirty_end, payload_at, walk, TailVerdict, RECORD_HEAD};
 use super::segment::{create_segment, list_segments, sync_dir, Segment, SegmentConfig};
 use super::LogError;
 use std::os::unix::fs::FileExt;
@@ -155,18 +155,14 @@ impl WalkedSegment<'_> {
     pub fn fingerprint(&self) -> super::segment::Fingerprint {
         let mut f = super::segment::Fingerprint::new(&self.bytes[..HEADER_LEN]);
         for &off in self.offsets {
-            f.record(&self.bytes[off as usize..off as usize + 8]);
+            f.record(&self.bytes[off as usize..off as usize + RECORD_HEAD]);
         }
         f
     }
 
     /// The committed event payloads, in position order.
     pub fn payloads(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        self.offsets.iter().map(move |&off| {
-            let o = off as usize;
-            let len = (u32::from_le_bytes(self.bytes[o..o + 4].try_into().unwrap()) & super::record::LENGTH_MASK) as usize;
-            &self.bytes[o + 8..o + 8 + len]
-        })
+        self.offsets.iter().map(move |&off| payload_at(self.bytes, off as usize))
     }
 }
 

@@ -16,7 +16,7 @@ pub mod condition;
 
 use crate::event::{Event, EventRef};
 use crate::repeated::RepeatedFailure;
-use crate::log::record::{frame_data, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
+use crate::log::record::{frame_data, framed_records, MARKER_LEN, RECORD_HEAD};
 use commit::{Batch, GroupCommit, Reply};
 use crate::log::aligned::{AlignedBuf, BLOCK};
 use crate::log::segment::{claim_prepared, create_segment, new_header, prepare_segment, zero_prepared, Fingerprint, Segment, SegmentConfig, PREPARED_NAME};
@@ -234,20 +234,6 @@ pub enum WriterMsg {
     Append(Request),
     /// Finish everything queued ahead, then stop and acknowledge.
     Shutdown(flume::Sender<()>),
-}
-
-/// Iterates `(offset, payload)` of framed data records.
-fn records(buf: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
-    let mut off = 0;
-    std::iter::from_fn(move || {
-        if off >= buf.len() {
-            return None;
-        }
-        let len = (u32::from_le_bytes(buf[off..off + 4].try_into().unwrap()) & LENGTH_MASK) as usize;
-        let at = off;
-        off += RECORD_HEAD + len;
-        Some((at, &buf[at + RECORD_HEAD..off]))
-    })
 }
 
 /// The writer's state; created by [`crate::store`] from a recovered log.
@@ -821,7 +807,7 @@ impl Writer {
                 continue;
             }
             let first = self.next + staged.len() as u64;
-            for (_, payload) in records(&req.append.records) {
+            for (_, payload) in framed_records(&req.append.records) {
                 // Framed by PreparedAppend from valid Events.
                 staged.push(EventRef::trusted(payload));
             }
@@ -880,7 +866,7 @@ impl Writer {
                     Decision::Done(res) => batch.answer(req.reply, Reply::Done(res)),
                     Decision::Staged { first, count } => {
                         let at = batch.end();
-                        for (off, _) in records(&req.append.records) {
+                        for (off, _) in framed_records(&req.append.records) {
                             seg.offsets.set(local, (at + off as u64) as u32);
                             local += 1;
                         }
@@ -924,7 +910,7 @@ impl Writer {
         let mut run: Option<(u64, u32, EventRef<'_>)> = None;
         for (req, d) in drain.iter().zip(decisions) {
             if let Decision::Staged { .. } = d {
-                for (off, payload) in records(&req.append.records) {
+                for (off, payload) in framed_records(&req.append.records) {
                     self.fingerprint.record(&req.append.records[off..off + RECORD_HEAD]);
                     let ev = EventRef::trusted(payload);
                     match &mut run {
