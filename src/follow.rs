@@ -30,7 +30,6 @@ use crate::log::LogError;
 use crate::repeated::RepeatedFailure;
 use crate::event::EventRef;
 use crate::index::active::ActiveWriter;
-use crate::index::sealed::SealedIndex;
 use crate::index::SegIndex;
 use crate::read::{Shared, Snapshot};
 use crate::store::StoreHandle;
@@ -366,11 +365,8 @@ impl Follower {
             let seg = Arc::new(if Some(base) == last_listed { Segment::open(base, path, &self.cfg.segment)? } else { Segment::open_by_length(base, path, &self.cfg.segment)? });
             // The old active segment is final: seal its index (in memory; the writer persists
             // the file, a follower writes nothing).
-            let sealed = t.index.take().map(|w| {
-                let (b, n) = (w.shared().base(), w.absorbed() as u64);
-                // Never persisted, so no fingerprint is needed to tie it to the segment.
-                SegIndex::Sealed(Arc::new(SealedIndex::load(w.encode_sealed(0), b, n, 0).expect("a freshly encoded index validates")))
-            });
+            // Never persisted, so no fingerprint is needed to tie it to the segment.
+            let sealed = t.index.take().map(|w| SegIndex::Sealed(Arc::new(w.to_sealed(0))));
             let index = ActiveWriter::new(base, seg.max_records());
             let shared_index = SegIndex::Active(index.shared().clone());
             t.index = Some(index);
@@ -461,9 +457,9 @@ impl Follower {
             if let Some((o, _, _)) = invalid {
                 w = walk(&buf[..o], 0);
             }
+            let index = t.index.as_mut().expect("an active segment has an index");
+            crate::index::feed(index, t.next, w.offsets.iter().map(|&off| payload_at(buf, off as usize))).expect("validated above");
             for (k, off) in w.offsets.iter().enumerate() {
-                let ev = EventRef::from_bytes(payload_at(buf, *off as usize)).expect("validated above");
-                t.index.as_mut().expect("an active segment has an index").absorb(t.next + k as u64, &ev);
                 seg.offsets.set((t.next - seg.base) as usize + k, (start + *off as u64) as u32);
             }
             t.next += w.offsets.len() as u64;

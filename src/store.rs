@@ -184,27 +184,17 @@ impl Store {
                 }
             }
             let started = std::time::Instant::now();
-            let mut ix = ActiveWriter::new(base, w.segment.max_records());
-            for (k, bytes) in w.payloads().enumerate() {
-                let pos = base + k as u64;
-                match crate::event::EventRef::from_bytes(bytes) {
-                    Ok(ev) => ix.absorb(pos, &ev),
-                    // Name the segment file and the record's byte offset, like every other refusal.
-                    Err(e) => {
-                        return Err(LogError::Corrupt {
-                            path: w.segment.path.clone(),
-                            offset: w.offsets[k] as u64,
-                            detail: format!("committed record at position {pos} is not a valid event: {e}"),
-                        })
-                    }
-                }
-            }
+            // Name the segment file and the record's byte offset, like every other refusal.
+            let ix = crate::index::rebuild(base, w.segment.max_records(), w.payloads()).map_err(|bad| LogError::Corrupt {
+                path: w.segment.path.clone(),
+                offset: w.offsets[bad.at] as u64,
+                detail: format!("committed record at position {} is not a valid event: {}", base + bad.at as u64, bad.error),
+            })?;
             if w.active {
                 active_index = Some(ix);
                 active_fingerprint = Some(fingerprint);
             } else {
-                let bytes = ix.encode_sealed(fingerprint.value());
-                let sealed = Arc::new(crate::index::sealed::SealedIndex::load(bytes, base, count, fingerprint.value()).expect("a freshly encoded index validates"));
+                let sealed = Arc::new(ix.to_sealed(fingerprint.value()));
                 // Its file is written once the whole store is accepted: a refused open
                 // writes nothing (review).
                 to_write.push(sealed.clone());

@@ -120,6 +120,46 @@ pub fn persist_sealed_quietly(dir: &Path, base: u64, count: u64, fingerprint: u3
     SealedIndex::load(bytes, base, count, fingerprint).map(|ix| (ix, written))
 }
 
+/// A committed record that is no valid event, met while an index was fed from the log.
+#[derive(Debug)]
+pub struct BadEvent {
+    /// Its place among the payloads given (0 for the first).
+    pub at: usize,
+    /// Why it does not decode.
+    pub error: crate::event::DecodeError,
+}
+
+/// Feeds `ix` the committed events `payloads` (encoded events in position order, the first at
+/// position `first`, which must be where `ix` continues): the one way an index is built from
+/// the log, by the store's open (the active segment, and each sealed segment whose index file
+/// is missing or unusable, through [`rebuild`]) and by the follower (as commits become
+/// visible, and at its open). Stops at the first payload that is no valid event and returns
+/// it; the ones before it are fed.
+///
+/// # Errors
+/// [`BadEvent`]: the first payload that does not decode.
+pub fn feed<'a>(ix: &mut active::ActiveWriter, first: u64, payloads: impl IntoIterator<Item = &'a [u8]>) -> Result<(), BadEvent> {
+    for (k, bytes) in payloads.into_iter().enumerate() {
+        match EventRef::from_bytes(bytes) {
+            Ok(ev) => ix.absorb(first + k as u64, &ev),
+            Err(error) => return Err(BadEvent { at: k, error }),
+        }
+    }
+    Ok(())
+}
+
+/// Rebuilds the index of the segment starting at `base`, which can hold `capacity` events,
+/// from its committed events `payloads` in position order ([`feed`]); the caller seals it
+/// ([`active::ActiveWriter::to_sealed`]) when the segment is sealed.
+///
+/// # Errors
+/// [`BadEvent`]: the first payload that does not decode.
+pub fn rebuild<'a>(base: u64, capacity: usize, payloads: impl IntoIterator<Item = &'a [u8]>) -> Result<active::ActiveWriter, BadEvent> {
+    let mut ix = active::ActiveWriter::new(base, capacity);
+    feed(&mut ix, base, payloads)?;
+    Ok(ix)
+}
+
 /// One segment's index as readers and the writer see it.
 #[derive(Clone, Debug)]
 pub enum SegIndex {
@@ -341,16 +381,25 @@ mod tests {
 
     use crate::testgen::query;
 
-    /// Builds the sealed index of a segment from its events, in position order.
+    /// Builds the sealed index of a segment from its events, in position order, as the store
+    /// and the follower rebuild one ([`rebuild`]).
     fn build_sealed<'a>(base: u64, fingerprint: u32, events: impl Iterator<Item = EventRef<'a>>, capacity: usize) -> SealedIndex {
-        let mut w = active::ActiveWriter::new(base, capacity);
-        let mut pos = base;
-        for ev in events {
-            w.absorb(pos, &ev);
-            pos += 1;
-        }
-        let bytes = w.encode_sealed(fingerprint);
-        SealedIndex::load(bytes, base, pos - base, fingerprint).expect("a freshly encoded index validates")
+        let events: Vec<EventRef<'a>> = events.collect();
+        rebuild(base, capacity, events.iter().map(|e| e.as_bytes())).expect("valid events").to_sealed(fingerprint)
+    }
+
+    /// A payload that is no event stops the feeding there, named by its place; the events
+    /// before it are fed.
+    #[test]
+    fn feeding_stops_at_a_record_that_is_no_event() {
+        use crate::model::{EventType, Tags};
+        let ev = Event::new(&EventType::new("A").unwrap(), &Tags::new(["t"]).unwrap(), b"x").unwrap();
+        let payloads: [&[u8]; 3] = [ev.as_bytes(), ev.as_bytes(), &[0xff]];
+        let mut ix = active::ActiveWriter::new(5, 10);
+        let bad = feed(&mut ix, 5, payloads).unwrap_err();
+        assert_eq!((bad.at, ix.absorbed()), (2, 2));
+        let sealed = rebuild(5, 10, payloads[..2].iter().copied()).unwrap().to_sealed(9);
+        assert_eq!(sealed.bytes(), ix.to_sealed(9).bytes());
     }
 
     fn linear(events: &[Event], q: &Query, lo: u32, hi: u32, dir: Direction, limit: usize) -> Vec<u32> {
