@@ -124,6 +124,16 @@ impl WriterTask {
     }
 }
 
+#[cfg(test)]
+impl WriterTask {
+    /// The writer and its active segment opened for writing, unstarted: for the writer's unit
+    /// tests, which drive its steps one by one.
+    pub(crate) fn into_writer(self) -> (Writer, (Arc<std::fs::File>, Vec<u8>)) {
+        let i = self.init;
+        (Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.fingerprint, i.metrics), i.opened_active)
+    }
+}
+
 /// A cloneable, `Send` handle on an open store.
 #[derive(Clone)]
 pub struct StoreHandle {
