@@ -9,7 +9,7 @@
 use crate::event::Event;
 use crate::log::lock::DirLock;
 use crate::log::segment::SegmentConfig;
-use crate::log::{open_log, LogError, OpenOutcome};
+use crate::log::{open_log, LogError, OpenOutcome, WalkedSegment};
 use crate::model::{AppendCondition, Position, Query, QueryMatcher};
 use crate::read::{Reads, Shared, Snapshot, Subscription};
 use crate::index::active::ActiveWriter;
@@ -134,6 +134,99 @@ impl WriterTask {
     }
 }
 
+/// The indexes the store's open finds or rebuilds, segment by segment, as the log is walked.
+#[derive(Default)]
+struct FoundIndexes {
+    /// The sealed segments' indexes so far, in order.
+    indexes: Vec<SegIndex>,
+    /// The active segment's index and fingerprint, once it is walked (last).
+    active_index: Option<ActiveWriter>,
+    active_fingerprint: Option<crate::log::segment::Fingerprint>,
+    /// Sealed indexes rebuilt because their files were missing or unusable: how many, the
+    /// first one's segment and reason, and the time spent. Said in one line once the log is
+    /// open (review: a directory the reference wrote, 786 segments, gave 786 lines).
+    rebuilt: Rebuilt,
+    /// Rebuilt sealed indexes, their files to be written once the open has succeeded.
+    to_write: Vec<Arc<crate::index::sealed::SealedIndex>>,
+}
+
+/// How many sealed indexes the open rebuilt, the first one's segment and reason, and the time
+/// spent.
+type Rebuilt = (u64, Option<(PathBuf, String)>, std::time::Duration);
+
+impl FoundIndexes {
+    /// Takes one walked segment's index: a sealed segment's from its index file when that is
+    /// usable, else (and for the active segment) rebuilt from the log.
+    ///
+    /// # Errors
+    /// [`LogError::Corrupt`] for a committed record that is no valid event.
+    fn take(&mut self, dir: &Path, w: WalkedSegment<'_>) -> Result<(), LogError> {
+        let base = w.segment.base;
+        let count = w.offsets.len() as u64;
+        let fingerprint = w.fingerprint();
+        if !w.active {
+            match crate::index::load_index_file(dir, base, count, fingerprint.value()) {
+                Ok(ix) => {
+                    self.indexes.push(SegIndex::Sealed(Arc::new(ix)));
+                    return Ok(());
+                }
+                Err(why) => {
+                    tracing::debug!(segment = %w.segment.path.display(), %why, "rebuilding the sealed index from the log");
+                    self.rebuilt.0 += 1;
+                    self.rebuilt.1.get_or_insert_with(|| (w.segment.path.clone(), why));
+                }
+            }
+        }
+        let started = std::time::Instant::now();
+        // Name the segment file and the record's byte offset, like every other refusal.
+        let ix = crate::index::rebuild(base, w.segment.max_records(), w.payloads()).map_err(|bad| LogError::Corrupt {
+            path: w.segment.path.clone(),
+            offset: w.offsets[bad.at] as u64,
+            detail: format!("committed record at position {} is not a valid event: {}", base + bad.at as u64, bad.error),
+        })?;
+        if w.active {
+            self.active_index = Some(ix);
+            self.active_fingerprint = Some(fingerprint);
+        } else {
+            let sealed = Arc::new(ix.to_sealed(fingerprint.value()));
+            // Its file is written once the whole store is accepted: a refused open writes
+            // nothing (review).
+            self.to_write.push(sealed.clone());
+            self.indexes.push(SegIndex::Sealed(sealed));
+            self.rebuilt.2 += started.elapsed();
+        }
+        Ok(())
+    }
+}
+
+/// Writes the files of the sealed indexes the open rebuilt and says so in one line (a failed
+/// write is said, not fatal: the next start rebuilds that index again). Index files are ours
+/// alone: a directory another server wrote (the reference) has none for its segments. Each
+/// rebuilt one is written, so the next start loads it.
+fn write_rebuilt(dir: &Path, to_write: &[Arc<crate::index::sealed::SealedIndex>], rebuilt: Rebuilt) {
+    let mut unwritten: (u64, Option<std::io::Error>) = (0, None);
+    for ix in to_write {
+        if let Err(e) = crate::index::write_index_file(dir, ix.base(), ix.bytes()) {
+            unwritten.0 += 1;
+            unwritten.1.get_or_insert(e);
+        }
+    }
+    let (n, Some((first, why)), took) = rebuilt else { return };
+    match unwritten {
+        (0, _) => tracing::info!(segments = n, first = %first.display(), first_reason = %why, took_ms = took.as_millis() as u64, "rebuilt sealed indexes from the log (their files were missing or unusable; written now for the next start)"),
+        (failed, e) => tracing::warn!(
+            segments = n,
+            first = %first.display(),
+            first_reason = %why,
+            took_ms = took.as_millis() as u64,
+            not_written = failed,
+            error = %e.map(|e| e.to_string()).unwrap_or_default(),
+            "rebuilt sealed indexes from the log (their files were missing or unusable); {failed} could not be written, so the next start rebuilds them again (check {})",
+            dir.join(crate::index::INDEX_DIR).display()
+        ),
+    }
+}
+
 /// A cloneable, `Send` handle on an open store.
 #[derive(Clone)]
 pub struct StoreHandle {
@@ -167,52 +260,9 @@ impl Store {
     /// As [`Store::open`].
     pub fn open_parts(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<(Store, WriterTask), OpenError> {
         let dir = dir.as_ref().to_path_buf();
-        let mut indexes = Vec::new();
-        let mut active_index = None;
-        let mut active_fingerprint = None;
-        // Sealed indexes rebuilt because their files were missing or unusable: how many, the
-        // first one's segment and reason, and the time spent. Said in one line once the log is
-        // open (review: a directory the reference wrote, 786 segments, gave 786 lines).
-        let mut rebuilt: (u64, Option<(PathBuf, String)>, std::time::Duration) = (0, None, std::time::Duration::ZERO);
-        // Rebuilt sealed indexes, their files to be written once the open has succeeded.
-        let mut to_write: Vec<Arc<crate::index::sealed::SealedIndex>> = Vec::new();
-        let mut rec = open_log(&dir, &cfg.segment, |w| {
-            let base = w.segment.base;
-            let count = w.offsets.len() as u64;
-            let fingerprint = w.fingerprint();
-            if !w.active {
-                match crate::index::load_index_file(&dir, base, count, fingerprint.value()) {
-                    Ok(ix) => {
-                        indexes.push(SegIndex::Sealed(Arc::new(ix)));
-                        return Ok(());
-                    }
-                    Err(why) => {
-                        tracing::debug!(segment = %w.segment.path.display(), %why, "rebuilding the sealed index from the log");
-                        rebuilt.0 += 1;
-                        rebuilt.1.get_or_insert_with(|| (w.segment.path.clone(), why));
-                    }
-                }
-            }
-            let started = std::time::Instant::now();
-            // Name the segment file and the record's byte offset, like every other refusal.
-            let ix = crate::index::rebuild(base, w.segment.max_records(), w.payloads()).map_err(|bad| LogError::Corrupt {
-                path: w.segment.path.clone(),
-                offset: w.offsets[bad.at] as u64,
-                detail: format!("committed record at position {} is not a valid event: {}", base + bad.at as u64, bad.error),
-            })?;
-            if w.active {
-                active_index = Some(ix);
-                active_fingerprint = Some(fingerprint);
-            } else {
-                let sealed = Arc::new(ix.to_sealed(fingerprint.value()));
-                // Its file is written once the whole store is accepted: a refused open
-                // writes nothing (review).
-                to_write.push(sealed.clone());
-                indexes.push(SegIndex::Sealed(sealed));
-                rebuilt.2 += started.elapsed();
-            }
-            Ok(())
-        })?;
+        let mut found = FoundIndexes::default();
+        let mut rec = open_log(&dir, &cfg.segment, |w| found.take(&dir, w))?;
+        let FoundIndexes { mut indexes, active_index, active_fingerprint, rebuilt, to_write } = found;
         let active_index = active_index.expect("open_log walks the active segment last");
         indexes.push(SegIndex::Active(active_index.shared().clone()));
         let head = rec.next_position - 1;
@@ -230,30 +280,7 @@ impl Store {
         // segments, zero a rolled-back tail, and write the rebuilt index files (a failed
         // index write is said, not fatal: the next start rebuilds that index again).
         rec.apply()?;
-        let mut unwritten: (u64, Option<std::io::Error>) = (0, None);
-        for ix in &to_write {
-            if let Err(e) = crate::index::write_index_file(&dir, ix.base(), ix.bytes()) {
-                unwritten.0 += 1;
-                unwritten.1.get_or_insert(e);
-            }
-        }
-        if let (n, Some((first, why)), took) = rebuilt {
-            // Index files are ours alone: a directory another server wrote (the reference) has
-            // none for its segments. Each rebuilt one is written, so the next start loads it.
-            match unwritten {
-                (0, _) => tracing::info!(segments = n, first = %first.display(), first_reason = %why, took_ms = took.as_millis() as u64, "rebuilt sealed indexes from the log (their files were missing or unusable; written now for the next start)"),
-                (failed, e) => tracing::warn!(
-                    segments = n,
-                    first = %first.display(),
-                    first_reason = %why,
-                    took_ms = took.as_millis() as u64,
-                    not_written = failed,
-                    error = %e.map(|e| e.to_string()).unwrap_or_default(),
-                    "rebuilt sealed indexes from the log (their files were missing or unusable); {failed} could not be written, so the next start rebuilds them again (check {})",
-                    dir.join(crate::index::INDEX_DIR).display()
-                ),
-            }
-        }
+        write_rebuilt(&dir, &to_write, rebuilt);
         let (tx, rx) = flume::bounded(cfg.writer.queue_capacity.max(1));
         let (done_tx, done_rx) = flume::bounded(1);
         let task = WriterTask {
