@@ -99,7 +99,7 @@ impl Snapshot {
 }
 
 /// The batches committed lately, as the committer wrote them, so that reads of fresh events
-/// (subscribers following the tip, reads of the last appends, condition checks) copy them
+/// (subscribers following the head, reads of the last appends, condition checks) copy them
 /// from memory. The commit writes with O_DIRECT, which leaves nothing in the page cache: without
 /// this every such read went to the disk, blocking the shard's thread for the read (a tenth
 /// of a millisecond to milliseconds) and reading whole 256 KiB windows for a few new events.
@@ -129,7 +129,7 @@ pub(crate) const RECENT_BYTES: usize = 32 << 20;
 /// Most batches [`RecentBatches`] holds. Few: the committer refills the buffer it gets back
 /// from the oldest, and one it wrote a few commits ago is still in the CPU's cache (with 32 MiB
 /// of batches the refill wrote cold memory: 16 × 64 lost ~2% events/s and its p99 rose ~25%).
-/// Readers at the tip (subscribers, condition checks) need the last one or two.
+/// Readers at the head (subscribers, condition checks) need the last one or two.
 pub(crate) const RECENT_BATCHES: usize = 4;
 
 impl RecentBatches {
@@ -634,7 +634,7 @@ impl Reads {
         matches!(self.plan, Plan::Indexed { .. })
     }
 
-    /// The durable tip this read is pinned to.
+    /// The watermark (the last durable position) this read is pinned to.
     pub fn watermark(&self) -> Position {
         Position(self.watermark)
     }

@@ -64,7 +64,7 @@ pub enum OpenError {
 /// A point-in-time view of the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreStats {
-    /// Durable head position (also the event count).
+    /// The head: the last durable position, the watermark (also the event count).
     pub event_count: u64,
     /// Number of segment files.
     pub segment_count: u64,
@@ -413,7 +413,7 @@ impl StoreHandle {
         self.read_prepared(Arc::new(QueryMatcher::new(query)), after, limit)
     }
 
-    /// Backward read of matches with position < `before` (`Position::MAX` = from the tip).
+    /// Backward read of matches with position < `before` (`Position::MAX` = from the head).
     pub fn read_back(&self, query: Query, before: Position, limit: Option<u64>) -> Reads {
         self.read_back_prepared(Arc::new(QueryMatcher::new(query)), before, limit)
     }
@@ -439,7 +439,7 @@ impl StoreHandle {
         Subscription::new(self.shared.clone(), query, after)
     }
 
-    /// The durable head.
+    /// The head: the last durable position (the watermark readers are pinned to).
     pub fn head(&self) -> Position {
         Position(self.shared.watermark())
     }

@@ -208,7 +208,7 @@ pub const TIPS_MAX_ENTRIES: usize = 1 << 20;
 /// of its tags at or below the highest last occurrence of that tag with one of the item's
 /// types, and never inside a gap where one of its tags is known to be absent; a query can only
 /// match where one of its items can. Tagless items and [`Query::All`] are never narrowed below
-/// the head. Never a false negative: every position that could match stays in
+/// the tip. Never a false negative: every position that could match stays in
 /// [`Tips::candidates`], and the index decides there.
 pub struct Tips {
     map: HashMap<Box<str>, TagSpan>,
@@ -236,10 +236,11 @@ struct TagSpan {
 pub type Candidates = smallvec::SmallVec<[(u64, u64); 2]>;
 
 impl Tips {
-    /// Cold tips over a log whose head is `head`: every tag sits at or below it.
-    /// `window` is `writer.tips_window`: at eviction the floor rises to `head - window`.
-    pub fn new(head: u64, window: u64) -> Tips {
-        Tips { map: HashMap::default(), pairs: HashMap::default(), pair_digest: ahash::RandomState::new(), floor: head, window, max_entries: TIPS_MAX_ENTRIES }
+    /// Cold tips over a log whose tip (its last position) is `tip`: every tag sits at or
+    /// below it.
+    /// `window` is `writer.tips_window`: at eviction the floor rises to `tip - window`.
+    pub fn new(tip: u64, window: u64) -> Tips {
+        Tips { map: HashMap::default(), pairs: HashMap::default(), pair_digest: ahash::RandomState::new(), floor: tip, window, max_entries: TIPS_MAX_ENTRIES }
     }
 
     /// The digest a (tag, type) pair is kept under in `pairs`.
@@ -272,34 +273,34 @@ impl Tips {
         }
     }
 
-    /// After a commit up to `head`: bounds the map by raising the floor. Each trim leaves at
+    /// After a round staged up to `tip`: bounds the map by raising the floor. Each trim leaves at
     /// most half the maximum, so its O(entries) pass is paid at most once per `max / 2` new
     /// tags (amortised O(1) per commit).
-    pub fn trim(&mut self, head: u64) {
+    pub fn trim(&mut self, tip: u64) {
         if self.map.len() > self.max_entries || self.pairs.len() > self.max_pairs() {
-            self.floor = self.floor.max(head.saturating_sub(self.window));
+            self.floor = self.floor.max(tip.saturating_sub(self.window));
             let floor = self.floor;
             self.map.retain(|_, s| s.last > floor);
             self.pairs.retain(|_, last| *last > floor);
             if self.map.len() > self.max_entries / 2 || self.pairs.len() > self.max_pairs() / 2 {
-                // The window alone did not bound them: drop everything, the floor is the head.
-                self.floor = head;
+                // The window alone did not bound them: drop everything, the floor is the tip.
+                self.floor = tip;
                 self.map.clear();
                 self.pairs.clear();
             }
         }
     }
 
-    /// The positions in `(after, head]` where `q` can match, as ascending disjoint inclusive
+    /// The positions in `(after, tip]` where `q` can match, as ascending disjoint inclusive
     /// ranges; every matching position lies in one of them.
-    pub fn candidates(&self, q: &Query, after: u64, head: u64) -> Candidates {
+    pub fn candidates(&self, q: &Query, after: u64, tip: u64) -> Candidates {
         let mut out = Candidates::new();
-        if after >= head {
+        if after >= tip {
             return out;
         }
         let items = match q {
             Query::All => {
-                out.push((after + 1, head));
+                out.push((after + 1, tip));
                 return out;
             }
             Query::Items(items) => items,
@@ -307,7 +308,7 @@ impl Tips {
         let mut all: Candidates = Candidates::new();
         for item in items {
             let mut ranges: Candidates = Candidates::new();
-            let mut hi = head;
+            let mut hi = tip;
             for t in item.tags.iter() {
                 hi = hi.min(self.map.get(t.as_str()).map_or(self.floor, |s| s.last));
                 if !item.types.is_empty() {

@@ -39,7 +39,7 @@ pub struct WriterConfig {
     pub max_batch_records: usize,
     /// Byte budget of one group commit (8 MiB); clamped to the segment capacity.
     pub max_batch_bytes: usize,
-    /// How far below the head the tips' floor rises when the tips map outgrows
+    /// How far below the tip the tips' floor rises when the tips map outgrows
     /// [`crate::index::TIPS_MAX_ENTRIES`] (1,000,000 positions).
     pub tips_window: u64,
     /// Judge every condition by a log scan instead of the tips (false).
@@ -83,7 +83,9 @@ pub enum AppendError {
     /// A condition clause matched.
     #[error("append condition conflict ({clause:?}, {at:?})")]
     Conflict { clause: ConflictClause, at: ConflictSite },
-    /// The condition's `after` is above the durable tip.
+    /// The condition's `after` is above the tip, the last position assigned (committed, or
+    /// staged in a batch on its way to the disk). The text is the reference's, which calls it
+    /// the durable tip.
     #[error("after {after} is beyond the durable tip {tip}")]
     AfterBeyondTip { after: u64, tip: u64 },
     /// No events.
@@ -731,24 +733,24 @@ impl Writer {
         self.failed = Some(reason);
     }
 
-    /// The lowest position above `after` matching `q` among the committed and staged events:
-    /// the tips narrow `(after, head]` to the ranges where a match can lie, then each segment's
+    /// The lowest position in `(after, tip]` matching `q`, among the events committed or
+    /// staged by earlier rounds: the tips narrow that range to the ranges where a match can lie, then each segment's
     /// index is probed over them in order with early termination; `condition_force_scan` asks
     /// a log scan instead, `verify_tips` asks both.
-    fn durable_match(&self, cursor: &mut Cursor, snap: &Snapshot, q: &crate::model::Query, after: u64) -> Result<Option<u64>, ReadError> {
-        let head = self.next - 1;
+    fn log_match(&self, cursor: &mut Cursor, snap: &Snapshot, q: &crate::model::Query, after: u64) -> Result<Option<u64>, ReadError> {
+        let tip = self.next - 1;
         if self.cfg.condition_force_scan {
-            return cursor.first_match(q, after, head);
+            return cursor.first_match(q, after, tip);
         }
         let mut fast = None;
-        for (lo, hi) in self.tips.candidates(q, after, head) {
+        for (lo, hi) in self.tips.candidates(q, after, tip) {
             fast = Self::index_first_match(snap, q, lo - 1, hi);
             if fast.is_some() {
                 break;
             }
         }
         if self.cfg.verify_tips {
-            let slow = cursor.first_match(q, after, head)?;
+            let slow = cursor.first_match(q, after, tip)?;
             if slow != fast {
                 tracing::error!(?fast, ?slow, "index verdict disagrees with the log scan; using the scan");
                 debug_assert_eq!(fast, slow, "index verdict differs from the scan");
@@ -758,17 +760,17 @@ impl Writer {
         Ok(fast)
     }
 
-    /// The lowest position in `(after, head]` matching `q`, by the segments' indexes.
-    fn index_first_match(snap: &Snapshot, q: &crate::model::Query, after: u64, head: u64) -> Option<u64> {
-        if after >= head {
+    /// The lowest position in `(after, tip]` matching `q`, by the segments' indexes.
+    fn index_first_match(snap: &Snapshot, q: &crate::model::Query, after: u64, tip: u64) -> Option<u64> {
+        if after >= tip {
             return None;
         }
         // Segments wholly outside the range are pruned by their position range.
         for i in snap.segment_of(after + 1)..snap.segments.len() {
-            if snap.segments[i].base > head {
+            if snap.segments[i].base > tip {
                 break;
             }
-            let (lo, hi) = snap.local_range(i, after + 1, head);
+            let (lo, hi) = snap.local_range(i, after + 1, tip);
             if lo >= hi {
                 continue;
             }
@@ -836,7 +838,7 @@ impl Writer {
                     let snap = self.shared.pin().1;
                     (Cursor::with_recent(snap.clone(), &self.shared), snap)
                 });
-                match evaluate(c, &staged, |q, after| self.durable_match(cur, snap, q, after)) {
+                match evaluate(c, &staged, |q, after| self.log_match(cur, snap, q, after)) {
                     Ok(Verdict::Pass) => {}
                     Ok(Verdict::Conflict { clause, at }) => {
                         match clause {
@@ -996,7 +998,7 @@ impl Writer {
     }
 
     /// Feeds the staged events of a round to the fingerprint, the index and the tips, and
-    /// moves the head past them.
+    /// moves the tip past them.
     fn absorb(&mut self, drain: &[Request], decisions: &[Decision], n_staged: u64) {
         // Runs of events naming the same type and tags (the usual shape of one append) are
         // fed with one lookup per name.
@@ -1081,7 +1083,7 @@ impl Writer {
         }
     }
 
-    /// Starts a new segment at the head, once the committer has taken everything staged for
+    /// Starts a new segment at the position after the tip, once the committer has taken everything staged for
     /// the old one (it may still be writing or syncing it: batches are committed in order, so
     /// the new segment's first batch becomes durable after the old segment's last). The old
     /// segment's index is sealed on a thread of its own.
