@@ -56,7 +56,7 @@ pub enum OpenError {
     /// The log refused to open (lock, corruption, configuration, I/O).
     #[error(transparent)]
     Log(#[from] LogError),
-    /// The writer executor could not start.
+    /// The writer's thread could not start.
     #[error("cannot start the writer: {0}")]
     Runtime(std::io::Error),
 }
@@ -88,7 +88,7 @@ pub struct WriterTask {
     done: flume::Sender<()>,
 }
 
-/// What the writer is built from, on the executor that runs it.
+/// What the writer is built from, on the thread that runs it.
 struct WriterInit {
     dir: PathBuf,
     segment: SegmentConfig,
@@ -244,7 +244,7 @@ impl Store {
     /// # Errors
     /// [`OpenError::Log`] when recovery refuses (corruption with the file and offset, a held
     /// lock naming the holder's pid, an invalid configuration), [`OpenError::Runtime`] when the
-    /// writer's executor cannot start.
+    /// writer's thread cannot start.
     pub fn open(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store, OpenError> {
         let (mut store, task) = Store::open_parts(dir, cfg)?;
         let thread = task.spawn().map_err(OpenError::Runtime)?;
@@ -253,8 +253,9 @@ impl Store {
     }
 
     /// Recovers the store like [`Store::open`] but hands back the writer as a task for the
-    /// caller to run on an executor of its choice (the server's writer shard). Appends wait in
-    /// the queue until the task runs; [`Store::shutdown`] waits for the task to finish.
+    /// caller to start ([`WriterTask::spawn`], a plain thread, as the server does, or an
+    /// executor). Appends wait in the queue until the task runs; [`Store::shutdown`] waits for
+    /// the task to finish.
     ///
     /// # Errors
     /// As [`Store::open`].
@@ -391,16 +392,6 @@ impl StoreHandle {
     /// [`AppendError::Shutdown`] when the writer is gone.
     pub async fn submit(&self, append: PreparedAppend, reply: ReplyTo) -> Result<(), AppendError> {
         self.writer()?.send_async(WriterMsg::Append(Request { append, reply })).await.map_err(|_| AppendError::Shutdown)
-    }
-
-    /// Asks the writer to finish what is queued and stop, awaiting its acknowledgement (for
-    /// callers running on an executor, such as the server's writer shard).
-    pub async fn close_async(&self) {
-        let (ack, acked) = flume::bounded(1);
-        let Some(tx) = &self.tx else { return };
-        if tx.send_async(WriterMsg::Shutdown(ack)).await.is_ok() {
-            let _ = acked.recv_async().await;
-        }
     }
 
     /// The segment geometry (needed to frame appends).

@@ -1,15 +1,23 @@
-//! The writer: the one task that owns the active segment, assigns positions, judges conditions
-//! and feeds group commit (reference engine §4, seed "Durability", DESIGN "Storage").
+//! The writer: the one thread (`tephra-writer`) that owns the active segment, assigns
+//! positions, judges conditions and feeds group commit (reference engine §4, seed
+//! "Durability", DESIGN "Storage").
 //!
-//! It runs on a thread of its own. Appends arrive over one bounded queue; each round takes
+//! It is a plain thread, not a shard of the server. Appends arrive over one bounded queue; each round takes
 //! one request, drains whatever else is queued (up to `max_batch_records` requests and
 //! `max_batch_bytes` bytes), judges every condition in arrival order against the log, the
 //! events staged before it and the rest of the round, assigns positions, feeds the index and
 //! the tips, and copies the framed records into the open batch of [`commit`]'s pipeline, which
 //! writes each batch with one commit marker through O_DIRECT and makes it durable with one
 //! `fdatasync` (a large batch on the committer thread while the writer stages the next, a
-//! small one on the writer's thread). Nobody is answered before the sync returns. A failed
-//! write or sync is fail-stop: that batch and every later append get an error; reads go on.
+//! small one on the writer's thread). Nobody is answered before the sync returns. Each round
+//! is `Writer::process`: judge, stage (rolling over first when the round does not fit the
+//! active segment), maintain the spare segment, commit.
+//!
+//! A failed write or sync is fail-stop: that batch and every later append get
+//! [`AppendError::Stopped`]; reads go on. A rollover that cannot create its segment refuses
+//! only the round that needed it ([`AppendError::RolloverFailed`], retried by the next
+//! append), and a new segment waiting for room to be named refuses appends until it is
+//! ([`AppendError::NamingStuck`]).
 
 mod commit;
 pub mod condition;
@@ -134,7 +142,8 @@ pub type AppendResult = Result<PositionRange, AppendError>;
 pub enum ReplyTo {
     /// A private one-shot channel.
     Oneshot(flume::Sender<AppendResult>),
-    /// A per-shard sink: results for the same sink are delivered together, once per commit,
+    /// A sink shared by many requests (the server has one per shard, the threads that serve
+    /// connections): results for the same sink are delivered together, once per commit,
     /// each tagged with the caller's token.
     Batched { sink: flume::Sender<Vec<(u64, AppendResult)>>, token: u64 },
 }
@@ -1169,7 +1178,7 @@ fn open_for_commits(path: &Path) -> std::io::Result<std::fs::File> {
     std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path)
 }
 
-/// The results bound for one shard's sink, each with its caller's token.
+/// The results bound for one sink, each with its caller's token.
 type SinkBatch = Vec<(u64, AppendResult)>;
 
 /// Sends results: one-shots directly, batched sinks once per sink per commit.
