@@ -2,9 +2,9 @@
 //! positions, judges conditions and feeds group commit (reference engine §4, seed
 //! "Durability", DESIGN "Storage").
 //!
-//! It is a plain thread, not a shard of the server. Appends arrive over one bounded queue; each round takes
-//! one request, drains whatever else is queued (up to `max_batch_records` requests and
-//! `max_batch_bytes` bytes), judges every condition in arrival order against the log, the
+//! It is a plain thread, not a shard of the server. Appends arrive over one bounded queue;
+//! each round takes one request, drains whatever else is queued (up to `max_batch_records`
+//! requests and `max_batch_bytes` bytes), judges every condition in arrival order against the log, the
 //! events staged before it and the rest of the round, assigns positions, feeds the index and
 //! the tips, and copies the framed records into the open batch of [`commit`]'s pipeline, which
 //! writes each batch with one commit marker through O_DIRECT and makes it durable with one
@@ -108,7 +108,7 @@ pub enum AppendError {
     /// succeeds until the server restarts and recovery decides what the log holds. An operator
     /// looks at the disk and the system log (the reason names the file and the error), then
     /// restarts. Reads go on meanwhile.
-    #[error("the writer has stopped after a failed log write: {0}")]
+    #[error("the writer has stopped: {0}")]
     Stopped(String),
     /// A rollover could not create or open the next segment (a full disk, a directory that
     /// cannot be written, ...). Nothing was written and the writer's state is as before: the
