@@ -217,9 +217,12 @@ fn check_header(bytes: &[u8], base: u64, count: u64, fingerprint: u32) -> Result
     Ok(Layout { n_types, n_tags, dict_off: dict_off as usize, tagtable_off: tagtable_off as usize, keys_off: keys_off as usize, postings_off: postings_off as usize })
 }
 
+/// The type dictionary (each name's id) and the events of each type id.
+type Types = (HashMap<Box<str>, u32>, Vec<u32>);
+
 /// Loads the type dictionary (exactly `n_types` distinct UTF-8 names filling its region) and
 /// counts the events of each type from the type column (every id within the dictionary).
-fn load_types(bytes: &[u8], layout: &Layout) -> Result<(HashMap<Box<str>, u32>, Vec<u32>), IndexFileError> {
+fn load_types(bytes: &[u8], layout: &Layout) -> Result<Types, IndexFileError> {
     let malformed = |s: &str| Err(IndexFileError::Malformed(s.to_string()));
     let Layout { n_types, dict_off, tagtable_off, .. } = *layout;
     let mut type_ids = HashMap::default();
