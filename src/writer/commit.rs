@@ -189,7 +189,8 @@ impl GroupCommit {
         self.naming_stuck.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn set_naming_stuck(&self, reason: Option<String>) {
+    /// Sets (or, with `None`, clears) why new appends wait for a new segment's name.
+    pub(super) fn set_naming_stuck(&self, reason: Option<String>) {
         *self.naming_stuck.write().unwrap_or_else(|e| e.into_inner()) = reason;
     }
 

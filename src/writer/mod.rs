@@ -1361,6 +1361,23 @@ mod tests {
         w.finish(None);
     }
 
+    /// While a new segment waits for its name, every append of a round is refused with
+    /// [`AppendError::NamingStuck`] and nothing is staged; appends are accepted again once it
+    /// is named.
+    #[test]
+    fn accepting_refuses_while_a_segment_waits_for_its_name() {
+        let dir = scratch();
+        let (_store, mut w) = writer(dir.path(), 1 << 20);
+        let line = w.line.clone().unwrap();
+        line.set_naming_stuck(Some("no room".into()));
+        let r = round(&mut w, &[&[event("t", b"a")], &[event("t", b"b")]]);
+        assert_eq!(r, [Err(AppendError::NamingStuck("no room".into())), Err(AppendError::NamingStuck("no room".into()))]);
+        assert_eq!(w.next, 1);
+        line.set_naming_stuck(None);
+        assert_eq!(round(&mut w, &[&[event("t", b"c")]])[0].clone().unwrap().first, Position(1));
+        w.finish(None);
+    }
+
     fn policy_and_nice(idle: bool) -> (i32, i32) {
         std::thread::spawn(move || {
             background_priority(0, idle);
