@@ -24,15 +24,13 @@
 //!   repair anything, and the prefix is as exact as ever.
 
 use crate::log::header::{HeaderError, SegmentHeader, HEADER_LEN};
-use crate::log::record::{classify_tail, walk, Stop, TailVerdict, LENGTH_MASK};
+use crate::log::record::{classify_tail, declared_len, payload_at, walk, Stop, TailVerdict, Walk, RECORD_HEAD};
 use crate::log::segment::{list_segments, Segment, SegmentConfig};
 use crate::log::LogError;
 use crate::repeated::RepeatedFailure;
 use crate::event::EventRef;
 use crate::index::active::ActiveWriter;
-use crate::index::sealed::SealedIndex;
 use crate::index::SegIndex;
-use crate::log::record::RECORD_HEAD;
 use crate::read::{Shared, Snapshot};
 use crate::store::StoreHandle;
 use std::os::unix::fs::FileExt;
@@ -159,6 +157,70 @@ fn damaged_active(seg: &Segment, t: &Tail, stop: Stop) -> LogError {
         offset: t.stopped_at,
         detail: format!("a damaged record ({stop:?}) is followed by committed batches; this follower serves positions up to {} and cannot read past it", t.next - 1),
     }
+}
+
+/// The damage already confirmed where the last walk stopped ([`Tail::hole`]), said again
+/// without reading (a length field damaged to point 128 MiB on had every poll read that much
+/// again; review), unless the file was written since: then it is read again, at most every
+/// [`REST_CHECK_EVERY`] (a live writer writes past the damage all the time), so that a
+/// segment restored in place is followed on (review: a restored sealed segment was never read
+/// again, and the follower served the prefix before the damage until a restart).
+fn known_damage(seg: &Segment, t: &mut Tail) -> Option<LogError> {
+    let h = t.hole?;
+    if h.base != seg.base || h.at != t.stopped_at {
+        return None;
+    }
+    if h.since.elapsed() < REST_CHECK_EVERY || modified(seg) == h.mtime {
+        return Some(damaged_active(seg, t, h.stop));
+    }
+    t.hole = None;
+    None
+}
+
+/// Takes the committed records of a walk of the active segment's bytes `buf`, read from byte
+/// `start`: feeds them to the index ([`crate::index::feed`]; they were checked to be valid
+/// events) and the record offsets, and moves the follower's position and ends past them.
+fn take_committed(seg: &Segment, t: &mut Tail, buf: &[u8], start: u64, w: &Walk) {
+    let index = t.index.as_mut().expect("an active segment has an index");
+    crate::index::feed(index, t.next, w.offsets.iter().map(|&off| payload_at(buf, off as usize))).expect("validated above");
+    for (k, off) in w.offsets.iter().enumerate() {
+        seg.offsets.set((t.next - seg.base) as usize + k, (start + *off as u64) as u32);
+    }
+    t.next += w.offsets.len() as u64;
+    t.active_end = start + w.committed_end as u64;
+    t.stopped_at = start + w.stop_offset as u64;
+}
+
+/// The window to read again with, when the walk `w` of a full window `buf` (of `window`
+/// bytes) stopped at its end, where more may follow: within its last record head, or at a
+/// record that did not fit in it. A record declared to end past the file is no record that
+/// did not fit but a damaged length field (the window grew to as much as 1 GiB for it at every
+/// poll). `None` when the stop lies inside the window.
+///
+/// # Errors
+/// The file's length could not be had.
+fn wider_window(seg: &Segment, t: &Tail, buf: &[u8], window: usize, w: &Walk) -> Result<Option<usize>, FollowerError> {
+    let n = buf.len();
+    let edge = n == window
+        && (w.stop_offset + RECORD_HEAD >= n.saturating_sub(1)
+            || (w.stop == Stop::PastEnd && {
+                let len = declared_len(&buf[w.stop_offset..]);
+                let file_len = seg.file.metadata().map_err(|source| LogError::Io { path: seg.path.clone(), source })?.len();
+                t.stopped_at + (RECORD_HEAD as u64) + len as u64 <= file_len
+            }));
+    if !edge {
+        return Ok(None);
+    }
+    Ok(Some(if w.committed_end == 0 {
+        // Not one whole batch in the window (a group commit holds up to
+        // `writer.max_batch_bytes`, 8 MiB by default, and a record up to
+        // `segment.max_record_len`): read twice as much, and at least that record.
+        let len = if w.stop == Stop::PastEnd { declared_len(&buf[w.stop_offset..]) } else { 0 };
+        (window * 2).max(w.stop_offset + RECORD_HEAD + len + 64)
+    } else {
+        // Catching up: read more at a time.
+        (window * 2).min(window.max(STEP_WINDOW))
+    }))
 }
 
 /// Bytes of the active segment a poll reads first: an idle writer's follower reads this much
@@ -367,11 +429,8 @@ impl Follower {
             let seg = Arc::new(if Some(base) == last_listed { Segment::open(base, path, &self.cfg.segment)? } else { Segment::open_by_length(base, path, &self.cfg.segment)? });
             // The old active segment is final: seal its index (in memory; the writer persists
             // the file, a follower writes nothing).
-            let sealed = t.index.take().map(|w| {
-                let (b, n) = (w.shared().base(), w.absorbed() as u64);
-                // Never persisted, so no fingerprint is needed to tie it to the segment.
-                SegIndex::Sealed(Arc::new(SealedIndex::load(w.encode_sealed(0), b, n, 0).expect("a freshly encoded index validates")))
-            });
+            // Never persisted, so no fingerprint is needed to tie it to the segment.
+            let sealed = t.index.take().map(|w| SegIndex::Sealed(Arc::new(w.to_sealed(0))));
             let index = ActiveWriter::new(base, seg.max_records());
             let shared_index = SegIndex::Active(index.shared().clone());
             t.index = Some(index);
@@ -413,20 +472,8 @@ impl Follower {
     /// [`Follower::scan_active`], reading into `scratch`.
     fn scan_active_into(&self, t: &mut Tail, scratch: &mut Vec<u8>) -> Result<(), FollowerError> {
         let Some(seg) = t.segments.last().cloned() else { return Ok(()) };
-        // Damage already confirmed where the last walk stopped is said again without reading
-        // (a length field damaged to point 128 MiB on had every poll read that much again;
-        // review), unless the file was written since: then it is read again, at most every
-        // REST_CHECK_EVERY (a live writer writes past the damage all the time), so that a
-        // segment restored in place is followed on (review: a restored sealed segment was
-        // never read again, and the follower served the prefix before the damage until a
-        // restart).
-        if let Some(h) = t.hole {
-            if h.base == seg.base && h.at == t.stopped_at {
-                if h.since.elapsed() < REST_CHECK_EVERY || modified(&seg) == h.mtime {
-                    return Err(damaged_active(&seg, t, h.stop));
-                }
-                t.hole = None;
-            }
+        if let Some(known) = known_damage(&seg, t) {
+            return Err(known);
         }
         let mut window = FIRST_WINDOW;
         let poll_start = t.active_end;
@@ -451,28 +498,11 @@ impl Follower {
             }
             // A committed record that is no valid event ends what can be served: only the
             // batches committed before it are fed, from a walk that ends at it.
-            let mut invalid = None;
-            for (k, off) in w.offsets.iter().enumerate() {
-                let o = *off as usize;
-                let len = (u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) & LENGTH_MASK) as usize;
-                if let Err(e) = EventRef::from_bytes(&buf[o + RECORD_HEAD..o + RECORD_HEAD + len]) {
-                    invalid = Some((o, t.next + k as u64, e));
-                    break;
-                }
-            }
+            let invalid = w.offsets.iter().enumerate().find_map(|(k, &off)| EventRef::from_bytes(payload_at(buf, off as usize)).err().map(|e| (off as usize, t.next + k as u64, e)));
             if let Some((o, _, _)) = invalid {
                 w = walk(&buf[..o], 0);
             }
-            for (k, off) in w.offsets.iter().enumerate() {
-                let o = *off as usize;
-                let len = (u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) & LENGTH_MASK) as usize;
-                let ev = EventRef::from_bytes(&buf[o + RECORD_HEAD..o + RECORD_HEAD + len]).expect("validated above");
-                t.index.as_mut().expect("an active segment has an index").absorb(t.next + k as u64, &ev);
-                seg.offsets.set((t.next - seg.base) as usize + k, (start + *off as u64) as u32);
-            }
-            t.next += w.offsets.len() as u64;
-            t.active_end = start + w.committed_end as u64;
-            t.stopped_at = start + w.stop_offset as u64;
+            take_committed(&seg, t, buf, start, &w);
             if let Some((o, pos, e)) = invalid {
                 t.stopped_at = start + o as u64;
                 return Err(LogError::Corrupt {
@@ -481,39 +511,11 @@ impl Follower {
                     detail: format!("committed record at position {pos} is not a valid event: {e}; this follower serves positions up to {} and cannot read past it", t.next - 1),
                 });
             }
-            // Keep reading while the walk stopped at the end of a full window (more may follow):
-            // within its last record head, or at a record that did not fit in it. A record
-            // declared to end past the file is no record that did not fit but a damaged length
-            // field (the window grew to as much as 1 GiB for it at every poll).
-            let edge = n == window
-                && (w.stop_offset + RECORD_HEAD >= n.saturating_sub(1)
-                    || (w.stop == Stop::PastEnd && {
-                        let len = u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap()) & LENGTH_MASK;
-                        let file_len = seg.file.metadata().map_err(|source| LogError::Io { path: seg.path.clone(), source })?.len();
-                        t.stopped_at + (RECORD_HEAD as u64) + len as u64 <= file_len
-                    }));
-            if edge {
-                if w.committed_end == 0 {
-                    // Not one whole batch in the window (a group commit holds up to
-                    // `writer.max_batch_bytes`, 8 MiB by default, and a record up to
-                    // `segment.max_record_len`): read twice as much, and at least that record.
-                    let len = if w.stop == Stop::PastEnd { u32::from_le_bytes(buf[w.stop_offset..w.stop_offset + 4].try_into().unwrap()) & LENGTH_MASK } else { 0 };
-                    window = (window * 2).max(w.stop_offset + RECORD_HEAD + len as usize + 64);
-                } else {
-                    // Catching up: read more at a time.
-                    window = (window * 2).min(window.max(STEP_WINDOW));
-                }
+            if let Some(wider) = wider_window(&seg, t, buf, window, &w)? {
+                window = wider;
                 continue;
             }
-            if let Some(served) = t.regrown {
-                if t.next >= served {
-                    // The new tables hold everything the old ones did: swap them in.
-                    let index = t.index.as_ref().expect("an active segment has an index").shared().clone();
-                    self.shared.replace_last(seg.clone(), SegIndex::Active(index));
-                    t.regrown = None;
-                    tracing::info!(segment = %seg.path.display(), records = seg.max_records(), "the active segment grew past this follower's tables; reopened it with larger ones");
-                }
-            }
+            self.end_regrow(&seg, t);
             // A stop inside the window: the end of what the writer has written so far, or
             // damage (review: a damaged record in the middle of the active segment was
             // taken for the end of the log, and the follower served the prefix before it
@@ -526,6 +528,18 @@ impl Follower {
                 return Err(confirm_damage(&seg, t, stop));
             }
             return self.check_rest(&seg, t, poll_start);
+        }
+    }
+
+    /// Once a regrown active segment's new tables hold everything the old ones did, swaps them
+    /// in for readers (see [`Tail::regrown`]).
+    fn end_regrow(&self, seg: &Arc<Segment>, t: &mut Tail) {
+        let Some(served) = t.regrown else { return };
+        if t.next >= served {
+            let index = t.index.as_ref().expect("an active segment has an index").shared().clone();
+            self.shared.replace_last(seg.clone(), SegIndex::Active(index));
+            t.regrown = None;
+            tracing::info!(segment = %seg.path.display(), records = seg.max_records(), "the active segment grew past this follower's tables; reopened it with larger ones");
         }
     }
 

@@ -8,7 +8,7 @@
 //! and no duplicate at the seam.
 
 use crate::event::EventRef;
-use crate::log::record::{LENGTH_MASK, RECORD_HEAD};
+use crate::log::record::{declared_len, verify_data, RECORD_HEAD};
 use crate::index::view::Direction;
 use crate::index::SegIndex;
 use crate::log::segment::Segment;
@@ -36,12 +36,13 @@ pub enum ReadError {
     WouldBlock,
 }
 
-/// A segment range a read needs from the disk before it can go on without waiting
+/// A segment range that was not in the page cache, which a read needs from the disk before it
+/// can go on without waiting
 /// ([`Step::Blocked`]): [`run`](Self::run) it on a thread that may block, hand it back to the
 /// read ([`Reads::fetched`], [`Subscription::fetched`]), then step again: the read resumes
 /// with these bytes, without reading the file again (the page cache may have dropped them by
 /// then).
-pub struct Warm {
+pub struct ColdRange {
     seg: Arc<Segment>,
     off: u64,
     len: usize,
@@ -53,7 +54,7 @@ pub struct Warm {
     pinned: u64,
 }
 
-impl Warm {
+impl ColdRange {
     /// Reads the range with blocking `pread`s ([`Segment::read_at`]). An error or the end of
     /// the file leaves it short; the read then meets the same condition and reports it.
     pub fn run(&mut self) {
@@ -99,7 +100,7 @@ impl Snapshot {
 }
 
 /// The batches committed lately, as the committer wrote them, so that reads of fresh events
-/// (subscribers following the tip, reads of the last appends, condition checks) copy them
+/// (subscribers following the head, reads of the last appends, condition checks) copy them
 /// from memory. The commit writes with O_DIRECT, which leaves nothing in the page cache: without
 /// this every such read went to the disk, blocking the shard's thread for the read (a tenth
 /// of a millisecond to milliseconds) and reading whole 256 KiB windows for a few new events.
@@ -129,7 +130,7 @@ pub(crate) const RECENT_BYTES: usize = 32 << 20;
 /// Most batches [`RecentBatches`] holds. Few: the committer refills the buffer it gets back
 /// from the oldest, and one it wrote a few commits ago is still in the CPU's cache (with 32 MiB
 /// of batches the refill wrote cold memory: 16 × 64 lost ~2% events/s and its p99 rose ~25%).
-/// Readers at the tip (subscribers, condition checks) need the last one or two.
+/// Readers at the head (subscribers, condition checks) need the last one or two.
 pub(crate) const RECENT_BATCHES: usize = 4;
 
 impl RecentBatches {
@@ -302,18 +303,18 @@ pub struct Cursor {
     win_start: u64,
     win_len: usize,
     /// Read the files only from the page cache; a miss fails with [`ReadError::WouldBlock`]
-    /// and leaves the range to fetch in `warm`.
+    /// and leaves the range to fetch in `cold`.
     nowait: bool,
-    warm: Option<Warm>,
+    cold: Option<ColdRange>,
     /// A fetched range came back short (the end of the file, or an error): read the next
     /// window the usual way, which reports what stopped it, instead of missing again.
-    warmed: bool,
+    fetched_short: bool,
 }
 
 impl Cursor {
     /// A cursor over `snap` that reads the segment files.
     pub fn new(snap: Arc<Snapshot>) -> Cursor {
-        Cursor { snap, recent: None, buf: Vec::new(), mem: None, win_seg: usize::MAX, win_start: 0, win_len: 0, nowait: false, warm: None, warmed: false }
+        Cursor { snap, recent: None, buf: Vec::new(), mem: None, win_seg: usize::MAX, win_start: 0, win_len: 0, nowait: false, cold: None, fetched_short: false }
     }
 
     /// A cursor over `snap` that takes records of recently committed batches from memory
@@ -358,7 +359,7 @@ impl Cursor {
         }
         let io_err = |e: std::io::Error| ReadError::Io { path: seg.path.clone(), message: e.to_string() };
         let need = (start + len as u64 - lo) as usize;
-        let got = if self.nowait && !std::mem::take(&mut self.warmed) {
+        let got = if self.nowait && !std::mem::take(&mut self.fetched_short) {
             match seg.read_cached_at(&mut self.buf[..n], lo) {
                 Ok(got) if got >= need => got,
                 Ok(_) => return self.miss(si, lo, n),
@@ -387,19 +388,19 @@ impl Cursor {
     fn miss(&mut self, si: usize, lo: u64, n: usize) -> Result<(), ReadError> {
         self.win_seg = usize::MAX;
         self.win_len = 0;
-        self.warm = Some(Warm { seg: self.snap.segments[si].clone(), off: lo, len: n, bytes: Vec::new(), pinned: 0 });
+        self.cold = Some(ColdRange { seg: self.snap.segments[si].clone(), off: lo, len: n, bytes: Vec::new(), pinned: 0 });
         Err(ReadError::WouldBlock)
     }
 
-    /// Makes the bytes `warm` fetched the window (they belong to one of this snapshot's
+    /// Makes the bytes `cold` fetched the window (they belong to one of this snapshot's
     /// segments; a range of another is dropped).
-    fn install(&mut self, warm: Warm) {
-        let Some(si) = self.snap.segments.iter().position(|s| s.base == warm.seg.base) else { return };
-        self.warmed = warm.bytes.len() < warm.len;
+    fn install(&mut self, cold: ColdRange) {
+        let Some(si) = self.snap.segments.iter().position(|s| s.base == cold.seg.base) else { return };
+        self.fetched_short = cold.bytes.len() < cold.len;
         self.win_seg = si;
-        self.win_start = warm.off;
-        self.win_len = warm.bytes.len();
-        self.buf = warm.bytes;
+        self.win_start = cold.off;
+        self.win_len = cold.bytes.len();
+        self.buf = cold.bytes;
         self.mem = None;
     }
 
@@ -435,16 +436,10 @@ impl Cursor {
         let (si, off) = self.offset(pos);
         self.ensure(si, off, RECORD_HEAD, lo, hi)?;
         let h = (off - self.win_start) as usize;
-        let len_field = u32::from_le_bytes(self.window()[h..h + 4].try_into().unwrap());
-        let len = (len_field & LENGTH_MASK) as usize;
+        let len = declared_len(&self.window()[h..h + RECORD_HEAD]);
         self.ensure(si, off, RECORD_HEAD + len, off, off + (RECORD_HEAD + len) as u64)?;
         let h = (off - self.win_start) as usize;
-        let rec = &self.window()[h..h + RECORD_HEAD + len];
-        let crc = u32::from_le_bytes(rec[4..8].try_into().unwrap());
-        let mut hasher = crc32fast::Hasher::new();
-        hasher.update(&rec[0..4]);
-        hasher.update(&rec[RECORD_HEAD..]);
-        if len_field & !LENGTH_MASK != 0 || hasher.finalize() != crc {
+        if verify_data(&self.window()[h..h + RECORD_HEAD + len]).is_none() {
             let seg = &self.snap.segments[si];
             return Err(ReadError::Corrupt { path: seg.path.clone(), offset: off, detail: "record checksum mismatch".into() });
         }
@@ -512,9 +507,9 @@ pub enum Step<'a> {
     /// The read failed (and is over).
     Failed(ReadError),
     /// Only from a read made [not to wait](Reads::without_waiting): the next record must come
-    /// from the disk. Run the [`Warm`] where blocking is allowed, then step again; the read
-    /// resumes where it stopped.
-    Blocked(Warm),
+    /// from the disk. Run the [`ColdRange`] where blocking is allowed, then step again; the
+    /// read resumes where it stopped.
+    Blocked(ColdRange),
 }
 
 /// Ranges of at most this many positions are scanned without asking the indexes.
@@ -562,10 +557,10 @@ impl Reads {
         self
     }
 
-    /// Hands back a [`Warm`] from [`Step::Blocked`] after [`Warm::run`]: the next step reads
-    /// from its bytes.
-    pub fn fetched(&mut self, warm: Warm) {
-        self.cursor.install(warm);
+    /// Hands back a [`ColdRange`] from [`Step::Blocked`] after [`ColdRange::run`]: the next
+    /// step reads from its bytes.
+    pub fn fetched(&mut self, cold: ColdRange) {
+        self.cursor.install(cold);
     }
 
     /// Lowers a forward read's pinned watermark to `w` before its first step; true when that
@@ -640,7 +635,7 @@ impl Reads {
         matches!(self.plan, Plan::Indexed { .. })
     }
 
-    /// The durable tip this read is pinned to.
+    /// The watermark (the last durable position) this read is pinned to.
     pub fn watermark(&self) -> Position {
         Position(self.watermark)
     }
@@ -731,9 +726,9 @@ impl Reads {
                     Plan::Indexed { queue, .. } => queue.push_front(pos),
                     _ => *budget = budget.saturating_add(1),
                 }
-                let mut warm = self.cursor.warm.take().expect("a miss leaves its range");
-                warm.pinned = self.watermark;
-                return Step::Blocked(warm);
+                let mut cold = self.cursor.cold.take().expect("a miss leaves its range");
+                cold.pinned = self.watermark;
+                return Step::Blocked(cold);
             }
             if self.forward {
                 self.next = pos + 1;
@@ -812,36 +807,36 @@ pub struct Subscription {
     /// Polls never wait for the disk ([`Subscription::without_waiting`]).
     nowait: bool,
     /// The range the last poll stopped at, to fetch before the next one.
-    warm: Option<Warm>,
+    cold: Option<ColdRange>,
     /// That range, fetched: the next poll starts from its bytes and goes no further than the
     /// watermark of the poll that stopped at it.
-    fetched: Option<Warm>,
+    fetched: Option<ColdRange>,
 }
 
 impl Subscription {
     pub(crate) fn new(shared: Arc<Shared>, query: Arc<QueryMatcher>, after: Position) -> Subscription {
         shared.subscribers.fetch_add(1, Ordering::SeqCst);
-        Subscription { shared, query, cursor: after.get(), nowait: false, warm: None, fetched: None }
+        Subscription { shared, query, cursor: after.get(), nowait: false, cold: None, fetched: None }
     }
 
     /// Makes every poll stop, instead of waiting for the disk, at a record neither in memory
     /// nor in the page cache (see [`Reads::without_waiting`]): the poll then returns not
-    /// caught up and [`take_warm`](Self::take_warm) gives the range to fetch before polling
-    /// again.
+    /// caught up and [`take_cold_range`](Self::take_cold_range) gives the range to fetch
+    /// before polling again.
     pub fn without_waiting(mut self) -> Subscription {
         self.nowait = true;
         self
     }
 
     /// The range the last poll stopped at (see [`without_waiting`](Self::without_waiting)).
-    pub fn take_warm(&mut self) -> Option<Warm> {
-        self.warm.take()
+    pub fn take_cold_range(&mut self) -> Option<ColdRange> {
+        self.cold.take()
     }
 
-    /// Hands back a [`Warm`] from [`take_warm`](Self::take_warm) after [`Warm::run`]: the next
-    /// poll reads from its bytes.
-    pub fn fetched(&mut self, warm: Warm) {
-        self.fetched = Some(warm);
+    /// Hands back a [`ColdRange`] from [`take_cold_range`](Self::take_cold_range) after
+    /// [`ColdRange::run`]: the next poll reads from its bytes.
+    pub fn fetched(&mut self, cold: ColdRange) {
+        self.fetched = Some(cold);
     }
 
     /// The exclusive cursor: every match at or below it has been delivered.
@@ -877,9 +872,9 @@ impl Subscription {
         // failed with "record checksum mismatch" on events the fetch read before they were
         // written).
         let mut capped = false;
-        if let Some(warm) = self.fetched.take() {
-            capped = reads.cap(warm.pinned);
-            reads.cursor.install(warm);
+        if let Some(cold) = self.fetched.take() {
+            capped = reads.cap(cold.pinned);
+            reads.cursor.install(cold);
         }
         let w = reads.watermark;
         let mut delivered = 0;
@@ -896,9 +891,9 @@ impl Subscription {
                     self.cursor = reads.examined_through().max(self.cursor);
                     return Ok(Polled { delivered, caught_up: false });
                 }
-                Step::Blocked(warm) => {
+                Step::Blocked(cold) => {
                     self.cursor = reads.examined_through().max(self.cursor);
-                    self.warm = Some(warm);
+                    self.cold = Some(cold);
                     return Ok(Polled { delivered, caught_up: false });
                 }
                 Step::End => {

@@ -9,7 +9,7 @@
 use crate::event::Event;
 use crate::log::lock::DirLock;
 use crate::log::segment::SegmentConfig;
-use crate::log::{open_log, LogError, OpenOutcome};
+use crate::log::{open_log, LogError, OpenOutcome, WalkedSegment};
 use crate::model::{AppendCondition, Position, Query, QueryMatcher};
 use crate::read::{Reads, Shared, Snapshot, Subscription};
 use crate::index::active::ActiveWriter;
@@ -56,7 +56,7 @@ pub enum OpenError {
     /// The log refused to open (lock, corruption, configuration, I/O).
     #[error(transparent)]
     Log(#[from] LogError),
-    /// The writer executor could not start.
+    /// The writer's thread could not start.
     #[error("cannot start the writer: {0}")]
     Runtime(std::io::Error),
 }
@@ -64,7 +64,7 @@ pub enum OpenError {
 /// A point-in-time view of the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreStats {
-    /// Durable head position (also the event count).
+    /// The head: the last durable position, the watermark (also the event count).
     pub event_count: u64,
     /// Number of segment files.
     pub segment_count: u64,
@@ -88,7 +88,7 @@ pub struct WriterTask {
     done: flume::Sender<()>,
 }
 
-/// What the writer is built from, on the executor that runs it.
+/// What the writer is built from, on the thread that runs it.
 struct WriterInit {
     dir: PathBuf,
     segment: SegmentConfig,
@@ -124,6 +124,109 @@ impl WriterTask {
     }
 }
 
+#[cfg(test)]
+impl WriterTask {
+    /// The writer and its active segment opened for writing, unstarted: for the writer's unit
+    /// tests, which drive its steps one by one.
+    pub(crate) fn into_writer(self) -> (Writer, (Arc<std::fs::File>, Vec<u8>)) {
+        let i = self.init;
+        (Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.fingerprint, i.metrics), i.opened_active)
+    }
+}
+
+/// The indexes the store's open finds or rebuilds, segment by segment, as the log is walked.
+#[derive(Default)]
+struct FoundIndexes {
+    /// The sealed segments' indexes so far, in order.
+    indexes: Vec<SegIndex>,
+    /// The active segment's index and fingerprint, once it is walked (last).
+    active_index: Option<ActiveWriter>,
+    active_fingerprint: Option<crate::log::segment::Fingerprint>,
+    /// Sealed indexes rebuilt because their files were missing or unusable: how many, the
+    /// first one's segment and reason, and the time spent. Said in one line once the log is
+    /// open (review: a directory the reference wrote, 786 segments, gave 786 lines).
+    rebuilt: Rebuilt,
+    /// Rebuilt sealed indexes, their files to be written once the open has succeeded.
+    to_write: Vec<Arc<crate::index::sealed::SealedIndex>>,
+}
+
+/// How many sealed indexes the open rebuilt, the first one's segment and reason, and the time
+/// spent.
+type Rebuilt = (u64, Option<(PathBuf, String)>, std::time::Duration);
+
+impl FoundIndexes {
+    /// Takes one walked segment's index: a sealed segment's from its index file when that is
+    /// usable, else (and for the active segment) rebuilt from the log.
+    ///
+    /// # Errors
+    /// [`LogError::Corrupt`] for a committed record that is no valid event.
+    fn take(&mut self, dir: &Path, w: WalkedSegment<'_>) -> Result<(), LogError> {
+        let base = w.segment.base;
+        let count = w.offsets.len() as u64;
+        let fingerprint = w.fingerprint();
+        if !w.active {
+            match crate::index::load_index_file(dir, base, count, fingerprint.value()) {
+                Ok(ix) => {
+                    self.indexes.push(SegIndex::Sealed(Arc::new(ix)));
+                    return Ok(());
+                }
+                Err(why) => {
+                    tracing::debug!(segment = %w.segment.path.display(), %why, "rebuilding the sealed index from the log");
+                    self.rebuilt.0 += 1;
+                    self.rebuilt.1.get_or_insert_with(|| (w.segment.path.clone(), why));
+                }
+            }
+        }
+        let started = std::time::Instant::now();
+        // Name the segment file and the record's byte offset, like every other refusal.
+        let ix = crate::index::rebuild(base, w.segment.max_records(), w.payloads()).map_err(|bad| LogError::Corrupt {
+            path: w.segment.path.clone(),
+            offset: w.offsets[bad.at] as u64,
+            detail: format!("committed record at position {} is not a valid event: {}", base + bad.at as u64, bad.error),
+        })?;
+        if w.active {
+            self.active_index = Some(ix);
+            self.active_fingerprint = Some(fingerprint);
+        } else {
+            let sealed = Arc::new(ix.to_sealed(fingerprint.value()));
+            // Its file is written once the whole store is accepted: a refused open writes
+            // nothing (review).
+            self.to_write.push(sealed.clone());
+            self.indexes.push(SegIndex::Sealed(sealed));
+            self.rebuilt.2 += started.elapsed();
+        }
+        Ok(())
+    }
+}
+
+/// Writes the files of the sealed indexes the open rebuilt and says so in one line (a failed
+/// write is said, not fatal: the next start rebuilds that index again). Index files are ours
+/// alone: a directory another server wrote (the reference) has none for its segments. Each
+/// rebuilt one is written, so the next start loads it.
+fn write_rebuilt(dir: &Path, to_write: &[Arc<crate::index::sealed::SealedIndex>], rebuilt: Rebuilt) {
+    let mut unwritten: (u64, Option<std::io::Error>) = (0, None);
+    for ix in to_write {
+        if let Err(e) = crate::index::write_index_file(dir, ix.base(), ix.bytes()) {
+            unwritten.0 += 1;
+            unwritten.1.get_or_insert(e);
+        }
+    }
+    let (n, Some((first, why)), took) = rebuilt else { return };
+    match unwritten {
+        (0, _) => tracing::info!(segments = n, first = %first.display(), first_reason = %why, took_ms = took.as_millis() as u64, "rebuilt sealed indexes from the log (their files were missing or unusable; written now for the next start)"),
+        (failed, e) => tracing::warn!(
+            segments = n,
+            first = %first.display(),
+            first_reason = %why,
+            took_ms = took.as_millis() as u64,
+            not_written = failed,
+            error = %e.map(|e| e.to_string()).unwrap_or_default(),
+            "rebuilt sealed indexes from the log (their files were missing or unusable); {failed} could not be written, so the next start rebuilds them again (check {})",
+            dir.join(crate::index::INDEX_DIR).display()
+        ),
+    }
+}
+
 /// A cloneable, `Send` handle on an open store.
 #[derive(Clone)]
 pub struct StoreHandle {
@@ -141,7 +244,7 @@ impl Store {
     /// # Errors
     /// [`OpenError::Log`] when recovery refuses (corruption with the file and offset, a held
     /// lock naming the holder's pid, an invalid configuration), [`OpenError::Runtime`] when the
-    /// writer's executor cannot start.
+    /// writer's thread cannot start.
     pub fn open(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<Store, OpenError> {
         let (mut store, task) = Store::open_parts(dir, cfg)?;
         let thread = task.spawn().map_err(OpenError::Runtime)?;
@@ -150,69 +253,17 @@ impl Store {
     }
 
     /// Recovers the store like [`Store::open`] but hands back the writer as a task for the
-    /// caller to run on an executor of its choice (the server's writer shard). Appends wait in
-    /// the queue until the task runs; [`Store::shutdown`] waits for the task to finish.
+    /// caller to start ([`WriterTask::spawn`], a plain thread, as the server does, or an
+    /// executor). Appends wait in the queue until the task runs; [`Store::shutdown`] waits for
+    /// the task to finish.
     ///
     /// # Errors
     /// As [`Store::open`].
     pub fn open_parts(dir: impl AsRef<Path>, cfg: StoreConfig) -> Result<(Store, WriterTask), OpenError> {
         let dir = dir.as_ref().to_path_buf();
-        let mut indexes = Vec::new();
-        let mut active_index = None;
-        let mut active_fingerprint = None;
-        // Sealed indexes rebuilt because their files were missing or unusable: how many, the
-        // first one's segment and reason, and the time spent. Said in one line once the log is
-        // open (review: a directory the reference wrote, 786 segments, gave 786 lines).
-        let mut rebuilt: (u64, Option<(PathBuf, String)>, std::time::Duration) = (0, None, std::time::Duration::ZERO);
-        // Rebuilt sealed indexes, their files to be written once the open has succeeded.
-        let mut to_write: Vec<Arc<crate::index::sealed::SealedIndex>> = Vec::new();
-        let mut rec = open_log(&dir, &cfg.segment, |w| {
-            let base = w.segment.base;
-            let count = w.offsets.len() as u64;
-            let fingerprint = w.fingerprint();
-            if !w.active {
-                match crate::index::load_index_file(&dir, base, count, fingerprint.value()) {
-                    Ok(ix) => {
-                        indexes.push(SegIndex::Sealed(Arc::new(ix)));
-                        return Ok(());
-                    }
-                    Err(why) => {
-                        tracing::debug!(segment = %w.segment.path.display(), %why, "rebuilding the sealed index from the log");
-                        rebuilt.0 += 1;
-                        rebuilt.1.get_or_insert_with(|| (w.segment.path.clone(), why));
-                    }
-                }
-            }
-            let started = std::time::Instant::now();
-            let mut ix = ActiveWriter::new(base, w.segment.max_records());
-            for (k, bytes) in w.payloads().enumerate() {
-                let pos = base + k as u64;
-                match crate::event::EventRef::from_bytes(bytes) {
-                    Ok(ev) => ix.absorb(pos, &ev),
-                    // Name the segment file and the record's byte offset, like every other refusal.
-                    Err(e) => {
-                        return Err(LogError::Corrupt {
-                            path: w.segment.path.clone(),
-                            offset: w.offsets[k] as u64,
-                            detail: format!("committed record at position {pos} is not a valid event: {e}"),
-                        })
-                    }
-                }
-            }
-            if w.active {
-                active_index = Some(ix);
-                active_fingerprint = Some(fingerprint);
-            } else {
-                let bytes = ix.encode_sealed(fingerprint.value());
-                let sealed = Arc::new(crate::index::sealed::SealedIndex::load(bytes, base, count, fingerprint.value()).expect("a freshly encoded index validates"));
-                // Its file is written once the whole store is accepted: a refused open
-                // writes nothing (review).
-                to_write.push(sealed.clone());
-                indexes.push(SegIndex::Sealed(sealed));
-                rebuilt.2 += started.elapsed();
-            }
-            Ok(())
-        })?;
+        let mut found = FoundIndexes::default();
+        let mut rec = open_log(&dir, &cfg.segment, |w| found.take(&dir, w))?;
+        let FoundIndexes { mut indexes, active_index, active_fingerprint, rebuilt, to_write } = found;
         let active_index = active_index.expect("open_log walks the active segment last");
         indexes.push(SegIndex::Active(active_index.shared().clone()));
         let head = rec.next_position - 1;
@@ -230,30 +281,7 @@ impl Store {
         // segments, zero a rolled-back tail, and write the rebuilt index files (a failed
         // index write is said, not fatal: the next start rebuilds that index again).
         rec.apply()?;
-        let mut unwritten: (u64, Option<std::io::Error>) = (0, None);
-        for ix in &to_write {
-            if let Err(e) = crate::index::write_index_file(&dir, ix.base(), ix.bytes()) {
-                unwritten.0 += 1;
-                unwritten.1.get_or_insert(e);
-            }
-        }
-        if let (n, Some((first, why)), took) = rebuilt {
-            // Index files are ours alone: a directory another server wrote (the reference) has
-            // none for its segments. Each rebuilt one is written, so the next start loads it.
-            match unwritten {
-                (0, _) => tracing::info!(segments = n, first = %first.display(), first_reason = %why, took_ms = took.as_millis() as u64, "rebuilt sealed indexes from the log (their files were missing or unusable; written now for the next start)"),
-                (failed, e) => tracing::warn!(
-                    segments = n,
-                    first = %first.display(),
-                    first_reason = %why,
-                    took_ms = took.as_millis() as u64,
-                    not_written = failed,
-                    error = %e.map(|e| e.to_string()).unwrap_or_default(),
-                    "rebuilt sealed indexes from the log (their files were missing or unusable); {failed} could not be written, so the next start rebuilds them again (check {})",
-                    dir.join(crate::index::INDEX_DIR).display()
-                ),
-            }
-        }
+        write_rebuilt(&dir, &to_write, rebuilt);
         let (tx, rx) = flume::bounded(cfg.writer.queue_capacity.max(1));
         let (done_tx, done_rx) = flume::bounded(1);
         let task = WriterTask {
@@ -337,7 +365,8 @@ impl StoreHandle {
     ///
     /// # Errors
     /// Any [`AppendError`]: a conflict, `after` beyond the tip, an empty or oversized batch, a
-    /// failed (fail-stopped) log, or shutdown.
+    /// stopped writer (fail-stop), a rollover to retry, a new segment waiting for its name, or
+    /// shutdown.
     pub fn append(&self, events: Vec<Event>, condition: Option<AppendCondition>) -> AppendResult {
         let append = PreparedAppend::new(&events, condition, &self.segment)?;
         let (tx, rx) = flume::bounded(1);
@@ -365,16 +394,6 @@ impl StoreHandle {
         self.writer()?.send_async(WriterMsg::Append(Request { append, reply })).await.map_err(|_| AppendError::Shutdown)
     }
 
-    /// Asks the writer to finish what is queued and stop, awaiting its acknowledgement (for
-    /// callers running on an executor, such as the server's writer shard).
-    pub async fn close_async(&self) {
-        let (ack, acked) = flume::bounded(1);
-        let Some(tx) = &self.tx else { return };
-        if tx.send_async(WriterMsg::Shutdown(ack)).await.is_ok() {
-            let _ = acked.recv_async().await;
-        }
-    }
-
     /// The segment geometry (needed to frame appends).
     pub fn segment_config(&self) -> &SegmentConfig {
         &self.segment
@@ -385,7 +404,7 @@ impl StoreHandle {
         self.read_prepared(Arc::new(QueryMatcher::new(query)), after, limit)
     }
 
-    /// Backward read of matches with position < `before` (`Position::MAX` = from the tip).
+    /// Backward read of matches with position < `before` (`Position::MAX` = from the head).
     pub fn read_back(&self, query: Query, before: Position, limit: Option<u64>) -> Reads {
         self.read_back_prepared(Arc::new(QueryMatcher::new(query)), before, limit)
     }
@@ -411,7 +430,7 @@ impl StoreHandle {
         Subscription::new(self.shared.clone(), query, after)
     }
 
-    /// The durable head.
+    /// The head: the last durable position (the watermark readers are pinned to).
     pub fn head(&self) -> Position {
         Position(self.shared.watermark())
     }

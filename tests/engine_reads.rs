@@ -268,10 +268,10 @@ fn drain_fetching(r: &mut Reads, budget_per_step: usize, mut changed: impl FnMut
 
 /// A read made not to wait (the server's: its thread serves other connections) stops at a
 /// record that only the disk holds with `Step::Blocked`; once that range is fetched
-/// (`Warm::run`, on a thread that may block) it resumes where it stopped. Together the steps
-/// give exactly what a waiting read gives, forward and backward, scanned and indexed, from a
-/// cold page cache; a subscription made not to wait delivers every event too. (Needs a file
-/// system with non-blocking buffered reads, `RWF_NOWAIT`: ext4, xfs, btrfs.)
+/// (`ColdRange::run`, on a thread that may block) it resumes where it stopped. Together the
+/// steps give exactly what a waiting read gives, forward and backward, scanned and indexed,
+/// from a cold page cache; a subscription made not to wait delivers every event too. (Needs a
+/// file system with non-blocking buffered reads, `RWF_NOWAIT`: ext4, xfs, btrfs.)
 #[test]
 fn reads_made_not_to_wait_stop_at_cold_records_and_resume_where_they_stopped() {
     let d = dir();
@@ -321,7 +321,7 @@ fn reads_made_not_to_wait_stop_at_cold_records_and_resume_where_they_stopped() {
     loop {
         let mut budget = usize::MAX;
         let polled = sub.poll_within(64, &mut budget, |p, _| got.push(p.get())).unwrap();
-        match sub.take_warm() {
+        match sub.take_cold_range() {
             Some(mut warm) => {
                 blocked += 1;
                 warm.run();
@@ -398,7 +398,7 @@ fn a_subscription_does_not_read_events_committed_after_its_fetch_from_the_fetche
     let mut budget = usize::MAX;
     let polled = sub.poll_within(1024, &mut budget, |p, e| got.push((p.get(), e.as_bytes().to_vec()))).unwrap();
     assert_eq!((polled.delivered, polled.caught_up), (0, false), "the first record is cold");
-    let mut warm = sub.take_warm().expect("a range to fetch");
+    let mut warm = sub.take_cold_range().expect("a range to fetch");
     warm.run();
     // Committed after the fetch read the file, into the range it read.
     for i in 9..=16 {
@@ -408,7 +408,7 @@ fn a_subscription_does_not_read_events_committed_after_its_fetch_from_the_fetche
     loop {
         let mut budget = usize::MAX;
         let polled = sub.poll_within(1024, &mut budget, |p, e| got.push((p.get(), e.as_bytes().to_vec()))).expect("no stale bytes read");
-        match sub.take_warm() {
+        match sub.take_cold_range() {
             Some(mut warm) => {
                 warm.run();
                 sub.fetched(warm);

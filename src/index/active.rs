@@ -258,6 +258,14 @@ impl ActiveWriter {
         encode_sealed(&self.ix, &self.type_names, fingerprint)
     }
 
+    /// The sealed index of everything absorbed, in memory ([`super::sealed::SealedIndex`]),
+    /// tied to the segment by its `fingerprint`: a rebuilt index at the store's open, and the
+    /// follower's index of a segment it saw sealed (0: it is never persisted).
+    pub fn to_sealed(&self, fingerprint: u32) -> super::sealed::SealedIndex {
+        let count = self.absorbed() as u64;
+        super::sealed::SealedIndex::load(self.encode_sealed(fingerprint), self.ix.base, count, fingerprint).expect("a freshly encoded index validates")
+    }
+
     /// Freezes the index (its segment is sealed) into a [`Sealer`] that can encode it on
     /// another thread while readers keep using the shared index.
     pub fn into_sealer(self, fingerprint: u32) -> Sealer {

@@ -120,6 +120,46 @@ pub fn persist_sealed_quietly(dir: &Path, base: u64, count: u64, fingerprint: u3
     SealedIndex::load(bytes, base, count, fingerprint).map(|ix| (ix, written))
 }
 
+/// A committed record that is no valid event, met while an index was fed from the log.
+#[derive(Debug)]
+pub struct BadEvent {
+    /// Its place among the payloads given (0 for the first).
+    pub at: usize,
+    /// Why it does not decode.
+    pub error: crate::event::DecodeError,
+}
+
+/// Feeds `ix` the committed events `payloads` (encoded events in position order, the first at
+/// position `first`, which must be where `ix` continues): the one way an index is built from
+/// the log, by the store's open (the active segment, and each sealed segment whose index file
+/// is missing or unusable, through [`rebuild`]) and by the follower (as commits become
+/// visible, and at its open). Stops at the first payload that is no valid event and returns
+/// it; the ones before it are fed.
+///
+/// # Errors
+/// [`BadEvent`]: the first payload that does not decode.
+pub fn feed<'a>(ix: &mut active::ActiveWriter, first: u64, payloads: impl IntoIterator<Item = &'a [u8]>) -> Result<(), BadEvent> {
+    for (k, bytes) in payloads.into_iter().enumerate() {
+        match EventRef::from_bytes(bytes) {
+            Ok(ev) => ix.absorb(first + k as u64, &ev),
+            Err(error) => return Err(BadEvent { at: k, error }),
+        }
+    }
+    Ok(())
+}
+
+/// Rebuilds the index of the segment starting at `base`, which can hold `capacity` events,
+/// from its committed events `payloads` in position order ([`feed`]); the caller seals it
+/// ([`active::ActiveWriter::to_sealed`]) when the segment is sealed.
+///
+/// # Errors
+/// [`BadEvent`]: the first payload that does not decode.
+pub fn rebuild<'a>(base: u64, capacity: usize, payloads: impl IntoIterator<Item = &'a [u8]>) -> Result<active::ActiveWriter, BadEvent> {
+    let mut ix = active::ActiveWriter::new(base, capacity);
+    feed(&mut ix, base, payloads)?;
+    Ok(ix)
+}
+
 /// One segment's index as readers and the writer see it.
 #[derive(Clone, Debug)]
 pub enum SegIndex {
@@ -168,7 +208,7 @@ pub const TIPS_MAX_ENTRIES: usize = 1 << 20;
 /// of its tags at or below the highest last occurrence of that tag with one of the item's
 /// types, and never inside a gap where one of its tags is known to be absent; a query can only
 /// match where one of its items can. Tagless items and [`Query::All`] are never narrowed below
-/// the head. Never a false negative: every position that could match stays in
+/// the tip. Never a false negative: every position that could match stays in
 /// [`Tips::candidates`], and the index decides there.
 pub struct Tips {
     map: HashMap<Box<str>, TagSpan>,
@@ -196,10 +236,11 @@ struct TagSpan {
 pub type Candidates = smallvec::SmallVec<[(u64, u64); 2]>;
 
 impl Tips {
-    /// Cold tips over a log whose head is `head`: every tag sits at or below it.
-    /// `window` is `writer.tips_window`: at eviction the floor rises to `head - window`.
-    pub fn new(head: u64, window: u64) -> Tips {
-        Tips { map: HashMap::default(), pairs: HashMap::default(), pair_digest: ahash::RandomState::new(), floor: head, window, max_entries: TIPS_MAX_ENTRIES }
+    /// Cold tips over a log whose tip (its last position) is `tip`: every tag sits at or
+    /// below it.
+    /// `window` is `writer.tips_window`: at eviction the floor rises to `tip - window`.
+    pub fn new(tip: u64, window: u64) -> Tips {
+        Tips { map: HashMap::default(), pairs: HashMap::default(), pair_digest: ahash::RandomState::new(), floor: tip, window, max_entries: TIPS_MAX_ENTRIES }
     }
 
     /// The digest a (tag, type) pair is kept under in `pairs`.
@@ -232,34 +273,34 @@ impl Tips {
         }
     }
 
-    /// After a commit up to `head`: bounds the map by raising the floor. Each trim leaves at
+    /// After a round staged up to `tip`: bounds the map by raising the floor. Each trim leaves at
     /// most half the maximum, so its O(entries) pass is paid at most once per `max / 2` new
     /// tags (amortised O(1) per commit).
-    pub fn trim(&mut self, head: u64) {
+    pub fn trim(&mut self, tip: u64) {
         if self.map.len() > self.max_entries || self.pairs.len() > self.max_pairs() {
-            self.floor = self.floor.max(head.saturating_sub(self.window));
+            self.floor = self.floor.max(tip.saturating_sub(self.window));
             let floor = self.floor;
             self.map.retain(|_, s| s.last > floor);
             self.pairs.retain(|_, last| *last > floor);
             if self.map.len() > self.max_entries / 2 || self.pairs.len() > self.max_pairs() / 2 {
-                // The window alone did not bound them: drop everything, the floor is the head.
-                self.floor = head;
+                // The window alone did not bound them: drop everything, the floor is the tip.
+                self.floor = tip;
                 self.map.clear();
                 self.pairs.clear();
             }
         }
     }
 
-    /// The positions in `(after, head]` where `q` can match, as ascending disjoint inclusive
+    /// The positions in `(after, tip]` where `q` can match, as ascending disjoint inclusive
     /// ranges; every matching position lies in one of them.
-    pub fn candidates(&self, q: &Query, after: u64, head: u64) -> Candidates {
+    pub fn candidates(&self, q: &Query, after: u64, tip: u64) -> Candidates {
         let mut out = Candidates::new();
-        if after >= head {
+        if after >= tip {
             return out;
         }
         let items = match q {
             Query::All => {
-                out.push((after + 1, head));
+                out.push((after + 1, tip));
                 return out;
             }
             Query::Items(items) => items,
@@ -267,7 +308,7 @@ impl Tips {
         let mut all: Candidates = Candidates::new();
         for item in items {
             let mut ranges: Candidates = Candidates::new();
-            let mut hi = head;
+            let mut hi = tip;
             for t in item.tags.iter() {
                 hi = hi.min(self.map.get(t.as_str()).map_or(self.floor, |s| s.last));
                 if !item.types.is_empty() {
@@ -341,16 +382,25 @@ mod tests {
 
     use crate::testgen::query;
 
-    /// Builds the sealed index of a segment from its events, in position order.
+    /// Builds the sealed index of a segment from its events, in position order, as the store
+    /// and the follower rebuild one ([`rebuild`]).
     fn build_sealed<'a>(base: u64, fingerprint: u32, events: impl Iterator<Item = EventRef<'a>>, capacity: usize) -> SealedIndex {
-        let mut w = active::ActiveWriter::new(base, capacity);
-        let mut pos = base;
-        for ev in events {
-            w.absorb(pos, &ev);
-            pos += 1;
-        }
-        let bytes = w.encode_sealed(fingerprint);
-        SealedIndex::load(bytes, base, pos - base, fingerprint).expect("a freshly encoded index validates")
+        let events: Vec<EventRef<'a>> = events.collect();
+        rebuild(base, capacity, events.iter().map(|e| e.as_bytes())).expect("valid events").to_sealed(fingerprint)
+    }
+
+    /// A payload that is no event stops the feeding there, named by its place; the events
+    /// before it are fed.
+    #[test]
+    fn feeding_stops_at_a_record_that_is_no_event() {
+        use crate::model::{EventType, Tags};
+        let ev = Event::new(&EventType::new("A").unwrap(), &Tags::new(["t"]).unwrap(), b"x").unwrap();
+        let payloads: [&[u8]; 3] = [ev.as_bytes(), ev.as_bytes(), &[0xff]];
+        let mut ix = active::ActiveWriter::new(5, 10);
+        let bad = feed(&mut ix, 5, payloads).unwrap_err();
+        assert_eq!((bad.at, ix.absorbed()), (2, 2));
+        let sealed = rebuild(5, 10, payloads[..2].iter().copied()).unwrap().to_sealed(9);
+        assert_eq!(sealed.bytes(), ix.to_sealed(9).bytes());
     }
 
     fn linear(events: &[Event], q: &Query, lo: u32, hi: u32, dir: Direction, limit: usize) -> Vec<u32> {

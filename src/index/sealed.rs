@@ -150,6 +150,110 @@ pub fn encode(base: u64, fingerprint: u32, type_names: &[&str], type_col: &[u32]
     out
 }
 
+/// Where a sealed index file's sections lie, as its header says ([`check_header`]).
+struct Layout {
+    n_types: usize,
+    n_tags: usize,
+    dict_off: usize,
+    tagtable_off: usize,
+    keys_off: usize,
+    postings_off: usize,
+}
+
+/// Checks a sealed index file's header, in order: length, header CRC, magic and version,
+/// reserved bytes, `file_len`, body CRC, base and count, the fingerprint, and section bounds;
+/// returns where the sections lie.
+fn check_header(bytes: &[u8], base: u64, count: u64, fingerprint: u32) -> Result<Layout, IndexFileError> {
+    let malformed = |s: &str| Err(IndexFileError::Malformed(s.to_string()));
+    if bytes.len() < HEADER_LEN {
+        return Err(IndexFileError::Truncated(format!("{} bytes, the header alone is {HEADER_LEN}", bytes.len())));
+    }
+    if crc32fast::hash(&bytes[..60]) != u32_at(bytes, 60) {
+        return Err(IndexFileError::HeaderChecksum);
+    }
+    if bytes[0..4] != MAGIC {
+        return Err(IndexFileError::Foreign(format!("magic {:02x?}", &bytes[0..4])));
+    }
+    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+    if version != VERSION {
+        return Err(IndexFileError::Foreign(format!("version {version}")));
+    }
+    if bytes[6..8] != [0, 0] {
+        return malformed("reserved header bytes are not zero");
+    }
+    let file_len = u64_at(bytes, 48);
+    if file_len != bytes.len() as u64 {
+        return Err(IndexFileError::Truncated(format!("header says {file_len} bytes, the file has {}", bytes.len())));
+    }
+    if crc32fast::hash(&bytes[HEADER_LEN..]) != u32_at(bytes, 56) {
+        return Err(IndexFileError::BodyChecksum);
+    }
+    let (found_base, found_count) = (u64_at(bytes, 8), u64_at(bytes, 16));
+    if found_base != base || found_count != count {
+        return Err(IndexFileError::Mismatch { base, count, found_base, found_count });
+    }
+    if bytes.len() < TYPECOL_OFF || bytes[68..72] != [0; 4] {
+        return malformed("no fingerprint");
+    }
+    let found = u32_at(bytes, 64);
+    if found != fingerprint {
+        return Err(IndexFileError::Stale { expected: fingerprint, found });
+    }
+    if count > u32::MAX as u64 {
+        return malformed("event count above u32::MAX");
+    }
+    let n_types = u32_at(bytes, 24) as usize;
+    let n_tags = u32_at(bytes, 28) as usize;
+    let tagtable_off = u64_at(bytes, 32);
+    let postings_off = u64_at(bytes, 40);
+    let dict_off = TYPECOL_OFF as u64 + 4 * count;
+    let keys_off = tagtable_off.checked_add(TAG_ENTRY as u64 * n_tags as u64);
+    let Some(keys_off) = keys_off.filter(|&k| dict_off <= tagtable_off && k <= postings_off && postings_off <= file_len) else {
+        return malformed("sections out of order or out of bounds");
+    };
+    if (file_len - postings_off) % 4 != 0 {
+        return malformed("postings region is not a whole number of u32");
+    }
+    Ok(Layout { n_types, n_tags, dict_off: dict_off as usize, tagtable_off: tagtable_off as usize, keys_off: keys_off as usize, postings_off: postings_off as usize })
+}
+
+/// The type dictionary (each name's id) and the events of each type id.
+type Types = (HashMap<Box<str>, u32>, Vec<u32>);
+
+/// Loads the type dictionary (exactly `n_types` distinct UTF-8 names filling its region) and
+/// counts the events of each type from the type column (every id within the dictionary).
+fn load_types(bytes: &[u8], layout: &Layout) -> Result<Types, IndexFileError> {
+    let malformed = |s: &str| Err(IndexFileError::Malformed(s.to_string()));
+    let Layout { n_types, dict_off, tagtable_off, .. } = *layout;
+    let mut type_ids = HashMap::default();
+    let mut at = dict_off;
+    for id in 0..n_types {
+        if at + 2 > tagtable_off {
+            return malformed("type dictionary shorter than its type count");
+        }
+        let len = u16::from_le_bytes([bytes[at], bytes[at + 1]]) as usize;
+        let Some(name) = bytes.get(at + 2..at + 2 + len).filter(|_| at + 2 + len <= tagtable_off) else {
+            return malformed("type name runs past the dictionary");
+        };
+        let Ok(name) = std::str::from_utf8(name) else { return malformed("type name is not UTF-8") };
+        if type_ids.insert(name.into(), id as u32).is_some() {
+            return malformed("type named twice in the dictionary");
+        }
+        at += 2 + len;
+    }
+    if at != tagtable_off {
+        return malformed("type dictionary longer than its type count");
+    }
+    let mut type_counts = vec![0u32; n_types];
+    for c in bytes[TYPECOL_OFF..dict_off].chunks_exact(4) {
+        match type_counts.get_mut(u32::from_le_bytes(c.try_into().unwrap()) as usize) {
+            Some(n) => *n += 1,
+            None => return malformed("type id beyond the dictionary"),
+        }
+    }
+    Ok((type_ids, type_counts))
+}
+
 /// A loaded, validated sealed index, held whole in memory.
 pub struct SealedIndex {
     bytes: Vec<u8>,
@@ -182,108 +286,41 @@ impl SealedIndex {
     /// # Errors
     /// The first [`IndexFileError`] found.
     pub fn load(bytes: Vec<u8>, base: u64, count: u64, fingerprint: u32) -> Result<SealedIndex, IndexFileError> {
-        let malformed = |s: &str| Err(IndexFileError::Malformed(s.to_string()));
-        if bytes.len() < HEADER_LEN {
-            return Err(IndexFileError::Truncated(format!("{} bytes, the header alone is {HEADER_LEN}", bytes.len())));
-        }
-        if crc32fast::hash(&bytes[..60]) != u32_at(&bytes, 60) {
-            return Err(IndexFileError::HeaderChecksum);
-        }
-        if bytes[0..4] != MAGIC {
-            return Err(IndexFileError::Foreign(format!("magic {:02x?}", &bytes[0..4])));
-        }
-        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-        if version != VERSION {
-            return Err(IndexFileError::Foreign(format!("version {version}")));
-        }
-        if bytes[6..8] != [0, 0] {
-            return malformed("reserved header bytes are not zero");
-        }
-        let file_len = u64_at(&bytes, 48);
-        if file_len != bytes.len() as u64 {
-            return Err(IndexFileError::Truncated(format!("header says {file_len} bytes, the file has {}", bytes.len())));
-        }
-        if crc32fast::hash(&bytes[HEADER_LEN..]) != u32_at(&bytes, 56) {
-            return Err(IndexFileError::BodyChecksum);
-        }
-        let (found_base, found_count) = (u64_at(&bytes, 8), u64_at(&bytes, 16));
-        if found_base != base || found_count != count {
-            return Err(IndexFileError::Mismatch { base, count, found_base, found_count });
-        }
-        if bytes.len() < TYPECOL_OFF || bytes[68..72] != [0; 4] {
-            return malformed("no fingerprint");
-        }
-        let found = u32_at(&bytes, 64);
-        if found != fingerprint {
-            return Err(IndexFileError::Stale { expected: fingerprint, found });
-        }
-        if count > u32::MAX as u64 {
-            return malformed("event count above u32::MAX");
-        }
-        let n_types = u32_at(&bytes, 24) as usize;
-        let n_tags = u32_at(&bytes, 28) as usize;
-        let tagtable_off = u64_at(&bytes, 32);
-        let postings_off = u64_at(&bytes, 40);
-        let dict_off = TYPECOL_OFF as u64 + 4 * count;
-        let keys_off = tagtable_off.checked_add(TAG_ENTRY as u64 * n_tags as u64);
-        let Some(keys_off) = keys_off.filter(|&k| dict_off <= tagtable_off && k <= postings_off && postings_off <= file_len) else {
-            return malformed("sections out of order or out of bounds");
-        };
-        if (file_len - postings_off) % 4 != 0 {
-            return malformed("postings region is not a whole number of u32");
-        }
-        let (dict_off, tagtable_off, keys_off, postings_off) = (dict_off as usize, tagtable_off as usize, keys_off as usize, postings_off as usize);
-        // Type dictionary: exactly n_types names filling the region.
-        let mut type_ids = HashMap::default();
-        let mut at = dict_off;
-        for id in 0..n_types {
-            if at + 2 > tagtable_off {
-                return malformed("type dictionary shorter than its type count");
-            }
-            let len = u16::from_le_bytes([bytes[at], bytes[at + 1]]) as usize;
-            let Some(name) = bytes.get(at + 2..at + 2 + len).filter(|_| at + 2 + len <= tagtable_off) else {
-                return malformed("type name runs past the dictionary");
-            };
-            let Ok(name) = std::str::from_utf8(name) else { return malformed("type name is not UTF-8") };
-            if type_ids.insert(name.into(), id as u32).is_some() {
-                return malformed("type named twice in the dictionary");
-            }
-            at += 2 + len;
-        }
-        if at != tagtable_off {
-            return malformed("type dictionary longer than its type count");
-        }
-        let mut type_counts = vec![0u32; n_types];
-        for c in bytes[TYPECOL_OFF..dict_off].chunks_exact(4) {
-            match type_counts.get_mut(u32::from_le_bytes(c.try_into().unwrap()) as usize) {
-                Some(n) => *n += 1,
-                None => return malformed("type id beyond the dictionary"),
-            }
-        }
+        let layout = check_header(&bytes, base, count, fingerprint)?;
+        let (type_ids, type_counts) = load_types(&bytes, &layout)?;
+        let Layout { n_tags, tagtable_off, keys_off, postings_off, .. } = layout;
         let ix = SealedIndex { bytes, base, count: count as u32, type_ids, type_counts, n_tags, tagtable_off, keys_off, postings_off };
-        let (keys_len, n_postings) = (postings_off - keys_off, (file_len as usize - postings_off) / 4);
+        ix.check_tags()?;
+        Ok(ix)
+    }
+
+    /// Checks the tag table (keys strictly ascending UTF-8, ranges in bounds, non-empty
+    /// lists) and every posting (strictly ascending within its tag, below the count).
+    fn check_tags(&self) -> Result<(), IndexFileError> {
+        let malformed = |s: &str| Err(IndexFileError::Malformed(s.to_string()));
+        let (keys_len, n_postings) = (self.postings_off - self.keys_off, (self.bytes.len() - self.postings_off) / 4);
         let mut prev: Option<&[u8]> = None;
-        for i in 0..n_tags {
-            let (ko, kl, po, pl) = ix.entry(i);
+        for i in 0..self.n_tags {
+            let (ko, kl, po, pl) = self.entry(i);
             if ko.checked_add(kl).is_none_or(|e| e > keys_len) || pl == 0 || po.checked_add(pl).is_none_or(|e| e > n_postings) {
                 return malformed("tag table entry out of bounds");
             }
-            let key = &ix.bytes[keys_off + ko..keys_off + ko + kl];
+            let key = &self.bytes[self.keys_off + ko..self.keys_off + ko + kl];
             if std::str::from_utf8(key).is_err() || prev.is_some_and(|p| p >= key) {
                 return malformed("tag keys not UTF-8 or not strictly ascending");
             }
             prev = Some(key);
-            let list = ix.list(po, pl);
+            let list = self.list(po, pl);
             let mut last: Option<u32> = None;
             for k in 0..pl {
                 let p = list.get(k);
-                if p >= ix.count || last.is_some_and(|l| l >= p) {
+                if p >= self.count || last.is_some_and(|l| l >= p) {
                     return malformed("posting out of range or not ascending");
                 }
                 last = Some(p);
             }
         }
-        Ok(ix)
+        Ok(())
     }
 
     /// The file's bytes (what [`encode`] produced).

@@ -3,7 +3,7 @@
 
 use super::header::{HeaderError, SegmentHeader, HEADER_LEN};
 use super::lock::DirLock;
-use super::record::{classify_tail, dirty_end, walk, TailVerdict};
+use super::record::{classify_tail, dirty_end, payload_at, walk, TailVerdict, Walk, RECORD_HEAD};
 use super::segment::{create_segment, list_segments, sync_dir, Segment, SegmentConfig};
 use super::LogError;
 use std::os::unix::fs::FileExt;
@@ -155,18 +155,14 @@ impl WalkedSegment<'_> {
     pub fn fingerprint(&self) -> super::segment::Fingerprint {
         let mut f = super::segment::Fingerprint::new(&self.bytes[..HEADER_LEN]);
         for &off in self.offsets {
-            f.record(&self.bytes[off as usize..off as usize + 8]);
+            f.record(&self.bytes[off as usize..off as usize + RECORD_HEAD]);
         }
         f
     }
 
     /// The committed event payloads, in position order.
     pub fn payloads(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        self.offsets.iter().map(move |&off| {
-            let o = off as usize;
-            let len = (u32::from_le_bytes(self.bytes[o..o + 4].try_into().unwrap()) & super::record::LENGTH_MASK) as usize;
-            &self.bytes[o + 8..o + 8 + len]
-        })
+        self.offsets.iter().map(move |&off| payload_at(self.bytes, off as usize))
     }
 }
 
@@ -180,50 +176,12 @@ impl WalkedSegment<'_> {
 /// that is not a torn tail (refused with the file and byte offset), or what `on_segment` returns.
 pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(WalkedSegment<'_>) -> Result<(), LogError>) -> Result<Recovered, LogError> {
     cfg.validate()?;
-    if !dir.exists() {
-        std::fs::create_dir_all(dir).map_err(|source| LogError::Io { path: dir.to_owned(), source })?;
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
-    }
-    if !dir.is_dir() {
-        // Say so, rather than failing on the LOCK file inside it ("Not a directory").
-        let source = std::io::Error::new(std::io::ErrorKind::NotADirectory, "the data directory exists but is not a directory");
-        return Err(LogError::Io { path: dir.to_owned(), source });
-    }
+    ensure_dir(dir)?;
     let lock = DirLock::acquire(dir)?;
-
-    let mut listed = list_segments(dir)?;
-    let mut ready = 0;
-    let mut classes = Vec::with_capacity(listed.len());
-    for (base, path) in &listed {
-        let c = classify(*base, path)?;
-        if matches!(c, Class::Ready) {
-            ready = classes.len() + 1;
-        }
-        classes.push(c);
-    }
-    // Never-written files are tolerated only as a trailing run (a crash or ENOSPC during
-    // rollover); anywhere else the chain is broken. The trailing run is removed only once the
-    // rest of the log has been accepted, so a refused open changes nothing on disk (except
-    // when no segment was ever written: then the run makes way for the first segment).
-    if let Some(i) = classes.iter().take(ready).position(|c| matches!(c, Class::Unwritten)) {
-        return Err(LogError::UnwrittenNonLast { path: listed[i].1.clone() });
-    }
-    let trailing: Vec<PathBuf> = listed.split_off(ready).into_iter().map(|(_, p)| p).collect();
-    let fresh = listed.is_empty();
-    if fresh {
-        remove_unwritten(dir, &trailing)?;
-        let path = create_segment(dir, 1, cfg)?;
-        listed.push((1, path));
-    }
+    let Listed { segments: listed, trailing, fresh } = list_written(dir, cfg)?;
 
     let mut segments: Vec<Arc<Segment>> = Vec::with_capacity(listed.len());
-    // A large store takes a while to read: say how far it got every OPEN_PROGRESS_EVERY, so a
-    // long start is seen to be working.
-    let started = std::time::Instant::now();
-    let total_bytes: u64 = listed.iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
-    let (mut read_bytes, mut next_note) = (0u64, started + OPEN_PROGRESS_EVERY);
+    let mut progress = Progress::new(&listed);
     let mut expected = 1u64;
     let last = listed.len() - 1;
     let next_bases: Vec<Option<u64>> = (0..listed.len()).map(|i| listed.get(i + 1).map(|(b, _)| *b)).collect();
@@ -233,20 +191,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
     let mut prev_end = 0usize;
     for (i, (base, path)) in listed.into_iter().enumerate() {
         crate::fault::crash_point("recovery_midway");
-        if base != expected {
-            // Name the segment before it too: the one at fault when its last batches were lost
-            // (review: the healthy next file was the only one named).
-            let hint = match segments.last() {
-                Some(prev) if base > expected => format!(
-                    " (the segment before it, {}, holds positions up to {} and its committed records end at byte offset {prev_end}: its last batches were lost, or a segment file between the two is missing)",
-                    prev.path.display(),
-                    expected - 1
-                ),
-                Some(prev) => format!(" (it overlaps the segment before it, {}, which holds positions up to {})", prev.path.display(), expected - 1),
-                None => String::new(),
-            };
-            return Err(LogError::NonContiguous { path, found: base, expected, hint });
-        }
+        check_follows(&path, base, expected, segments.last().map(|s| &*s.path), prev_end)?;
         // Every segment is read whole, the active one too: a clean open must see that every
         // byte after the last commit marker is zero, to the end of the file. Reading only up to
         // a long run of zeros past the data (32 MiB, as this did) let damage that zeroed a
@@ -257,14 +202,7 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         // the bytes are zeros (`data_end`), and zeros written to disk count as data.
         let mapped = map_whole(&path).map_err(|source| LogError::Io { path: path.clone(), source })?;
         let buf: &[u8] = &mapped;
-        read_bytes += buf.len() as u64;
-        if std::time::Instant::now() >= next_note {
-            tracing::info!(
-                reading_segment = i + 1, of = last + 1, mapped_mib = read_bytes >> 20, of_mib = total_bytes >> 20, elapsed_s = started.elapsed().as_secs(),
-                "opening the log: every segment is read and checked at start"
-            );
-            next_note += OPEN_PROGRESS_EVERY;
-        }
+        progress.read(i, buf.len());
         let w = walk(buf, HEADER_LEN);
         let count = w.offsets.len() as u64;
         if let Some(highest) = w.last_marker {
@@ -273,38 +211,12 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
             }
         }
         if i == last {
-            match classify_tail(buf, &w, base) {
-                TailVerdict::Clean => {}
-                TailVerdict::Corrupt { offset, stop } => {
-                    return Err(LogError::Corrupt {
-                        path,
-                        offset: offset as u64,
-                        detail: format!(
-                            "a damaged record ({stop:?}) is followed by committed batches; refusing to roll back acknowledged events"
-                        ),
-                    });
-                }
-                TailVerdict::Torn { discard_start, discard_end, lost_records } => {
-                    let positions = (lost_records > 0).then(|| (base + count, base + count + lost_records - 1));
-                    // Zeroed by `Recovered::apply`, once the caller accepted the whole store.
-                    outcome = OpenOutcome::RolledBack { segment: path.clone(), bytes: (discard_start as u64, discard_end as u64), positions };
-                }
+            if let Some(rolled_back) = judge_tail(&path, buf, &w, base)? {
+                outcome = rolled_back;
             }
             active_end = w.committed_end as u64;
-        } else if next_bases[i] != Some(base + count) && dirty_end(buf) > w.committed_end {
-            // A sealed segment whose walk stopped on a damaged record before reaching the next
-            // segment's base: the contiguity check would blame the next file, so name this one
-            // and the damaged record's offset.
-            return Err(LogError::Corrupt {
-                path,
-                offset: w.stop_offset as u64,
-                detail: format!(
-                    "{:?} in a sealed segment: its committed records end at position {}, the next segment starts at {}",
-                    w.stop,
-                    base + count - 1,
-                    next_bases[i].unwrap_or(0)
-                ),
-            });
+        } else {
+            check_sealed_end(&path, buf, &w, base, next_bases[i])?;
         }
         // Only the active segment grows: the sealed ones get tables for what they hold.
         let seg = if i == last { Segment::open(base, path, cfg)? } else { Segment::open_sealed(base, path, w.offsets.len())? };
@@ -316,9 +228,149 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         prev_end = w.committed_end;
         segments.push(Arc::new(seg));
     }
-    tracing::info!(dir = %dir.display(), head = expected - 1, segments = segments.len(), ?outcome, took_ms = started.elapsed().as_millis() as u64, "log opened");
+    tracing::info!(dir = %dir.display(), head = expected - 1, segments = segments.len(), ?outcome, took_ms = progress.started.elapsed().as_millis() as u64, "log opened");
     let to_remove = if fresh { Vec::new() } else { trailing.clone() };
     Ok(Recovered { lock, segments, next_position: expected, active_end, outcome, removed: trailing, dir: dir.to_owned(), to_remove })
+}
+
+/// Creates the data directory when it does not exist (syncing its parent), and refuses a path
+/// that is not a directory.
+fn ensure_dir(dir: &Path) -> Result<(), LogError> {
+    if !dir.exists() {
+        std::fs::create_dir_all(dir).map_err(|source| LogError::Io { path: dir.to_owned(), source })?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+    }
+    if !dir.is_dir() {
+        // Say so, rather than failing on the LOCK file inside it ("Not a directory").
+        let source = std::io::Error::new(std::io::ErrorKind::NotADirectory, "the data directory exists but is not a directory");
+        return Err(LogError::Io { path: dir.to_owned(), source });
+    }
+    Ok(())
+}
+
+/// The segment files of a data directory, as the open walks them ([`list_written`]).
+struct Listed {
+    /// The written segments, ascending by base (at least one).
+    segments: Vec<(u64, PathBuf)>,
+    /// The never-written trailing files, to be removed.
+    trailing: Vec<PathBuf>,
+    /// No segment was ever written: the first one was created (the trailing run removed).
+    fresh: bool,
+}
+
+/// Lists the segments and sets apart the never-written ones. Never-written files are
+/// tolerated only as a trailing run (a crash or ENOSPC during rollover); anywhere else the
+/// chain is broken. The trailing run is removed only once the rest of the log has been
+/// accepted, so a refused open changes nothing on disk (except when no segment was ever
+/// written: then the run makes way for the first segment, created here).
+fn list_written(dir: &Path, cfg: &SegmentConfig) -> Result<Listed, LogError> {
+    let mut listed = list_segments(dir)?;
+    let mut ready = 0;
+    let mut classes = Vec::with_capacity(listed.len());
+    for (base, path) in &listed {
+        let c = classify(*base, path)?;
+        if matches!(c, Class::Ready) {
+            ready = classes.len() + 1;
+        }
+        classes.push(c);
+    }
+    if let Some(i) = classes.iter().take(ready).position(|c| matches!(c, Class::Unwritten)) {
+        return Err(LogError::UnwrittenNonLast { path: listed[i].1.clone() });
+    }
+    let trailing: Vec<PathBuf> = listed.split_off(ready).into_iter().map(|(_, p)| p).collect();
+    let fresh = listed.is_empty();
+    if fresh {
+        remove_unwritten(dir, &trailing)?;
+        let path = create_segment(dir, 1, cfg)?;
+        listed.push((1, path));
+    }
+    Ok(Listed { segments: listed, trailing, fresh })
+}
+
+/// A long open's progress: a large store takes a while to read, so the open says how far it
+/// got every [`OPEN_PROGRESS_EVERY`], and a long start is seen to be working.
+struct Progress {
+    started: std::time::Instant,
+    segments: usize,
+    total_bytes: u64,
+    read_bytes: u64,
+    next_note: std::time::Instant,
+}
+
+impl Progress {
+    fn new(listed: &[(u64, PathBuf)]) -> Progress {
+        let started = std::time::Instant::now();
+        let total_bytes = listed.iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
+        Progress { started, segments: listed.len(), total_bytes, read_bytes: 0, next_note: started + OPEN_PROGRESS_EVERY }
+    }
+
+    /// Segment `i` (from 0), of `bytes` bytes, was mapped.
+    fn read(&mut self, i: usize, bytes: usize) {
+        self.read_bytes += bytes as u64;
+        if std::time::Instant::now() >= self.next_note {
+            tracing::info!(
+                reading_segment = i + 1, of = self.segments, mapped_mib = self.read_bytes >> 20, of_mib = self.total_bytes >> 20, elapsed_s = self.started.elapsed().as_secs(),
+                "opening the log: every segment is read and checked at start"
+            );
+            self.next_note += OPEN_PROGRESS_EVERY;
+        }
+    }
+}
+
+/// Refuses a segment whose base is not `expected`, the position after the segment before it
+/// (`prev`, whose committed records end at byte `prev_end`). The segment before it is named
+/// too: the one at fault when its last batches were lost (review: the healthy next file was
+/// the only one named).
+fn check_follows(path: &Path, base: u64, expected: u64, prev: Option<&Path>, prev_end: usize) -> Result<(), LogError> {
+    if base == expected {
+        return Ok(());
+    }
+    let hint = match prev {
+        Some(prev) if base > expected => format!(
+            " (the segment before it, {}, holds positions up to {} and its committed records end at byte offset {prev_end}: its last batches were lost, or a segment file between the two is missing)",
+            prev.display(),
+            expected - 1
+        ),
+        Some(prev) => format!(" (it overlaps the segment before it, {}, which holds positions up to {})", prev.display(), expected - 1),
+        None => String::new(),
+    };
+    Err(LogError::NonContiguous { path: path.to_owned(), found: base, expected, hint })
+}
+
+/// Judges what follows the active segment's committed prefix ([`classify_tail`]): nothing,
+/// a torn tail to roll back (returned as the outcome; zeroed by [`Recovered::apply`], once the
+/// caller accepted the whole store), or damage followed by committed batches (refused).
+fn judge_tail(path: &Path, buf: &[u8], w: &Walk, base: u64) -> Result<Option<OpenOutcome>, LogError> {
+    let count = w.offsets.len() as u64;
+    match classify_tail(buf, w, base) {
+        TailVerdict::Clean => Ok(None),
+        TailVerdict::Corrupt { offset, stop } => Err(LogError::Corrupt {
+            path: path.to_owned(),
+            offset: offset as u64,
+            detail: format!("a damaged record ({stop:?}) is followed by committed batches; refusing to roll back acknowledged events"),
+        }),
+        TailVerdict::Torn { discard_start, discard_end, lost_records } => {
+            let positions = (lost_records > 0).then(|| (base + count, base + count + lost_records - 1));
+            Ok(Some(OpenOutcome::RolledBack { segment: path.to_owned(), bytes: (discard_start as u64, discard_end as u64), positions }))
+        }
+    }
+}
+
+/// Refuses a sealed segment whose walk stopped on a damaged record before reaching the next
+/// segment's base (`next_base`): the contiguity check would blame the next file, so this one
+/// is named, with the damaged record's offset.
+fn check_sealed_end(path: &Path, buf: &[u8], w: &Walk, base: u64, next_base: Option<u64>) -> Result<(), LogError> {
+    let count = w.offsets.len() as u64;
+    if next_base == Some(base + count) || dirty_end(buf) <= w.committed_end {
+        return Ok(());
+    }
+    Err(LogError::Corrupt {
+        path: path.to_owned(),
+        offset: w.stop_offset as u64,
+        detail: format!("{:?} in a sealed segment: its committed records end at position {}, the next segment starts at {}", w.stop, base + count - 1, next_base.unwrap_or(0)),
+    })
 }
 
 /// How often a long open says how far it got.

@@ -51,6 +51,63 @@ pub fn frame_marker(highest: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(&payload);
 }
 
+/// The payload length declared by the record head at the start of `head` (bits 0..=29 of its
+/// length field; the flags are not checked). `head` holds at least the 4-byte length field.
+pub fn declared_len(head: &[u8]) -> usize {
+    (length_field(head) & LENGTH_MASK) as usize
+}
+
+/// The 4-byte little-endian length field at the start of `head`.
+fn length_field(head: &[u8]) -> u32 {
+    u32::from_le_bytes(head[0..4].try_into().expect("a record head holds a 4-byte length field"))
+}
+
+/// The 4 bytes of a record's CRC field, given the record's framed bytes (at least its head):
+/// what a segment's [`crate::log::segment::Fingerprint`] is made of.
+pub fn crc_field(framed: &[u8]) -> &[u8] {
+    &framed[4..RECORD_HEAD]
+}
+
+/// The payload of the record at `off` in `buf`, a record already found whole and valid (by a
+/// [`walk`], or framed by [`frame_data`]); nothing is checked again.
+pub fn payload_at(buf: &[u8], off: usize) -> &[u8] {
+    let start = off + RECORD_HEAD;
+    &buf[start..start + declared_len(&buf[off..])]
+}
+
+/// `(offset, payload)` of each record in `buf`, a run of whole records framed by
+/// [`frame_data`] (an append's records before they reach the log); nothing is checked.
+pub fn framed_records(buf: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    let mut off = 0;
+    std::iter::from_fn(move || {
+        if off >= buf.len() {
+            return None;
+        }
+        let at = off;
+        let payload = payload_at(buf, at);
+        off = at + RECORD_HEAD + payload.len();
+        Some((at, payload))
+    })
+}
+
+/// The payload of `rec`, exactly one data record's head and payload read back by its offset,
+/// when its flags are a data record's and its CRC matches; `None` when the record is damaged.
+/// A read by position checks each record so, since it does not walk from a commit point.
+pub fn verify_data(rec: &[u8]) -> Option<&[u8]> {
+    if rec.len() < RECORD_HEAD {
+        return None;
+    }
+    let len_field = length_field(rec);
+    let payload = &rec[RECORD_HEAD..];
+    if len_field & !LENGTH_MASK != 0 || (len_field & LENGTH_MASK) as usize != payload.len() {
+        return None;
+    }
+    let mut h = crc32fast::Hasher::new();
+    h.update(&rec[0..4]);
+    h.update(payload);
+    (h.finalize() == u32::from_le_bytes(rec[4..8].try_into().unwrap())).then_some(payload)
+}
+
 /// One record as read from a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Record<'a> {
@@ -91,7 +148,7 @@ pub fn read_record(buf: &[u8], off: usize) -> Result<(Record<'_>, usize), Stop> 
     if head.iter().all(|&b| b == 0) {
         return Err(Stop::End);
     }
-    let len_field = u32::from_le_bytes(head[0..4].try_into().unwrap());
+    let len_field = length_field(head);
     if len_field & !(LENGTH_MASK | CONTROL_FLAG) != 0 {
         return Err(Stop::BadFlags);
     }
@@ -304,6 +361,34 @@ mod tests {
         let mut m = Vec::new();
         frame_marker(3, &mut m);
         assert_eq!(&m[..8], &[0x09, 0, 0, 0x40, 0x6a, 0x58, 0xaf, 0x8f]);
+    }
+
+    /// The readers of trusted records ([`framed_records`], [`payload_at`], [`declared_len`])
+    /// give back what [`frame_data`] framed; [`verify_data`] accepts exactly an intact data
+    /// record.
+    #[test]
+    fn framed_records_read_back_and_verify() {
+        let payloads: [&[u8]; 3] = [b"a", b"bcd", &[7u8; 300]];
+        let mut buf = Vec::new();
+        for p in payloads {
+            frame_data(p, &mut buf);
+        }
+        let read: Vec<(usize, &[u8])> = framed_records(&buf).collect();
+        assert_eq!(read.iter().map(|r| r.1).collect::<Vec<_>>(), payloads);
+        assert_eq!(read.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 9, 20]);
+        for &(off, p) in &read {
+            assert_eq!(payload_at(&buf, off), p);
+            assert_eq!(declared_len(&buf[off..]), p.len());
+            assert_eq!(crc_field(&buf[off..]), &buf[off + 4..off + 8]);
+            assert_eq!(verify_data(&buf[off..off + RECORD_HEAD + p.len()]), Some(p));
+        }
+        let mut bad = buf[..RECORD_HEAD + 1].to_vec();
+        bad[RECORD_HEAD] ^= 1;
+        assert_eq!(verify_data(&bad), None);
+        let mut marker = Vec::new();
+        frame_marker(1, &mut marker);
+        assert_eq!(verify_data(&marker), None, "a control record is no data record");
+        assert_eq!(verify_data(&[0u8; RECORD_HEAD]), None);
     }
 
     fn segment(batches: &[&[&[u8]]]) -> (Vec<u8>, Vec<usize>) {

@@ -333,7 +333,7 @@ impl Fingerprint {
 
     /// Adds a committed data record, given its framed bytes (`len`, `crc`, data).
     pub fn record(&mut self, framed: &[u8]) {
-        self.0.update(&framed[4..8]);
+        self.0.update(super::record::crc_field(framed));
     }
 
     /// The fingerprint so far.

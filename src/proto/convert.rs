@@ -298,9 +298,22 @@ pub mod text {
         format!("event too large to read back: a read frame holding it would be {len} bytes, over the maximum of {max} (server.max_frame_len)")
     }
 
-    /// A failed log write (`INTERNAL`).
-    pub fn log_write_failed(detail: impl std::fmt::Display) -> String {
-        format!("log write failed: {detail}")
+    /// The writer has stopped after a failed log write or sync (`INTERNAL`; fail-stop: no
+    /// append succeeds until the server restarts).
+    pub fn writer_stopped(detail: impl std::fmt::Display) -> String {
+        format!("log write failed, the writer has stopped: {detail}")
+    }
+
+    /// A rollover could not create the next segment (`INTERNAL`; nothing was written, and the
+    /// next append tries the rollover again).
+    pub fn rollover_failed(detail: impl std::fmt::Display) -> String {
+        format!("log write failed, rollover failed (the next append tries again): {detail}")
+    }
+
+    /// A new segment's first batch waits for its name, for want of room (`INTERNAL`; appends
+    /// are accepted again once it is named).
+    pub fn naming_stuck(detail: impl std::fmt::Display) -> String {
+        format!("log write refused while the new segment waits for its name (appends resume once it is named): {detail}")
     }
 
     /// An event on the log that failed to decode during a condition check (`INTERNAL`).
@@ -399,9 +412,19 @@ pub fn unreadable_event_error(len: usize, max: u32) -> pb::ErrorResponse {
     pb::ErrorResponse::new(ErrorCode::TooLarge, text::unreadable_event(len, max))
 }
 
-/// `INTERNAL`: the log write failed.
-pub fn log_write_failed_error(detail: impl fmt::Display) -> pb::ErrorResponse {
-    pb::ErrorResponse::new(ErrorCode::Internal, text::log_write_failed(detail))
+/// `INTERNAL`: the writer has stopped after a failed log write ([`text::writer_stopped`]).
+pub fn writer_stopped_error(detail: impl fmt::Display) -> pb::ErrorResponse {
+    pb::ErrorResponse::new(ErrorCode::Internal, text::writer_stopped(detail))
+}
+
+/// `INTERNAL`: a rollover failed; the next append retries it ([`text::rollover_failed`]).
+pub fn rollover_failed_error(detail: impl fmt::Display) -> pb::ErrorResponse {
+    pb::ErrorResponse::new(ErrorCode::Internal, text::rollover_failed(detail))
+}
+
+/// `INTERNAL`: appends wait for a new segment's name ([`text::naming_stuck`]).
+pub fn naming_stuck_error(detail: impl fmt::Display) -> pb::ErrorResponse {
+    pb::ErrorResponse::new(ErrorCode::Internal, text::naming_stuck(detail))
 }
 
 /// `INTERNAL`: a stored event failed to decode.
@@ -465,6 +488,21 @@ mod tests {
         assert_eq!(text::frame_cap_of(&text::frame_too_long(u32::MAX as u64, 16_777_216)), Some(16_777_216));
         for other in ["append of 9 bytes exceeds the segment capacity", "frame length x exceeds the maximum of 5", "frame length 9 exceeds the maximum of", ""] {
             assert_eq!(text::frame_cap_of(other), None, "{other:?}");
+        }
+    }
+
+    /// The three ways the log refuses an append share the reference's `INTERNAL` code, and
+    /// each text says which one it is.
+    #[test]
+    fn log_refusals_are_internal_and_say_which_case() {
+        let cases = [
+            (writer_stopped_error("x"), "the writer has stopped"),
+            (rollover_failed_error("x"), "the next append tries again"),
+            (naming_stuck_error("x"), "waits for its name"),
+        ];
+        for (e, says) in cases {
+            assert_eq!(ErrorCode::from_wire(e.code), ErrorCode::Internal);
+            assert!(e.message.contains(says) && e.message.ends_with(": x"), "{}", e.message);
         }
     }
 

@@ -189,18 +189,20 @@ impl GroupCommit {
         self.naming_stuck.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn set_naming_stuck(&self, reason: Option<String>) {
+    /// Sets (or, with `None`, clears) why new appends wait for a new segment's name.
+    pub(super) fn set_naming_stuck(&self, reason: Option<String>) {
         *self.naming_stuck.write().unwrap_or_else(|e| e.into_inner()) = reason;
+    }
+
+    /// Records the fail-stop of a batch whose write, sync or naming failed: every later batch
+    /// fails with the same reason.
+    fn fail(&self, reason: String) {
+        self.lock().failed.get_or_insert(reason);
     }
 
     /// Makes a naming that waits for room give up (shutdown): its batch then fails.
     pub(super) fn give_up_naming(&self) {
         self.give_up_naming.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Records a fail-stop decided by the writer (a rollover that could not create a segment).
-    pub(super) fn fail(&self, reason: String) {
-        self.lock().failed.get_or_insert(reason);
     }
 
     /// Runs `f` on the open batch once it has room for `bytes` more bytes of records (an
@@ -331,7 +333,26 @@ impl GroupCommit {
             self.progress.notify_all();
             return;
         }
-        // Seal the batch with its commit marker; the next one starts in its last block.
+        let (mut batch, sealed) = Self::take_sealed(&mut st);
+        st.busy = true;
+        drop(st);
+        self.progress.notify_all();
+        let outcome = match &failed {
+            Some(reason) => Err(reason.clone()),
+            None => self.write_batch(&mut batch),
+        };
+        let spare = self.settle(batch, sealed, outcome, failed.is_some(), shared, metrics);
+        let mut st = self.lock();
+        st.busy = false;
+        st.spare = spare;
+        drop(st);
+        self.progress.notify_all();
+    }
+
+    /// Seals the open batch (which holds events) with its commit marker and puts a new open
+    /// batch in its place, continuing in its last block; returns the sealed batch and its
+    /// length up to the marker (the write pads it to a block).
+    fn take_sealed(st: &mut State) -> (Batch, usize) {
         let mut marker = Vec::with_capacity(MARKER_LEN);
         frame_marker(st.open.highest, &mut marker);
         st.open.buf.extend_from_slice(&marker);
@@ -339,48 +360,54 @@ impl GroupCommit {
         let tail_at = ((end & !(BLOCK as u64 - 1)) - st.open.start) as usize;
         let spare = st.spare.take().unwrap_or_else(|| AlignedBuf::with_capacity(st.open.buf.len()));
         let next = Batch::new(st.open.seg.clone(), st.open.file.clone(), st.open.limit, end, &st.open.buf.as_slice()[tail_at..], spare);
-        let mut batch = std::mem::replace(&mut st.open, next);
-        st.busy = true;
-        drop(st);
-        self.progress.notify_all();
-
-        // The batch's bytes up to its commit marker (the write pads them to a block).
+        let batch = std::mem::replace(&mut st.open, next);
         let sealed = batch.buf.len();
-        let outcome = match &failed {
-            Some(reason) => Err(reason.clone()),
-            None => {
-                let t = std::time::Instant::now();
-                // A new segment's first commit writes its spare, not yet under its name.
-                let shown = batch.naming.as_ref().map_or(&batch.seg.path, |n| &n.spare).display().to_string();
-                let r = write_and_sync(&mut batch).map_err(|e| format!("{shown}: {e}")).and_then(|sync_time| match batch.naming.take() {
-                    None => Ok(sync_time),
-                    Some(n) => {
-                        // The new segment's header and first records are durable: name it.
-                        crate::fault::crash_point("spare_written_before_naming");
-                        // A test holds the naming here, to act while the segment is unnamed.
-                        crate::fault::pause_point("spare_written_before_naming");
-                        let mut waited = 0u32;
-                        let named = name_prepared(&n.dir, &n.spare, &batch.seg.path, &mut |e| self.wait_for_room(e, &batch.seg.path, &mut waited));
-                        if waited > 0 {
-                            self.set_naming_stuck(None);
-                            if named.is_ok() {
-                                tracing::info!(segment = %batch.seg.path.display(), waited_ms = u64::from(waited) * NAMING_RETRY.as_millis() as u64, "the new segment is named; appends are accepted again");
-                            }
-                        }
-                        named.map_err(|e| format!("naming the new segment {}: {e}", batch.seg.path.display()))?;
-                        crate::fault::crash_point("segment_created_before_commit");
-                        Ok(sync_time)
-                    }
-                });
-                let kib = (batch.buf.len() >> 10) as u32;
-                self.last_commit_slow.store(t.elapsed() > SLOW_COMMIT + SLOW_COMMIT_PER_MIB * kib / 1024, std::sync::atomic::Ordering::Relaxed);
-                r
+        (batch, sealed)
+    }
+
+    /// Writes and syncs a sealed batch and, for a new segment's first one, names the segment
+    /// (waiting for room as [`GroupCommit::wait_for_room`] decides); notes whether the commit
+    /// was slow. Returns the sync's duration, or why the batch failed (the file named).
+    fn write_batch(&self, batch: &mut Batch) -> Result<Duration, String> {
+        let t = std::time::Instant::now();
+        // A new segment's first commit writes its spare, not yet under its name.
+        let shown = batch.naming.as_ref().map_or(&batch.seg.path, |n| &n.spare).display().to_string();
+        let r = write_and_sync(batch).map_err(|e| format!("{shown}: {e}")).and_then(|sync_time| match batch.naming.take() {
+            None => Ok(sync_time),
+            Some(n) => self.name_segment(&n, &batch.seg.path).map(|()| sync_time),
+        });
+        let kib = (batch.buf.len() >> 10) as u32;
+        self.last_commit_slow.store(t.elapsed() > SLOW_COMMIT + SLOW_COMMIT_PER_MIB * kib / 1024, std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+
+    /// Names a new segment (`path`) whose header and first records are durable under the
+    /// spare's name, waiting while there is no room for the rename.
+    fn name_segment(&self, n: &Naming, path: &std::path::Path) -> Result<(), String> {
+        crate::fault::crash_point("spare_written_before_naming");
+        // A test holds the naming here, to act while the segment is unnamed.
+        crate::fault::pause_point("spare_written_before_naming");
+        let mut waited = 0u32;
+        let named = name_prepared(&n.dir, &n.spare, path, &mut |e| self.wait_for_room(e, path, &mut waited));
+        if waited > 0 {
+            self.set_naming_stuck(None);
+            if named.is_ok() {
+                tracing::info!(segment = %path.display(), waited_ms = u64::from(waited) * NAMING_RETRY.as_millis() as u64, "the new segment is named; appends are accepted again");
             }
-        };
+        }
+        named.map_err(|e| format!("naming the new segment {}: {e}", path.display()))?;
+        crate::fault::crash_point("segment_created_before_commit");
+        Ok(())
+    }
+
+    /// Settles a written batch: a durable one's buffer goes to readers (they may take it from
+    /// memory from now on, before the watermark lets anyone ask), which may hand back an older
+    /// one nobody reads any more; the watermark is published and the metrics fed. A failed one
+    /// stops the writer (fail-stop; `already_failed` when it had stopped before this batch)
+    /// and keeps its own buffer. Everyone in the batch is answered. Returns the buffer for the
+    /// next open batch, if any.
+    fn settle(&self, batch: Batch, sealed: usize, outcome: Result<Duration, String>, already_failed: bool, shared: &Shared, metrics: &WriterMetrics) -> Option<AlignedBuf> {
         let Batch { seg, start, buf, events, highest, replies, .. } = batch;
-        // A durable batch's buffer goes to readers (they may take it from memory from now on,
-        // before the watermark lets anyone ask), which may hand back an older one nobody reads
-        // any more; a failed batch keeps its own.
         let (failed, spare) = match outcome {
             Ok(sync_time) => {
                 crate::fault::crash_point("after_fsync_before_ack");
@@ -393,25 +420,21 @@ impl GroupCommit {
                 (None, spare)
             }
             Err(reason) => {
-                let reason = if failed.is_none() {
+                let reason = if already_failed {
+                    reason
+                } else {
                     tracing::error!(%reason, "writer stopped: appends are refused until restart, reads continue");
                     // What every later append is answered, too: say how to get out of it.
                     let reason = format!("{reason} (the writer has stopped; appends are refused until the server restarts)");
                     shared.fail(reason.clone());
                     self.fail(reason.clone());
                     reason
-                } else {
-                    reason
                 };
                 (Some(reason), Some(buf))
             }
         };
         answer(replies, failed.as_deref());
-        let mut st = self.lock();
-        st.busy = false;
-        st.spare = spare;
-        drop(st);
-        self.progress.notify_all();
+        spare
     }
 }
 
@@ -419,7 +442,7 @@ impl GroupCommit {
 fn answer(replies: Vec<(ReplyTo, Reply)>, failed: Option<&str>) {
     deliver(replies.into_iter().map(|(to, what)| {
         let res = match (failed, what) {
-            (Some(reason), _) => Err(AppendError::Failed(reason.to_owned())),
+            (Some(reason), _) => Err(AppendError::Stopped(reason.to_owned())),
             (None, Reply::Staged(range)) => Ok(range),
             (None, Reply::Done(res)) => res,
         };

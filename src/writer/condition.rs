@@ -117,8 +117,9 @@ impl<'a> Staged<'a> {
     }
 }
 
-/// Evaluates `cond` against the durable log (through `durable(query, after)`, which returns the
-/// lowest durable matching position above `after`) and the staged events.
+/// Evaluates `cond` against the log up to the tip, committed or staged by earlier rounds
+/// (through `durable(query, after)`, which returns the lowest matching position there above
+/// `after`; all of it is durable before anyone is answered), and this round's staged events.
 ///
 /// The caller has already checked `after <= tip`.
 ///

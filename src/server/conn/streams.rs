@@ -105,7 +105,7 @@ impl Conn {
     /// cancelled it, the server is shutting down) meanwhile: a fetch still queued then never
     /// runs, so abandoned reads do not hold up the blocking threads (review: 30 abandoned cold
     /// reads of large events held a new read up for 4 s on a throttled disk).
-    async fn fetch(&self, mut warm: crate::read::Warm, cancel: &Cell<bool>) -> Option<crate::read::Warm> {
+    async fn fetch(&self, mut warm: crate::read::ColdRange, cancel: &Cell<bool>) -> Option<crate::read::ColdRange> {
         self.ctx.read_disk_fetches.fetch_add(1, Ordering::Relaxed);
         let fetched = shards::run_blocking(move || {
             warm.run();
@@ -346,7 +346,7 @@ impl Conn {
                 if polled.delivered > 0 {
                     announced = false;
                 }
-                match sub.take_warm() {
+                match sub.take_cold_range() {
                     Some(warm) => {
                         if let Some(warm) = self.fetch(warm, cancel).await {
                             sub.fetched(warm);
