@@ -7,7 +7,7 @@
 //!
 //! Needs `TEPHRA_REFERENCE_SERVER` (set by `scripts/test.sh`); skipped loudly without it.
 
-mod support;
+use tephra_test_support as support;
 
 use support::Server;
 use tephra::client::Client;
@@ -42,8 +42,7 @@ fn a_reference_directory_opens_here_with_every_event_equal() {
     }
     drop(c);
     // SIGKILL: the reference made every acknowledged batch durable; keep `srv` (its temp dir).
-    srv.child.kill().unwrap();
-    srv.child.wait().unwrap();
+    srv.kill();
     let segments = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log")).count();
     assert!(segments >= 3, "the reference should have rolled over several times, got {segments} segments");
 

@@ -3,7 +3,7 @@
 //! signals. Reference protocol §2.1-§2.12; seed "Connection limits and reaping", "Monitoring",
 //! "Shutdown", "Transport security and authentication".
 
-mod support;
+use tephra_test_support as support;
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

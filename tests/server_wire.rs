@@ -3,7 +3,7 @@
 //! the control lane overtaking a large read (TCP and TLS). Reference protocol §1.4-§1.9, §2.4;
 //! seed "Backpressure".
 
-mod support;
+use tephra_test_support as support;
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};

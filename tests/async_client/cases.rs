@@ -309,8 +309,7 @@ fn a_killed_server_fails_every_pending_request() {
             assert!(matches!(sub.next().await.unwrap().unwrap(), SubEvent::CaughtUp(Position(1))));
             let pending = ex.spawn(async move { sub.next().await });
 
-            srv.child.kill().unwrap();
-            srv.child.wait().unwrap();
+            srv.kill();
 
             let result = pending.await;
             let control_end = control.await;

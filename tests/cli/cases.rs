@@ -494,8 +494,7 @@ fn a_lost_connection_ends_subscribe_with_exit_4() {
     let mut child = cmd.spawn().unwrap();
     let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
     assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 0");
-    srv.child.kill().unwrap();
-    srv.child.wait().unwrap();
+    srv.kill();
     let rest: Vec<String> = err_lines.map(Result::unwrap).collect();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(4), "{rest:?}");
