@@ -1,11 +1,14 @@
-//! The real `tephra-server` as a child process on loopback.
+//! The real `tephra-server` as a child process on loopback, started through the shared
+//! [`tephra_test_support::Launch`] with a crash point armed or not.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use tephra_test_support::{Launch, Process, Readiness};
+
+pub use tephra_test_support::process::signal_of;
 
 /// How to start servers: the binary, the segment size and a log file collecting every run's
 /// output.
@@ -23,10 +26,7 @@ pub struct ServerSpec {
 pub struct Server {
     /// Its address once ready.
     pub addr: Option<SocketAddr>,
-    child: Child,
-    out: Arc<Mutex<String>>,
-    ready: mpsc::Receiver<SocketAddr>,
-    status: Option<ExitStatus>,
+    process: Process,
 }
 
 /// How a start attempt ended.
@@ -40,57 +40,30 @@ pub enum Started {
 impl ServerSpec {
     /// Spawns the server on `data` with `crash_point` armed (if any); does not wait.
     pub fn spawn(&self, data: &Path, crash_point: Option<&str>) -> Server {
-        let mut cmd = Command::new(&self.binary);
-        cmd.arg("--bind").arg("127.0.0.1:0").arg("--data-dir").arg(data);
-        cmd.env("NO_COLOR", "1").env("TEPHRA__SEGMENT__SIZE", self.segment_size.to_string()).env_remove("TEPHRA_CRASH_POINT");
+        let header = format!("=== start pid {{pid}} data {} crash_point {:?}", data.display(), crash_point);
+        let mut launch = Launch::new(&self.binary)
+            .args(["--bind", "127.0.0.1:0", "--data-dir"])
+            .arg(data)
+            .env("TEPHRA__SEGMENT__SIZE", self.segment_size.to_string())
+            .env_remove("TEPHRA_CRASH_POINT")
+            .log_file(&self.log_path, Some(header));
         if let Some(cp) = crash_point {
-            cmd.env("TEPHRA_CRASH_POINT", cp);
+            launch = launch.env("TEPHRA_CRASH_POINT", cp);
         }
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", self.binary.display()));
-        let out = Arc::new(Mutex::new(String::new()));
-        let log = Arc::new(Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).expect("server log")));
-        let _ = writeln!(log.lock().unwrap(), "=== start pid {} data {} crash_point {:?}", child.id(), data.display(), crash_point);
-        let (tx, ready) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        for (stream, tx, prefix) in [(Box::new(stdout) as Box<dyn std::io::Read + Send>, Some(tx), ""), (Box::new(stderr), None, "[stderr] ")] {
-            let out = Arc::clone(&out);
-            let log = Arc::clone(&log);
-            std::thread::spawn(move || {
-                let mut tx = tx;
-                for line in BufReader::new(stream).lines() {
-                    let Ok(line) = line else { break };
-                    if let Some(addr) = parse_listening(&line) {
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(addr);
-                        }
-                    }
-                    let _ = writeln!(log.lock().unwrap(), "{prefix}{line}");
-                    let mut o = out.lock().unwrap();
-                    o.push_str(prefix);
-                    o.push_str(&line);
-                    o.push('\n');
-                }
-            });
-        }
-        Server { addr: None, child, out, ready, status: None }
+        let process = launch.spawn().unwrap_or_else(|e| panic!("{e}"));
+        Server { addr: None, process }
     }
 
     /// Spawns and waits up to `timeout` for the `listening addr=` line or an exit.
     pub fn start(&self, data: &Path, crash_point: Option<&str>, timeout: Duration) -> Started {
         let mut s = self.spawn(data, crash_point);
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(addr) = s.ready.recv_timeout(Duration::from_millis(20)) {
+        match s.process.wait_ready(timeout) {
+            Readiness::Listening(addr) => {
                 s.addr = Some(addr);
-                return Started::Ready(s);
+                Started::Ready(s)
             }
-            if let Some(st) = s.try_status() {
-                std::thread::sleep(Duration::from_millis(50));
-                return Started::Exited(st, s.output());
-            }
-            if Instant::now() > deadline {
+            Readiness::Exited(st) => Started::Exited(st, s.output()),
+            Readiness::TimedOut => {
                 s.kill();
                 panic!("server did not become ready within {timeout:?}; output:\n{}", s.output());
             }
@@ -114,60 +87,21 @@ impl Server {
 
     /// Process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// Everything printed so far (stderr lines prefixed `[stderr] `).
     pub fn output(&self) -> String {
-        self.out.lock().unwrap().clone()
-    }
-
-    /// The exit status if it has exited.
-    pub fn try_status(&mut self) -> Option<ExitStatus> {
-        if self.status.is_none() {
-            self.status = self.child.try_wait().ok().flatten();
-        }
-        self.status
+        self.process.output()
     }
 
     /// Waits up to `timeout` for the process to exit on its own.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(s) = self.try_status() {
-                std::thread::sleep(Duration::from_millis(50));
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
+        self.process.wait_exit(timeout)
     }
 
     /// SIGKILL and reap.
     pub fn kill(&mut self) -> ExitStatus {
-        if let Some(s) = self.try_status() {
-            return s;
-        }
-        let _ = self.child.kill();
-        let s = self.child.wait().expect("wait for the server");
-        self.status = Some(s);
-        s
+        self.process.kill()
     }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// The signal that ended `status`, if any.
-pub fn signal_of(status: ExitStatus) -> Option<i32> {
-    std::os::unix::process::ExitStatusExt::signal(&status)
-}
-
-fn parse_listening(line: &str) -> Option<SocketAddr> {
-    let rest = &line[line.find("listening addr=")? + "listening addr=".len()..];
-    let token: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-    token.parse().ok()
 }

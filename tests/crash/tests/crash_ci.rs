@@ -7,24 +7,10 @@
 //! `TEPHRA_CRASH_CYCLES` overrides the 50 soak cycles. The long soak is
 //! `scripts/crash-soak.sh --cycles N --seed S`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use tephra_crash::workload::Workload;
 
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn server() -> Option<PathBuf> {
-    match std::env::var_os("TEPHRA_CRASH_SERVER") {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            eprintln!(
-                "\n*** SKIPPED: TEPHRA_CRASH_SERVER is not set; the crash harness needs tephra-server built with \
-                 --features crash-points (scripts/test.sh builds it; scripts/crash-soak.sh runs the harness alone) ***\n"
-            );
-            None
-        }
-    }
-}
 
 fn seed() -> u64 {
     let s = std::env::var("TEPHRA_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
@@ -40,7 +26,15 @@ fn run_dir(name: &str, seed: u64) -> PathBuf {
     d
 }
 
-fn report(r: Result<Vec<String>, tephra_crash::Failure>, dir: &PathBuf) {
+/// Runs one phase of the harness (one at a time: they share the machine's disk and cores)
+/// with a fresh seed and run directory, and reports its lines or fails with its violation.
+/// Skipped when the crash-points server is not built.
+fn phase(name: &str, run: impl FnOnce(&Path, u64, &Path) -> Result<Vec<String>, tephra_crash::Failure>) {
+    let Some(bin) = tephra_test_support::crash_points_binary() else { return };
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = seed();
+    let dir = run_dir(name, seed);
+    let r = run(&bin, seed, &dir);
     let hangs = tephra_crash::hangs();
     if !hangs.is_empty() {
         eprintln!("\n*** LIVENESS: the server stopped answering {} time(s) (restarted and checked): {hangs:#?} ***\n", hangs.len());
@@ -51,7 +45,7 @@ fn report(r: Result<Vec<String>, tephra_crash::Failure>, dir: &PathBuf) {
             for l in lines {
                 eprintln!("  ok: {l}");
             }
-            let _ = std::fs::remove_dir_all(dir);
+            let _ = std::fs::remove_dir_all(&dir);
         }
         Err(f) => panic!("{f}"),
     }
@@ -59,52 +53,28 @@ fn report(r: Result<Vec<String>, tephra_crash::Failure>, dir: &PathBuf) {
 
 #[test]
 fn sigkill_soak_over_all_workloads() {
-    let Some(bin) = server() else { return };
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let seed = seed();
-    let cycles = std::env::var("TEPHRA_CRASH_CYCLES").ok().and_then(|s| s.parse().ok()).unwrap_or(50);
-    let dir = run_dir("soak", seed);
-    let o = tephra_crash::SoakOpts {
-        seed,
-        cycles,
-        workloads: Workload::ALL.to_vec(),
-        round: 25,
-        segment_size: 256 * 1024,
-        kill_ms: (20, 400),
-        run_dir: dir.clone(),
-        verbose: false,
-    };
-    let r = tephra_crash::soak(&bin, &o);
-    if let Ok(r) = &r {
-        assert_eq!(r.cycles, cycles);
-        assert!(r.per_workload.iter().all(|(_, n)| *n > 0) || cycles < 20, "{r}");
-    }
-    report(r.map(|r| vec![format!("soak: {r}")]), &dir);
+    phase("soak", |bin, seed, dir| {
+        let cycles = std::env::var("TEPHRA_CRASH_CYCLES").ok().and_then(|s| s.parse().ok()).unwrap_or(50);
+        let r = tephra_crash::soak(bin, &tephra_crash::SoakOpts::ci(seed, cycles, dir.to_path_buf()));
+        if let Ok(r) = &r {
+            assert_eq!(r.cycles, cycles);
+            assert!(r.per_workload.iter().all(|(_, n)| *n > 0) || cycles < 20, "{r}");
+        }
+        r.map(|r| vec![format!("soak: {r}")])
+    });
 }
 
 #[test]
 fn every_crash_point_once() {
-    let Some(bin) = server() else { return };
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let seed = seed();
-    let dir = run_dir("points", seed);
-    report(tephra_crash::points(&bin, seed, &dir, 64 * 1024), &dir);
+    phase("points", |bin, seed, dir| tephra_crash::points(bin, seed, dir, 64 * 1024));
 }
 
 #[test]
 fn io_faults_fail_stop_and_recover() {
-    let Some(bin) = server() else { return };
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let seed = seed();
-    let dir = run_dir("faults", seed);
-    report(tephra_crash::faults(&bin, seed, &dir, 64 * 1024), &dir);
+    phase("faults", |bin, seed, dir| tephra_crash::faults(bin, seed, dir, 64 * 1024));
 }
 
 #[test]
 fn corruption_matrix_on_a_closed_store() {
-    let Some(bin) = server() else { return };
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let seed = seed();
-    let dir = run_dir("corruption", seed);
-    report(tephra_crash::corruption(&bin, seed, &dir), &dir);
+    phase("corruption", tephra_crash::corruption);
 }
