@@ -24,6 +24,7 @@ pub struct Launch {
     log_header: Option<String>,
     keep_output: bool,
     own_group: bool,
+    lines: Option<mpsc::Sender<String>>,
 }
 
 impl Launch {
@@ -31,7 +32,7 @@ impl Launch {
     pub fn new(binary: &Path) -> Launch {
         let mut cmd = Command::new(binary);
         cmd.env("NO_COLOR", "1");
-        Launch { cmd, binary: binary.to_path_buf(), log_file: None, log_header: None, keep_output: true, own_group: false }
+        Launch { cmd, binary: binary.to_path_buf(), log_file: None, log_header: None, keep_output: true, own_group: false, lines: None }
     }
 
     /// Adds one argument.
@@ -72,6 +73,12 @@ impl Launch {
         self
     }
 
+    /// Also sends every line of either stream, unmarked, to `lines` as it arrives.
+    pub fn lines_to(mut self, lines: mpsc::Sender<String>) -> Launch {
+        self.lines = Some(lines);
+        self
+    }
+
     /// Does not keep the output in memory (a long benchmark run needs only its log file).
     pub fn discard_output(mut self) -> Launch {
         self.keep_output = false;
@@ -92,7 +99,7 @@ impl Launch {
     /// # Errors
     /// The log file cannot be opened or the process cannot be spawned.
     pub fn spawn(self) -> Result<Process, String> {
-        let Launch { mut cmd, binary, log_file, log_header, keep_output, own_group } = self;
+        let Launch { mut cmd, binary, log_file, log_header, keep_output, own_group, lines } = self;
         let log = match &log_file {
             Some(p) => Some(std::fs::OpenOptions::new().create(true).append(true).open(p).map_err(|e| format!("open {}: {e}", p.display()))?),
             None => None,
@@ -128,6 +135,7 @@ impl Launch {
             .map(|(stream, tx, mark)| {
                 let output = Arc::clone(&output);
                 let log = log.clone();
+                let lines = lines.clone();
                 std::thread::spawn(move || {
                     let mut tx = tx;
                     for line in BufReader::new(stream).lines() {
@@ -144,6 +152,9 @@ impl Launch {
                         }
                         if let Some(addr) = tx.as_ref().and(parse_listening(&line)) {
                             let _ = tx.take().expect("sender").send((addr, Instant::now()));
+                        }
+                        if let Some(lines) = &lines {
+                            let _ = lines.send(line);
                         }
                     }
                 })
@@ -274,6 +285,17 @@ impl Process {
         }
         // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
         unsafe { libc::kill(self.child.id() as libc::pid_t, signal) == 0 }
+    }
+
+    /// Waits for the process to exit by itself, however long that takes.
+    pub fn wait(&mut self) -> ExitStatus {
+        if let Some(st) = self.status {
+            return st;
+        }
+        let st = self.child.wait().expect("wait for the server");
+        self.status = Some(st);
+        self.finish_output();
+        st
     }
 
     /// SIGKILL and reap; the exit status.
