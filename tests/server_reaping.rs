@@ -6,30 +6,17 @@ use tephra_test_support as support;
 mod server_util;
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{ev, RawConn, Server};
+use support::{ev, stats_until, RawConn, Server};
 use tephra::client::{tls, Client, SubEvent};
 use tephra::proto::{self, request, response, Request, Response};
 use tephra::{Position, Query};
 use server_util::*;
-
-fn stats_until(addr: SocketAddr, what: &str, pred: impl Fn(&tephra::client::Stats) -> bool) -> tephra::client::Stats {
-    let mut c = Client::connect(addr).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = c.stats().unwrap();
-        if pred(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {s:?}");
-        thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Reads from `sock` until the server closes it; returns how long that took. Fails if the
 /// server sends anything (reaping is silent) or nothing happens within `limit`.

@@ -13,7 +13,7 @@ use support::Server;
 use tephra::client::async_client::{AsyncClient, AsyncClientConfig, Driver, TlsConnector};
 use tephra::client::{tls, ClientError, SubEvent};
 use tephra::proto::{ErrorCode, FrameError};
-use tephra::{AppendCondition, Event, EventType, Position, Query, QueryItem, Tags};
+use tephra::{AppendCondition, Event, Position, Query, QueryItem, Tags};
 
 type Tcp = Async<TcpStream>;
 
@@ -22,9 +22,7 @@ fn start(env: &[(&str, &str)]) -> Option<Server> {
     Some(Server::start(&bin, env))
 }
 
-fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
-    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()
-}
+use support::ev;
 
 fn tag_query(tags: &[&str]) -> Query {
     Query::item(QueryItem::with_tags(Tags::new(tags.iter().copied()).unwrap()))

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::Server;
 use tephra::client::{Client, SequencedEvent};
-use tephra::{Event, EventType, Position, Query, Tags};
+use tephra::{Event, Position, Query};
 
 fn start(env: &[(&str, &str)]) -> Option<Server> {
     let bin = server_binary()?;
@@ -58,9 +58,7 @@ fn json_lines(o: &Output) -> Vec<Value> {
     stdout(o).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect()
 }
 
-fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
-    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()
-}
+use support::ev;
 
 fn read_everything(addr: SocketAddr) -> Vec<SequencedEvent> {
     Client::connect(addr).unwrap().read_all(Query::all(), Position::ZERO).unwrap().0

@@ -22,9 +22,7 @@ fn start_with_config(env: &[(&str, &str)], toml: &str) -> Option<Server> {
     Some(Server::start_with(&bin, env, Some(toml)))
 }
 
-fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
-    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()
-}
+use support::ev;
 
 fn tag_query(tags: &[&str]) -> Query {
     Query::item(QueryItem::with_tags(Tags::new(tags.iter().copied()).unwrap()))

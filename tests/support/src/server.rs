@@ -274,3 +274,21 @@ pub fn run_to_exit(binary: &Path, args: &[&str], extra_env: &[(&str, &str)], con
     };
     Exited { code: status.code(), stdout: t_out.join().unwrap(), stderr: t_err.join().unwrap() }
 }
+
+/// Polls a server's stats over one connection until `pred` holds (gauges move on other
+/// shards a moment after the event that moves them) and returns them.
+///
+/// # Panics
+/// If `pred` does not hold within 10 s (the message names `what`).
+pub fn stats_until(addr: SocketAddr, what: &str, pred: impl Fn(&tephra::client::Stats) -> bool) -> tephra::client::Stats {
+    let mut c = tephra::client::Client::connect(addr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = c.stats().unwrap();
+        if pred(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {s:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
