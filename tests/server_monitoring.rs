@@ -56,9 +56,8 @@ fn healthcheck_passes_against_a_live_server_and_fails_against_a_closed_port() {
 
 #[test]
 fn healthcheck_over_tls_with_a_token() {
-    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = support::self_signed(certs.path());
-    let toml = format!("{}\n[[auth.tokens]]\ntoken = \"first\"\n\n[[auth.tokens]]\ntoken = \"second\"\n", support::tls_toml(&cert, &key));
+    let (toml, cert, _certs) = support::tls_config_with_tokens(&["first", "second"]);
+    let key = cert.with_file_name("key.pem");
     let srv = Server::start_with(&bin(), &[], Some(&toml));
     let addr = srv.addr.to_string();
     // The same configuration file: TLS pinned to the configured certificate, the first token.

@@ -17,9 +17,7 @@ use server_util::*;
 
 #[test]
 fn tls_with_rotated_tokens() {
-    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = support::self_signed(certs.path());
-    let toml = format!("{}\n[[auth.tokens]]\ntoken = \"old-secret\"\n\n[[auth.tokens]]\ntoken = \"new-secret\"\n", support::tls_toml(&cert, &key));
+    let (toml, cert, _certs) = support::tls_config_with_tokens(&["old-secret", "new-secret"]);
     let srv = Server::start_with(&bin(), &[], Some(&toml));
     assert!(srv.log().contains("tls=true"), "{}", srv.log());
     let config = tls::config_with_custom_ca(&cert).unwrap();

@@ -256,21 +256,10 @@ fn dropping_streams_sends_cancels_and_the_socket_keeps_working() {
     });
 }
 
-const AUTH_TOML: &str = r#"
-[auth]
-allow_insecure = true
-
-[[auth.tokens]]
-token = "s3cret"
-
-[[auth.tokens]]
-token = "next"
-"#;
-
 #[test]
 fn every_socket_authenticates_with_the_token() {
     let Some(bin) = server_binary() else { return };
-    let srv = Server::start_with(&bin, &[], Some(AUTH_TOML));
+    let srv = Server::start_with(&bin, &[], Some(support::AUTH_TOML));
     run(|ex| async move {
         for token in ["s3cret", "next"] {
             let cfg = AsyncClientConfig { auth_token: Some(token.into()), bulk_connections: 2, ..Default::default() };

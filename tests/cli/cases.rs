@@ -409,18 +409,10 @@ fn a_start_past_the_tip_gets_a_note() {
     assert_code(&child.wait_with_output().unwrap(), 0);
 }
 
-const AUTH_TOML: &str = r#"
-[auth]
-allow_insecure = true
-
-[[auth.tokens]]
-token = "s3cret"
-"#;
-
 #[test]
 fn tokens_from_the_flag_or_the_environment() {
     let Some(bin) = server_binary() else { return };
-    let srv = Server::start_with(&bin, &[], Some(AUTH_TOML));
+    let srv = Server::start_with(&bin, &[], Some(support::AUTH_TOML));
     let a = srv.addr;
     assert_code(&tephra(a, &["--token", "s3cret", "append", "--type", "T"]), 0);
     let mut cmd = cli(a);
@@ -437,12 +429,8 @@ fn tokens_from_the_flag_or_the_environment() {
 fn tls_server() -> Option<(Server, std::path::PathBuf, tempfile::TempDir)> {
     let bin = server_binary()?;
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let toml = format!("[tls]\ncert = {:?}\nkey = {:?}\n", cert.display().to_string(), key.display().to_string());
-    Some((Server::start_with(&bin, &[], Some(&toml)), cert, certs))
+    let (cert, key) = support::self_signed(certs.path());
+    Some((Server::start_with(&bin, &[], Some(&support::tls_toml(&cert, &key))), cert, certs))
 }
 
 #[test]

@@ -628,20 +628,9 @@ fn max_connections_refusal_fails_the_connect() {
     assert_eq!((stats.connections_refused, stats.max_connections), (1, 1));
 }
 
-const AUTH_TOML: &str = r#"
-[auth]
-allow_insecure = true
-
-[[auth.tokens]]
-token = "s3cret"
-
-[[auth.tokens]]
-token = "next"
-"#;
-
 #[test]
 fn tokens_authenticate_and_refusals_are_permission_denied() {
-    let Some(srv) = start_with_config(&[], AUTH_TOML) else { return };
+    let Some(srv) = start_with_config(&[], support::AUTH_TOML) else { return };
     for token in ["s3cret", "next"] {
         let mut c = Client::connect_with(srv.addr, Some(token)).unwrap();
         assert_eq!(c.stats().unwrap().event_count, 0);

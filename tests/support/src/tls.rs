@@ -5,6 +5,19 @@ use std::path::{Path, PathBuf};
 
 use crate::server::Server;
 
+/// A configuration accepting the tokens `s3cret` and `next` without TLS
+/// (`auth.allow_insecure`).
+pub const AUTH_TOML: &str = r#"
+[auth]
+allow_insecure = true
+
+[[auth.tokens]]
+token = "s3cret"
+
+[[auth.tokens]]
+token = "next"
+"#;
+
 /// A self-signed certificate for `localhost`, written as `cert.pem` and `key.pem` into `dir`.
 pub fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
     let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
@@ -31,6 +44,19 @@ pub fn ca_self_signed(dir: &Path) -> (PathBuf, PathBuf) {
 /// A `[tls]` table naming `cert` and `key`.
 pub fn tls_toml(cert: &Path, key: &Path) -> String {
     format!("[tls]\ncert = {:?}\nkey = {:?}\n", cert.display().to_string(), key.display().to_string())
+}
+
+/// A TLS configuration accepting `tokens`, with a fresh self-signed `localhost` certificate:
+/// the TOML, the certificate's path, and the directory holding the certificate and its key
+/// (keep it alive).
+pub fn tls_config_with_tokens(tokens: &[&str]) -> (String, PathBuf, tempfile::TempDir) {
+    let certs = crate::scratch_dir();
+    let (cert, key) = self_signed(certs.path());
+    let mut toml = tls_toml(&cert, &key);
+    for t in tokens {
+        toml.push_str(&format!("\n[[auth.tokens]]\ntoken = {t:?}\n"));
+    }
+    (toml, cert, certs)
 }
 
 /// `binary` serving TLS (a self-signed `localhost` certificate) and capped at one connection,
