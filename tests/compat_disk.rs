@@ -21,6 +21,18 @@ fn ev(i: usize) -> Event {
     Event::new(&EventType::new(format!("T{}", i % 3)).unwrap(), &Tags::new(tags).unwrap(), &payload).unwrap()
 }
 
+/// Events 0 to 399 (and a few past, to end the last batch) in batches of 1 to 5.
+fn batches() -> Vec<Vec<Event>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < 400 {
+        let batch: Vec<Event> = (i..i + 1 + i % 5).map(ev).collect();
+        i += batch.len();
+        out.push(batch);
+    }
+    out
+}
+
 fn same(a: &Event, b: &Event) -> bool {
     a.as_bytes() == b.as_bytes()
 }
@@ -33,10 +45,7 @@ fn a_reference_directory_opens_here_with_every_event_equal() {
     let dir = srv.data_dir();
     let mut c = Client::connect(srv.addr).unwrap();
     let mut sent = Vec::new();
-    let mut i = 0;
-    while i < 400 {
-        let batch: Vec<Event> = (i..i + 1 + i % 5).map(ev).collect();
-        i += batch.len();
+    for batch in batches() {
         c.append(batch.clone(), None).unwrap();
         sent.extend(batch);
     }
@@ -73,10 +82,7 @@ fn a_directory_written_here_is_served_completely_by_the_reference() {
     {
         let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(SEGMENT))).unwrap();
         let h = store.handle();
-        let mut i = 0;
-        while i < 400 {
-            let batch: Vec<Event> = (i..i + 1 + i % 5).map(ev).collect();
-            i += batch.len();
+        for batch in batches() {
             h.append(batch.clone(), None).unwrap();
             sent.extend(batch);
         }

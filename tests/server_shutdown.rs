@@ -307,9 +307,7 @@ fn sigint_and_sighup_are_graceful_too() {
 #[test]
 fn a_signal_during_startup_stops_the_server_at_once() {
     let Some(paused_bin) = support::crash_points_binary() else { return };
-    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let data = tmp.path().join("data");
-    let release = tmp.path().join("release").display().to_string();
+    let (_tmp, data, release) = pause_scratch();
     let env = [("TEPHRA_CRASH_POINT", "before_bind:pause"), ("TEPHRA_CRASH_RELEASE", release.as_str())];
     let (mut child, rx) = spawn_on_port(&paused_bin, 0, &data, &env);
     let mut seen = String::new();

@@ -18,6 +18,13 @@ use tephra::proto;
 use tephra::{Position, Query, QueryItem, Tags};
 use server_util::*;
 
+/// Appends one batch of ten 1000-byte events (tags `k:<i>-<k>`) for each `i` in `batches`.
+fn append_batches_of_ten(c: &mut Client, batches: std::ops::Range<usize>) {
+    for i in batches {
+        c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
+    }
+}
+
 /// A store of one event, its server stopped (the returned server owns the directory):
 /// the data directory and its segment file.
 fn stopped_store_of_one_event() -> (Server, PathBuf, PathBuf) {
@@ -191,9 +198,7 @@ impl Drop for Frozen {
 fn stopped_store_of_small_segments(env: &[(&str, &str)]) -> Server {
     let mut srv = Server::start(&bin(), env);
     let mut c = Client::connect(srv.addr).unwrap();
-    for i in 0..40 {
-        c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
-    }
+    append_batches_of_ten(&mut c, 0..40);
     drop(c);
     stop_gracefully(&mut srv);
     srv
@@ -261,9 +266,7 @@ fn wait_for_held_sealing(srv: &Server) {
 fn a_sealing_backlog_is_sealed_by_a_catch_up_thread() {
     let Some((mut srv, _release_dir, release_str)) = server_with_held_sealing() else { return };
     let mut c = Client::connect(srv.addr).unwrap();
-    for i in 0..40 {
-        c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
-    }
+    append_batches_of_ten(&mut c, 0..40);
     let data = srv.data_dir();
     let bases: Vec<u64> = tephra::log::segment::list_segments(&data).unwrap().iter().map(|s| s.0).collect();
     assert!(bases.len() >= 6, "{} segments", bases.len());
@@ -297,7 +300,7 @@ fn a_shutdown_seals_the_waiting_indexes_without_the_idle_class_thread() {
     // behind it (too few to start a catch-up thread while running).
     let mut i = 0;
     while segments().len() < 3 {
-        c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
+        append_batches_of_ten(&mut c, i..i + 1);
         i += 1;
         assert!(i < 100, "no third segment");
     }
@@ -325,9 +328,7 @@ fn a_shutdown_seals_the_waiting_indexes_without_the_idle_class_thread() {
 fn a_shutdown_does_not_wait_long_for_a_starved_sealing() {
     let Some((mut srv, _release_dir, _never_released)) = server_with_held_sealing() else { return };
     let mut c = Client::connect(srv.addr).unwrap();
-    for i in 0..10 {
-        c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
-    }
+    append_batches_of_ten(&mut c, 0..10);
     drop(c);
     wait_for_held_sealing(&srv);
     let seal_policy = || -> Option<u32> {
@@ -397,9 +398,7 @@ fn index_files_that_cannot_be_written_at_rollovers_are_said_once() {
     let _ = std::fs::remove_dir_all(data.join("tagindex"));
     std::fs::write(data.join("tagindex"), b"not a directory").unwrap();
     let mut c = Client::connect(srv.addr).unwrap();
-    for i in 0..60 {
-        c.append((0..10).map(|k| ev("A", &[&format!("k:{i}-{k}")], &[b'p'; 1000])), None).unwrap();
-    }
+    append_batches_of_ten(&mut c, 0..60);
     let segments = tephra::log::segment::list_segments(&data).unwrap().len();
     assert!(segments >= 8, "{segments} segments: too few rollovers to tell");
     assert_indexed_read_finds_174(&mut c);
@@ -419,9 +418,7 @@ fn index_files_that_cannot_be_written_at_rollovers_are_said_once() {
 #[test]
 fn a_segment_is_never_named_before_the_spare_it_follows() {
     let Some(paused_bin) = support::crash_points_binary() else { return };
-    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let data = tmp.path().join("data");
-    let release = tmp.path().join("release").display().to_string();
+    let (_tmp, data, release) = pause_scratch();
     let env = [("TEPHRA__SEGMENT__SIZE", "1048576"), ("TEPHRA_CRASH_POINT", "spare_written_before_naming:pause"), ("TEPHRA_CRASH_RELEASE", release.as_str())];
     let mut srv = Server::start_args(&paused_bin, &data, &[], &env);
     let addr = srv.addr;

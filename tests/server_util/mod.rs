@@ -40,3 +40,13 @@ pub fn spawn_on_port(binary: &Path, port: u16, data: &Path, env: &[(&str, &str)]
     let process = on_port(binary, port, data, &[], env).lines_to(tx).spawn().unwrap_or_else(|e| panic!("{e}"));
     (process, rx)
 }
+
+/// A scratch directory for a server held at crash points: the directory (keep it alive), the
+/// `data` directory in it, and the `release` path prefix to name in `TEPHRA_CRASH_RELEASE`
+/// (creating `<release>-<point>` lets the server go on past that point).
+pub fn pause_scratch() -> (tempfile::TempDir, PathBuf, String) {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = tmp.path().join("data");
+    let release = tmp.path().join("release").display().to_string();
+    (tmp, data, release)
+}
