@@ -439,11 +439,6 @@ fn control_characters_in_tags_are_escaped_in_read_lines() {
     assert!(out.contains("[\"a\\nb\",\"c\\td\"]  x\\ny"), "{out}");
 }
 
-/// Sends `signal` to `child` (a `tephra` this test started).
-fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
-}
-
 /// The number after `flag ` in `text` (`--skip-lines 1234` gives 1234).
 fn number_after(text: &str, flag: &str) -> u64 {
     let rest = text.split(&format!("{flag} ")).nth(1).unwrap_or_else(|| panic!("no {flag} in: {text}"));

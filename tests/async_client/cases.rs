@@ -393,9 +393,7 @@ fn bad_settings_and_refused_dials_fail_the_connect() {
 #[test]
 fn tls_connector_with_tokens() {
     let Some(bin) = server_binary() else { return };
-    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = support::self_signed(certs.path());
-    let toml = format!("{}\n[[auth.tokens]]\ntoken = \"s3cret\"\n", support::tls_toml(&cert, &key));
+    let (toml, cert, _certs) = support::tls_config_with_tokens(&["s3cret"]);
     let srv = Server::start_with(&bin, &[], Some(&toml));
     let tls_config = tls::config_with_custom_ca(&cert).unwrap();
     let addr = srv.addr;

@@ -64,6 +64,20 @@ fn read_everything(addr: SocketAddr) -> Vec<SequencedEvent> {
     Client::connect(addr).unwrap().read_all(Query::all(), Position::ZERO).unwrap().0
 }
 
+/// `tephra subscribe --after N` against `a`, its output piped: the child and its stderr lines.
+fn subscribe_after(a: SocketAddr, after: &str) -> (std::process::Child, std::io::Lines<BufReader<std::process::ChildStderr>>) {
+    let mut cmd = cli(a);
+    cmd.args(["subscribe", "--after", after]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    (child, err_lines)
+}
+
+/// Sends `signal` to `child` (a `tephra` this test started).
+fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+}
+
 fn event_count(addr: SocketAddr) -> u64 {
     Client::connect(addr).unwrap().stats().unwrap().event_count
 }
@@ -333,7 +347,7 @@ fn subscribe_follows_until_ctrl_c_and_exits_0() {
     assert_eq!(next(), serde_json::json!({"caught_up": 3}));
     assert_eq!(c.stats().unwrap().active_subscriptions, 1);
 
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGINT);
     let status = wait_exit(&mut child, Duration::from_secs(10), "subscribe did not stop on SIGINT");
     assert_eq!(status.code(), Some(0), "Ctrl-C ends cleanly");
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -343,12 +357,9 @@ fn subscribe_follows_until_ctrl_c_and_exits_0() {
     }
 
     // Human format: events on stdout, the live edge on stderr.
-    let mut cmd = cli(a);
-    cmd.args(["subscribe", "--after", "2"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (child, mut err_lines) = subscribe_after(a, "2");
     assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 3");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     let o = child.wait_with_output().unwrap();
     assert_code(&o, 0);
     assert_eq!(stdout(&o).split_whitespace().collect::<Vec<_>>(), ["3", "C", "[k]", "live"]);
@@ -385,10 +396,7 @@ fn a_start_past_the_tip_gets_a_note() {
 
     // A subscription from past the tip: the note, then caught up at --after, then only the
     // events after it as they come.
-    let mut cmd = cli(a);
-    cmd.args(["subscribe", "--after", "7"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (mut child, mut err_lines) = subscribe_after(a, "7");
     assert_eq!(err_lines.next().unwrap().unwrap(), "tephra: note: --after 7 is past the current tip, 5: the subscription skips the events up to 7 and shows those after it as the store reaches them (caught up at 7 meanwhile)");
     assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 7");
     for i in 5..9 {
@@ -397,15 +405,12 @@ fn a_start_past_the_tip_gets_a_note() {
     let mut out_lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let shown: Vec<String> = (0..2).map(|_| out_lines.next().unwrap().unwrap().split_whitespace().next().unwrap().to_owned()).collect();
     assert_eq!(shown, ["8", "9"]);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     assert_code(&child.wait_with_output().unwrap(), 0);
     // Within the store: no note.
-    let mut cmd = cli(a);
-    cmd.args(["subscribe", "--after", "9"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (child, mut err_lines) = subscribe_after(a, "9");
     assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 9");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     assert_code(&child.wait_with_output().unwrap(), 0);
 }
 

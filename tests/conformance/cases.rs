@@ -645,9 +645,7 @@ fn tokens_authenticate_and_refusals_are_permission_denied() {
 #[test]
 fn tls_round_trip_subscribe_and_tokens() {
     let Some(bin) = server_binary() else { return };
-    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = support::self_signed(certs.path());
-    let toml = format!("{}\n[[auth.tokens]]\ntoken = \"s3cret\"\n", support::tls_toml(&cert, &key));
+    let (toml, cert, _certs) = support::tls_config_with_tokens(&["s3cret"]);
     let srv = Server::start_with(&bin, &[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")], Some(&toml));
     let config = tls::config_with_custom_ca(&cert).unwrap();
 
