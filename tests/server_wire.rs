@@ -984,10 +984,9 @@ fn flood(srv: &Server, conns: usize, per_conn: u64) {
     assert_eq!(stats.connections_refused, 0);
 }
 
-// These floods stalled for good (every connection stopped getting acks) until the writer left
-// its own Latency::Matters task queue; see tests/server_stall_repro.rs.
+// Floods on one shard and with small budgets and queues: every connection keeps getting acks.
 
-/// One shard (`server.reads.worker_threads = 1`): everything on the writer's executor.
+/// One shard (`server.reads.worker_threads = 1`): every connection on one executor.
 const ONE_SHARD: (&str, &str) = ("TEPHRA__SERVER__READS__WORKER_THREADS", "1");
 const BUDGETS_OF_8: [(&str, &str); 2] =
     [("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "8"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8")];
