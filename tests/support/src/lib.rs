@@ -5,6 +5,7 @@
 //! certificates ([`tls`]).
 //!
 //! An integration test uses it as `use tephra_test_support as support;`.
+#![warn(missing_docs)]
 
 pub mod events;
 pub mod process;
