@@ -33,7 +33,7 @@ fn healthcheck_passes_against_a_live_server_and_fails_against_a_closed_port() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().to_string()
     };
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &closed], &[], None, Duration::from_secs(20));
+    let out = healthcheck(&closed, None);
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("healthcheck failed:"), "{}", out.stderr);
 
@@ -41,14 +41,14 @@ fn healthcheck_passes_against_a_live_server_and_fails_against_a_closed_port() {
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_addr = silent.local_addr().unwrap().to_string();
     let started = Instant::now();
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &silent_addr], &[], None, Duration::from_secs(20));
+    let out = healthcheck(&silent_addr, None);
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(started.elapsed() < Duration::from_secs(12), "{:?}", started.elapsed());
     assert!(out.stderr.contains("no answer within 5s"), "{}", out.stderr);
     // The same with a TLS configuration: the handshake's read runs out (not a raw "would block").
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (cert, key) = support::self_signed(certs.path());
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &silent_addr], &[], Some(&support::tls_toml(&cert, &key)), Duration::from_secs(20));
+    let out = healthcheck(&silent_addr, Some(&support::tls_toml(&cert, &key)));
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("TLS handshake: no answer within 5s"), "{}", out.stderr);
     drop(silent);
@@ -61,24 +61,24 @@ fn healthcheck_over_tls_with_a_token() {
     let srv = Server::start_with(&bin(), &[], Some(&toml));
     let addr = srv.addr.to_string();
     // The same configuration file: TLS pinned to the configured certificate, the first token.
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], Some(&toml), Duration::from_secs(20));
+    let out = healthcheck(&addr, Some(&toml));
     assert_eq!(out.code, Some(0), "{out:?}");
     // An end-entity certificate draws no CA warning from either.
     assert!(!out.stderr.contains("warning"), "{}", out.stderr);
     assert!(!srv.log().contains("is a CA certificate"), "{}", srv.log());
     // A configuration whose first token the server does not accept fails.
     let wrong = format!("{}\n[[auth.tokens]]\ntoken = \"stale\"\n", support::tls_toml(&cert, &key));
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], Some(&wrong), Duration::from_secs(20));
+    let out = healthcheck(&addr, Some(&wrong));
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("healthcheck failed:"), "{}", out.stderr);
     // Pinning another certificate fails.
     let other_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (other_cert, other_key) = support::self_signed(other_dir.path());
     let pinned_wrong = format!("{}\n[[auth.tokens]]\ntoken = \"first\"\n", support::tls_toml(&other_cert, &other_key));
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], Some(&pinned_wrong), Duration::from_secs(20));
+    let out = healthcheck(&addr, Some(&pinned_wrong));
     assert_eq!(out.code, Some(1), "{out:?}");
     // A plaintext healthcheck against the TLS port fails, and says why.
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], None, Duration::from_secs(20));
+    let out = healthcheck(&addr, None);
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("the server answered with TLS: give --healthcheck the server's configuration"), "{}", out.stderr);
 
@@ -89,7 +89,7 @@ fn healthcheck_over_tls_with_a_token() {
     std::fs::write(&c2, ck.cert.pem()).unwrap();
     std::fs::write(&k2, ck.key_pair.serialize_pem()).unwrap();
     let srv2 = Server::start_with(&bin(), &[], Some(&support::tls_toml(&c2, &k2)));
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &srv2.addr.to_string()], &[], Some(&support::tls_toml(&c2, &k2)), Duration::from_secs(20));
+    let out = healthcheck(&srv2.addr.to_string(), Some(&support::tls_toml(&c2, &k2)));
     assert_eq!(out.code, Some(0), "{out:?}");
 }
 
@@ -101,7 +101,7 @@ fn healthcheck_names_the_connection_cap_and_a_plaintext_port() {
     let srv = Server::start(&bin(), &[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1")]);
     let addr = srv.addr.to_string();
     let held = Client::connect(srv.addr).unwrap();
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], None, Duration::from_secs(20));
+    let out = healthcheck(&addr, None);
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("before answering the Hello (a server at its connection limit, server.limits.max_connections"), "{}", out.stderr);
     drop(held);
@@ -111,7 +111,7 @@ fn healthcheck_names_the_connection_cap_and_a_plaintext_port() {
     let addr = plain.addr.to_string();
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (cert, key) = support::self_signed(certs.path());
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &addr], &[], Some(&support::tls_toml(&cert, &key)), Duration::from_secs(20));
+    let out = healthcheck(&addr, Some(&support::tls_toml(&cert, &key)));
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains(&format!("the server at {addr} did not answer with TLS (probably a plaintext port")), "{}", out.stderr);
     assert!(!out.stderr.contains("InvalidContentType"), "{}", out.stderr);
@@ -350,7 +350,7 @@ fn the_metrics_say_when_the_writer_has_stopped() {
     assert_eq!(sample(&body, "tephra_follower_refresh_failures"), "0");
     let stats = c.stats().unwrap();
     assert!(stats.writer_stopped.contains("until the server restarts"), "{stats:?}");
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &srv.addr.to_string()], &[], None, Duration::from_secs(20));
+    let out = healthcheck(&srv.addr.to_string(), None);
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("healthcheck failed: the writer has stopped: "), "{}", out.stderr);
     let cli = std::process::Command::new(env!("CARGO_BIN_EXE_tephra")).args(["--addr", &srv.addr.to_string(), "stats"]).output().unwrap();

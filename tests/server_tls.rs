@@ -158,7 +158,7 @@ fn a_ca_certificate_as_the_servers_own_is_warned_of() {
     let warned: Vec<String> = srv.log().lines().filter(|l| l.contains("tls.cert is a CA certificate")).map(str::to_owned).collect();
     assert_eq!(warned.len(), 1, "{}", srv.log());
     assert!(warned[0].contains("WARN") && warned[0].contains("basicConstraints=critical,CA:FALSE"), "{}", warned[0]);
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &srv.addr.to_string()], &[], Some(&toml), Duration::from_secs(20));
+    let out = healthcheck(&srv.addr.to_string(), Some(&toml));
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(out.stderr.contains("healthcheck: warning: tls.cert is a CA certificate"), "{}", out.stderr);
 }
@@ -182,7 +182,7 @@ fn an_expired_server_certificate_is_warned_of() {
     let warned: Vec<&str> = log.lines().filter(|l| l.contains("tls.cert expired at 2002-01-01T00:00:00Z")).collect();
     assert_eq!(warned.len(), 1, "{log}");
     assert!(warned[0].contains("WARN"), "{}", warned[0]);
-    let out = run_to_exit(&bin(), &["--healthcheck", "--bind", &srv.addr.to_string()], &[], Some(&toml), Duration::from_secs(20));
+    let out = healthcheck(&srv.addr.to_string(), Some(&toml));
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(out.stderr.contains("healthcheck: warning: tls.cert expired at 2002-01-01T00:00:00Z"), "{}", out.stderr);
 }

@@ -478,10 +478,10 @@ mod tests {
         match c.command {
             Command::Append(a) => {
                 assert_eq!(
-                    (a.connections, a.batch, a.event_size, a.inflight),
+                    (a.connections, a.batch, a.load.event_size, a.load.inflight),
                     (4, 64, 256, 1)
                 );
-                assert!(!a.unconditional);
+                assert!(!a.load.unconditional);
                 assert_eq!(a.duration, 0.5);
             }
             _ => panic!("wrong subcommand"),

@@ -50,3 +50,9 @@ pub fn pause_scratch() -> (tempfile::TempDir, PathBuf, String) {
     let release = tmp.path().join("release").display().to_string();
     (tmp, data, release)
 }
+
+/// Runs our `tephra-server --healthcheck --bind addr` (with `config_toml`, if any, as its
+/// configuration file) to its exit.
+pub fn healthcheck(addr: &str, config_toml: Option<&str>) -> tephra_test_support::Exited {
+    run_to_exit(&bin(), &["--healthcheck", "--bind", addr], &[], config_toml, Duration::from_secs(20))
+}
