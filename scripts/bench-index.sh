@@ -19,6 +19,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+. scripts/bench-common.sh
 
 events=10000000
 tags=100000
@@ -38,33 +39,15 @@ for n in "$events" "$tags"; do
   esac
 done
 
-echo "== installing the reference server" >&2
-reference="$(scripts/install-reference.sh | tail -n 1)"
-[ -x "$reference" ] || { echo "bench-index: reference server not found at $reference" >&2; exit 2; }
-
-echo "== building (release)" >&2
-cargo build --release --bin tephra-server -p tephra >&2
-cargo build --release -p tephra-bench >&2
+bench_install_reference bench-index
+bench_build
 
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 out="$repo/bench-results/$stamp-index"
 data="${BENCH_INDEX_DIR:-$repo/target/bench-index}/data-$events-$tags"
 mkdir -p "$out" "$(dirname "$data")"
 
-{
-  echo "date (UTC): $(date -u '+%Y-%m-%d %H:%M:%S')"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
-  echo "kernel: $(uname -srvm)"
-  echo "cpus: $(nproc) online"
-  grep -m1 'model name' /proc/cpuinfo 2>/dev/null || true
-  grep -E '^(MemTotal|MemAvailable)' /proc/meminfo 2>/dev/null || true
-  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "data dir: $data"
-  df -hT "$(dirname "$data")" | tail -n 1
-  echo "rustc: $(rustc --version)"
-  echo "reference: $reference"
-} > "$out/machine.txt"
-cat "$out/machine.txt" >&2
+bench_record_machine "$out" "data dir" "$data" "$(dirname "$data")"
 
 echo "== prepare ($events events)" >&2
 target/release/tephra-bench index prepare --dir "$data" --events "$events" --tags "$tags" \

@@ -14,19 +14,15 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
+. scripts/bench-common.sh
 
 mode=full
 for a in "$@"; do
   [ "$a" = "--quick" ] && mode=quick
 done
 
-echo "== installing the reference server" >&2
-reference="$(scripts/install-reference.sh | tail -n 1)"
-[ -x "$reference" ] || { echo "bench-vs-reference: reference server not found at $reference" >&2; exit 2; }
-
-echo "== building (release)" >&2
-cargo build --release --bin tephra-server -p tephra >&2
-cargo build --release -p tephra-bench >&2
+bench_install_reference bench-vs-reference
+bench_build
 
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 out="$repo/bench-results/$stamp-$mode"
@@ -34,20 +30,7 @@ data="${BENCH_DIR:-$repo/target/bench-compare/data}"
 mkdir -p "$out" "$data"
 
 echo "== machine" >&2
-{
-  echo "date (UTC): $(date -u '+%Y-%m-%d %H:%M:%S')"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
-  echo "kernel: $(uname -srvm)"
-  echo "cpus: $(nproc) online"
-  grep -m1 'model name' /proc/cpuinfo 2>/dev/null || true
-  grep -E '^(MemTotal|MemAvailable)' /proc/meminfo 2>/dev/null || true
-  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "scratch dir: $data"
-  df -hT "$data" | tail -n 1
-  echo "rustc: $(rustc --version)"
-  echo "reference: $reference"
-} > "$out/machine.txt"
-cat "$out/machine.txt" >&2
+bench_record_machine "$out" "scratch dir" "$data" "$data"
 
 echo "== fsync probe of $data" >&2
 target/release/tephra-bench fsync --dir "$data" --block-sizes 4k,64k,1m > "$out/fsync.txt" || true

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Crash-consistency harness (crash/): builds tephra-server with the `crash-points` feature and
+# Crash-consistency harness (tests/crash/): builds tephra-server with the `crash-points` feature and
 # the tephra-crash driver into target/crash (apart from the normal build), then runs a mode.
 #
 #   scripts/crash-soak.sh --cycles N --seed S            # SIGKILL soak over all four workloads

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ref="$(scripts/install-reference.sh)"
 export TEPHRA_REFERENCE_SERVER="$ref"
-# The crash harness (crash/tests/crash_ci.rs) needs tephra-server built with the crash-points
+# The crash harness (tests/crash/tests/crash_ci.rs) needs tephra-server built with the crash-points
 # feature; build it here (only the tephra crate is recompiled) and keep a copy apart, since the
 # normal build below puts the plain binary back in target/release.
 cargo build --release --features crash-points --bin tephra-server

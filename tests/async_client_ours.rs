@@ -1,7 +1,7 @@
 //! The `async_client` cases run against OUR `tephra-server` binary (the same cases pass against the
 //! reference in `async_client_reference.rs`).
 
-mod support;
+use tephra_test_support as support;
 
 fn server_binary() -> Option<std::path::PathBuf> {
     Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server")))

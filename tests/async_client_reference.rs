@@ -2,7 +2,7 @@
 //! The cases live in `async_client/cases.rs`; to run them against another server binary, copy
 //! this file and change `server_binary` and `SERVER_VERSION`.
 
-mod support;
+use tephra_test_support as support;
 
 fn server_binary() -> Option<std::path::PathBuf> {
     support::reference_binary()

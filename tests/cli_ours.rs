@@ -1,7 +1,7 @@
 //! The `cli` cases run against OUR `tephra-server` binary (the same cases pass against the
 //! reference in `cli_reference.rs`).
 
-mod support;
+use tephra_test_support as support;
 
 fn server_binary() -> Option<std::path::PathBuf> {
     Some(std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server")))
@@ -437,11 +437,6 @@ fn control_characters_in_tags_are_escaped_in_read_lines() {
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert_eq!(out.lines().count(), 1, "{out}");
     assert!(out.contains("[\"a\\nb\",\"c\\td\"]  x\\ny"), "{out}");
-}
-
-/// Sends `signal` to `child` (a `tephra` this test started).
-fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
 }
 
 /// The number after `flag ` in `text` (`--skip-lines 1234` gives 1234).

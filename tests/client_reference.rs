@@ -4,7 +4,7 @@
 //! connection-level rules of spec §1.4/§1.9 checked with raw frames. The same cases run against
 //! our own server in `server_conformance.rs`.
 
-mod support;
+use tephra_test_support as support;
 
 fn server_binary() -> Option<std::path::PathBuf> {
     support::reference_binary()

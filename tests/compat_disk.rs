@@ -7,7 +7,7 @@
 //!
 //! Needs `TEPHRA_REFERENCE_SERVER` (set by `scripts/test.sh`); skipped loudly without it.
 
-mod support;
+use tephra_test_support as support;
 
 use support::Server;
 use tephra::client::Client;
@@ -19,6 +19,18 @@ fn ev(i: usize) -> Event {
     let tags: Vec<String> = vec![format!("k:{}", i % 7), format!("n:{i}")];
     let payload: Vec<u8> = (0..(i * 37) % 900).map(|b| (b ^ i) as u8).collect();
     Event::new(&EventType::new(format!("T{}", i % 3)).unwrap(), &Tags::new(tags).unwrap(), &payload).unwrap()
+}
+
+/// Events 0 to 399 (and a few past, to end the last batch) in batches of 1 to 5.
+fn batches() -> Vec<Vec<Event>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < 400 {
+        let batch: Vec<Event> = (i..i + 1 + i % 5).map(ev).collect();
+        i += batch.len();
+        out.push(batch);
+    }
+    out
 }
 
 fn same(a: &Event, b: &Event) -> bool {
@@ -33,17 +45,13 @@ fn a_reference_directory_opens_here_with_every_event_equal() {
     let dir = srv.data_dir();
     let mut c = Client::connect(srv.addr).unwrap();
     let mut sent = Vec::new();
-    let mut i = 0;
-    while i < 400 {
-        let batch: Vec<Event> = (i..i + 1 + i % 5).map(ev).collect();
-        i += batch.len();
+    for batch in batches() {
         c.append(batch.clone(), None).unwrap();
         sent.extend(batch);
     }
     drop(c);
     // SIGKILL: the reference made every acknowledged batch durable; keep `srv` (its temp dir).
-    srv.child.kill().unwrap();
-    srv.child.wait().unwrap();
+    srv.kill();
     let segments = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log")).count();
     assert!(segments >= 3, "the reference should have rolled over several times, got {segments} segments");
 
@@ -74,10 +82,7 @@ fn a_directory_written_here_is_served_completely_by_the_reference() {
     {
         let store = Store::open(&data, StoreConfig::new(SegmentConfig::new(SEGMENT))).unwrap();
         let h = store.handle();
-        let mut i = 0;
-        while i < 400 {
-            let batch: Vec<Event> = (i..i + 1 + i % 5).map(ev).collect();
-            i += batch.len();
+        for batch in batches() {
             h.append(batch.clone(), None).unwrap();
             sent.extend(batch);
         }

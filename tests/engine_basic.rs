@@ -3,9 +3,7 @@
 use std::time::Instant;
 use tephra::*;
 
-fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
-    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()
-}
+use tephra_test_support::ev;
 
 fn tag_query(tag: &str) -> Query {
     Query::item(QueryItem::with_tags(Tags::new([tag]).unwrap()))

@@ -1,6 +1,6 @@
 //! The follower against a live writer process, and on a read-only directory.
 
-mod support;
+use tephra_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

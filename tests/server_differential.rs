@@ -81,7 +81,7 @@
 //! they are answered while the drain is processed, before `append_batch` finds the size) and
 //! answers `AFTER_BEYOND_TIP`, `CONFLICT` or `ALREADY_EXISTS`, as ours now does.
 
-mod support;
+use tephra_test_support as support;
 
 use std::fmt::Write as _;
 use std::io::ErrorKind;
@@ -1533,8 +1533,7 @@ fn send_and_kill(side: &mut Side, burst: &[proto::AppendRequest]) -> Vec<(usize,
         }
         answered += 1;
     }
-    let _ = side.srv.child.kill();
-    let _ = side.srv.child.wait();
+    side.srv.kill();
     loop {
         let item = recv(&mut side.conn, Duration::from_millis(500));
         take(&item, &mut acks);

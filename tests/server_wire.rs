@@ -3,7 +3,7 @@
 //! the control lane overtaking a large read (TCP and TLS). Reference protocol §1.4-§1.9, §2.4;
 //! seed "Backpressure".
 
-mod support;
+use tephra_test_support as support;
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{RawConn, Server};
+use support::{stats_until, RawConn, Server};
 use tephra::client::Client;
 use tephra::proto::{self, convert, request, response, ErrorCode, FrameDecoder, Request, Response};
-use tephra::{Event, EventType, Tags};
+use tephra::Event;
 
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
@@ -26,9 +26,7 @@ fn start(env: &[(&str, &str)]) -> Server {
     Server::start(&bin(), env)
 }
 
-fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
-    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()
-}
+use support::ev;
 
 fn append_req(id: u64, tag: &str, payload: &[u8]) -> Request {
     Request::new(
@@ -81,20 +79,6 @@ fn seed(addr: SocketAddr, batches: usize, per_batch: usize, payload_len: usize) 
     for b in 0..batches {
         let events: Vec<Event> = (0..per_batch).map(|i| ev("Seed", &[&format!("s:{b}-{i}")], &vec![b as u8; payload_len])).collect();
         c.append(events, None).unwrap();
-    }
-}
-
-/// Polls stats until `pred` holds (server-side gauges move on other shards).
-fn wait_stats(addr: SocketAddr, what: &str, pred: impl Fn(&tephra::client::Stats) -> bool) -> tephra::client::Stats {
-    let mut c = Client::connect(addr).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = c.stats().unwrap();
-        if pred(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {s:?}");
-        thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -171,9 +155,9 @@ fn cancel_stops_a_subscription_without_a_terminator() {
     raw.send(&subscribe_all_req(2, 0));
     let r = raw.recv().unwrap();
     assert_eq!(r, Response::new(2, response::Kind::CaughtUp(proto::SubscribeCaughtUp { watermark: 0 })));
-    wait_stats(srv.addr, "the subscription", |s| s.active_subscriptions == 1);
+    stats_until(srv.addr, "the subscription", |s| s.active_subscriptions == 1);
     raw.send(&Request::new(3, request::Kind::Cancel(proto::CancelRequest { target: 2 })));
-    wait_stats(srv.addr, "the cancel", |s| s.active_subscriptions == 0);
+    stats_until(srv.addr, "the cancel", |s| s.active_subscriptions == 0);
     // Nothing more for id 2, even when new events arrive; the connection still works.
     let mut other = Client::connect(srv.addr).unwrap();
     other.append(vec![ev("E", &["k:1"], b"late")], None).unwrap();
@@ -193,9 +177,9 @@ fn a_cancel_stops_every_subscription_under_its_id() {
         raw.send(&subscribe_all_req(2, 0));
         assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::CaughtUp(_))));
     }
-    wait_stats(srv.addr, "both subscriptions", |s| s.active_subscriptions == 2);
+    stats_until(srv.addr, "both subscriptions", |s| s.active_subscriptions == 2);
     raw.send(&Request::new(3, request::Kind::Cancel(proto::CancelRequest { target: 2 })));
-    wait_stats(srv.addr, "the cancel of both", |s| s.active_subscriptions == 0);
+    stats_until(srv.addr, "the cancel of both", |s| s.active_subscriptions == 0);
 
     // A read under an id ends by itself while a subscription under the same id runs on.
     let mut c = Client::connect(srv.addr).unwrap();
@@ -209,9 +193,9 @@ fn a_cancel_stops_every_subscription_under_its_id() {
             break;
         }
     }
-    wait_stats(srv.addr, "the subscription", |s| s.active_subscriptions == 1);
+    stats_until(srv.addr, "the subscription", |s| s.active_subscriptions == 1);
     raw.send(&Request::new(6, request::Kind::Cancel(proto::CancelRequest { target: 5 })));
-    wait_stats(srv.addr, "its cancel", |s| s.active_subscriptions == 0);
+    stats_until(srv.addr, "its cancel", |s| s.active_subscriptions == 0);
 }
 
 #[test]
@@ -652,7 +636,7 @@ fn a_subscription_over_the_cap_is_rejected_and_a_slot_frees_on_cancel() {
     let mut other = RawConn::connect_hello(srv.addr);
     other.send(&subscribe_all_req(2, 0));
     assert!(matches!(other.recv().unwrap().kind, Some(response::Kind::CaughtUp(_))));
-    assert_eq!(wait_stats(srv.addr, "3 subscriptions", |s| s.active_subscriptions == 3).active_subscriptions, 3);
+    assert_eq!(stats_until(srv.addr, "3 subscriptions", |s| s.active_subscriptions == 3).active_subscriptions, 3);
     // Appends still run beside the two live subscriptions, which both see the event.
     raw.send(&append_req(5, "k:1", b"x"));
     let mut seen = Vec::new();
@@ -663,7 +647,7 @@ fn a_subscription_over_the_cap_is_rejected_and_a_slot_frees_on_cancel() {
     assert!(seen.iter().any(|(id, _)| *id == 5));
     // Cancelling one frees its slot.
     raw.send(&Request::new(6, request::Kind::Cancel(proto::CancelRequest { target: 2 })));
-    wait_stats(srv.addr, "the cancel", |s| s.active_subscriptions == 2);
+    stats_until(srv.addr, "the cancel", |s| s.active_subscriptions == 2);
     raw.send(&subscribe_all_req(7, 1));
     let r = raw.recv().unwrap();
     assert_eq!(r, Response::new(7, response::Kind::CaughtUp(proto::SubscribeCaughtUp { watermark: 1 })));
@@ -707,7 +691,7 @@ fn closing_connections_with_reads_in_flight_leaves_the_server_healthy() {
             assert!(raw.recv().is_some());
         }
     }
-    let s = wait_stats(srv.addr, "the abandoned connections to go", |s| s.active_connections == 1 && s.active_subscriptions == 0);
+    let s = stats_until(srv.addr, "the abandoned connections to go", |s| s.active_connections == 1 && s.active_subscriptions == 0);
     assert_eq!(s.event_count, 128);
     // Reads on new connections are complete and correct.
     let mut c = Client::connect(srv.addr).unwrap();
@@ -995,15 +979,14 @@ fn flood(srv: &Server, conns: usize, per_conn: u64) {
     assert_eq!(all.len() as u64, total);
     assert!(all.iter().copied().eq(1..=total), "positions are not dense 1..={total}");
     eprintln!("flood of {conns} x {per_conn} acked in {:?}", started.elapsed());
-    let stats = wait_stats(addr, "the flood's connections to close", |s| s.active_connections == 1);
+    let stats = stats_until(addr, "the flood's connections to close", |s| s.active_connections == 1);
     assert_eq!(stats.event_count, total);
     assert_eq!(stats.connections_refused, 0);
 }
 
-// These floods stalled for good (every connection stopped getting acks) until the writer left
-// its own Latency::Matters task queue; see tests/server_stall_repro.rs.
+// Floods on one shard and with small budgets and queues: every connection keeps getting acks.
 
-/// One shard (`server.reads.worker_threads = 1`): everything on the writer's executor.
+/// One shard (`server.reads.worker_threads = 1`): every connection on one executor.
 const ONE_SHARD: (&str, &str) = ("TEPHRA__SERVER__READS__WORKER_THREADS", "1");
 const BUDGETS_OF_8: [(&str, &str); 2] =
     [("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "8"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8")];
@@ -1403,9 +1386,9 @@ fn a_cancel_ends_a_subscription_blocked_on_a_client_that_does_not_read() {
     seed(srv.addr, 80, 64, 4096);
     let mut raw = RawConn::connect_hello(srv.addr);
     raw.send(&subscribe_all_req(2, 0));
-    wait_stats(srv.addr, "the subscription", |s| s.active_subscriptions == 1);
+    stats_until(srv.addr, "the subscription", |s| s.active_subscriptions == 1);
     // Its frames fill the socket buffers and the 16 MiB lane, and it waits for room.
     thread::sleep(Duration::from_millis(500));
     raw.send(&Request::new(3, request::Kind::Cancel(proto::CancelRequest { target: 2 })));
-    wait_stats(srv.addr, "the cancel of the blocked subscription", |s| s.active_subscriptions == 0);
+    stats_until(srv.addr, "the cancel of the blocked subscription", |s| s.active_subscriptions == 0);
 }

@@ -196,20 +196,9 @@ pub struct IndexRunArgs {
     pub json: bool,
 }
 
-/// Options of `tephra-bench append`.
+/// The append load's options `append` and `compare` share.
 #[derive(Debug, Args)]
-pub struct AppendArgs {
-    /// Server address, HOST:PORT.
-    #[arg(long, value_name = "HOST:PORT")]
-    pub addr: String,
-    /// Connections (writers).
-    #[arg(long, short = 'c', value_name = "N", default_value_t = 16,
-          value_parser = clap::value_parser!(u64).range(1..=4096))]
-    pub connections: u64,
-    /// Events per append request.
-    #[arg(long, short = 'b', value_name = "N", default_value_t = 1,
-          value_parser = clap::value_parser!(u64).range(1..=100_000))]
-    pub batch: u64,
+pub struct LoadArgs {
     /// Payload bytes per event.
     #[arg(long, value_name = "BYTES", default_value_t = 256,
           value_parser = clap::value_parser!(u64).range(0..=4 << 20))]
@@ -231,6 +220,25 @@ pub struct AppendArgs {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..=256))]
     pub executor_threads: u64,
+}
+
+/// Options of `tephra-bench append`.
+#[derive(Debug, Args)]
+pub struct AppendArgs {
+    /// Server address, HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: String,
+    /// Connections (writers).
+    #[arg(long, short = 'c', value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub connections: u64,
+    /// Events per append request.
+    #[arg(long, short = 'b', value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub batch: u64,
+    /// What each append sends and how.
+    #[command(flatten)]
+    pub load: LoadArgs,
     /// Measured seconds.
     #[arg(long, value_name = "S", default_value = "15", value_parser = parse_seconds)]
     pub duration: f64,
@@ -320,27 +328,9 @@ pub struct CompareArgs {
     /// The matrix, CONNECTIONSxBATCH comma separated.
     #[arg(long, value_name = "LIST", default_value = "16x1,16x64,16x512,64x512")]
     pub matrix: String,
-    /// Payload bytes per event.
-    #[arg(long, value_name = "BYTES", default_value_t = 256,
-          value_parser = clap::value_parser!(u64).range(0..=4 << 20))]
-    pub event_size: u64,
-    /// Plain appends instead of ones guarded by the never-firing {tag, type} condition.
-    #[arg(long)]
-    pub unconditional: bool,
-    /// Append requests in flight per connection (the blocking client supports 1, raw up to
-    /// 256, the server's default per-connection budget).
-    #[arg(long, value_name = "N", default_value_t = 1,
-          value_parser = clap::value_parser!(u64).range(1..=4096))]
-    pub inflight: u64,
-    /// The load generator: `blocking` (our blocking client, one thread per connection, as
-    /// the reference's published numbers), `raw` (pre-encoded frames, cheapest, pipelined)
-    /// or `async` (our pipelined AsyncClient on one executor thread).
-    #[arg(long, value_enum, default_value = "blocking")]
-    pub client: crate::append::ClientKind,
-    /// Executor threads of `--client async` (connections are spread over them).
-    #[arg(long, value_name = "N", default_value_t = 1,
-          value_parser = clap::value_parser!(u64).range(1..=256))]
-    pub executor_threads: u64,
+    /// What each append sends and how.
+    #[command(flatten)]
+    pub load: LoadArgs,
     /// `TEPHRA__SEGMENT__SIZE` for both servers, bytes (the published table: 256 MiB).
     #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
     pub segment_size: u64,
@@ -488,10 +478,10 @@ mod tests {
         match c.command {
             Command::Append(a) => {
                 assert_eq!(
-                    (a.connections, a.batch, a.event_size, a.inflight),
+                    (a.connections, a.batch, a.load.event_size, a.load.inflight),
                     (4, 64, 256, 1)
                 );
-                assert!(!a.unconditional);
+                assert!(!a.load.unconditional);
                 assert_eq!(a.duration, 0.5);
             }
             _ => panic!("wrong subcommand"),

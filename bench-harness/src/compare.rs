@@ -834,6 +834,20 @@ fn render_read_markdown(s: &mut String, r: &CompareReport) {
             }
         };
         let show = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("–".to_owned(), f);
+        // One percentile of the selective reads' latency, or of the fan-out lag.
+        type Pick = fn(&crate::metrics::Latency) -> u64;
+        let selective = |pick: Pick| {
+            show(
+                med(&|x| x.selective.as_ref().and_then(|se| se.latency.as_ref()).map(|l| pick(l) as f64)),
+                &us,
+            )
+        };
+        let lag = |pick: Pick| {
+            show(
+                med(&|x| x.fanout.as_ref().and_then(|f| f.lag.as_ref()).map(|l| pick(l) as f64)),
+                &us,
+            )
+        };
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -849,50 +863,15 @@ fn render_read_markdown(s: &mut String, r: &CompareReport) {
                 med(&|x| x.scan.as_ref().map(|sc| sc.mb_per_sec_median)),
                 &|v| format!("{v:.0}")
             ),
-            show(
-                med(&|x| x
-                    .selective
-                    .as_ref()
-                    .and_then(|se| se.latency)
-                    .map(|l| l.p50_us as f64)),
-                &us
-            ),
-            show(
-                med(&|x| x
-                    .selective
-                    .as_ref()
-                    .and_then(|se| se.latency)
-                    .map(|l| l.p99_us as f64)),
-                &us
-            ),
+            selective(|l| l.p50_us),
+            selective(|l| l.p99_us),
             show(
                 med(&|x| x.selective.as_ref().map(|se| se.reads_per_sec)),
                 &|v| crate::report::thousands(v)
             ),
-            show(
-                med(&|x| x
-                    .fanout
-                    .as_ref()
-                    .and_then(|f| f.lag)
-                    .map(|l| l.p50_us as f64)),
-                &us
-            ),
-            show(
-                med(&|x| x
-                    .fanout
-                    .as_ref()
-                    .and_then(|f| f.lag)
-                    .map(|l| l.p99_us as f64)),
-                &us
-            ),
-            show(
-                med(&|x| x
-                    .fanout
-                    .as_ref()
-                    .and_then(|f| f.lag)
-                    .map(|l| l.p999_us as f64)),
-                &us
-            ),
+            lag(|l| l.p50_us),
+            lag(|l| l.p99_us),
+            lag(|l| l.p999_us),
         );
     }
     let notes: Vec<String> = r

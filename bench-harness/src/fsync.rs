@@ -256,16 +256,7 @@ extern "C" fn on_stop_signal(signal: libc::c_int) {
 /// and remove its files. The handlers reset themselves, so a second signal kills the
 /// process the ordinary way.
 pub fn install_interrupt_handler() {
-    // SAFETY: the handler only stores to an atomic (async-signal-safe); the sigaction
-    // struct is zero-initialized and its mask emptied before use.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_stop_signal as extern "C" fn(libc::c_int) as usize;
-        sa.sa_flags = libc::SA_RESTART | libc::SA_RESETHAND;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
-        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
-    }
+    crate::signals::install_handler(on_stop_signal);
 }
 
 /// True once SIGINT/SIGTERM arrived (after [`install_interrupt_handler`]).

@@ -96,23 +96,23 @@ fn run_append(args: AppendArgs) -> i32 {
     if let Err(code) = check_addr("append", &args.addr) {
         return code;
     }
-    let backend = match backend_for("append", args.client, args.inflight) {
+    let backend = match backend_for("append", args.load.client, args.load.inflight) {
         Ok(b) => b,
         Err(code) => return code,
     };
     let cfg = append::AppendConfig {
         addr: args.addr.clone(),
         connections: args.connections as usize,
-        inflight: args.inflight as usize,
+        inflight: args.load.inflight as usize,
         workload: workload::WorkloadSpec {
             batch: args.batch as usize,
-            event_size: args.event_size as usize,
-            conditional: !args.unconditional,
+            event_size: args.load.event_size as usize,
+            conditional: !args.load.unconditional,
         },
         warmup: Duration::from_secs_f64(args.warmup),
         duration: Duration::from_secs_f64(args.duration),
         error_backoff: Duration::from_millis(args.error_backoff_ms),
-        executor_threads: args.executor_threads as usize,
+        executor_threads: args.load.executor_threads as usize,
     };
     signals::install();
     let rep = match append::run(&cfg, backend, &signals::STOP) {
@@ -194,7 +194,7 @@ fn run_compare(args: CompareArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return usage(format!("--matrix: {e}")),
     };
-    if let Err(code) = backend_for("compare", args.client, args.inflight) {
+    if let Err(code) = backend_for("compare", args.load.client, args.load.inflight) {
         return code;
     }
     let ours = match args.ours.clone().or_else(server::default_ours) {
@@ -246,11 +246,11 @@ fn run_compare(args: CompareArgs) -> i32 {
         rounds: args.rounds.map_or(rounds, |r| r as usize),
         warmup: Duration::from_secs_f64(args.warmup.unwrap_or(warmup)),
         duration: Duration::from_secs_f64(args.duration.unwrap_or(duration)),
-        event_size: args.event_size as usize,
-        conditional: !args.unconditional,
-        inflight: args.inflight as usize,
-        client: args.client,
-        executor_threads: args.executor_threads as usize,
+        event_size: args.load.event_size as usize,
+        conditional: !args.load.unconditional,
+        inflight: args.load.inflight as usize,
+        client: args.load.client,
+        executor_threads: args.load.executor_threads as usize,
         segment_size: args.segment_size,
         server_env: args.server_env.clone(),
         settle: Duration::from_millis(args.settle_ms),
@@ -262,7 +262,7 @@ fn run_compare(args: CompareArgs) -> i32 {
             read::ReadConfig {
                 addr: String::new(),
                 populate,
-                event_size: args.event_size as usize,
+                event_size: args.load.event_size as usize,
                 // Ten needles whatever the size.
                 needle_every: (populate / 10).max(1),
                 scan_repeats: 3,

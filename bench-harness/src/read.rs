@@ -483,6 +483,14 @@ fn fanout(
 /// Renders a report as a short human-readable block.
 pub fn render(r: &ReadReport) -> String {
     use crate::append::fmt_us;
+    let percentiles = |l: Latency| {
+        format!(
+            "p50 {} p99 {} p99.9 {}",
+            fmt_us(l.p50_us),
+            fmt_us(l.p99_us),
+            fmt_us(l.p999_us)
+        )
+    };
     use crate::report::thousands;
     use std::fmt::Write;
     let mut s = String::new();
@@ -504,17 +512,7 @@ pub fn render(r: &ReadReport) -> String {
         );
     }
     if let Some(se) = &r.selective {
-        let lat = se
-            .latency
-            .map(|l| {
-                format!(
-                    "p50 {} p99 {} p99.9 {}",
-                    fmt_us(l.p50_us),
-                    fmt_us(l.p99_us),
-                    fmt_us(l.p999_us)
-                )
-            })
-            .unwrap_or_default();
+        let lat = se.latency.map(percentiles).unwrap_or_default();
         let _ = writeln!(
             s,
             "selective read: {} of {} events match (expected {}); {:.0} reads/s; {lat}",
@@ -522,17 +520,7 @@ pub fn render(r: &ReadReport) -> String {
         );
     }
     if let Some(f) = &r.fanout {
-        let lat = f
-            .lag
-            .map(|l| {
-                format!(
-                    "p50 {} p99 {} p99.9 {}",
-                    fmt_us(l.p50_us),
-                    fmt_us(l.p99_us),
-                    fmt_us(l.p999_us)
-                )
-            })
-            .unwrap_or_default();
+        let lat = f.lag.map(percentiles).unwrap_or_default();
         let _ = writeln!(
             s,
             "fan-out: {} subscribers x {} events: {} deliveries{}; lag behind ack {lat} ({} before the ack)",

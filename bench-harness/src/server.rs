@@ -7,13 +7,13 @@
 //! leaves no server behind; [`ServerProcess::stop`] (also run on drop) sends
 //! SIGTERM to its pid, waits, then SIGKILLs it.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tephra_test_support::{Launch, Process};
+
+pub use tephra_test_support::parse_listening;
 
 /// How long a server may take to print its readiness line.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -29,12 +29,11 @@ pub struct ServerSpec {
     pub data_dir: PathBuf,
     /// Extra environment (`TEPHRA__SEGMENT__SIZE`, ...).
     pub env: Vec<(String, String)>,
-    /// Where the server's stdout and stderr go (appended).
+    /// Where the server's stdout and stderr go (appended; stderr lines marked `[stderr] `).
     pub log_file: PathBuf,
 }
 
 /// A running server.
-#[derive(Debug)]
 pub struct ServerProcess {
     /// Where it listens.
     pub addr: SocketAddr,
@@ -43,16 +42,8 @@ pub struct ServerProcess {
     /// From just before the process was spawned until its readiness line was read: the
     /// time it took to open the store and bind.
     pub ready_after: Duration,
-    child: Option<Child>,
+    process: Process,
     log_file: PathBuf,
-}
-
-/// Parses the address out of a `... tephra server listening addr=IP:PORT ...` line.
-pub fn parse_listening(line: &str) -> Option<SocketAddr> {
-    let rest = &line[line.find("listening")?..];
-    let at = rest.find("addr=")? + "addr=".len();
-    let token = rest[at..].split_whitespace().next()?;
-    token.trim_matches(|c| c == '"' || c == ',').parse().ok()
 }
 
 impl ServerProcess {
@@ -76,92 +67,34 @@ impl ServerProcess {
     ) -> Result<ServerProcess, String> {
         std::fs::create_dir_all(&spec.data_dir)
             .map_err(|e| format!("create {}: {e}", spec.data_dir.display()))?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&spec.log_file)
-            .map_err(|e| format!("open {}: {e}", spec.log_file.display()))?;
-        let stderr_log = log.try_clone().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(&spec.binary);
-        cmd.arg("--bind")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(&spec.data_dir);
-        cmd.env("NO_COLOR", "1");
-        for (k, v) in &spec.env {
-            cmd.env(k, v);
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(stderr_log));
-        // SAFETY: only async-signal-safe calls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // Its own process group: a terminal's Ctrl-C reaches only the harness,
-                // which then stops the server itself, by pid.
-                if libc::setpgid(0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let spawned_at = Instant::now();
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", spec.binary.display()))?;
-        let pid = child.id();
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        let mut log_out = log;
-        std::thread::Builder::new()
-            .name(format!("server-{pid}-stdout"))
-            .spawn(move || {
-                let mut tx = Some(tx);
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    let _ = writeln!(log_out, "{line}");
-                    if let Some(addr) = parse_listening(&line) {
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send((addr, Instant::now()));
-                        }
-                    }
-                }
-            })
-            .map_err(|e| e.to_string())?;
-        let mut server = ServerProcess {
-            addr: "0.0.0.0:0".parse().expect("addr"),
-            pid,
-            ready_after: Duration::ZERO,
-            child: Some(child),
+        let mut process = Launch::new(&spec.binary)
+            .args(["--bind", "127.0.0.1:0", "--data-dir"])
+            .arg(&spec.data_dir)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .log_file(&spec.log_file, None)
+            .discard_output()
+            .own_process_group()
+            .spawn()?;
+        let addr = process.expect_ready(timeout).map_err(|_| {
+            format!(
+                "{} did not report `listening addr=` within {} s; log tail:\n{}",
+                spec.binary.display(),
+                timeout.as_secs(),
+                log_tail(&spec.log_file, 20)
+            )
+        })?;
+        Ok(ServerProcess {
+            addr,
+            pid: process.pid(),
+            ready_after: process.ready_after().unwrap_or_default(),
+            process,
             log_file: spec.log_file.clone(),
-        };
-        match rx.recv_timeout(timeout) {
-            Ok((addr, at)) => {
-                server.addr = addr;
-                server.ready_after = at.duration_since(spawned_at);
-                Ok(server)
-            }
-            Err(_) => {
-                server.stop();
-                Err(format!(
-                    "{} did not report `listening addr=` within {} s; log tail:\n{}",
-                    spec.binary.display(),
-                    timeout.as_secs(),
-                    log_tail(&spec.log_file, 20)
-                ))
-            }
-        }
+        })
     }
 
     /// True while the process has not exited.
     pub fn is_running(&mut self) -> bool {
-        match self.child.as_mut() {
-            Some(c) => matches!(c.try_wait(), Ok(None)),
-            None => false,
-        }
+        self.process.try_status().is_none()
     }
 
     /// The log file it writes to.
@@ -172,28 +105,7 @@ impl ServerProcess {
     /// Stops the server: SIGTERM to its pid, wait up to [`STOP_TIMEOUT`], then SIGKILL.
     /// Returns its exit code when it exited by itself. Idempotent.
     pub fn stop(&mut self) -> Option<i32> {
-        let mut child = self.child.take()?;
-        if let Ok(Some(st)) = child.try_wait() {
-            return st.code();
-        }
-        // SAFETY: plain kill(2) on our own child's pid, which is not reaped yet.
-        unsafe {
-            libc::kill(self.pid as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = std::time::Instant::now() + STOP_TIMEOUT;
-        loop {
-            match child.try_wait() {
-                Ok(Some(st)) => return st.code(),
-                Ok(None) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return None;
-                }
-            }
-        }
+        self.process.stop(STOP_TIMEOUT)
     }
 }
 
@@ -240,24 +152,4 @@ pub fn default_reference() -> Option<PathBuf> {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".tephra-reference")))?;
     let p = root.join("bin").join("tephra-server");
     p.is_file().then_some(p)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_readiness_lines() {
-        let a = parse_listening(
-            "2026-01-01T00:00:00Z  INFO tephra server listening addr=127.0.0.1:4567",
-        )
-        .unwrap();
-        assert_eq!(a.port(), 4567);
-        let b = parse_listening(
-            "INFO tephra_server: tephra server listening addr=127.0.0.1:9 tls=false",
-        )
-        .unwrap();
-        assert_eq!(b.port(), 9);
-        assert!(parse_listening("INFO starting").is_none());
-    }
 }

@@ -37,11 +37,18 @@ extern "C" fn on_signal(signal: libc::c_int) {
 
 /// Installs the one-shot SIGINT/SIGTERM handlers.
 pub fn install() {
-    // SAFETY: the handler only stores to an atomic (async-signal-safe); the sigaction
-    // struct is zero-initialised and its mask emptied before use.
+    install_handler(on_signal);
+}
+
+/// Installs `handler` for SIGINT and SIGTERM, once: it resets itself, so a second signal
+/// kills the process the ordinary way. `handler` must be async-signal-safe (store to
+/// atomics only).
+pub fn install_handler(handler: extern "C" fn(libc::c_int)) {
+    // SAFETY: the handler only stores to atomics (async-signal-safe, the caller's promise);
+    // the sigaction struct is zero-initialised and its mask emptied before use.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        sa.sa_sigaction = handler as usize;
         sa.sa_flags = libc::SA_RESTART | libc::SA_RESETHAND;
         libc::sigemptyset(&mut sa.sa_mask);
         libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());

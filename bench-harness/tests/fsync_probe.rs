@@ -5,28 +5,14 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tephra-bench");
+mod common;
+use common::{run, text, BIN};
 
 /// A fresh, empty scratch directory under the target dir (ext4 on the build disk).
 fn scratch(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("tephra-bench-tests")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("tephra-bench-tests", name)
 }
 
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("spawn tephra-bench")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
 fn expected_labels(sizes: &[&str]) -> Vec<String> {
     let mut v = Vec::new();

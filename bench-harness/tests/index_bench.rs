@@ -9,86 +9,20 @@
 //! (`$TEPHRA_REFERENCE_SERVER`, else `~/.tephra-reference/bin/tephra-server`); otherwise the
 //! run uses `--reference none` and says so on stderr.
 
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use tephra::client::Client;
 use tephra::{Position, Query};
 use tephra_bench::index::layout::{Manifest, RARE_TYPE};
 use tephra_bench::server::{ServerProcess, ServerSpec};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tephra-bench");
+mod common;
+use common::{json_of, ours, run, text};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("tephra-bench-index")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("tephra-bench-index", name)
 }
 
-/// Our release server, built once if missing.
-fn ours() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("TEPHRA_SERVER").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
-    }
-    let target = std::env::current_exe()
-        .unwrap()
-        .ancestors()
-        .find(|p| p.file_name().is_some_and(|n| n == "target"))
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let p = target.join("release").join("tephra-server");
-    if !p.is_file() && std::env::var("TEPHRA_BENCH_BUILD_SERVER").as_deref() != Ok("0") {
-        let st = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "--release",
-                "--bin",
-                "tephra-server",
-                "-p",
-                "tephra",
-                "--features",
-                "async-io",
-            ])
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .status();
-        if !matches!(st, Ok(s) if s.success()) {
-            eprintln!("building tephra-server failed: {st:?}");
-        }
-    }
-    if p.is_file() {
-        Some(p)
-    } else {
-        eprintln!("\n*** SKIPPED: our tephra-server is not built (cargo build --release --bin tephra-server) ***\n");
-        None
-    }
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("spawn tephra-bench")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn json_of(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", text(&out.stdout)))
-}
 
 const PREPARE: &[&str] = &[
     "--events",

@@ -13,7 +13,7 @@ use support::Server;
 use tephra::client::async_client::{AsyncClient, AsyncClientConfig, Driver, TlsConnector};
 use tephra::client::{tls, ClientError, SubEvent};
 use tephra::proto::{ErrorCode, FrameError};
-use tephra::{AppendCondition, Event, EventType, Position, Query, QueryItem, Tags};
+use tephra::{AppendCondition, Event, Position, Query, QueryItem, Tags};
 
 type Tcp = Async<TcpStream>;
 
@@ -22,9 +22,7 @@ fn start(env: &[(&str, &str)]) -> Option<Server> {
     Some(Server::start(&bin, env))
 }
 
-fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
-    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()
-}
+use support::ev;
 
 fn tag_query(tags: &[&str]) -> Query {
     Query::item(QueryItem::with_tags(Tags::new(tags.iter().copied()).unwrap()))
@@ -258,21 +256,10 @@ fn dropping_streams_sends_cancels_and_the_socket_keeps_working() {
     });
 }
 
-const AUTH_TOML: &str = r#"
-[auth]
-allow_insecure = true
-
-[[auth.tokens]]
-token = "s3cret"
-
-[[auth.tokens]]
-token = "next"
-"#;
-
 #[test]
 fn every_socket_authenticates_with_the_token() {
     let Some(bin) = server_binary() else { return };
-    let srv = Server::start_with(&bin, &[], Some(AUTH_TOML));
+    let srv = Server::start_with(&bin, &[], Some(support::AUTH_TOML));
     run(|ex| async move {
         for token in ["s3cret", "next"] {
             let cfg = AsyncClientConfig { auth_token: Some(token.into()), bulk_connections: 2, ..Default::default() };
@@ -309,8 +296,7 @@ fn a_killed_server_fails_every_pending_request() {
             assert!(matches!(sub.next().await.unwrap().unwrap(), SubEvent::CaughtUp(Position(1))));
             let pending = ex.spawn(async move { sub.next().await });
 
-            srv.child.kill().unwrap();
-            srv.child.wait().unwrap();
+            srv.kill();
 
             let result = pending.await;
             let control_end = control.await;
@@ -407,9 +393,7 @@ fn bad_settings_and_refused_dials_fail_the_connect() {
 #[test]
 fn tls_connector_with_tokens() {
     let Some(bin) = server_binary() else { return };
-    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = support::self_signed(certs.path());
-    let toml = format!("{}\n[[auth.tokens]]\ntoken = \"s3cret\"\n", support::tls_toml(&cert, &key));
+    let (toml, cert, _certs) = support::tls_config_with_tokens(&["s3cret"]);
     let srv = Server::start_with(&bin, &[], Some(&toml));
     let tls_config = tls::config_with_custom_ca(&cert).unwrap();
     let addr = srv.addr;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::Server;
 use tephra::client::{Client, SequencedEvent};
-use tephra::{Event, EventType, Position, Query, Tags};
+use tephra::{Event, Position, Query};
 
 fn start(env: &[(&str, &str)]) -> Option<Server> {
     let bin = server_binary()?;
@@ -58,12 +58,24 @@ fn json_lines(o: &Output) -> Vec<Value> {
     stdout(o).lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect()
 }
 
-fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
-    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()
-}
+use support::ev;
 
 fn read_everything(addr: SocketAddr) -> Vec<SequencedEvent> {
     Client::connect(addr).unwrap().read_all(Query::all(), Position::ZERO).unwrap().0
+}
+
+/// `tephra subscribe --after N` against `a`, its output piped: the child and its stderr lines.
+fn subscribe_after(a: SocketAddr, after: &str) -> (std::process::Child, std::io::Lines<BufReader<std::process::ChildStderr>>) {
+    let mut cmd = cli(a);
+    cmd.args(["subscribe", "--after", after]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    (child, err_lines)
+}
+
+/// Sends `signal` to `child` (a `tephra` this test started).
+fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
 }
 
 fn event_count(addr: SocketAddr) -> u64 {
@@ -335,7 +347,7 @@ fn subscribe_follows_until_ctrl_c_and_exits_0() {
     assert_eq!(next(), serde_json::json!({"caught_up": 3}));
     assert_eq!(c.stats().unwrap().active_subscriptions, 1);
 
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGINT);
     let status = wait_exit(&mut child, Duration::from_secs(10), "subscribe did not stop on SIGINT");
     assert_eq!(status.code(), Some(0), "Ctrl-C ends cleanly");
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -345,12 +357,9 @@ fn subscribe_follows_until_ctrl_c_and_exits_0() {
     }
 
     // Human format: events on stdout, the live edge on stderr.
-    let mut cmd = cli(a);
-    cmd.args(["subscribe", "--after", "2"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (child, mut err_lines) = subscribe_after(a, "2");
     assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 3");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     let o = child.wait_with_output().unwrap();
     assert_code(&o, 0);
     assert_eq!(stdout(&o).split_whitespace().collect::<Vec<_>>(), ["3", "C", "[k]", "live"]);
@@ -387,10 +396,7 @@ fn a_start_past_the_tip_gets_a_note() {
 
     // A subscription from past the tip: the note, then caught up at --after, then only the
     // events after it as they come.
-    let mut cmd = cli(a);
-    cmd.args(["subscribe", "--after", "7"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (mut child, mut err_lines) = subscribe_after(a, "7");
     assert_eq!(err_lines.next().unwrap().unwrap(), "tephra: note: --after 7 is past the current tip, 5: the subscription skips the events up to 7 and shows those after it as the store reaches them (caught up at 7 meanwhile)");
     assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 7");
     for i in 5..9 {
@@ -399,30 +405,19 @@ fn a_start_past_the_tip_gets_a_note() {
     let mut out_lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let shown: Vec<String> = (0..2).map(|_| out_lines.next().unwrap().unwrap().split_whitespace().next().unwrap().to_owned()).collect();
     assert_eq!(shown, ["8", "9"]);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     assert_code(&child.wait_with_output().unwrap(), 0);
     // Within the store: no note.
-    let mut cmd = cli(a);
-    cmd.args(["subscribe", "--after", "9"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (child, mut err_lines) = subscribe_after(a, "9");
     assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 9");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     assert_code(&child.wait_with_output().unwrap(), 0);
 }
-
-const AUTH_TOML: &str = r#"
-[auth]
-allow_insecure = true
-
-[[auth.tokens]]
-token = "s3cret"
-"#;
 
 #[test]
 fn tokens_from_the_flag_or_the_environment() {
     let Some(bin) = server_binary() else { return };
-    let srv = Server::start_with(&bin, &[], Some(AUTH_TOML));
+    let srv = Server::start_with(&bin, &[], Some(support::AUTH_TOML));
     let a = srv.addr;
     assert_code(&tephra(a, &["--token", "s3cret", "append", "--type", "T"]), 0);
     let mut cmd = cli(a);
@@ -439,12 +434,8 @@ fn tokens_from_the_flag_or_the_environment() {
 fn tls_server() -> Option<(Server, std::path::PathBuf, tempfile::TempDir)> {
     let bin = server_binary()?;
     let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
-    let toml = format!("[tls]\ncert = {:?}\nkey = {:?}\n", cert.display().to_string(), key.display().to_string());
-    Some((Server::start_with(&bin, &[], Some(&toml)), cert, certs))
+    let (cert, key) = support::self_signed(certs.path());
+    Some((Server::start_with(&bin, &[], Some(&support::tls_toml(&cert, &key))), cert, certs))
 }
 
 #[test]
@@ -494,8 +485,7 @@ fn a_lost_connection_ends_subscribe_with_exit_4() {
     let mut child = cmd.spawn().unwrap();
     let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
     assert_eq!(err_lines.next().unwrap().unwrap(), "caught up at 0");
-    srv.child.kill().unwrap();
-    srv.child.wait().unwrap();
+    srv.kill();
     let rest: Vec<String> = err_lines.map(Result::unwrap).collect();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(4), "{rest:?}");

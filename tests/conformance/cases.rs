@@ -22,9 +22,7 @@ fn start_with_config(env: &[(&str, &str)], toml: &str) -> Option<Server> {
     Some(Server::start_with(&bin, env, Some(toml)))
 }
 
-fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
-    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()
-}
+use support::ev;
 
 fn tag_query(tags: &[&str]) -> Query {
     Query::item(QueryItem::with_tags(Tags::new(tags.iter().copied()).unwrap()))
@@ -630,20 +628,9 @@ fn max_connections_refusal_fails_the_connect() {
     assert_eq!((stats.connections_refused, stats.max_connections), (1, 1));
 }
 
-const AUTH_TOML: &str = r#"
-[auth]
-allow_insecure = true
-
-[[auth.tokens]]
-token = "s3cret"
-
-[[auth.tokens]]
-token = "next"
-"#;
-
 #[test]
 fn tokens_authenticate_and_refusals_are_permission_denied() {
-    let Some(srv) = start_with_config(&[], AUTH_TOML) else { return };
+    let Some(srv) = start_with_config(&[], support::AUTH_TOML) else { return };
     for token in ["s3cret", "next"] {
         let mut c = Client::connect_with(srv.addr, Some(token)).unwrap();
         assert_eq!(c.stats().unwrap().event_count, 0);
@@ -658,9 +645,7 @@ fn tokens_authenticate_and_refusals_are_permission_denied() {
 #[test]
 fn tls_round_trip_subscribe_and_tokens() {
     let Some(bin) = server_binary() else { return };
-    let certs = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (cert, key) = support::self_signed(certs.path());
-    let toml = format!("{}\n[[auth.tokens]]\ntoken = \"s3cret\"\n", support::tls_toml(&cert, &key));
+    let (toml, cert, _certs) = support::tls_config_with_tokens(&["s3cret"]);
     let srv = Server::start_with(&bin, &[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")], Some(&toml));
     let config = tls::config_with_custom_ca(&cert).unwrap();
 

@@ -15,9 +15,7 @@ pub fn cases() -> u32 {
 }
 
 /// An event from string slices.
-pub fn ev(ty: &str, tags: &[&str], payload: &[u8]) -> Event {
-    Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags.iter().copied()).unwrap(), payload).unwrap()
-}
+pub use tephra_test_support::ev;
 
 /// A temp dir on the real disk under the target dir.
 pub fn dir() -> tempfile::TempDir {

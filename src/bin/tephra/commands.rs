@@ -690,6 +690,14 @@ fn direct_note(path: &Path, count: u64, first: Option<u64>, last: Option<u64>) -
     }
 }
 
+/// What an export has written so far: how many events, at which positions.
+#[derive(Clone, Copy, Default)]
+struct Exported {
+    count: u64,
+    first: Option<u64>,
+    last: Option<u64>,
+}
+
 /// `tephra export`: one pinned read streamed to JSON lines.
 pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
     if let Some(to) = args.to.filter(|&to| to < args.after) {
@@ -712,80 +720,18 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
     // Installed once the output is open: a signal while a FIFO waits for its reader ends the
     // export at once (review: the handlers let the open go on, and one SIGTERM did nothing).
     let interrupt = if args.output.is_some() { Some(Interrupt::install()?) } else { None };
-    // Positions are dense, so an unfiltered range is an exact limit.
-    let limit = match (args.to, &query) {
-        (Some(to), Query::All) => Some(to.saturating_sub(args.after)),
-        _ => None,
-    };
     let bar = progress(end.saturating_sub(args.after), "events");
-    let (mut count, mut first, mut last) = (0u64, None, None);
-    let result = (|| {
-        let mut stream =
-            client.read(query, Position(args.after), limit).map_err(|e| CliError::client("export failed", e))?;
-        for item in stream.by_ref() {
-            if let Some(sig) = interrupt.as_ref().and_then(Interrupt::caught) {
-                std::mem::forget(stream);
-                return Err(CliError::interrupted(
-                    sig,
-                    format!("export interrupted by {}", signal_name(sig)),
-                    serde_json::Map::new(),
-                ));
-            }
-            let e = item.map_err(|e| CliError::client("export failed", e))?;
-            let p = e.position.get();
-            if args.to.is_some_and(|to| p > to) {
-                break;
-            }
-            if let Err(err) = writeln!(sink.writer(), "{}", jsonl::event_line(Some(p), &e.event)) {
-                std::mem::forget(stream);
-                return Err(sink.write_error(err));
-            }
-            count += 1;
-            first.get_or_insert(p);
-            last = Some(p);
-            bar.set_position(p.saturating_sub(args.after));
-        }
-        Ok(())
-    })();
-    let result = match result {
-        Ok(()) => sink.finish(),
-        Err(e) => {
-            let (mut out, note, file) = match sink {
-                ExportSink::File { out, partial, path } => match (first, last) {
-                    (Some(a), Some(b)) => (out, partial_note(&partial, &path, count, a, b), ("partial_file", partial)),
-                    _ => {
-                        // Nothing in it: removed, so that it does not hold up the next export.
-                        drop(out);
-                        let _ = std::fs::remove_file(&partial);
-                        bar.abandon();
-                        let mut e = e;
-                        e.message.push_str(&format!("; nothing was exported and {} was not created", path.display()));
-                        return Err(e);
-                    }
-                },
-                ExportSink::Direct { out, path } => (out, direct_note(&path, count, first, last), ("output", path)),
-                ExportSink::Stdout(_) => return Err(e),
-            };
-            let _ = out.flush();
-            let _ = out.get_ref().sync_all();
-            bar.abandon();
-            let mut e = e;
-            e.message.push_str(&note);
-            let details = e.details.get_or_insert_with(serde_json::Map::new);
-            details.insert(file.0.into(), file.1.display().to_string().into());
-            details.insert("exported".into(), count.into());
-            details.insert("first".into(), first.into());
-            details.insert("last".into(), last.into());
-            Err(e)
-        }
-    };
-    result?;
+    let mut exported = Exported::default();
+    match export_events(&mut client, query, args, &mut sink, interrupt.as_ref(), &bar, &mut exported) {
+        Ok(()) => sink.finish()?,
+        Err(e) => return Err(export_stopped(e, sink, exported, &bar)),
+    }
     bar.finish_and_clear();
     let summary = if g.json {
-        serde_json::json!({ "exported": count, "first": first, "last": last }).to_string()
+        serde_json::json!({ "exported": exported.count, "first": exported.first, "last": exported.last }).to_string()
     } else {
-        match (first, last) {
-            (Some(a), Some(b)) => format!("exported {} (positions {a}..={b})", events_word(count)),
+        match (exported.first, exported.last) {
+            (Some(a), Some(b)) => format!("exported {} (positions {a}..={b})", events_word(exported.count)),
             _ => "exported 0 events".to_owned(),
         }
     };
@@ -795,6 +741,76 @@ pub fn export(g: &Global, args: &ExportArgs) -> Result<(), CliError> {
         eprintln!("{summary}");
         Ok(())
     }
+}
+
+/// Streams the events of `query` in the export's range into `sink`, one JSON line each,
+/// counting them in `exported`; stops at a signal caught by `interrupt`.
+fn export_events(
+    client: &mut tephra::client::Client,
+    query: Query,
+    args: &ExportArgs,
+    sink: &mut ExportSink,
+    interrupt: Option<&Interrupt>,
+    bar: &ProgressBar,
+    exported: &mut Exported,
+) -> Result<(), CliError> {
+    // Positions are dense, so an unfiltered range is an exact limit.
+    let limit = match (args.to, &query) {
+        (Some(to), Query::All) => Some(to.saturating_sub(args.after)),
+        _ => None,
+    };
+    let mut stream = client.read(query, Position(args.after), limit).map_err(|e| CliError::client("export failed", e))?;
+    for item in stream.by_ref() {
+        if let Some(sig) = interrupt.and_then(Interrupt::caught) {
+            std::mem::forget(stream);
+            return Err(CliError::interrupted(sig, format!("export interrupted by {}", signal_name(sig)), serde_json::Map::new()));
+        }
+        let e = item.map_err(|e| CliError::client("export failed", e))?;
+        let p = e.position.get();
+        if args.to.is_some_and(|to| p > to) {
+            break;
+        }
+        if let Err(err) = writeln!(sink.writer(), "{}", jsonl::event_line(Some(p), &e.event)) {
+            std::mem::forget(stream);
+            return Err(sink.write_error(err));
+        }
+        exported.count += 1;
+        exported.first.get_or_insert(p);
+        exported.last = Some(p);
+        bar.set_position(p.saturating_sub(args.after));
+    }
+    Ok(())
+}
+
+/// The error `e` of an export stopped short, saying what it left behind: a FILE.partial with
+/// events is kept and synced (an empty one is removed), a FIFO or device is flushed.
+fn export_stopped(mut e: CliError, sink: ExportSink, exported: Exported, bar: &ProgressBar) -> CliError {
+    let Exported { count, first, last } = exported;
+    let (mut out, note, file) = match sink {
+        ExportSink::File { out, partial, path } => match (first, last) {
+            (Some(a), Some(b)) => (out, partial_note(&partial, &path, count, a, b), ("partial_file", partial)),
+            _ => {
+                // Nothing in it: removed, so that it does not hold up the next export.
+                drop(out);
+                let _ = std::fs::remove_file(&partial);
+                bar.abandon();
+                e.message.push_str(&format!("; nothing was exported and {} was not created", path.display()));
+                return e;
+            }
+        },
+        ExportSink::Direct { out, path } => (out, direct_note(&path, count, first, last), ("output", path)),
+        ExportSink::Stdout(_) => return e,
+    };
+    let _ = out.flush();
+    let _ = out.get_ref().sync_all();
+    bar.abandon();
+    e.message.push_str(&note);
+    let details = e.details.get_or_insert_with(serde_json::Map::new);
+    details.insert(file.0.into(), file.1.display().to_string().into());
+    details.insert("exported".into(), count.into());
+    details.insert("first".into(), first.into());
+    details.insert("last".into(), last.into());
+    e
 }
 
 /// `tephra import`.
@@ -855,147 +871,207 @@ fn batches(events: Vec<Event>, max: usize) -> Vec<Vec<Event>> {
     out
 }
 
+/// The input of an import, read and validated whole: its events, with where they stand in it.
+struct ImportInput {
+    /// The input's name in messages: its path, or `stdin`.
+    name: String,
+    /// The events, in input order.
+    events: Vec<Event>,
+    /// Each event's line number in the input (1-based).
+    lines: Vec<usize>,
+    /// How many lines the input has in all, skipped ones included.
+    line_count: usize,
+    /// The lines skipped unread (`--skip-lines`).
+    skip_lines: usize,
+}
+
+impl ImportInput {
+    /// Reads and validates the whole input named by `args` (a file, or stdin).
+    ///
+    /// # Errors
+    /// The file cannot be opened; a line is not an event (exit 2); `--skip-lines` is past
+    /// the end of the input (exit 2).
+    fn read(args: &ImportArgs) -> Result<ImportInput, CliError> {
+        let (name, input): (String, Box<dyn BufRead>) = match &args.file {
+            Some(path) if path.as_os_str() != "-" => {
+                let file = File::open(path).map_err(|e| CliError::other(format!("{}: {e}", path.display())))?;
+                (path.display().to_string(), Box::new(BufReader::new(file)))
+            }
+            _ => ("stdin".to_owned(), Box::new(io::stdin().lock())),
+        };
+        let parsed = jsonl::parse_from(input, args.skip_lines).map_err(|e| CliError::usage(format!("{name} {e}")))?;
+        if args.skip_lines > parsed.line_count {
+            return Err(CliError::usage(format!(
+                "--skip-lines {} is more than the {} line{} of {name}",
+                args.skip_lines,
+                parsed.line_count,
+                if parsed.line_count == 1 { "" } else { "s" }
+            )));
+        }
+        let jsonl::Parsed { events, lines, line_count } = parsed;
+        Ok(ImportInput { name, events, lines, line_count, skip_lines: args.skip_lines })
+    }
+
+    /// The `--skip-lines` that resumes after the first `done` events: every line before the
+    /// next event's (blank lines included), or every line once all are appended.
+    fn resume_at(&self, done: u64) -> usize {
+        self.lines.get(done as usize).map_or(self.line_count, |&n| n - 1)
+    }
+}
+
+/// How far an import has got: events and batches appended, at which positions.
+#[derive(Default)]
+struct Imported {
+    done: u64,
+    batches: usize,
+    first: Option<Position>,
+    last: Option<Position>,
+}
+
+impl Imported {
+    /// The error of an import stopped by `sig` before the next batch: what went in, and the
+    /// `--skip-lines` that resumes it.
+    fn interrupted(&self, sig: i32, input: &ImportInput, total: u64) -> CliError {
+        let (done, line_count, name) = (self.done, input.line_count, &input.name);
+        let resume = input.resume_at(done);
+        let skipped = if input.skip_lines > 0 { format!(" (the first {} skipped)", input.skip_lines) } else { String::new() };
+        let appended = match (self.first, self.last) {
+            (Some(a), Some(b)) => format!("appended {done} of its {total} events (positions {a}..={b}; the last position written is {b})"),
+            _ => format!("appended none of its {}", events_word(total)),
+        };
+        // Blank lines before the first event count toward `resume`, not as lines in.
+        let went_in = match resume {
+            _ if done == 0 && input.skip_lines == 0 => "no input line went in".to_owned(),
+            _ if done == 0 => "no further input line went in".to_owned(),
+            r => format!("input lines {}..={r} went in", input.skip_lines + 1),
+        };
+        let message = format!(
+            "import interrupted by {}: read {line_count} line{} of {name}{skipped}, {appended}; {went_in}. Running the import again appends everything again (nothing is deduplicated): to resume, run it again with --skip-lines {resume}",
+            signal_name(sig),
+            if line_count == 1 { "" } else { "s" },
+        );
+        let mut details = serde_json::Map::new();
+        details.insert("lines_read".into(), line_count.into());
+        details.insert("imported".into(), done.into());
+        details.insert("first".into(), self.first.map(Position::get).into());
+        details.insert("last".into(), self.last.map(Position::get).into());
+        details.insert("resume_skip_lines".into(), resume.into());
+        CliError::interrupted(sig, message, details)
+    }
+
+    /// The error of a batch of `batch_len` events that failed with `e`: how far the import got,
+    /// the failed batch's lines, and how to resume.
+    fn failed(&self, e: ClientError, batch_len: usize, input: &ImportInput, total: u64) -> CliError {
+        let (done, name) = (self.done, &input.name);
+        let so_far = match (self.first, self.last) {
+            (Some(a), Some(b)) => format!("{done} of {total} events were appended (positions {a}..={b})"),
+            _ => format!("nothing was appended ({} to go)", events_word(total)),
+        };
+        // Batches go in input order, so the failed one starts at event `done`.
+        let failed = match (input.lines.get(done as usize), input.lines.get(done as usize + batch_len - 1)) {
+            (Some(a), Some(b)) if a == b => format!("; the failed batch is {name} line {a}"),
+            (Some(a), Some(b)) => format!("; the failed batch is {name} lines {a}..={b}"),
+            _ => String::new(),
+        };
+        // Only a lone event is refused for the segments here (larger batches were halved).
+        let hint = match &e {
+            ClientError::Server { code: ErrorCode::TooLarge, message, .. } if tephra::proto::convert::text::batch_size_of(message).is_some() => {
+                " (an event may take at most a quarter of the server's segment.size)"
+            }
+            _ => "",
+        };
+        let mut err = CliError::append("import failed", e);
+        // A lost connection may have lost the answer to an append that went in.
+        let resume = match err.code {
+            4 => format!(
+                "; the failed batch may or may not be in the store (the connection was lost before its answer): check before resuming with --skip-lines {}",
+                input.resume_at(done)
+            ),
+            _ => format!("; to resume from the failed batch, run the import again with --skip-lines {}", input.resume_at(done)),
+        };
+        err.message = format!("{}{hint}; {so_far}{failed}{resume}", err.message);
+        err
+    }
+
+    /// The summary of a finished import: text, or JSON with `--json`.
+    fn summary(&self, g: &Global) -> String {
+        let count = self.batches;
+        if g.json {
+            serde_json::json!({
+                "imported": self.done,
+                "batches": count,
+                "first": self.first.map(Position::get),
+                "last": self.last.map(Position::get),
+            })
+            .to_string()
+        } else {
+            match (self.first, self.last) {
+                (Some(a), Some(b)) => format!("imported {} in {count} batch{} (positions {a}..={b})", events_word(self.done), if count == 1 { "" } else { "es" }),
+                _ => "imported 0 events".to_owned(),
+            }
+        }
+    }
+}
+
+/// Whether an append of more than one event came back refused as too large, so that nothing
+/// of it was appended and it can go again in halves. Over the server's frame cap the server
+/// closed the connection: `client` is then connected again, and refuses later batches over
+/// that cap before sending them.
+fn refused_as_too_large<T>(r: &Result<T, ClientError>, client: &mut tephra::client::Client, g: &Global) -> Result<bool, CliError> {
+    Ok(match r {
+        // Too large for the store's segments (the connection stays open).
+        Err(ClientError::Server { code: ErrorCode::TooLarge, message, .. }) => {
+            // Or over the server's frame cap: it closed the connection.
+            if let Some(cap) = tephra::proto::convert::text::frame_cap_of(message) {
+                *client = connect(g, true)?;
+                client.set_max_frame_len(cap);
+            }
+            true
+        }
+        // Over the cap learned above: refused before anything was sent.
+        Err(ClientError::Frame(tephra::proto::FrameError::TooLong { .. })) => true,
+        _ => false,
+    })
+}
+
 /// `tephra import`: validate the whole input, then append batch by batch.
 pub fn import(g: &Global, args: &ImportArgs) -> Result<(), CliError> {
-    let (name, input): (String, Box<dyn BufRead>) = match &args.file {
-        Some(path) if path.as_os_str() != "-" => {
-            let file = File::open(path).map_err(|e| CliError::other(format!("{}: {e}", path.display())))?;
-            (path.display().to_string(), Box::new(BufReader::new(file)))
-        }
-        _ => ("stdin".to_owned(), Box::new(io::stdin().lock())),
-    };
-    let parsed = jsonl::parse_from(input, args.skip_lines).map_err(|e| CliError::usage(format!("{name} {e}")))?;
-    if args.skip_lines > parsed.line_count {
-        return Err(CliError::usage(format!(
-            "--skip-lines {} is more than the {} line{} of {name}",
-            args.skip_lines,
-            parsed.line_count,
-            if parsed.line_count == 1 { "" } else { "s" }
-        )));
-    }
-    let jsonl::Parsed { events, lines, line_count } = parsed;
+    let mut input = ImportInput::read(args)?;
     // Installed once the input is read, so that a signal while it is still being read (from a
     // pipe or a terminal, which the handlers would not interrupt) ends the process at once,
     // before anything is appended (review: the first Ctrl-C waited for the end of the input).
     let interrupt = Interrupt::install()?;
-    let total = events.len() as u64;
-    // The `--skip-lines` that resumes after the first `done` events: every line before the
-    // next event's (blank lines included), or every line once all are appended.
-    let resume_at = |done: u64| lines.get(done as usize).map_or(line_count, |&n| n - 1);
+    let total = input.events.len() as u64;
     let mut client = connect(g, true)?;
     let bar = progress(total, "events");
-    let (mut done, mut first, mut last, mut count) = (0u64, None::<Position>, None::<Position>, 0usize);
-    let mut queue: std::collections::VecDeque<Vec<Event>> = batches(events, args.batch).into();
+    let mut imported = Imported::default();
+    let mut queue: std::collections::VecDeque<Vec<Event>> = batches(std::mem::take(&mut input.events), args.batch).into();
     while let Some(mut batch) = queue.pop_front() {
         if let Some(sig) = interrupt.caught() {
             bar.abandon();
-            let resume = resume_at(done);
-            let skipped =
-                if args.skip_lines > 0 { format!(" (the first {} skipped)", args.skip_lines) } else { String::new() };
-            let appended = match (first, last) {
-                (Some(a), Some(b)) => format!(
-                    "appended {done} of its {total} events (positions {a}..={b}; the last position written is {b})"
-                ),
-                _ => format!("appended none of its {}", events_word(total)),
-            };
-            // Blank lines before the first event count toward `resume`, not as lines in.
-            let went_in = match resume {
-                _ if done == 0 && args.skip_lines == 0 => "no input line went in".to_owned(),
-                _ if done == 0 => "no further input line went in".to_owned(),
-                r => format!("input lines {}..={r} went in", args.skip_lines + 1),
-            };
-            let message = format!(
-                "import interrupted by {}: read {line_count} line{} of {name}{skipped}, {appended}; {went_in}. Running the import again appends everything again (nothing is deduplicated): to resume, run it again with --skip-lines {resume}",
-                signal_name(sig),
-                if line_count == 1 { "" } else { "s" },
-            );
-            let mut details = serde_json::Map::new();
-            details.insert("lines_read".into(), line_count.into());
-            details.insert("imported".into(), done.into());
-            details.insert("first".into(), first.map(Position::get).into());
-            details.insert("last".into(), last.map(Position::get).into());
-            details.insert("resume_skip_lines".into(), resume.into());
-            return Err(CliError::interrupted(sig, message, details));
+            return Err(imported.interrupted(sig, &input, total));
         }
         let n = batch.len() as u64;
         let r = client.append_refs(&batch, None);
-        if batch.len() > 1 {
-            // Nothing of a batch refused as too large was appended: it goes again in halves.
-            let refused = match &r {
-                // Too large for the store's segments (the connection stays open).
-                Err(ClientError::Server { code: ErrorCode::TooLarge, message, .. }) => {
-                    // Or over the server's frame cap: it closed the connection. Reconnect, and
-                    // let the client refuse later batches over that cap before sending them.
-                    if let Some(cap) = tephra::proto::convert::text::frame_cap_of(message) {
-                        client = connect(g, true)?;
-                        client.set_max_frame_len(cap);
-                    }
-                    true
-                }
-                // Over the cap learned above: refused before anything was sent.
-                Err(ClientError::Frame(tephra::proto::FrameError::TooLong { .. })) => true,
-                _ => false,
-            };
-            if refused {
-                let back = batch.split_off(batch.len() / 2);
-                queue.push_front(back);
-                queue.push_front(batch);
-                continue;
-            }
+        // Nothing of a batch refused as too large was appended: it goes again in halves.
+        if batch.len() > 1 && refused_as_too_large(&r, &mut client, g)? {
+            let back = batch.split_off(batch.len() / 2);
+            queue.push_front(back);
+            queue.push_front(batch);
+            continue;
         }
         let r = r.map_err(|e| {
             bar.abandon();
-            let so_far = match (first, last) {
-                (Some(a), Some(b)) => format!("{done} of {total} events were appended (positions {a}..={b})"),
-                _ => format!("nothing was appended ({} to go)", events_word(total)),
-            };
-            // Batches go in input order, so the failed one starts at event `done`.
-            let failed = match (lines.get(done as usize), lines.get(done as usize + batch.len() - 1)) {
-                (Some(a), Some(b)) if a == b => format!("; the failed batch is {name} line {a}"),
-                (Some(a), Some(b)) => format!("; the failed batch is {name} lines {a}..={b}"),
-                _ => String::new(),
-            };
-            // Only a lone event is refused for the segments here (larger batches were halved).
-            let hint = match &e {
-                ClientError::Server { code: ErrorCode::TooLarge, message, .. } if tephra::proto::convert::text::batch_size_of(message).is_some() => {
-                    " (an event may take at most a quarter of the server's segment.size)"
-                }
-                _ => "",
-            };
-            let mut err = CliError::append("import failed", e);
-            // A lost connection may have lost the answer to an append that went in.
-            let resume = match err.code {
-                4 => format!(
-                    "; the failed batch may or may not be in the store (the connection was lost before its answer): check before resuming with --skip-lines {}",
-                    resume_at(done)
-                ),
-                _ => format!("; to resume from the failed batch, run the import again with --skip-lines {}", resume_at(done)),
-            };
-            err.message = format!("{}{hint}; {so_far}{failed}{resume}", err.message);
-            err
+            imported.failed(e, batch.len(), &input, total)
         })?;
-        first.get_or_insert(r.first);
-        last = Some(r.last);
-        done += n;
-        count += 1;
-        bar.set_position(done);
+        imported.first.get_or_insert(r.first);
+        imported.last = Some(r.last);
+        imported.done += n;
+        imported.batches += 1;
+        bar.set_position(imported.done);
     }
     bar.finish_and_clear();
-    let text = if g.json {
-        serde_json::json!({
-            "imported": done,
-            "batches": count,
-            "first": first.map(Position::get),
-            "last": last.map(Position::get),
-        })
-        .to_string()
-    } else {
-        match (first, last) {
-            (Some(a), Some(b)) => format!("imported {} in {count} batch{} (positions {a}..={b})", events_word(done), if count == 1 { "" } else { "es" }),
-            _ => "imported 0 events".to_owned(),
-        }
-    };
-    writeln!(io::stdout().lock(), "{text}").map_err(CliError::output)
+    writeln!(io::stdout().lock(), "{}", imported.summary(g)).map_err(CliError::output)
 }
 
 #[cfg(test)]

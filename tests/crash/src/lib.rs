@@ -157,6 +157,14 @@ pub struct SoakOpts {
     pub verbose: bool,
 }
 
+impl SoakOpts {
+    /// The soak CI runs: `cycles` over all four workloads, 25 cycles a round, 256 KiB
+    /// segments, a kill 20 to 400 ms into the workload, quiet.
+    pub fn ci(seed: u64, cycles: u64, run_dir: PathBuf) -> SoakOpts {
+        SoakOpts { seed, cycles, workloads: Workload::ALL.to_vec(), round: 25, segment_size: 256 * 1024, kill_ms: (20, 400), run_dir, verbose: false }
+    }
+}
+
 /// What a soak did.
 #[derive(Debug, Default, Clone)]
 pub struct SoakReport {
@@ -644,17 +652,7 @@ fn thread_ticks(pid: u32) -> String {
 /// The first violation.
 pub fn ci(binary: &Path, seed: u64, cycles: u64, run_dir: &Path) -> Result<Vec<String>, Failure> {
     let mut lines = Vec::new();
-    let o = SoakOpts {
-        seed,
-        cycles,
-        workloads: Workload::ALL.to_vec(),
-        round: 25,
-        segment_size: 256 * 1024,
-        kill_ms: (20, 400),
-        run_dir: run_dir.join("soak"),
-        verbose: false,
-    };
-    let r = soak(binary, &o)?;
+    let r = soak(binary, &SoakOpts::ci(seed, cycles, run_dir.join("soak")))?;
     lines.push(format!("soak: {r}"));
     lines.extend(points(binary, seed, run_dir, 64 * 1024)?);
     lines.extend(faults(binary, seed, run_dir, 64 * 1024)?);

@@ -1,0 +1,20 @@
+//! What the integration tests (`tests/*.rs`), the crash harness (`tests/crash`) and the bench
+//! harness (`bench-harness`) share: launching a server binary (ours or the reference) and
+//! waiting for it to listen ([`process`]), a server under test with a watchdog ([`Server`]),
+//! events built from plain values ([`ev`]), raw-frame connections ([`RawConn`]) and TLS
+//! certificates ([`tls`]).
+//!
+//! An integration test uses it as `use tephra_test_support as support;`.
+#![warn(missing_docs)]
+
+pub mod events;
+pub mod process;
+pub mod raw;
+pub mod server;
+pub mod tls;
+
+pub use events::ev;
+pub use process::{parse_listening, scratch_dir, Launch, Process, Readiness};
+pub use raw::{frame_level_error, RawConn};
+pub use server::{crash_points_binary, reference_binary, run_to_exit, stats_until, Exited, Server};
+pub use tls::{ca_self_signed, AUTH_TOML, self_signed, tls_config_with_tokens, tls_server_at_its_connection_cap, tls_toml};
