@@ -1,6 +1,6 @@
 //! The event codec: one event is one data record's payload on disk.
 //!
-//! Layout (reference engine §3.5), all integers little-endian, `n` = tag count:
+//! Layout (docs/format.md §5), all integers little-endian, `n` = tag count:
 //!
 //! ```text
 //! type_len u16 | tag_count u16 | tag_len[0] u16 .. tag_len[n-1] u16 |
@@ -144,7 +144,7 @@ pub struct EventRef<'a> {
 }
 
 impl<'a> EventRef<'a> {
-    /// Validates encoded bytes without copying (reference engine §3.5's checks).
+    /// Validates encoded bytes without copying (docs/format.md §5's checks).
     ///
     /// # Errors
     /// Any [`DecodeError`].
@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn golden_event_bytes_match_the_reference_worked_example() {
-        // reference engine §3.7: `Enrolled` {course:c1, student:s1} payload `{}`
+        // docs/format.md §7: `Enrolled` {course:c1, student:s1} payload `{}`
         let e = Event::new(
             &EventType::new("Enrolled").unwrap(),
             &Tags::new(["student:s1", "course:c1"]).unwrap(),

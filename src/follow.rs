@@ -1,5 +1,5 @@
 //! The follower: a read-only view of a live writer's data directory from another process on the
-//! same host (seed "Running a second process against a live store").
+//! same host (docs/operations.md §10).
 //!
 //! It creates nothing, deletes nothing, writes nothing and takes no lock, so it works against a
 //! live writer, on a directory it cannot write and on a read-only mount; neither side ever waits

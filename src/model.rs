@@ -2,17 +2,17 @@
 //!
 //! Everything here is pure and validated at construction: a value of these types is always
 //! well formed, so the engine and the protocol never re-check it. The rules follow the
-//! reference engine's vocabulary (`reference/tephra-engine.md` §1-§2).
+//! reference engine's vocabulary (docs/protocol.md §1-§2).
 
 use std::fmt;
 
-/// Longest type or tag name, in UTF-8 bytes (65,535; reference engine §1.2).
+/// Longest type or tag name, in UTF-8 bytes (65,535; docs/protocol.md §1.2).
 pub const MAX_NAME_LEN: usize = u16::MAX as usize;
 
 /// A 1-based, dense, global event position. `Position::ZERO` means "before everything".
 ///
 /// Positions are assigned only by the writer; a failed batch consumes none, so the log is
-/// `1..=head` with no hole (reference engine §1.3).
+/// `1..=head` with no hole (docs/protocol.md §1.3).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Position(pub u64);
 
@@ -380,7 +380,7 @@ impl QueryMatcher {
     }
 }
 
-/// A DCB append condition (reference engine §2.3): the append fails if an event with
+/// A DCB append condition (docs/protocol.md §2.3): the append fails if an event with
 /// position > `after` matches `fail_if_events_match` (the boundary clause), or, when the
 /// boundary passes, if any event anywhere matches `fail_if_exists` (the existence clause).
 #[derive(Clone, Debug, PartialEq, Eq)]

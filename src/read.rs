@@ -3,8 +3,8 @@
 //! The writer publishes a watermark (the last durable position) after each commit, after the
 //! segment snapshot and record offsets it covers. A read loads the watermark, then the snapshot,
 //! and never looks past that pinned watermark, so it sees a consistent prefix without taking a
-//! lock across evaluation (reference engine §5.1). Subscriptions are the same read in a loop over
-//! an advancing watermark (§5.4): catch-up and live tailing share one cursor, so there is no gap
+//! lock across evaluation (docs/architecture.md §5.1). Subscriptions are the same read in a loop over
+//! an advancing watermark (docs/architecture.md §5.5): catch-up and live tailing share one cursor, so there is no gap
 //! and no duplicate at the seam.
 
 use crate::event::EventRef;
@@ -481,7 +481,7 @@ impl Cursor {
     }
 }
 
-/// How a read finds its events (reference engine §5.2): decode every position in range, or
+/// How a read finds its events (docs/architecture.md §5.2): decode every position in range, or
 /// take the positions from the indexes and fetch only those.
 enum Plan {
     /// Not chosen yet: the first step chooses (with this scan bias), so a read pins its

@@ -4,7 +4,7 @@
 //! `LOCK`, and starts the writer on a thread of its own. [`StoreHandle`]s are
 //! `Clone + Send` and usable from any thread: `append` blocks until the batch is durable (or
 //! the bounded queue has room), reads run on the caller's thread, pinned to the watermark.
-//! Seed: "Configuring the embedded engine", "Durability", "Backpressure".
+//! See docs/architecture.md §4.
 
 use crate::event::Event;
 use crate::log::lock::DirLock;

@@ -23,7 +23,7 @@ fn expect_refused_at_the_cap<C: tephra::client::async_client::Connector>(held: t
     drop(held);
 }
 
-/// A server at its connection cap closes new connections without a word (reference §1.9);
+/// A server at its connection cap closes new connections without a word (docs/protocol.md §11);
 /// the async client names that likely cause, as the blocking client does.
 #[test]
 fn a_server_at_its_connection_cap_is_named_as_a_likely_cause() {

@@ -181,7 +181,7 @@ fn expect_refused_at_the_cap(srv: &Server, held: tephra::client::Client, args: &
     drop(held);
 }
 
-/// A server at its connection cap closes new connections without a word (reference §1.9);
+/// A server at its connection cap closes new connections without a word (docs/protocol.md §11);
 /// the CLI says what that usually means.
 #[test]
 fn a_server_at_its_connection_cap_is_named_as_a_likely_cause() {

@@ -1,4 +1,4 @@
-//! Data-directory compatibility with the reference, both ways (DESIGN "same data directory").
+//! Data-directory compatibility with the reference, both ways (docs/compatibility.md §1).
 //!
 //! 1. The REFERENCE server writes a store (small segments, so it rolls over several times);
 //!    our engine opens the directory and reads every event back equal.

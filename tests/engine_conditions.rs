@@ -1,4 +1,4 @@
-//! The append-condition verdict against a brute-force oracle (reference engine §2.3, §4.3).
+//! The append-condition verdict against a brute-force oracle (docs/protocol.md §2.3, docs/architecture.md §4.3).
 //!
 //! Random histories (few types, few tags, random tag subsets, multi-event batches) go into
 //! stores with tiny segments, so the history crosses segment boundaries; random conditions

@@ -2,7 +2,7 @@
 //! acknowledged range in a witness file; the parent SIGKILLs it at a random moment, reopens the
 //! store and checks that every acknowledged event is present byte for byte at its acknowledged
 //! position, that positions `1..=head` have no hole, and that the next append lands at
-//! `head + 1` (seed "Durability": nobody is answered before the batch is durable).
+//! `head + 1` (docs/architecture.md §4.1: nobody is answered before the batch is durable).
 //!
 //! The witness is written with one `write(2)` per line and no fsync: the child is killed, not
 //! the machine, so the page cache keeps every completed write.

@@ -1,5 +1,5 @@
-//! The indexes and the planner change speed, never answers (seed `read.scan_bias`; reference
-//! engine §5.2), and a corrupt index is not fatal (§3.8).
+//! The indexes and the planner change speed, never answers (docs/architecture.md
+//! §5.2), and a corrupt index is not fatal (docs/format.md §8).
 //!
 //! - A differential property test: the same random history goes into three stores with tiny
 //!   segments (so it spans many segments) under `scan_bias` 1 (always the index), 4 (the

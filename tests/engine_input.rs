@@ -1,4 +1,4 @@
-//! Bad input (reference engine §1.2, §1.4): invalid names and tag sets are refused at
+//! Bad input (docs/protocol.md §1.2, §1.4): invalid names and tag sets are refused at
 //! construction; oversized records and batches, empty appends, `after` beyond the tip and
 //! conflicts are refused by the store. Each refusal changes nothing: the head, the stats and
 //! every segment byte stay as they were, and the next append lands at `head + 1`.
@@ -64,7 +64,7 @@ fn maximal_names_round_trip_through_the_store() {
 #[test]
 fn oversized_records_and_batches_empty_appends_and_bad_conditions_change_nothing() {
     let d = dir();
-    // 4096-byte segments: max_record_len 1024, capacity 4032 (reference engine §1.4).
+    // 4096-byte segments: max_record_len 1024, capacity 4032 (docs/protocol.md §1.4).
     let s = Store::open(d.path(), cfg(4096)).unwrap();
     let h = s.handle();
     h.append(vec![ev("A", &["k"], b"seed")], None).unwrap();
@@ -103,7 +103,7 @@ fn oversized_records_and_batches_empty_appends_and_bad_conditions_change_nothing
         )
     });
     // An oversized append with a condition: the condition is judged first, as the reference
-    // judges its oversized (solo) batch before the write refuses it (reference engine §4.2;
+    // judges its oversized (solo) batch before the write refuses it (docs/protocol.md §2.4;
     // the differential test found TOO_LARGE where the reference said AFTER_BEYOND_TIP).
     for (what, events) in [("oversized record", vec![rec(1012)]), ("oversized batch", vec![rec(1011); 4])] {
         unchanged(&s, what, |h| {

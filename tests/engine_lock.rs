@@ -1,4 +1,4 @@
-//! The `LOCK` file (seed "The LOCK file", reference engine §3.9): one writer per directory,
+//! The `LOCK` file (docs/format.md §9): one writer per directory,
 //! in-process and across processes, and a refused in-process open must not release the
 //! holder's POSIX record lock (the reference's bug). Cross-process checks run in child
 //! processes (this test binary re-run in a child mode), because reading `LOCK` from this

@@ -1,4 +1,4 @@
-//! Reads and subscriptions (reference engine §2.2, §5): stateless pagination in both
+//! Reads and subscriptions (docs/protocol.md §2.2, docs/architecture.md §5): stateless pagination in both
 //! directions tiles the matches with no gap or duplicate, reads are pinned to the watermark
 //! loaded when they start, and a subscription's catch-up and live phases meet with no gap or
 //! duplicate while a writer appends concurrently.

@@ -1,5 +1,5 @@
-//! Recovery at file level: stop the store, damage its files, reopen (seed "Crash recovery and
-//! startup", reference engine §6, including the reference's bugs of §6.3 we must not have).
+//! Recovery at file level: stop the store, damage its files, reopen (docs/format.md §10,
+//! and the reference's bugs we must not have, docs/compatibility.md §2).
 //!
 //! The three outcomes stay distinct: a torn tail of the last batch rolls back (reported through
 //! `open_outcome()`, zeroed on disk so it never returns); damage followed by committed data,
@@ -318,7 +318,7 @@ fn torn_first_batch_of_a_fresh_segment_rolls_back_to_the_previous_segment() {
     assert_rolled_back_then_healthy(d.path(), 512, &all[..all.len() - 2], want);
 }
 
-/// The reference's §6.3 follow-up: after a rollback, a new, shorter batch must not leave the
+/// The reference's follow-up bug (docs/compatibility.md §2.4): after a rollback, a new, shorter batch must not leave the
 /// stale records behind it on disk to be found again on the next restart. (The writer zeroes
 /// the rest of the block it writes, so the stale records here reach past that block.)
 #[test]
@@ -353,7 +353,7 @@ fn rolled_back_records_never_come_back_after_a_shorter_append() {
 
 /// Any single flipped byte in a committed batch that is followed by a later committed batch in
 /// the active segment is refused with the file and the damaged record's offset: rolling it back
-/// would drop acknowledged events (the reference silently does, §6.3).
+/// would drop acknowledged events (the reference silently does, docs/compatibility.md §2.1).
 #[test]
 fn a_flipped_byte_before_a_committed_batch_is_refused_with_file_and_offset() {
     let d = dir();

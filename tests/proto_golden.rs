@@ -1,4 +1,4 @@
-//! Byte-layout locks for protocol v1 (spec §1.2-§1.3).
+//! Byte-layout locks for protocol v1 (docs/protocol.md §4-§5).
 //!
 //! Every live byte example from the spec is here, encoded *and* decoded. If one of these
 //! fails, the wire format changed: fix the code, never the expected bytes.

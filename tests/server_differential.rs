@@ -16,12 +16,12 @@
 //!
 //! - stats: `version` and `uptime_seconds` are not compared (they legitimately differ), and
 //!   `disk_bytes` is compared less the size of each server's `LOCK` file (it holds the
-//!   server's pid as text, so its length follows the pid; reference protocol §2.11 counts it);
+//!   server's pid as text, so its length follows the pid; docs/protocol.md §12 counts it);
 //!   `active_connections` / `active_subscriptions` are read once both have settled (a closed
 //!   subscriber connection is noticed within a wait tick);
 //! - pipelined appends (`Burst`): a condition conflict against an append of the same burst may
 //!   be reported as same-batch (retryable, no position) or durable (with a position),
-//!   depending on whether the two landed in one group commit (reference protocol §1.6); the
+//!   depending on whether the two landed in one group commit (docs/protocol.md §8); the
 //!   code and which append fails must still agree.
 //!
 //! On a divergence the test prints the op index, the op and both answers, and fails. After a
@@ -59,7 +59,7 @@
 //! back on its own directory, which the other has written to, must serve full reads and stats
 //! as the other left them, and append at head + 1. Index files are each server's own
 //! (ours `tagindex/*.tix`, the reference's `index/*.idx`; neither reads the other's) and our
-//! spare `segment.prep` is no segment to the reference (engine §3.1 discovery), so none of
+//! spare `segment.prep` is no segment to the reference (docs/format.md §1 discovery), so none of
 //! that is normalised beyond the spare's size in `disk_bytes` (README: "Stats `disk_bytes`
 //! counts the spare segment").
 //!
@@ -77,7 +77,7 @@
 //! Divergence found and fixed (`differential_repro_too_large_vs_condition` keeps it fixed, and
 //! the random 256 KiB-segment run meets it): an append too large for the segment (an event
 //! over a quarter segment, or a batch over the segment) whose condition also fails got
-//! `TOO_LARGE` from ours; the reference judges `after` and the condition first (engine §4.2:
+//! `TOO_LARGE` from ours; the reference judges `after` and the condition first (docs/protocol.md §2.4:
 //! they are answered while the drain is processed, before `append_batch` finds the size) and
 //! answers `AFTER_BEYOND_TIP`, `CONFLICT` or `ALREADY_EXISTS`, as ours now does.
 
@@ -1216,8 +1216,8 @@ fn disk_stats(items: &[Item]) -> String {
     }
 }
 
-/// Stops `side` with SIGTERM (a graceful shutdown, exit 0 for both servers: reference
-/// protocol §2.12) and waits for it; its data directory stays.
+/// Stops `side` with SIGTERM (a graceful shutdown, exit 0 for both servers:
+/// docs/operations.md §9) and waits for it; its data directory stays.
 fn stop_gracefully(side: &mut Side) -> Result<(), String> {
     side.srv.signal(libc::SIGTERM);
     match side.srv.wait_exit(Duration::from_secs(10)) {
@@ -1257,7 +1257,7 @@ fn both<T: Send>(a: &mut Side, b: &mut Side, f: impl Fn(&mut Side) -> T + Sync) 
     })
 }
 
-/// Whether `e` (as read back) matches `item` (reference engine §2.1: one of the types, or any
+/// Whether `e` (as read back) matches `item` (docs/protocol.md §2.1: one of the types, or any
 /// if none, and every tag).
 fn item_matches(item: &proto::QueryItem, e: &Ev) -> bool {
     (item.types.is_empty() || item.types.contains(&e.1)) && item.tags.iter().all(|t| e.2.contains(t))
@@ -1372,7 +1372,7 @@ fn cross_open(label: &str, ours: &mut Side, refr: &mut Side) -> Vec<String> {
         let want = ReadView { events: vec![(head + 1, e.r#type, e.tags, e.payload)], end: format!("ReadEnd wm={}", head + 1) };
         got.push(("read after the old head".to_string(), format!("{:?}", back), format!("{want:?}")));
         // A batch that fits only in an empty segment (three records of a quarter segment and
-        // one a little smaller, reference engine §1.4, §3.6), so the server rolls over from
+        // one a little smaller, docs/protocol.md §1.4, docs/format.md §2.2), so the server rolls over from
         // the segment the other server left active (and, ours, claims its spare in a directory
         // the reference wrote); only where it fits in a frame (segments of 1 MiB at most).
         let seg = segment_size(&s.env);
@@ -1753,7 +1753,7 @@ fn all() -> Option<proto::Query> {
 
 /// The minimal repro of divergence 1 (seeds 0x5eed0002 ops 46, 53, 76): an append that is
 /// too large for the segment (one record over a quarter segment, or a batch over the whole
-/// segment) AND whose condition fails. The reference judges the condition first (engine §4.2:
+/// segment) AND whose condition fails. The reference judges the condition first (docs/protocol.md §2.4:
 /// `AFTER_BEYOND_TIP` and conflicts are answered while processing the drain, before the
 /// `append_batch` call that finds the size), so it answers `AFTER_BEYOND_TIP` / `CONFLICT` /
 /// `ALREADY_EXISTS`; ours answered `TOO_LARGE` up front (fixed: the writer now judges the

@@ -1,6 +1,6 @@
 //! Our `tephra-server` reaping connections: the frame, handshake and idle timers, TLS
 //! handshakes and records still arriving, keepalive settings, and timeouts too large to mean
-//! anything but "never". Reference protocol §2.1-§2.12; seed "Connection limits and reaping".
+//! anything but "never". See docs/operations.md §4.
 
 use tephra_test_support as support;
 mod server_util;
@@ -238,7 +238,7 @@ fn the_idle_timeout_reaps_a_stalled_partial_frame_when_the_frame_timer_is_off() 
 }
 
 /// A frame that keeps arriving is activity: a slow upload is not idle, only a stalled one is
-/// (reference protocol §2.7). Review: a 1 MB append sent in 40 KB pieces every 200 ms was
+/// (docs/operations.md §4.4). Review: a 1 MB append sent in 40 KB pieces every 200 ms was
 /// reaped under idle_secs = 2 and lost; the reference acknowledged it.
 #[test]
 fn a_frame_still_arriving_is_not_idle() {

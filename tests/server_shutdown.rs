@@ -87,7 +87,7 @@ fn sigterm_flushes_every_acknowledged_event_ends_subscriptions_and_exits_zero() 
 
 #[test]
 fn a_second_signal_during_a_slow_shutdown_exits_143() {
-    // An idle subscription notices a shutdown on its next wait tick (reference §1.6, §2.5), so
+    // An idle subscription notices a shutdown on its next wait tick (docs/protocol.md §8, docs/operations.md §4.2), so
     // with a 5 s tick the graceful path takes seconds: time for the second signal.
     let mut srv = Server::start(&bin(), &[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "5000")]);
     let mut raw = RawConn::connect_hello(srv.addr);

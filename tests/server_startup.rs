@@ -1,6 +1,6 @@
 //! Our `tephra-server` starting: unknown configuration keys, the readiness line, the log filter,
 //! the batch budget clamp, the data directory lock and the previous server of a directory,
-//! the shard count, and the help words. Reference protocol §2.1 (startup order).
+//! the shard count, and the help words. See docs/operations.md §1.3 (start-up order).
 
 use tephra_test_support as support;
 mod server_util;
@@ -39,7 +39,7 @@ fn the_readiness_line_names_the_bound_port_on_stdout() {
     assert!(opened.contains("took_ms="), "{opened}");
     // And the port is really served.
     Client::connect(srv.addr).unwrap().stats().unwrap();
-    // The reference's exact line (target `tephra_server`, the address last; reference §2.1):
+    // The reference's exact line (target `tephra_server`, the address last; docs/operations.md §1.3):
     // a harness filtering the logs down to that target still sees it (review: it did not).
     let line = line.trim_end();
     assert!(line.ends_with(&format!("INFO tephra_server: tephra server listening addr=127.0.0.1:{}", srv.addr.port())), "{line}");
@@ -95,7 +95,7 @@ fn an_empty_log_filter_logs_nothing_like_the_reference_and_says_so_on_stderr() {
 
 #[test]
 fn a_batch_budget_over_the_segment_is_clamped_with_one_line_and_zero_with_its_own() {
-    // 64 KiB segments: the default 8 MiB budget is clamped (reference §2.1, startup order),
+    // 64 KiB segments: the default 8 MiB budget is clamped (docs/operations.md §1.3, startup order),
     // and said once, not once by the binary and again by the writer.
     let srv = Server::start(&bin(), &[("TEPHRA__SEGMENT__SIZE", "65536")]);
     let mut c = Client::connect(srv.addr).unwrap();

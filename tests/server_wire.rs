@@ -1,7 +1,7 @@
 //! Our `tephra-server` binary at the wire level, beyond the shared conformance cases: error paths
 //! and close rules with raw frames, read and subscription admission, pipelined append floods, and
-//! the control lane overtaking a large read (TCP and TLS). Reference protocol §1.4-§1.9, §2.4;
-//! seed "Backpressure".
+//! the control lane overtaking a large read (TCP and TLS). See docs/protocol.md §6-§11,
+//! docs/operations.md §4.1.
 
 use tephra_test_support as support;
 
@@ -166,7 +166,7 @@ fn cancel_stops_a_subscription_without_a_terminator() {
     assert_eq!(r.request_id, 4, "unexpected frame after the cancel: {r:?}");
 }
 
-/// Two subscriptions under one request id (the server does not check ids, protocol §1.5): a
+/// Two subscriptions under one request id (the server does not check ids, docs/protocol.md §7): a
 /// cancel of that id stops both, where the reference's stops only the later one; and the
 /// first one ending on its own does not make the second uncancellable.
 #[test]
@@ -700,7 +700,7 @@ fn closing_connections_with_reads_in_flight_leaves_the_server_healthy() {
     assert!(all.iter().enumerate().all(|(i, e)| e.position.get() == i as u64 + 1 && e.event.data() == vec![(i / 16) as u8; 8 * 1024].as_slice()));
 }
 
-/// Seed "Backpressure": a slow read never blocks a connection's other requests. One shard
+/// docs/operations.md §4.1: a slow read never blocks a connection's other requests. One shard
 /// serves a connection with many pipelined reads that scan 300k events and match none (their
 /// tag is on every event, so the planner scans) and another that appends one event at a time.
 /// The appends must keep being answered while the reads run: before reads ran in bounded steps

@@ -1,5 +1,5 @@
-//! The append workload of the reference's published table (spec §5 of
-//! `tephra-protocol-server.md`): every request is a batch of `batch` events of
+//! The append workload of the reference's published table (docs/benchmarks.md §2,
+//! after the reference's harness): every request is a batch of `batch` events of
 //! `event_size` zero bytes; all events of a request share one tag and one type; the tag
 //! is `stream-<uuid>-`, renewed every [`APPENDS_PER_STREAM`] appends; the type rotates
 //! through `test-0` .. `test-9`. A conditional request carries the condition

@@ -2,7 +2,7 @@
 //! placement of shards on CPUs, and the locked-memory set-up glommio needs. It knows nothing
 //! about events.
 //!
-//! glommio is pinned to `=0.9.0` (DESIGN "Boxes"); everything runtime-specific that the
+//! glommio is pinned to `=0.9.0` (docs/architecture.md §6); everything runtime-specific that the
 //! server needs goes through this crate so the runtime stays swappable: its executors
 //! ([`spawn_executor`], [`Executor`]), tasks ([`spawn`], [`spawn_bulk`], [`Task`]), timers
 //! ([`sleep`]), network types ([`net`]) and synchronisation ([`sync`]). Every task spawned

@@ -152,7 +152,7 @@ fn init_logging(settings: &Settings) {
 }
 
 /// Says which settings are clamped or defeat themselves, as the reference warns of every clamp
-/// (protocol spec §2.1, startup order), and raises the open-files limit for the connection cap
+/// (docs/operations.md §1.3, startup order), and raises the open-files limit for the connection cap
 /// ([`open_files_for`]). The default batch budget (8 MiB) over a small segment.size is the
 /// expected case, not a mistake: it is said at info (new-user review); a configured budget
 /// that does not fit is warned of.
@@ -269,7 +269,7 @@ fn healthcheck(settings: &Settings) -> ExitCode {
 }
 
 /// Every step of the healthcheck (dial, TLS handshake, each read and write) is bounded by this
-/// (reference §2.10), so a server that accepts and then says nothing fails instead of hanging.
+/// (docs/operations.md §7), so a server that accepts and then says nothing fails instead of hanging.
 const HEALTHCHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Dials the configured address, completes the Hello (id 1) and one Stats (id 2) with raw

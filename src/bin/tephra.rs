@@ -212,7 +212,7 @@ impl CliError {
                 format!("{context}: {err} (the server's frame cap, server.max_frame_len)")
             }
             // The reference's protocol ends a connection at shutdown by closing it, with no
-            // frame (protocol spec §2.12), so this is all a client can know.
+            // frame (docs/operations.md §9), so this is all a client can know.
             ClientError::UnexpectedEof => format!(
                 "{context}: the server closed the connection (a server shutting down or restarting does that; so does one that ended this connection for idling or a limit)"
             ),
@@ -256,7 +256,7 @@ impl CliError {
 
 /// A refused append condition in words: which query matched and where (the server's own text
 /// is the reference's, `append condition conflict (Boundary, Durable(Position(7)))`, pinned
-/// for compatibility; protocol spec §2.3). Nothing of the append was written either way.
+/// for compatibility; docs/protocol.md §2.3). Nothing of the append was written either way.
 fn condition_failed(code: ErrorCode, retryable: bool, position: Option<u64>) -> String {
     let (name, query) = match code {
         ErrorCode::Conflict => ("CONFLICT", "the condition's query (--if-type/--if-tag, after --after)"),

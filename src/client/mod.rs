@@ -1,4 +1,4 @@
-//! The native blocking client (spec §3.3).
+//! The native blocking client (docs/protocol.md §13.2).
 //!
 //! [`Client`] owns one TCP (optionally TLS) connection and keeps **one request in flight**:
 //! every method takes `&mut self` and returns once the answer is in, or hands back a stream
@@ -8,7 +8,7 @@
 //! Compared with the reference client:
 //! - a subscription is cancelled by [`SubscribeCancel::cancel`], from any thread; the stream
 //!   then sends a `CancelRequest` and ends, and the connection stays usable (frames that
-//!   still arrive for an abandoned request id are skipped, spec §1.5);
+//!   still arrive for an abandoned request id are skipped, docs/protocol.md §7);
 //! - dropping an unfinished [`SubscribeStream`] also sends a `CancelRequest`;
 //! - dropping an unfinished [`ReadStream`] sends a `CancelRequest` too (the reference's
 //!   client reads on to the `ReadEnd`, however long the read).
@@ -85,7 +85,7 @@ pub enum ClientError {
     /// an id it never used, or a malformed event.
     #[error("protocol error: {0}")]
     Protocol(String),
-    /// The server answered with an `ErrorResponse` (spec §1.9).
+    /// The server answered with an `ErrorResponse` (docs/protocol.md §11).
     #[error("server error {code}: {message}")]
     Server {
         /// The error code; unknown codes read as [`ErrorCode::Unspecified`].
@@ -141,10 +141,10 @@ impl ClientError {
         ClientError::Protocol(format!("expected {wanted}, got a {got} response"))
     }
 
-    /// How a failed Hello surfaces from `connect*` (spec §3.2): `UNAUTHENTICATED` becomes
+    /// How a failed Hello surfaces from `connect*` (docs/protocol.md §13.1): `UNAUTHENTICATED` becomes
     /// `PermissionDenied`, transport errors pass through, a close becomes `UnexpectedEof`,
     /// anything else `InvalidData`. A close or a reset before the answer says what usually
-    /// causes it (reference §1.9: a server over `server.limits.max_connections` closes new
+    /// causes it (docs/protocol.md §11: a server over `server.limits.max_connections` closes new
     /// connections without a frame).
     fn into_connect_error(self) -> io::Error {
         match self {
@@ -215,12 +215,12 @@ pub struct AppendResult {
 pub enum SubEvent {
     /// A matching event.
     Event(SequencedEvent),
-    /// The subscription reached the live edge; the position is its cursor (spec §1.6).
+    /// The subscription reached the live edge; the position is its cursor (docs/protocol.md §8).
     /// Sent at most once per live edge; watermarks never decrease.
     CaughtUp(Position),
 }
 
-/// Server statistics (spec §2.11).
+/// Server statistics (docs/protocol.md §12).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Durable head position (= event count).
@@ -324,7 +324,7 @@ pub enum ConnectStep {
 /// connection before answering the Hello (a server at its connection limit, ...; so do a
 /// TLS server reached without TLS and a server whose `server.max_frame_len` is too small for
 /// its answer)", or
-/// "... during the TLS handshake (...)". Reference §1.9: a server over
+/// "... during the TLS handshake (...)". docs/protocol.md §11: a server over
 /// `server.limits.max_connections` closes new connections without a frame, and a TLS server
 /// does so before its handshake is done.
 pub fn closed_before_hello(step: ConnectStep) -> String {
@@ -382,7 +382,7 @@ impl Client {
     }
 
     /// Connects over plain TCP (with `TCP_NODELAY`) and performs the Hello, carrying
-    /// `auth_token` when given (spec §1.4).
+    /// `auth_token` when given (docs/protocol.md §6).
     ///
     /// # Errors
     /// Transport errors as they are; `PermissionDenied` when the server answers
@@ -421,7 +421,7 @@ impl Client {
         Client::tls(dial_within(addr, timeout)?, server_name, tls_config, auth_token, Some(timeout))
     }
 
-    /// Connects over TLS (implicit: the TLS handshake comes first, spec §1.1), verifying
+    /// Connects over TLS (implicit: the TLS handshake comes first, docs/protocol.md §3), verifying
     /// the certificate for `server_name`, then performs the Hello without a token.
     ///
     /// # Errors
@@ -562,8 +562,8 @@ impl Client {
         Ok(id)
     }
 
-    /// The error a failed send reports: a server that refuses a frame (one over its cap, spec
-    /// §1.9) answers with an id-0 error and closes while the frame is still being written, and
+    /// The error a failed send reports: a server that refuses a frame (one over its cap, docs/protocol.md
+    /// §11) answers with an id-0 error and closes while the frame is still being written, and
     /// the write then fails with a broken pipe or a reset. The answer is usually still in the
     /// receive buffer: read it (waiting at most a second) and report it instead of the write's
     /// error. Any other failure, or no such answer, reports `e`.
@@ -592,7 +592,7 @@ impl Client {
     }
 
     /// Sorts a response: `None` for a late frame of an abandoned request (skip it),
-    /// otherwise the answer to `id`. Id 0 counts as ours (an unattributed error, spec §1.9).
+    /// otherwise the answer to `id`. Id 0 counts as ours (an unattributed error, docs/protocol.md §11).
     fn accept(&self, resp: Response, id: u64) -> Option<Result<response::Kind, ClientError>> {
         if resp.request_id != id && resp.request_id != 0 {
             if resp.request_id < id {
@@ -626,7 +626,7 @@ impl Client {
     }
 
     /// Appends `events` as one atomic batch, optionally guarded by `condition`
-    /// (spec §1.6), and waits until the batch is durable.
+    /// (docs/protocol.md §8), and waits until the batch is durable.
     ///
     /// # Errors
     /// [`ClientError::Server`] with `CONFLICT` / `ALREADY_EXISTS` (condition fired;
@@ -747,7 +747,7 @@ impl Client {
         Ok((SubscribeStream::new(self, id, shared), cancel))
     }
 
-    /// Sends a `CancelRequest` for `target` (no answer is expected, spec §1.5).
+    /// Sends a `CancelRequest` for `target` (no answer is expected, docs/protocol.md §7).
     fn send_cancel(&mut self, target: u64) -> Result<(), ClientError> {
         self.send(request::Kind::Cancel(proto::CancelRequest { target })).map(|_| ())
     }

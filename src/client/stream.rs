@@ -10,12 +10,12 @@ use super::{CancelShared, Client, ClientError, SequencedEvent, SubEvent};
 use crate::model::Position;
 use crate::proto::{self, response};
 
-/// The events of one read, in order (spec §1.6): an iterator of
+/// The events of one read, in order (docs/protocol.md §8): an iterator of
 /// `Result<SequencedEvent, ClientError>` that borrows the client.
 ///
 /// After the last event, [`watermark`](Self::watermark) gives the durable tip the read was
 /// pinned to. An error ends the stream. Dropping it before the end sends a `CancelRequest`
-/// for the read (spec §1.5): the server stops streaming it, and whatever of it is still on its
+/// for the read (docs/protocol.md §7): the server stops streaming it, and whatever of it is still on its
 /// way is skipped by the client's next call (frames of an abandoned request id are), so the
 /// connection stays usable without reading the rest of a long read.
 pub struct ReadStream<'a> {
@@ -113,7 +113,7 @@ impl Drop for ReadStream<'_> {
     }
 }
 
-/// A live subscription (spec §1.6): an iterator of `Result<SubEvent, ClientError>` that
+/// A live subscription (docs/protocol.md §8): an iterator of `Result<SubEvent, ClientError>` that
 /// borrows the client and does not end by itself.
 ///
 /// It ends (yields `None`) after [`SubscribeCancel::cancel`](super::SubscribeCancel::cancel),

@@ -1,5 +1,5 @@
 //! Ready-made rustls client configurations for [`Client::connect_tls`](super::Client::connect_tls)
-//! (spec §3.5). Both use the `ring` crypto provider, rustls' safe default protocol versions
+//! (docs/protocol.md §13.4). Both use the `ring` crypto provider, rustls' safe default protocol versions
 //! (the reference server speaks TLS 1.3 only), no ALPN and no client certificate.
 
 use std::fs::File;

@@ -1,5 +1,5 @@
-//! The `tephra-server` command line. Seed: "Configuring the server", "Monitoring";
-//! reference §2.1, §2.10.
+//! The `tephra-server` command line. See
+//! docs/operations.md §1, §7.
 
 use std::path::PathBuf;
 

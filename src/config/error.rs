@@ -5,8 +5,8 @@ use std::io;
 use std::path::PathBuf;
 
 /// Why the settings could not be resolved. `Display` is the complete, single-line message; the
-/// binary prints it as `configuration error: <message>` and exits with code 1 (reference §2.2,
-/// §2.12). Messages that the reference prints verbatim (the validation rules, the missing-file
+/// binary prints it as `configuration error: <message>` and exits with code 1 (docs/operations.md §2,
+/// docs/operations.md §9). Messages that the reference prints verbatim (the validation rules, the missing-file
 /// message, serde's ``unknown field `x` `` wording) are kept verbatim.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

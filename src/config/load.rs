@@ -6,7 +6,7 @@
 //! reported the same way whichever source they came from. Each source is also checked on its own
 //! first, so an error names the file position or the variable at fault. Then the flags are
 //! applied and the result is validated.
-//! Seed: "Configuring the server"; reference §2.1.
+//! See docs/operations.md §1.2.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -77,7 +77,7 @@ impl From<&ServerArgs> for Overrides {
 /// Errors: [`ConfigError::FileNotFound`] (`configuration file "/x.toml" not found`),
 /// [`ConfigError::FileUnreadable`], [`ConfigError::Syntax`], [`ConfigError::EnvName`],
 /// [`ConfigError::Schema`] (unknown key, wrong type), [`ConfigError::Invalid`] (a validation
-/// rule). Seed: "Configuring the server"; reference §2.1, §2.10.
+/// rule). See docs/operations.md §1.2, §7.
 pub fn resolve(
     args: &ServerArgs,
     env: impl IntoIterator<Item = (String, String)>,

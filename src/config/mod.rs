@@ -17,8 +17,7 @@
 //! assert_eq!(settings.server.keepalive.idle_secs, 5);
 //! ```
 //!
-//! Seed: "Operations → Configuring the server", "Transport security and authentication";
-//! reference `tephra-protocol-server.md` §2.1, §2.2, §2.10.
+//! Documented in docs/operations.md §1, §2, §5-§7.
 
 #![warn(missing_docs)]
 

@@ -2,8 +2,7 @@
 //!
 //! Field names are the TOML keys. Every struct carries `#[serde(default, deny_unknown_fields)]`,
 //! so a key that is left out keeps its default and a key that does not exist is an error.
-//! Seed: "Operations → Configuring the server" and "Transport security and authentication";
-//! reference: `tephra-protocol-server.md` §2.2.
+//! Every key is documented in docs/operations.md §2.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
@@ -62,7 +61,7 @@ pub const fn segment_size_fits(size: u64) -> bool {
 /// identical to an empty file. Use [`resolve`](super::resolve) to build one from the real sources
 /// and [`Settings::validate`] before using a hand-built one.
 ///
-/// Seed: "Configuring the server"; reference §2.1–§2.2.
+/// See docs/operations.md §1-§2.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -153,7 +152,7 @@ impl Default for JournalSettings {
     }
 }
 
-/// `[segment]`: how big each log segment file is. Seed: "Configuring the server".
+/// `[segment]`: how big each log segment file is. See docs/operations.md §2.2.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SegmentSettings {
@@ -184,8 +183,8 @@ impl SegmentSettings {
     }
 }
 
-/// `[writer]`: the single writer's queue and group commit. Seed: "Configuring the server",
-/// "Backpressure".
+/// `[writer]`: the single writer's queue and group commit. See docs/operations.md
+/// §2.2, §4.1.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WriterSettings {
@@ -218,13 +217,13 @@ impl Default for WriterSettings {
     }
 }
 
-/// `[read]`: the planner. Seed: "Configuring the embedded engine".
+/// `[read]`: the planner. See docs/operations.md §2.2.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReadSettings {
     /// `read.scan_bias`: the planner uses the index only when the candidate range is at least
     /// this many times the estimated result count. Default 4; 0 and 1 always take the index,
-    /// `u32::MAX` always scans (reference engine, "the planner"). Changes speed, never results.
+    /// `u32::MAX` always scans (docs/architecture.md §5.2). Changes speed, never results.
     pub scan_bias: u32,
 }
 
@@ -234,8 +233,8 @@ impl Default for ReadSettings {
     }
 }
 
-/// `[server]`: the network server and its sub-tables. Seed: "Configuring the server",
-/// "Backpressure", "Connection limits and reaping".
+/// `[server]`: the network server and its sub-tables. See docs/operations.md
+/// §2.2, §4.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerSettings {
@@ -271,13 +270,13 @@ impl Default for ServerSettings {
 }
 
 /// `[server.reads]`: how streamed reads are cut into frames and how many threads serve them.
-/// Seed: "Backpressure"; reference §1.7, §2.3.
+/// See docs/protocol.md §9, docs/architecture.md §3.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReadsSettings {
     /// `server.reads.batch_events`: a streamed read or subscription sends a frame once it holds
     /// this many events. Default 1,024; 0 acts as 1 (checked after each event, as in the
-    /// reference's §1.7).
+    /// reference, docs/protocol.md §9).
     pub batch_events: usize,
     /// `server.reads.batch_bytes`: ... or once its buffered events reach this many bytes.
     /// Default 524,288 (512 KiB); 0 acts as 1.
@@ -308,7 +307,7 @@ impl ReadsSettings {
     }
 }
 
-/// `[server.subscriptions]`: live subscriptions. Seed: "Backpressure"; reference §2.5.
+/// `[server.subscriptions]`: live subscriptions. See docs/operations.md §4.2.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SubscriptionSettings {
@@ -336,7 +335,7 @@ impl SubscriptionSettings {
     }
 }
 
-/// `[server.backpressure]`: per-connection budgets. Seed: "Backpressure"; reference §2.4.
+/// `[server.backpressure]`: per-connection budgets. See docs/operations.md §4.1.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BackpressureSettings {
@@ -360,7 +359,7 @@ impl Default for BackpressureSettings {
     }
 }
 
-/// `[server.limits]`: server-wide limits. Seed: "Connection limits and reaping"; reference §2.6.
+/// `[server.limits]`: server-wide limits. See docs/operations.md §4.3.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitSettings {
@@ -385,8 +384,8 @@ impl LimitSettings {
     }
 }
 
-/// `[server.keepalive]`: TCP keepalive, always on. Seed: "Connection limits and reaping";
-/// reference §2.7.
+/// `[server.keepalive]`: TCP keepalive, always on. See
+/// docs/operations.md §4.4.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KeepaliveSettings {
@@ -424,7 +423,7 @@ impl KeepaliveSettings {
 }
 
 /// `[server.timeouts]`: reaping connections that stop making progress. Every value is in
-/// seconds and 0 disables it. Seed: "Connection limits and reaping"; reference §2.7.
+/// seconds and 0 disables it. See docs/operations.md §4.4.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TimeoutSettings {
@@ -482,7 +481,7 @@ impl TimeoutSettings {
 
     /// Deadline for finishing a TLS handshake, measured from accept: the first enabled value of
     /// handshake, incomplete-frame, idle (30 s with the defaults), or `None` if all are off.
-    /// Reference §2.7.
+    /// docs/operations.md §4.4.
     pub fn tls_handshake(&self) -> Option<Duration> {
         self.handshake()
             .or_else(|| self.incomplete_frame())
@@ -490,8 +489,8 @@ impl TimeoutSettings {
     }
 }
 
-/// `[metrics]`: the Prometheus `/metrics` endpoint on its own port. Seed: "Monitoring";
-/// reference §2.11.
+/// `[metrics]`: the Prometheus `/metrics` endpoint on its own port. See
+/// docs/operations.md §8.2.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsSettings {
@@ -502,7 +501,7 @@ pub struct MetricsSettings {
 }
 
 /// `[tls]`: TLS 1.3 on the data listener, off by default. Setting exactly one of the two paths is
-/// a validation error. Seed: "Transport security and authentication"; reference §2.8.
+/// a validation error. See docs/operations.md §5.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TlsSettings {
@@ -527,8 +526,8 @@ impl TlsSettings {
     }
 }
 
-/// `[auth]`: bearer tokens, off by default (an empty list leaves the server open). Seed:
-/// "Transport security and authentication"; reference §2.9.
+/// `[auth]`: bearer tokens, off by default (an empty list leaves the server open). See
+/// docs/operations.md §6.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
@@ -632,7 +631,7 @@ impl Settings {
     }
 
     /// The address `--healthcheck` dials: [`Settings::bind_addr`] with an unspecified IP
-    /// (`0.0.0.0`, `[::]`) replaced by the matching loopback address. Reference §2.10.
+    /// (`0.0.0.0`, `[::]`) replaced by the matching loopback address. docs/operations.md §7.
     pub fn healthcheck_addr(&self) -> Result<SocketAddr, ConfigError> {
         let mut addr = self.bind_addr()?;
         match addr.ip() {
@@ -643,14 +642,14 @@ impl Settings {
         Ok(addr)
     }
 
-    /// The token the healthcheck presents: the first configured one, if any. Reference §2.10.
+    /// The token the healthcheck presents: the first configured one, if any. docs/operations.md §7.
     pub fn first_auth_token(&self) -> Option<&str> {
         self.auth.token_strs().next()
     }
 
     /// `writer.max_batch_bytes` clamped to the segment capacity (`segment.size - 64`), which is
     /// what the writer must be started with. The server logs a warning when this differs from
-    /// the configured value. Reference §2.1 (startup order).
+    /// the configured value. docs/operations.md §1.3 (startup order).
     pub fn effective_max_batch_bytes(&self) -> usize {
         let capacity = usize::try_from(self.segment.capacity()).unwrap_or(usize::MAX);
         self.writer.max_batch_bytes.min(capacity)
@@ -659,7 +658,7 @@ impl Settings {
     /// The tracing filter directive string. In order: `log` (set by `--log`, the file's `log`
     /// key or `TEPHRA__LOG`), else the `TEPHRA_LOG` variable found in `env` (single underscore;
     /// pass `std::env::vars()` or [`process_env`](super::process_env)), else `"info"`.
-    /// Seed: "Configuring the server" (the tracing filter exception).
+    /// See docs/operations.md §1.2 (the log filter).
     pub fn log_filter(&self, env: impl IntoIterator<Item = (String, String)>) -> String {
         if let Some(log) = &self.log {
             return log.clone();

@@ -1,8 +1,8 @@
 //! The startup rules a well-typed configuration must still satisfy.
 //!
-//! The messages of the rules the reference has are kept word for word (reference §2.2); the
+//! The messages of the rules the reference has are kept word for word (docs/operations.md §2); the
 //! extra rules (segment size, planner bias, frame and batch sizes, addresses) follow the same
-//! style. Seed: "Configuring the server", "Transport security and authentication".
+//! style (docs/operations.md §2.1).
 
 use super::error::ConfigError;
 use super::settings::{

@@ -11,7 +11,7 @@
 //! entries with atomic loads. The writer stores entries, then publishes a list's length with a
 //! release store; the store's watermark (published after the commit is absorbed) bounds what a
 //! reader looks at, so a reader sees exactly the events at or below the watermark it pinned
-//! (reference engine §5.1 "Active tail").
+//! (docs/architecture.md §5.1).
 
 use super::view::{Postings, SegmentView};
 use crate::event::EventRef;

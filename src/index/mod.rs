@@ -1,6 +1,6 @@
 //! Tag and type indexes: what makes selective reads and condition checks cost what they return
-//! rather than the size of the log (reference engine §3.8, §4.3, §5.2; seed `read.scan_bias`,
-//! "A corrupt index is not fatal").
+//! rather than the size of the log (docs/architecture.md §4.3, §5.2;
+//! docs/format.md §8).
 //!
 //! Every log segment has a [`SegIndex`]:
 //! - the active segment an [`active::ActiveIndex`], fed by the writer at each commit, in
@@ -200,7 +200,7 @@ impl SegIndex {
 pub const TIPS_MAX_ENTRIES: usize = 1 << 20;
 
 /// The writer's fast reject for conditions: for each tag, the span of positions it occurs at
-/// since a floor (reference engine §4.3 "Fast reject", extended with each tag's first
+/// since a floor (docs/architecture.md §4.3, extended with each tag's first
 /// occurrence), and for each (tag, type) pair its last occurrence since the floor (our
 /// extension: a condition naming a type a stream has never carried is rejected without a
 /// look at the stream's events). A tag or pair absent from its map occurs only at or below the

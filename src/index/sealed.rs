@@ -1,6 +1,6 @@
 //! Sealed index files: one per sealed log segment, written once at rollover, loaded at open.
 //!
-//! The file is ours (not the reference's `index/*.idx`, reference engine §3.8): it lives in
+//! The file is ours (not the reference's `index/*.idx`, docs/format.md §8): it lives in
 //! `tagindex/{base:020}.tix` inside the data directory, so neither server ever mistakes the
 //! other's file for a corrupt one of its own. Layout, all integers little-endian:
 //!
@@ -39,7 +39,7 @@
 //! left over from another log (restored segments, a directory reused) is rebuilt, never trusted.
 //! Postings are fixed-width so a reader binary-searches them in place without decoding.
 //! Every structural rule is checked at load ([`SealedIndex::load`]); any failure means
-//! "rebuild from the log", never "refuse to open" (seed: "A corrupt index is not fatal").
+//! "rebuild from the log", never "refuse to open" (docs/format.md §8).
 
 use super::view::{Postings, SegmentView};
 type HashMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;

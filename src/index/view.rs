@@ -3,7 +3,7 @@
 //!
 //! Positions here are segment-local (`position - base`, `u32`). A [`SegmentView`] exposes a
 //! type column, a type dictionary and ascending tag posting lists, all clamped to the events
-//! the view covers. Evaluation follows reference engine §5.2 "Index evaluator": per query item,
+//! the view covers. Evaluation follows docs/architecture.md §5.2: per query item,
 //! a tagless item walks the type column; a tagged item walks its shortest posting list and
 //! confirms the other tags by binary search and the type through the column; items are unioned.
 //! Every path agrees with [`crate::model::Query::matches`].
@@ -191,7 +191,7 @@ pub fn first_match<V: SegmentView>(v: &V, q: &Query, lo: u32) -> Option<u32> {
 /// item the events of its types (the reference takes the full width here: counting types is
 /// what lets a read of a rare type use the type column instead of decoding every event); the
 /// full width for an item with neither, or [`Query::All`]; summed and capped at `width`
-/// (reference engine §5.2).
+/// (docs/architecture.md §5.2).
 pub fn estimate<V: SegmentView>(v: &V, q: &Query, width: u64) -> u64 {
     match q {
         Query::All => width,

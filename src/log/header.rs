@@ -1,4 +1,4 @@
-//! The 64-byte segment header (reference engine §3.3), little-endian:
+//! The 64-byte segment header (docs/format.md §3), little-endian:
 //!
 //! | offset | size | field |
 //! |---|---|---|
@@ -94,7 +94,7 @@ mod tests {
 
     #[test]
     fn golden_header_bytes() {
-        // reference engine §3.3: created_at = 15695 days in ns, base 123456789 -> CRC A5 D5 41 79.
+        // docs/format.md §3: created_at = 15695 days in ns, base 123456789 -> CRC A5 D5 41 79.
         let h = SegmentHeader { created_at_nanos: 15695 * 86_400 * 1_000_000_000, base_position: 123_456_789 };
         let b = h.encode();
         assert_eq!(&b[0..6], &[0x45, 0x56, 0x54, 0x53, 0, 0]);

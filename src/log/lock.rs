@@ -1,4 +1,4 @@
-//! The `LOCK` file: one writer per data directory (seed "The LOCK file", reference engine §3.9).
+//! The `LOCK` file: one writer per data directory (docs/format.md §9).
 //!
 //! A POSIX record lock (`fcntl(F_SETLK, F_WRLCK)` over the whole file) held for as long as the
 //! store is open, plus an in-process registry because record locks belong to the process: a

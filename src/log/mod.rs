@@ -1,6 +1,6 @@
 //! The segment log: format, recovery on open, and the directory lock.
 //!
-//! Byte-compatible with the reference (reference engine §3): segment header ([`header`]),
+//! Byte-compatible with the reference (docs/format.md §1-§9): segment header ([`header`]),
 //! record framing and the commit rule ([`record`]), segment files ([`segment`]), the `LOCK`
 //! file ([`lock`]). [`open`] runs the recovery sequence and returns one of the three outcomes
 //! as a value.

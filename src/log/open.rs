@@ -1,5 +1,5 @@
-//! The read-write open sequence and its three outcomes (seed "Crash recovery and startup",
-//! reference engine §6.2, with the corrections of §6.3).
+//! The read-write open sequence and its three outcomes (docs/format.md §10.1, and
+//! docs/compatibility.md §2.1-§2.4 for where it differs from the reference).
 
 use super::header::{HeaderError, SegmentHeader, HEADER_LEN};
 use super::lock::DirLock;
@@ -444,7 +444,7 @@ pub(crate) fn data_end(f: &std::fs::File) -> std::io::Result<u64> {
 
 /// The directory, inside the data directory, where a rollback keeps a copy of the bytes it
 /// discards before zeroing them. Neither server reads it (segments are found by their names
-/// of 20 digits and `.log` in the data directory itself, reference engine §3.1).
+/// of 20 digits and `.log` in the data directory itself, docs/format.md §1).
 pub const RECOVERED_DIR: &str = "recovered";
 
 /// The most a rollback copies to [`RECOVERED_DIR`], from the start of the discarded range, in
@@ -533,7 +533,7 @@ fn copy_fits(available: u64, keep: u64) -> bool {
 const ZERO_IN_PLACE_MIN: u64 = 1 << 20;
 
 /// Overwrites `[start, end)` with zeros and syncs, so a rolled-back tail can never be read as
-/// committed again (the reference leaves it in place, reference engine §6.3). A long range is
+/// committed again (the reference leaves it in place, docs/compatibility.md §2.4). A long range is
 /// zeroed in place by the file system ([`ZERO_IN_PLACE_MIN`]; the blocks then read as zeros
 /// without being written, and the change is made durable with `fsync`); where that is not
 /// supported, and for a short range, zeros are written.

@@ -1,16 +1,16 @@
 //! Record framing and the commit rule, pure over byte slices.
 //!
-//! A record is `len_field u32 LE | crc u32 LE | payload` (reference engine §3.4): bits 0..=29 of
+//! A record is `len_field u32 LE | crc u32 LE | payload` (docs/format.md §4): bits 0..=29 of
 //! `len_field` are the payload length, bit 30 marks a control record, bit 31 must be zero. The
 //! CRC-32/IEEE covers the 4 stored length bytes and the payload. A data record's payload is one
 //! encoded event (one position); a batch ends with the 17-byte control record
 //! `BATCH_COMMIT = [0x01][highest_position u64 LE]`.
 //!
-//! The commit rule (reference engine §6.1, seed "Durability"): a batch is committed if and only if
+//! The commit rule (docs/format.md §6.2): a batch is committed if and only if
 //! every record since the previous commit point validates and the run ends in a valid commit
 //! marker. [`walk`] applies it; [`classify_tail`] then decides between the three recovery
 //! outcomes, refusing corruption that is followed by committed batches (which the reference
-//! silently rolls back, reference engine §6.3).
+//! silently rolls back, docs/compatibility.md §2.1).
 
 /// Bytes before a record's payload: length field and CRC.
 pub const RECORD_HEAD: usize = 8;
@@ -195,7 +195,7 @@ pub struct Walk {
     pub pending: usize,
 }
 
-/// Walks records from `start`, keeping only committed batches (reference engine §6.1).
+/// Walks records from `start`, keeping only committed batches (docs/format.md §6.2).
 pub fn walk(buf: &[u8], start: usize) -> Walk {
     let mut off = start;
     let mut offsets = Vec::new();
@@ -349,7 +349,7 @@ mod tests {
 
     #[test]
     fn golden_records_match_the_reference_worked_example() {
-        // reference engine §3.7: type `A`, no tags, payload `x`, then its marker (highest 1).
+        // docs/format.md §7: type `A`, no tags, payload `x`, then its marker (highest 1).
         let mut out = Vec::new();
         frame_data(&[0x01, 0x00, 0x00, 0x00, b'A', b'x'], &mut out);
         frame_marker(1, &mut out);

@@ -1,7 +1,7 @@
 //! Segment files: naming, creation, discovery and positional reads.
 //!
 //! Segments are `{base_position:020}.log`, fallocated to the configured size at creation,
-//! never recycled (reference engine §3.1-§3.2, §3.6 "Rollover").
+//! never recycled (docs/format.md §1-§2.2).
 
 use super::header::{SegmentHeader, HEADER_LEN};
 use super::column::AtomicColumn;
@@ -113,7 +113,7 @@ fn now_nanos() -> u64 {
 }
 
 /// Reserves `len` bytes of `f` from its start (`fallocate(2)`, mode 0), as every segment is
-/// reserved at its full size (reference engine §3.2).
+/// reserved at its full size (docs/format.md §2.1).
 ///
 /// The fault site `segment_extend` stands just before the system call, and an error injected
 /// there is explained as the system call's would be.
@@ -167,8 +167,8 @@ pub fn create_segment(dir: &Path, base: u64, cfg: &SegmentConfig) -> Result<Path
 }
 
 /// Name of the spare segment file [`prepare_segment`] writes, in the data directory. Neither
-/// server treats it as a segment (discovery matches only `{base:020}.log`, reference engine
-/// §3.1); our writer removes a stale one when it opens the log.
+/// server treats it as a segment (discovery matches only `{base:020}.log`, docs/format.md
+/// §1); our writer removes a stale one when it opens the log.
 pub const PREPARED_NAME: &str = "segment.prep";
 
 /// Size of one zeroing write of [`zero_prepared`], in bytes. A commit's `fdatasync` waits
@@ -188,7 +188,7 @@ pub const PREPARE_CHUNK: usize = 512 << 10;
 const ZERO_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Creates the spare segment file for a later rollover: `segment_size` bytes reserved with
-/// `fallocate` (read back as zeros, reference engine §3.2) and synced, under
+/// `fallocate` (read back as zeros, docs/format.md §2.1) and synced, under
 /// [`PREPARED_NAME`]. It is usable by [`claim_prepared`] as soon as this returns; a
 /// [`zero_prepared`] afterwards only makes appends into it cheaper. A spare left over from an
 /// earlier run is replaced.
@@ -252,7 +252,7 @@ pub fn zero_prepared(path: &Path, cfg: &SegmentConfig, stop: &std::sync::atomic:
 /// found here, while the caller can still fall back, instead of at the naming, where a failure
 /// is fail-stop; review). Returns the
 /// segment's path, `{base:020}.log`. Nothing is written: the writer then writes the header
-/// (reference engine §3.2) as the first bytes of the segment's first commit, and once that
+/// (docs/format.md §2.1) as the first bytes of the segment's first commit, and once that
 /// commit is durable [`name_prepared`] gives the file its name. A crash in between leaves only
 /// the spare, which no server reads as a segment.
 ///
@@ -310,8 +310,8 @@ pub fn name_prepared(dir: &Path, prepared: &Path, path: &Path, retry: &mut dyn F
     Ok(())
 }
 
-/// The 64-byte header of a new segment starting at `base`, stamped now (reference engine
-/// §3.2).
+/// The 64-byte header of a new segment starting at `base`, stamped now (docs/format.md
+/// §2.1).
 pub fn new_header(base: u64) -> [u8; HEADER_LEN] {
     SegmentHeader { created_at_nanos: now_nanos(), base_position: base }.encode()
 }

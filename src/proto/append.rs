@@ -3,11 +3,11 @@
 //! The generic path decodes a frame into prost messages (a `String` per type and tag, a `Vec`
 //! per payload), converts them to model events, encodes those, then frames and checksums the
 //! records: about eight allocations per event. This decoder walks the protobuf bytes once and
-//! writes each event's on-disk encoding (reference engine §3.5) and record frame (§3.4) into
+//! writes each event's on-disk encoding (docs/format.md §5) and record frame (docs/format.md §4) into
 //! one buffer. It applies exactly the generic path's rules, in the same order:
 //!
 //! - wire errors (malformed protobuf, invalid UTF-8 in a string field) are frame-level
-//!   (reference protocol §1.3: the frame is refused, id 0, and the connection closed);
+//!   (docs/protocol.md §5: the frame is refused, id 0, and the connection closed);
 //! - name and tag-set refusals are per request (`BAD_REQUEST`, texts of [`ConvertError`]); the
 //!   first one wins, events before the condition.
 //!
@@ -221,8 +221,8 @@ fn ld_len(tag: u32, len: usize) -> usize {
 }
 
 /// Appends one frame (4-byte big-endian length, then the body) holding
-/// `Request { request_id, append: AppendRequest { events, condition } }` (reference protocol
-/// §1.3: `Request` field 1 and oneof field 2; `AppendRequest` fields 1 and 2; `Event` fields
+/// `Request { request_id, append: AppendRequest { events, condition } }` (docs/protocol.md
+/// §5: `Request` field 1 and oneof field 2; `AppendRequest` fields 1 and 2; `Event` fields
 /// 1-3), written straight from the encoded `events`: no wire `Event` values, so no `String`
 /// or `Vec` per type, tag and payload. Byte for byte what prost encodes for the same message
 /// (a property test holds it to that). A run of identical events is encoded once and copied.

@@ -3,7 +3,7 @@
 //!
 //! The bytes are identical to what `prost` would produce for the equivalent
 //! [`Response`](crate::proto::Response) (checked by the tests), so this is purely an
-//! allocation saving for servers streaming reads and subscriptions (spec §1.7).
+//! allocation saving for servers streaming reads and subscriptions (docs/protocol.md §9).
 
 use prost::encoding::{encode_varint, encoded_len_varint};
 
@@ -38,7 +38,7 @@ pub fn wire_event_len<'a>(ty: &str, tags: impl IntoIterator<Item = &'a str>, pay
 /// ([`event_body_len`]) on its own: `Response{request_id, read_events{events:
 /// [SequencedEvent{position, event}]}}` with the id and the position at their longest
 /// (10-byte varints). An event for which this exceeds the connection's `max_frame_len` could
-/// be stored but never read back over it (reference protocol §1.2 caps frames both ways; its
+/// be stored but never read back over it (docs/protocol.md §4 caps frames both ways; its
 /// open question 3 notes the reference has no such guard).
 pub fn lone_event_frame_len(event_body: usize) -> usize {
     let seq = 11 + 1 + encoded_len_varint(event_body as u64) + event_body;

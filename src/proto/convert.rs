@@ -3,7 +3,7 @@
 //!
 //! Wire-to-model conversion validates through the model constructors, so there is one
 //! definition of every rule; only the *wording* of a refusal lives here, because the
-//! reference server's `BAD_REQUEST` texts (spec §1.6) are part of its observable behaviour:
+//! reference server's `BAD_REQUEST` texts (docs/protocol.md §8) are part of its observable behaviour:
 //!
 //! | refusal | text |
 //! |---|---|
@@ -15,7 +15,7 @@
 //! duplicates, then the tag count and encoded size; then the append condition.
 //!
 //! The [`text`] module and the `*_error` builders produce the append-result and
-//! connection-level messages (spec §1.4-§1.9) from plain values.
+//! connection-level messages (docs/protocol.md §6-§11) from plain values.
 
 use std::fmt;
 
@@ -155,7 +155,7 @@ pub fn query_from_proto(query: pb::Query) -> Result<Query, ConvertError> {
     Ok(Query::Items(items))
 }
 
-/// [`query_from_proto`] for an optional field: an absent query matches nothing (spec §1.3,
+/// [`query_from_proto`] for an optional field: an absent query matches nothing (docs/protocol.md §5,
 /// `ReadRequest.query`, `AppendCondition.fail_if_events_match`).
 ///
 /// # Errors
@@ -243,7 +243,7 @@ pub fn condition_to_proto(condition: &AppendCondition) -> pb::AppendCondition {
     }
 }
 
-/// Which clause of an append condition fired (spec §1.6).
+/// Which clause of an append condition fired (docs/protocol.md §8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ConflictClause {
     /// `fail_if_events_match` matched an event after `after`: code `CONFLICT`.
@@ -371,14 +371,14 @@ pub mod text {
 
     /// A frame body that does not parse, including invalid UTF-8 in a string field
     /// (`BAD_REQUEST`, id 0, then close). The reference sends this fixed text whatever the
-    /// parse failure was (65 bytes: the `2a 45 08 05 12 41 ...` example of spec §1.3); the
+    /// parse failure was (65 bytes: the `2a 45 08 05 12 41 ...` example of docs/protocol.md §5); the
     /// detailed cause is in [`FrameError::Decode`](crate::proto::FrameError::Decode)'s text.
     pub const FRAME_DECODE: &str = "frame decode error: Couldn't deserialize given bytes into a proto";
 }
 
 /// A condition conflict: `CONFLICT` (boundary) or `ALREADY_EXISTS` (existence). A durable
 /// conflict carries its position and is not retryable; a same-batch one (`None`) is
-/// retryable and has no position (spec §1.6).
+/// retryable and has no position (docs/protocol.md §8).
 pub fn conflict_error(clause: ConflictClause, durable_at: Option<Position>) -> pb::ErrorResponse {
     let code = match clause {
         ConflictClause::Boundary => ErrorCode::Conflict,
@@ -462,7 +462,7 @@ pub fn first_frame_too_long(len: u64, max: u32) -> pb::ErrorResponse {
 /// framing failure: `TOO_LARGE` with [`text::frame_too_long`] for an over-long prefix,
 /// `BAD_REQUEST` with [`text::FRAME_DECODE`] for an undecodable body. `None` for transport failures and torn frames, which get no reply.
 ///
-/// The `TOO_LARGE` text is pinned by the reference (protocol §1.9: `frame length N exceeds
+/// The `TOO_LARGE` text is pinned by the reference (docs/protocol.md §11: `frame length N exceeds
 /// the maximum of M`), and [`text::frame_cap_of`] reads the cap back from it, so it does not
 /// name `server.max_frame_len` (the `tephra` CLI adds it when it reports the error).
 pub fn frame_error_response(err: &crate::proto::FrameError) -> Option<pb::ErrorResponse> {

@@ -1,4 +1,4 @@
-//! Length-prefixed framing (spec §1.2): every frame is a 4-byte big-endian `u32` body
+//! Length-prefixed framing (docs/protocol.md §4): every frame is a 4-byte big-endian `u32` body
 //! length followed by that many bytes of one protobuf message.
 //!
 //! The core is sans-IO: [`FrameDecoder`] is fed bytes (or lends its spare buffer to a
@@ -15,7 +15,7 @@ use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use prost::Message;
 
 /// Default cap on a frame body, in bytes: 16 MiB (16,777,216). The 4-byte prefix is not
-/// counted; `len == max` is accepted and `len > max` refused (spec §1.2).
+/// counted; `len == max` is accepted and `len > max` refused (docs/protocol.md §4).
 pub const DEFAULT_MAX_FRAME_LEN: u32 = 16 * 1024 * 1024;
 
 /// Size of the big-endian length prefix, in bytes.
@@ -58,7 +58,7 @@ pub enum FrameError {
         max: u32,
     },
     /// The peer closed the stream part-way through a frame (a "torn frame"): an I/O error,
-    /// not a clean close (spec §1.2).
+    /// not a clean close (docs/protocol.md §4).
     #[error("connection closed mid-frame: {buffered} bytes of an incomplete frame were received")]
     Torn {
         /// Bytes of the incomplete frame (prefix included) that had arrived.

@@ -3,14 +3,14 @@
 //! Pure code with no runtime: the server and the clients drive their own I/O.
 //!
 //! - [`messages`] (re-exported here): every request and response message, hand-written
-//!   `prost` derives, field numbers per spec §1.3.
-//! - [`frame`]: the 4-byte big-endian length prefix framing (spec §1.2), a sans-IO
+//!   `prost` derives, field numbers per docs/protocol.md §5.
+//! - [`frame`]: the 4-byte big-endian length prefix framing (docs/protocol.md §4), a sans-IO
 //!   [`FrameDecoder`] and blocking/async helpers.
 //! - [`convert`]: wire <-> model conversion with the reference's refusal texts, and the
-//!   error responses of spec §1.6/§1.9.
+//!   error responses of docs/protocol.md §8/§11.
 //! - [`batch`]: a copy-once `ReadEvents` frame encoder for the read path.
 //!
-//! Spec references are to `reference/tephra-protocol-server.md`.
+//! Section citations are to docs/protocol.md.
 
 pub mod append;
 pub mod batch;
@@ -57,8 +57,8 @@ fn prepared(query: crate::model::Query) -> std::sync::Arc<crate::model::QueryMat
 /// path first, then [`decode_request`].
 ///
 /// # Errors
-/// [`decode_request`]'s: the frame is not a valid `Request` (a frame-level error, reference
-/// protocol §1.9).
+/// [`decode_request`]'s: the frame is not a valid `Request` (a frame-level error,
+/// docs/protocol.md §11).
 pub fn decode_inbound(frame: &[u8]) -> Result<Inbound, prost::DecodeError> {
     // Anything the fast path does not take (another request, or something it does not parse
     // that protobuf allows, such as an unknown group field) goes to the full decoder.
@@ -89,12 +89,12 @@ pub fn decode_inbound(frame: &[u8]) -> Result<Inbound, prost::DecodeError> {
 /// keeps its low 64 bits. So `Request { request_id: 5, field 2 as the
 /// varint 7 }` decodes as request 5 with no kind and is answered `BAD_REQUEST` on id 5, the
 /// connection kept open, and a condition whose query arrives as a varint is no condition, as
-/// with the reference (reference protocol §1.3 "Skip unknown fields by wire type", §1.9).
+/// with the reference (docs/protocol.md §5.5, §11).
 /// Prost's own decoding is tried first; this only runs when it fails.
 ///
 /// # Errors
 /// Prost's error when the frame is not valid protobuf even with such fields skipped (bad
-/// varints, truncation, invalid UTF-8): a frame-level error (§1.9).
+/// varints, truncation, invalid UTF-8): a frame-level error (docs/protocol.md §11).
 pub fn decode_request(frame: &[u8]) -> Result<Request, prost::DecodeError> {
     use prost::Message;
     let strict = match Request::decode(frame) {
@@ -113,7 +113,7 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, prost::DecodeError> {
 mod lenient {
     use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, skip_field, DecodeContext, WireType};
 
-    /// A request-side message of spec §1.3.
+    /// A request-side message of docs/protocol.md §5.
     #[derive(Clone, Copy)]
     pub(super) enum Msg {
         Request,
@@ -230,7 +230,7 @@ mod lenient {
     }
 }
 
-/// The only protocol version (spec §1.4): a Hello must carry it and a HelloAck echoes it.
+/// The only protocol version (docs/protocol.md §6): a Hello must carry it and a HelloAck echoes it.
 pub const PROTOCOL_VERSION: u32 = 1;
 
 #[cfg(test)]
@@ -305,7 +305,7 @@ mod tests {
         assert!(decode_request(&[0x08]).is_err());
         assert!(decode_request(&[0x10, 0x07, 0x12]).is_err());
         assert!(decode_request(&[0x10, 0x07, 0x12, 0x05, 0x00]).is_err());
-        // Invalid UTF-8 inside the kind's message is still a frame error (spec §1.9).
+        // Invalid UTF-8 inside the kind's message is still a frame error (docs/protocol.md §11).
         let mut b = vec![0x10, 0x07];
         b.extend([0x3a, 0x04, 0x12, 0x02, 0xff, 0xfe]);
         assert!(decode_request(&b).is_err());

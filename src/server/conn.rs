@@ -1,6 +1,6 @@
 //! One client connection on its shard: Hello, request dispatch, the two egress lanes, budgets
-//! and reaping (reference protocol §1.4-§1.9, §2.4-§2.7; seed "Backpressure", "Connection
-//! limits and reaping").
+//! and reaping (docs/protocol.md §6-§11,
+//! docs/operations.md §4).
 //!
 //! [`serve`] is the connection's reader: it sets up the [transport](transport), opens the
 //! [lanes](lanes) toward the client, and then loops over [`ConnState`]: serve the frames
@@ -40,8 +40,8 @@ const DECODE_OFF_SHARD: usize = 256 << 10;
 /// The least cap on a connection's first frame, before its Hello succeeds, in bytes.
 const FIRST_FRAME_MIN_CAP: u32 = 64 << 10;
 
-/// The largest first frame a connection may send, in bytes: its Hello (reference protocol
-/// §1.4) holds a version and a token, so room for the longest configured token (at least
+/// The largest first frame a connection may send, in bytes: its Hello (docs/protocol.md
+/// §6) holds a version and a token, so room for the longest configured token (at least
 /// [`FIRST_FRAME_MIN_CAP`]), and never more than `server.max_frame_len`. Without it, every
 /// connection not yet authenticated could make the server buffer a whole `max_frame_len`
 /// frame (16 MiB by default; up to `server.limits.max_connections` of them) before finding out
@@ -81,7 +81,7 @@ struct Conn {
     /// Appends and reads in flight (the connection is not idle while any is).
     inflight: Rc<Cell<usize>>,
     /// The cancel flags of the reads and subscriptions running, by request id. Ids need not be
-    /// unique (the reference does not check them, protocol §1.5): a cancel stops every stream
+    /// unique (the reference does not check them, docs/protocol.md §7): a cancel stops every stream
     /// running under its target id, where the reference's stops only the latest.
     cancels: Rc<RefCell<CancelFlags>>,
     /// Notified whenever cancel flags are set (a cancel request, the connection closing):
@@ -150,7 +150,7 @@ enum Wake {
     Shutdown,
 }
 
-/// The clocks a connection's timeouts run on (reference protocol §2.7).
+/// The clocks a connection's timeouts run on (docs/operations.md §4.4).
 #[derive(Clone, Copy, Debug)]
 struct Clocks {
     /// When the connection was accepted (the Hello's deadline runs from it).
@@ -331,7 +331,7 @@ impl ConnState {
             // Not the client's doing: its answers still go out before the close.
             Wake::Shutdown => Some(End::Server),
             Wake::Read(Ok(0)) | Wake::Read(Err(_)) => Some(End::Client),
-            // Any byte is activity, a frame still arriving included (reference protocol §2.7:
+            // Any byte is activity, a frame still arriving included (docs/operations.md §4.4:
             // idle is "no complete frame or progressing byte"); a frame that never completes
             // is for incomplete_frame_secs to end (review: a 1 MB append uploaded over 4 s was
             // reaped under idle_secs = 2 and lost; the reference acknowledged it).
@@ -403,7 +403,7 @@ impl Conn {
         })
     }
 
-    /// Checks the first frame (reference protocol §1.4); false closes the connection.
+    /// Checks the first frame (docs/protocol.md §6); false closes the connection.
     async fn hello(&self, req: pb::Request) -> bool {
         let id = req.request_id;
         let Some(request::Kind::Hello(h)) = req.kind else {
@@ -606,7 +606,7 @@ impl Conn {
     }
 }
 
-/// Maps an engine append error to its wire error (reference engine §2.3 table).
+/// Maps an engine append error to its wire error (docs/protocol.md §2.3 table).
 fn append_error_response(e: AppendError) -> pb::ErrorResponse {
     match e {
         AppendError::Conflict { clause, at } => {

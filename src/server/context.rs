@@ -122,7 +122,7 @@ impl Context {
         ok.into()
     }
 
-    /// The ten stats fields (reference protocol §2.11), and ours, `writer_stopped`.
+    /// The ten stats fields (docs/protocol.md §12), and ours, `writer_stopped`.
     pub fn stats(&self) -> crate::proto::StatsResponse {
         // A test holds the directory listing here, as a slow disk would.
         crate::fault::pause_point("stats_scan");

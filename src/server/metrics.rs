@@ -1,4 +1,4 @@
-//! The Prometheus text endpoint on its own port (`metrics.bind`; reference protocol §2.11).
+//! The Prometheus text endpoint on its own port (`metrics.bind`; docs/operations.md §8.2).
 //!
 //! A bare HTTP/1.1 responder: an accepting thread, and a short-lived thread per connection
 //! (at most 64 at once), each given 5 s for its whole request line and a 5 s write timeout:

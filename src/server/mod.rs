@@ -80,7 +80,7 @@ impl Running {
     }
 }
 
-/// This server's answer to a Hello (reference protocol §1.4): protocol version 1 and our
+/// This server's answer to a Hello (docs/protocol.md §6): protocol version 1 and our
 /// crate version.
 pub(crate) fn hello_ack() -> crate::proto::HelloAck {
     crate::proto::HelloAck { protocol_version: crate::proto::PROTOCOL_VERSION, server_version: env!("CARGO_PKG_VERSION").into() }
@@ -89,7 +89,7 @@ pub(crate) fn hello_ack() -> crate::proto::HelloAck {
 /// The smallest `server.max_frame_len` (bytes of frame body) with which this server can
 /// answer a Hello from a client: the HelloAck to request id 1 (clients number their requests
 /// from 1; any id up to 127 takes as many bytes). Below it every handshake ends in a close
-/// (reference protocol §1.2: a frame over the cap is never sent).
+/// (docs/protocol.md §4: a frame over the cap is never sent).
 pub fn min_usable_frame_len() -> usize {
     prost::Message::encoded_len(&crate::proto::Response::new(1, crate::proto::response::Kind::HelloAck(hello_ack())))
 }
@@ -106,7 +106,7 @@ pub fn start(settings: Settings) -> Result<Running, StartError> {
 }
 
 /// Starts a read-only server over a follower of `settings.data_dir` polled every `poll`
-/// (issue: follower; seed "Running a second process against a live store").
+/// (docs/operations.md §10).
 ///
 /// A directory in which no writer has created a segment yet is served as an empty store until
 /// the writer creates one (see [`crate::follow::Follower::open`]).
@@ -241,7 +241,7 @@ fn serve_metrics(ctx: &Arc<Context>) -> Result<Option<SocketAddr>, StartError> {
 
 /// Says the server is up: shards, TLS, follower, token authentication, and last the readiness
 /// line, exactly as the reference logs it (target `tephra_server`, nothing after the address;
-/// reference §2.1): harnesses wait for it, some under filters such as
+/// docs/operations.md §1.3): harnesses wait for it, some under filters such as
 /// `warn,tephra_server=info`.
 fn announce(ctx: &Context, shards: usize, follower: bool, addr: SocketAddr) {
     tracing::info!(shards, tls = ctx.tls.is_some(), follower, "serving");

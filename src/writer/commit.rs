@@ -1,5 +1,5 @@
-//! Group commit, pipelined: the stage that makes staged appends durable (seed "Durability",
-//! reference engine §4, DESIGN "Storage").
+//! Group commit, pipelined: the stage that makes staged appends durable (docs/architecture.md
+//! §4.2, docs/format.md §6.3).
 //!
 //! The writer judges conditions, assigns positions, feeds the index and the tips, and copies
 //! the framed records into the **open batch**. Committing takes the open batch, seals it with

@@ -1,10 +1,10 @@
-//! The condition verdict (reference engine §2.3, §4.3): pure, no I/O of its own.
+//! The condition verdict (docs/protocol.md §2.3, docs/architecture.md §4.3): pure, no I/O of its own.
 //!
 //! The boundary clause (`fail_if_events_match` above `after`) is checked first, then, only if it
 //! passes, the existence clause (`fail_if_exists` over the whole log). Each clause asks the
 //! events staged earlier in the same round first (a hit there is `SameBatch`, retryable: that
 //! event may never commit), then the log (a hit is terminal and carries the lowest matching
-//! position), in the reference's order (its §4.3: the staged arm, then the durable arm), so a
+//! position), in the reference's order (docs/architecture.md §4.3: the staged arm, then the durable arm), so a
 //! condition that matches both gets the reference's answer. Neither arm may ever give a false
 //! negative.
 

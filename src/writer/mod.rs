@@ -1,6 +1,5 @@
 //! The writer: the one thread (`tephra-writer`) that owns the active segment, assigns
-//! positions, judges conditions and feeds group commit (reference engine §4, seed
-//! "Durability", DESIGN "Storage").
+//! positions, judges conditions and feeds group commit (docs/architecture.md §4).
 //!
 //! It is a plain thread, not a shard of the server. Appends arrive over one bounded queue;
 //! each round takes one request, drains whatever else is queued (up to `max_batch_records`
@@ -85,7 +84,7 @@ impl PositionRange {
     }
 }
 
-/// Why an append was not committed (wire mapping: reference engine §2.3).
+/// Why an append was not committed (wire mapping: docs/protocol.md §2.3).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AppendError {
     /// A condition clause matched.
@@ -157,7 +156,7 @@ pub struct PreparedAppend {
     /// the segment's capacity), in bytes; `records` is then empty. The writer answers
     /// [`AppendError::TooLarge`] only once the condition passes, as the reference does (its
     /// oversized request is a solo batch judged like any other and refused by the write,
-    /// reference engine §4.2): a failing condition's verdict comes first.
+    /// docs/protocol.md §2.4): a failing condition's verdict comes first.
     too_large: Option<u64>,
 }
 
@@ -166,7 +165,7 @@ impl PreparedAppend {
     /// over `max_record_len`, or the batch plus its commit marker over the segment's capacity)
     /// is still prepared: the writer judges its condition first and answers
     /// [`AppendError::TooLarge`] (with the record's or the batch's size in bytes) only if the
-    /// condition passes, as the reference does (reference engine §4.2).
+    /// condition passes, as the reference does (docs/protocol.md §2.4).
     ///
     /// # Errors
     /// [`AppendError::Empty`] for no events.

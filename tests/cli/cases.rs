@@ -366,8 +366,8 @@ fn subscribe_follows_until_ctrl_c_and_exits_0() {
 }
 
 /// A start position past the store's tip is answered by the server as any other (a read ends at
-/// once with the tip as its watermark, a subscription is caught up at its `after`: reference
-/// protocol §1.6, the same from both servers), so the command line says so in a note on stderr
+/// once with the tip as its watermark, a subscription is caught up at its `after`:
+/// docs/protocol.md §8, the same from both servers), so the command line says so in a note on stderr
 /// instead of returning nothing, or "caught up at 999999999", without a word (review). A
 /// position within the store, or a backward read from past the tip, gets no note.
 #[test]

@@ -559,7 +559,7 @@ fn varints_with_bits_past_64_keep_their_low_bits() {
 fn raw_stream_uses_the_documented_layout() {
     let Some(srv) = start(&[]) else { return };
     let mut raw = RawConn::connect(srv.addr);
-    // The exact Hello frame of spec §1.3, and the exact HelloAck body.
+    // The exact Hello frame of docs/protocol.md §5, and the exact HelloAck body.
     raw.send_bytes(&[0x00, 0x00, 0x00, 0x06, 0x08, 0x01, 0x3a, 0x02, 0x08, 0x01]);
     let body = raw.dec.read_next(&mut raw.stream).unwrap().unwrap().to_vec();
     let mut want = vec![0x08, 0x01, 0x42, 0x09, 0x08, 0x01, 0x12, 0x05];
@@ -757,7 +757,7 @@ fn frame_sizes(raw: &mut RawConn, id: u64) -> Vec<usize> {
 }
 
 /// A streamed batch is sent once its events reach `batch_bytes` by the engine's encoded size
-/// (type, tags, payload and their lengths), not by their protobuf size (spec §1.7; review:
+/// (type, tags, payload and their lengths), not by their protobuf size (docs/protocol.md §9; review:
 /// ours cut 600-byte events at 837 per frame where the reference cuts at 851).
 #[test]
 fn batches_are_cut_by_the_engines_encoded_size() {
@@ -805,7 +805,7 @@ fn batches_are_cut_by_the_engines_encoded_size() {
 
 /// A condition that matches both a durable event and one staged earlier in the same group
 /// commit is answered as a same-batch conflict (retryable, no position): the staged events are
-/// checked first (reference engine §4.3; review: ours answered the durable position, terminal,
+/// checked first (docs/architecture.md §4.3; review: ours answered the durable position, terminal,
 /// where the reference said retryable). Whether two pipelined appends share a group commit
 /// depends on timing, so rounds repeat until one does; every answer must be well formed.
 #[test]

@@ -1,7 +1,7 @@
 //! Side-by-side embedded append benchmark: our engine against the reference engine crate
 //! (`tephra = "=0.4.1"` from crates.io) on the same disk, same workload, in one run.
 //!
-//! Workload (the seed's "Group commit, measured" table): `--writers` threads (16), each
+//! Workload (docs/benchmarks.md §2): `--writers` threads (16), each
 //! appending batches of `--batch` events with a 256-byte zero payload, one type out of ten and
 //! one tag renewed every 10 appends, every append guarded by a one-tag, one-type condition with
 //! `after = 0` that never fires. Runs alternate ours/reference `--rounds` times so machine drift

@@ -318,7 +318,7 @@ pub fn read(g: &Global, args: &ReadArgs) -> Result<(), CliError> {
 
 /// Says on stderr (`tephra: note: ...`, or a `{"note": ...}` line with `--json`) what a
 /// successful command's output does not show, such as a start position past the store's tip:
-/// the server answers that as any other (reference protocol §1.6: a read from past the tip
+/// the server answers that as any other (docs/protocol.md §8.2: a read from past the tip
 /// ends at once with the tip as its watermark, a subscription's cursor starts at its `after`,
 /// reported as "caught up at AFTER"), so without a note an empty result looks like no match.
 fn note(g: &Global, message: &str) {

@@ -6,7 +6,7 @@
 //! id, and push the frame into a bounded queue. The driver ([`Connection`]) is a single
 //! hand-written future that owns the stream: it writes queued frames (cancels first),
 //! flushing once per burst, and reads response frames, routing each by request id into its
-//! slot. Frames for ids nobody waits for any more are dropped (spec §1.5).
+//! slot. Frames for ids nobody waits for any more are dropped (docs/protocol.md §7).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -149,7 +149,7 @@ pub(super) struct Shared {
 struct State {
     pending: HashMap<u64, Arc<Slot>>,
     failure: Option<Failure>,
-    /// The last id-0 error received (spec §1.9): the reason given when the socket ends.
+    /// The last id-0 error received (docs/protocol.md §11): the reason given when the socket ends.
     unattributed: Option<proto::ErrorResponse>,
     /// Requests to cancel, sent ahead of queued requests.
     cancels: Vec<u64>,

@@ -54,7 +54,7 @@ where
     }
 }
 
-/// Wraps a connector in client-side TLS (implicit TLS, spec §1.1: the TLS handshake comes
+/// Wraps a connector in client-side TLS (implicit TLS, docs/protocol.md §3: the TLS handshake comes
 /// first, then the frames travel inside the session), using `futures-rustls`.
 ///
 /// The handshake has no time limit of its own (the client has no timer); bound

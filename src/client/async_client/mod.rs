@@ -1,4 +1,4 @@
-//! The pipelined, runtime-agnostic async client (spec §3.4).
+//! The pipelined, runtime-agnostic async client (docs/protocol.md §13.3).
 //!
 //! [`AsyncClient`] keeps many requests in flight on each socket and demultiplexes the
 //! responses by request id. It brings no executor and no timer: it is written against the
@@ -26,7 +26,7 @@
 //! # Failures
 //! No retries and no reconnects. When a socket fails, every request pending on it fails
 //! with the reason, and so does every later request on it: the last id-0 error the server
-//! sent before closing (spec §1.9) as [`ClientError::Server`], else
+//! sent before closing (docs/protocol.md §11) as [`ClientError::Server`], else
 //! [`ClientError::UnexpectedEof`] for a close, [`ClientError::Io`] for a transport error,
 //! [`ClientError::Frame`] for an over-long or torn frame, or [`ClientError::Protocol`].
 //! The other sockets keep working.
@@ -330,7 +330,7 @@ impl AsyncClient {
     }
 
     /// Appends `events` as one atomic batch on the control socket, optionally guarded by
-    /// `condition` (spec §1.6), and resolves once the batch is durable. Appends pipelined
+    /// `condition` (docs/protocol.md §8), and resolves once the batch is durable. Appends pipelined
     /// on the client are submitted to the server's writer in the order they were queued.
     ///
     /// # Errors

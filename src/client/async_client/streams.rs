@@ -98,7 +98,7 @@ impl Core {
 
 impl Drop for Core {
     fn drop(&mut self) {
-        // A request that may have reached the server is cancelled (spec §1.5). One that
+        // A request that may have reached the server is cancelled (docs/protocol.md §7). One that
         // never did costs a no-op cancel of an unknown id.
         if matches!(self.phase, Phase::Starting(_) | Phase::Open(_)) {
             self.conn.shared.cancel(self.id);
@@ -123,7 +123,7 @@ fn unexpected(kind: &response::Kind, wanted: &str) -> ClientError {
     ClientError::unexpected(kind, wanted)
 }
 
-/// The events of one read (spec §1.6), as a [`Stream`] of
+/// The events of one read (docs/protocol.md §8), as a [`Stream`] of
 /// `Result<SequencedEvent, ClientError>`. Returned by
 /// [`AsyncClient::read`](super::AsyncClient::read) and
 /// [`read_back`](super::AsyncClient::read_back).
@@ -218,7 +218,7 @@ impl Stream for AsyncReadStream {
     }
 }
 
-/// A live subscription (spec §1.6), as a [`Stream`] of `Result<SubEvent, ClientError>`.
+/// A live subscription (docs/protocol.md §8), as a [`Stream`] of `Result<SubEvent, ClientError>`.
 /// Returned by [`AsyncClient::subscribe`](super::AsyncClient::subscribe).
 ///
 /// - The request is sent when the stream is first polled.

@@ -34,7 +34,7 @@ impl Batch {
     /// Adds the event at `p`. The batch in the making is cut into `frames` first when the
     /// event would push its frame past `max_frame_len` (its body plus up to 24 bytes of
     /// position and field framing), and after it when the batch is full by the reference's
-    /// measure (its protocol §1.7): `server.reads.batch_events` events or `batch_bytes` bytes,
+    /// measure (docs/protocol.md §9): `server.reads.batch_events` events or `batch_bytes` bytes,
     /// checked after each event. Returns whether the batch was cut for being full.
     ///
     /// # Errors

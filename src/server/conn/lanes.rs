@@ -55,7 +55,7 @@ impl Lanes {
 
     /// Queues a control frame. One over `max_frame_len` (a HelloAck, an ack or an error under
     /// a tiny `server.max_frame_len`) cannot be sent and its client would wait for it forever:
-    /// the connection is closed instead, as the reference does (its protocol §1.2 and open
+    /// the connection is closed instead, as the reference does (docs/protocol.md §4 and open
     /// question 3).
     pub(super) async fn control(&self, id: u64, kind: response::Kind) {
         match self.encode(id, kind) {
@@ -121,7 +121,7 @@ pub(super) fn open<W: AsyncWrite + Unpin + 'static>(settings: &crate::config::Se
 }
 
 /// Writes frames from both lanes: control first; after 64 control frames in a row one waiting
-/// bulk frame goes through, so appends cannot starve reads (reference §1.8). Flushes when a
+/// bulk frame goes through, so appends cannot starve reads (docs/protocol.md §10). Flushes when a
 /// control run ends and when both lanes are empty.
 ///
 /// Only consecutive *control* frames count toward the 64: counting every frame (as this did)

@@ -309,8 +309,8 @@ impl Conn {
                     failed = batch.add(p, &ev, cfg, &mut frames).err();
                 }
             });
-            // The reference frames each poll of up to POLL_BATCH_EVENTS events on its own (its
-            // protocol §1.7); ours may stop a poll early (the step budget, a fetch from the disk)
+            // The reference frames each poll of up to POLL_BATCH_EVENTS events on its own (docs/protocol.md
+            // §9); ours may stop a poll early (the step budget, a fetch from the disk)
             // and resume it, so the rest of a batch is sent only where the reference's poll
             // would have ended: that many events, the live edge, or a failure.
             let poll_ended = match &polled {

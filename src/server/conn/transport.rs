@@ -19,8 +19,8 @@ pub(super) enum Io {
 }
 
 /// A TCP stream that notes when it last received bytes: under TLS the connection's reader sees
-/// only whole decrypted records, and a record still arriving is activity too (reference
-/// protocol §2.7: "no complete frame or progressing byte").
+/// only whole decrypted records, and a record still arriving is activity too (docs/operations.md
+/// §4.4: "no complete frame or progressing byte").
 pub(super) struct Heard {
     stream: TcpStream,
     last: Rc<Cell<Instant>>,
