@@ -246,11 +246,7 @@ impl<'a> EventRef<'a> {
 
 impl fmt::Debug for EventRef<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Event")
-            .field("type", &self.event_type())
-            .field("tags", &self.tags().collect::<Vec<_>>())
-            .field("data_len", &self.data().len())
-            .finish()
+        f.debug_struct("Event").field("type", &self.event_type()).field("tags", &self.tags().collect::<Vec<_>>()).field("data_len", &self.data().len()).finish()
     }
 }
 
@@ -294,12 +290,7 @@ mod tests {
     #[test]
     fn golden_event_bytes_match_the_reference_worked_example() {
         // docs/format.md §7: `Enrolled` {course:c1, student:s1} payload `{}`
-        let e = Event::new(
-            &EventType::new("Enrolled").unwrap(),
-            &Tags::new(["student:s1", "course:c1"]).unwrap(),
-            b"{}",
-        )
-        .unwrap();
+        let e = Event::new(&EventType::new("Enrolled").unwrap(), &Tags::new(["student:s1", "course:c1"]).unwrap(), b"{}").unwrap();
         let mut want = vec![0x08, 0x00, 0x02, 0x00, 0x09, 0x00, 0x0a, 0x00];
         want.extend_from_slice(b"Enrolledcourse:c1student:s1{}");
         assert_eq!(e.as_bytes(), &want[..]);
@@ -322,14 +313,8 @@ mod tests {
         assert_eq!(EventRef::from_bytes(&[5, 0, 0, 0, b'a']).unwrap_err(), DecodeError::TooLarge);
         assert_eq!(EventRef::from_bytes(&[1, 0, 0, 0, 0xff]).unwrap_err(), DecodeError::InvalidUtf8);
         assert_eq!(EventRef::from_bytes(&[1, 0, 1, 0, 0, 0, b'a']).unwrap_err(), DecodeError::EmptyTag);
-        assert_eq!(
-            EventRef::from_bytes(&[1, 0, 2, 0, 1, 0, 1, 0, b'T', b'b', b'a']).unwrap_err(),
-            DecodeError::TagsNotSorted
-        );
-        assert_eq!(
-            EventRef::from_bytes(&[1, 0, 2, 0, 1, 0, 1, 0, b'T', b'a', b'a']).unwrap_err(),
-            DecodeError::TagsNotSorted
-        );
+        assert_eq!(EventRef::from_bytes(&[1, 0, 2, 0, 1, 0, 1, 0, b'T', b'b', b'a']).unwrap_err(), DecodeError::TagsNotSorted);
+        assert_eq!(EventRef::from_bytes(&[1, 0, 2, 0, 1, 0, 1, 0, b'T', b'a', b'a']).unwrap_err(), DecodeError::TagsNotSorted);
     }
 
     #[test]

@@ -23,15 +23,15 @@
 //!   `tephra_follower_refresh_failures`). It opens on such a store all the same: it cannot
 //!   repair anything, and the prefix is as exact as ever.
 
+use crate::event::EventRef;
+use crate::index::active::ActiveWriter;
+use crate::index::SegIndex;
 use crate::log::header::{HeaderError, SegmentHeader, HEADER_LEN};
 use crate::log::record::{classify_tail, declared_len, payload_at, walk, Stop, TailVerdict, Walk, RECORD_HEAD};
 use crate::log::segment::{list_segments, Segment, SegmentConfig};
 use crate::log::LogError;
-use crate::repeated::RepeatedFailure;
-use crate::event::EventRef;
-use crate::index::active::ActiveWriter;
-use crate::index::SegIndex;
 use crate::read::{Shared, Snapshot};
+use crate::repeated::RepeatedFailure;
 use crate::store::StoreHandle;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -155,7 +155,10 @@ fn damaged_active(seg: &Segment, t: &Tail, stop: Stop) -> LogError {
     LogError::Corrupt {
         path: seg.path.clone(),
         offset: t.stopped_at,
-        detail: format!("a damaged record ({stop:?}) is followed by committed batches; this follower serves positions up to {} and cannot read past it", t.next - 1),
+        detail: format!(
+            "a damaged record ({stop:?}) is followed by committed batches; this follower serves positions up to {} and cannot read past it",
+            t.next - 1
+        ),
     }
 }
 
@@ -244,7 +247,6 @@ pub struct Follower {
     failures: Mutex<RepeatedFailure>,
 }
 
-
 /// Why a follower could not open or refresh.
 pub type FollowerError = LogError;
 
@@ -277,7 +279,20 @@ impl Follower {
         let dir = dir.as_ref().to_path_buf();
         let f = Arc::new(Follower {
             shared: Arc::new(Shared::new(Snapshot::new(Vec::new(), Vec::new()), 0, cfg.scan_bias)),
-            tail: Mutex::new(Tail { segments: Vec::new(), active_end: HEADER_LEN as u64, stopped_at: HEADER_LEN as u64, next: 1, index: None, regrown: None, awaiting_first: false, scratch: Vec::new(), stuck_polls: 0, mtime: None, rest_checked: None, hole: None }),
+            tail: Mutex::new(Tail {
+                segments: Vec::new(),
+                active_end: HEADER_LEN as u64,
+                stopped_at: HEADER_LEN as u64,
+                next: 1,
+                index: None,
+                regrown: None,
+                awaiting_first: false,
+                scratch: Vec::new(),
+                stuck_polls: 0,
+                mtime: None,
+                rest_checked: None,
+                hole: None,
+            }),
             stop: Arc::new(AtomicBool::new(false)),
             poller: Mutex::new(None),
             failures: Mutex::new(RepeatedFailure::default()),
@@ -426,7 +441,11 @@ impl Follower {
             }
             // One with a later segment after it is sealed: tables for its length, not for the
             // configured size (see `Segment::open_sealed`).
-            let seg = Arc::new(if Some(base) == last_listed { Segment::open(base, path, &self.cfg.segment)? } else { Segment::open_by_length(base, path, &self.cfg.segment)? });
+            let seg = Arc::new(if Some(base) == last_listed {
+                Segment::open(base, path, &self.cfg.segment)?
+            } else {
+                Segment::open_by_length(base, path, &self.cfg.segment)?
+            });
             // The old active segment is final: seal its index (in memory; the writer persists
             // the file, a follower writes nothing).
             // Never persisted, so no fingerprint is needed to tie it to the segment.
@@ -498,7 +517,11 @@ impl Follower {
             }
             // A committed record that is no valid event ends what can be served: only the
             // batches committed before it are fed, from a walk that ends at it.
-            let invalid = w.offsets.iter().enumerate().find_map(|(k, &off)| EventRef::from_bytes(payload_at(buf, off as usize)).err().map(|e| (off as usize, t.next + k as u64, e)));
+            let invalid = w
+                .offsets
+                .iter()
+                .enumerate()
+                .find_map(|(k, &off)| EventRef::from_bytes(payload_at(buf, off as usize)).err().map(|e| (off as usize, t.next + k as u64, e)));
             if let Some((o, _, _)) = invalid {
                 w = walk(&buf[..o], 0);
             }
@@ -508,7 +531,10 @@ impl Follower {
                 return Err(LogError::Corrupt {
                     path: seg.path.clone(),
                     offset: t.stopped_at,
-                    detail: format!("committed record at position {pos} is not a valid event: {e}; this follower serves positions up to {} and cannot read past it", t.next - 1),
+                    detail: format!(
+                        "committed record at position {pos} is not a valid event: {e}; this follower serves positions up to {} and cannot read past it",
+                        t.next - 1
+                    ),
                 });
             }
             if let Some(wider) = wider_window(&seg, t, buf, window, &w)? {
@@ -604,7 +630,9 @@ impl Follower {
         let old = t.segments.last().cloned().expect("an active segment");
         let seg = Arc::new(Segment::open(old.base, old.path.clone(), &self.cfg.segment)?);
         if seg.max_records() <= old.max_records() {
-            return Err(LogError::InvalidConfig { reason: format!("{} holds more records than its length allows ({})", old.path.display(), old.max_records()) });
+            return Err(LogError::InvalidConfig {
+                reason: format!("{} holds more records than its length allows ({})", old.path.display(), old.max_records()),
+            });
         }
         // What the old tables served (an unfinished earlier regrow served no more than that).
         let served = t.regrown.unwrap_or(t.next);

@@ -8,16 +8,16 @@
 //! and no duplicate at the seam.
 
 use crate::event::EventRef;
-use crate::log::record::{declared_len, verify_data, RECORD_HEAD};
 use crate::index::view::Direction;
 use crate::index::SegIndex;
+use crate::log::record::{declared_len, verify_data, RECORD_HEAD};
 use crate::log::segment::Segment;
-use std::collections::VecDeque;
 use crate::model::{Position, Query, QueryMatcher};
+use event_listener::Listener;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use event_listener::Listener;
 use std::time::Duration;
 
 /// Why a read failed.
@@ -314,7 +314,18 @@ pub struct Cursor {
 impl Cursor {
     /// A cursor over `snap` that reads the segment files.
     pub fn new(snap: Arc<Snapshot>) -> Cursor {
-        Cursor { snap, recent: None, buf: Vec::new(), mem: None, win_seg: usize::MAX, win_start: 0, win_len: 0, nowait: false, cold: None, fetched_short: false }
+        Cursor {
+            snap,
+            recent: None,
+            buf: Vec::new(),
+            mem: None,
+            win_seg: usize::MAX,
+            win_start: 0,
+            win_len: 0,
+            nowait: false,
+            cold: None,
+            fetched_short: false,
+        }
     }
 
     /// A cursor over `snap` that takes records of recently committed batches from memory
@@ -414,7 +425,8 @@ impl Cursor {
     /// window; `forward` picks the read-ahead direction of a sequential walk.
     fn load(&mut self, pos: u64, forward: bool) -> Result<std::ops::Range<usize>, ReadError> {
         let (_, off) = self.offset(pos);
-        let (lo, hi) = if forward { (off, off + WINDOW as u64) } else { ((off + WINDOW as u64 / 4).saturating_sub(WINDOW as u64).max(64), off + WINDOW as u64 / 4) };
+        let (lo, hi) =
+            if forward { (off, off + WINDOW as u64) } else { ((off + WINDOW as u64 / 4).saturating_sub(WINDOW as u64).max(64), off + WINDOW as u64 / 4) };
         self.load_within(pos, lo, hi)
     }
 
@@ -486,7 +498,9 @@ impl Cursor {
 enum Plan {
     /// Not chosen yet: the first step chooses (with this scan bias), so a read pins its
     /// watermark when it is created and pays for planning only when it is first served.
-    Unplanned { scan_bias: u32 },
+    Unplanned {
+        scan_bias: u32,
+    },
     Scan,
     Indexed {
         /// Planned positions not yet returned, in walk order.
@@ -539,13 +553,31 @@ pub struct Reads {
 impl Reads {
     pub(crate) fn forward(shared: &Shared, query: Arc<QueryMatcher>, after: Position, limit: Option<u64>) -> Reads {
         let (w, snap) = shared.pin();
-        Reads { cursor: Cursor::with_recent(snap, shared), query, next: after.get().saturating_add(1), last: w, forward: true, remaining: limit, watermark: w, plan: Plan::Unplanned { scan_bias: shared.scan_bias } }
+        Reads {
+            cursor: Cursor::with_recent(snap, shared),
+            query,
+            next: after.get().saturating_add(1),
+            last: w,
+            forward: true,
+            remaining: limit,
+            watermark: w,
+            plan: Plan::Unplanned { scan_bias: shared.scan_bias },
+        }
     }
 
     pub(crate) fn backward(shared: &Shared, query: Arc<QueryMatcher>, before: Position, limit: Option<u64>) -> Reads {
         let (w, snap) = shared.pin();
         let start = before.get().saturating_sub(1).min(w);
-        Reads { cursor: Cursor::with_recent(snap, shared), query, next: start, last: 1, forward: false, remaining: limit, watermark: w, plan: Plan::Unplanned { scan_bias: shared.scan_bias } }
+        Reads {
+            cursor: Cursor::with_recent(snap, shared),
+            query,
+            next: start,
+            last: 1,
+            forward: false,
+            remaining: limit,
+            watermark: w,
+            plan: Plan::Unplanned { scan_bias: shared.scan_bias },
+        }
     }
 
     /// Makes this read never wait for the disk: a record neither in memory nor in the page
@@ -764,7 +796,7 @@ impl Reads {
         self.next - 1
     }
 
-/// Collects the remaining events as owned copies.
+    /// Collects the remaining events as owned copies.
     ///
     /// # Errors
     /// The first [`ReadError`].

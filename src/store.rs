@@ -7,13 +7,13 @@
 //! See docs/architecture.md §4.
 
 use crate::event::Event;
+use crate::index::active::ActiveWriter;
+use crate::index::SegIndex;
 use crate::log::lock::DirLock;
 use crate::log::segment::SegmentConfig;
 use crate::log::{open_log, LogError, OpenOutcome, WalkedSegment};
 use crate::model::{AppendCondition, Position, Query, QueryMatcher};
 use crate::read::{Reads, Shared, Snapshot, Subscription};
-use crate::index::active::ActiveWriter;
-use crate::index::SegIndex;
 use crate::writer::{AppendError, AppendResult, PreparedAppend, ReplyTo, Request, Writer, WriterConfig, WriterMetrics, WriterMsg};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -108,7 +108,9 @@ impl WriterTask {
     /// Runs the group-commit loop until the store shuts down.
     pub async fn run(self) {
         let i = self.init;
-        Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.fingerprint, i.metrics).run(self.rx, i.opened_active).await;
+        Writer::new(i.dir, i.segment, i.writer, i.shared, i.active, i.active_end, i.next, i.index, i.fingerprint, i.metrics)
+            .run(self.rx, i.opened_active)
+            .await;
         let _ = self.done.send(());
     }
 
@@ -213,7 +215,9 @@ fn write_rebuilt(dir: &Path, to_write: &[Arc<crate::index::sealed::SealedIndex>]
     }
     let (n, Some((first, why)), took) = rebuilt else { return };
     match unwritten {
-        (0, _) => tracing::info!(segments = n, first = %first.display(), first_reason = %why, took_ms = took.as_millis() as u64, "rebuilt sealed indexes from the log (their files were missing or unusable; written now for the next start)"),
+        (0, _) => {
+            tracing::info!(segments = n, first = %first.display(), first_reason = %why, took_ms = took.as_millis() as u64, "rebuilt sealed indexes from the log (their files were missing or unusable; written now for the next start)")
+        }
         (failed, e) => tracing::warn!(
             segments = n,
             first = %first.display(),
@@ -466,5 +470,3 @@ impl StoreHandle {
         self.shared.is_closed()
     }
 }
-
-

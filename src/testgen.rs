@@ -12,17 +12,13 @@ pub const TAGS: &[&str] = &["t0", "t1", "t2", "t3", "zz"];
 
 /// A random event with `payload`: one of the first three types, up to three of the first four tags.
 pub fn event(payload: &'static [u8]) -> impl Strategy<Value = Event> {
-    (0..3usize, proptest::sample::subsequence((0..4usize).collect::<Vec<_>>(), 0..=3)).prop_map(move |(ty, tags)| {
-        Event::new(&EventType::new(TYPES[ty]).unwrap(), &Tags::new(tags.iter().map(|&t| TAGS[t])).unwrap(), payload).unwrap()
-    })
+    (0..3usize, proptest::sample::subsequence((0..4usize).collect::<Vec<_>>(), 0..=3))
+        .prop_map(move |(ty, tags)| Event::new(&EventType::new(TYPES[ty]).unwrap(), &Tags::new(tags.iter().map(|&t| TAGS[t])).unwrap(), payload).unwrap())
 }
 
 /// A random query item over [`TYPES`] and [`TAGS`]: up to two types, up to three tags.
 pub fn item() -> impl Strategy<Value = QueryItem> {
-    (
-        proptest::sample::subsequence((0..TYPES.len()).collect::<Vec<_>>(), 0..=2),
-        proptest::sample::subsequence((0..TAGS.len()).collect::<Vec<_>>(), 0..=3),
-    )
+    (proptest::sample::subsequence((0..TYPES.len()).collect::<Vec<_>>(), 0..=2), proptest::sample::subsequence((0..TAGS.len()).collect::<Vec<_>>(), 0..=3))
         .prop_map(|(ty, tg)| QueryItem::new(ty.iter().map(|&t| EventType::new(TYPES[t]).unwrap()).collect(), Tags::new(tg.iter().map(|&t| TAGS[t])).unwrap()))
 }
 

@@ -39,11 +39,7 @@ impl Peer {
         self.stream.set_read_timeout(Some(wait)).unwrap();
         let r = match self.dec.read_next(&mut self.stream) {
             Ok(b) => b.map(|b| Request::decode(b).unwrap()),
-            Err(proto::FrameError::Io(e))
-                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
-            {
-                None
-            }
+            Err(proto::FrameError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => None,
             Err(e) => panic!("{e}"),
         };
         self.stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -63,10 +59,7 @@ impl Peer {
         assert_eq!(hello.request_id, 1, "the Hello uses id 1");
         let Some(request::Kind::Hello(h)) = hello.kind else { panic!("{hello:?}") };
         assert_eq!((h.protocol_version, h.auth_token.as_deref()), (1, token));
-        peer.send(&Response::new(
-            1,
-            response::Kind::HelloAck(proto::HelloAck { protocol_version: 1, server_version: "mock".into() }),
-        ));
+        peer.send(&Response::new(1, response::Kind::HelloAck(proto::HelloAck { protocol_version: 1, server_version: "mock".into() })));
         peer
     }
 }
@@ -77,10 +70,7 @@ fn stats_reply(id: u64, event_count: u64) -> Response {
 
 fn one_event(position: u64) -> response::Kind {
     response::Kind::ReadEvents(proto::ReadEvents {
-        events: vec![proto::SequencedEvent {
-            position,
-            event: Some(proto::Event { r#type: "E".into(), tags: vec![], payload: b"p".to_vec() }),
-        }],
+        events: vec![proto::SequencedEvent { position, event: Some(proto::Event { r#type: "E".into(), tags: vec![], payload: b"p".to_vec() }) }],
     })
 }
 

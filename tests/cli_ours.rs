@@ -163,7 +163,11 @@ fn an_atomic_batch_over_the_frame_cap_points_at_import() {
     assert!(stderr(&o).contains("exceeds the maximum of 65536 (the server's frame cap, server.max_frame_len) (the 400 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
     let o = tephra(srv.addr, &["append", "--type", "E", "--payload", &"y".repeat(70_000)]);
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
-    assert!(stderr(&o).contains("exceeds the maximum of 65536 (the server's frame cap, server.max_frame_len)") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("exceeds the maximum of 65536 (the server's frame cap, server.max_frame_len)") && !stderr(&o).contains("tephra import"),
+        "{}",
+        stderr(&o)
+    );
     // Nor when one event of the batch is over the cap alone: import could not send it either.
     let o = tephra_fed(srv.addr, &["append", "--stdin"], format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(70_000)).as_bytes());
     assert_ne!(o.status.code(), Some(0), "{}", stdout(&o));
@@ -264,7 +268,12 @@ fn an_untrusted_server_certificate_gets_a_hint_at_the_fix() {
     let srv = Server::start_with(&bin, &[], Some(&support::tls_toml(&cert_path, &key_path)));
     let o = tephra(srv.addr, &["--tls", "--tls-server-name", "localhost", "stats"]);
     assert_code(&o, 4);
-    assert!(stderr(&o).contains("the server's certificate was refused: ") && stderr(&o).contains("not signed by a root this system trusts; for a self-signed or private-CA certificate pass --tls-ca FILE"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the server's certificate was refused: ")
+            && stderr(&o).contains("not signed by a root this system trusts; for a self-signed or private-CA certificate pass --tls-ca FILE"),
+        "{}",
+        stderr(&o)
+    );
     // In words, not rustls's Debug text with its OIDs as byte lists (review).
     assert!(!stderr(&o).contains('{') && !stderr(&o).contains("_id:"), "{}", stderr(&o));
     let o = tephra(srv.addr, &["--tls-ca", other_path.to_str().unwrap(), "--tls-server-name", "localhost", "stats"]);
@@ -350,7 +359,11 @@ fn an_atomic_batch_over_the_clients_frame_cap_points_at_import() {
     let o = tephra_fed(srv.addr, &["append", "--stdin"], line.repeat(20).as_bytes());
     assert_code(&o, 2);
     assert!(stderr(&o).contains("(the 20 events are one atomic append and must fit one frame; `tephra import`"), "{}", stderr(&o));
-    let o = tephra_fed(srv.addr, &["--max-frame-len", "1048576", "append", "--stdin"], format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(1_100_000)).as_bytes());
+    let o = tephra_fed(
+        srv.addr,
+        &["--max-frame-len", "1048576", "append", "--stdin"],
+        format!("{line}{{\"type\":\"E\",\"payload\":{:?}}}\n", "z".repeat(1_100_000)).as_bytes(),
+    );
     assert_code(&o, 2);
     assert!(stderr(&o).contains("--max-frame-len") && !stderr(&o).contains("tephra import"), "{}", stderr(&o));
     assert!(read_everything(srv.addr).is_empty());
@@ -366,7 +379,10 @@ fn a_batch_holding_an_event_over_a_quarter_segment_does_not_point_at_import() {
     let o = tephra_fed(srv.addr, &["append", "--stdin"], format!("{small}{{\"type\":\"Big\",\"payload\":{:?}}}\n{small}", "y".repeat(300_000)).as_bytes());
     assert_code(&o, 2);
     let err = stderr(&o);
-    assert!(err.contains("(one of the 3 events is by itself too large for the server's segment.size: an event may take at most a quarter of a segment)"), "{err}");
+    assert!(
+        err.contains("(one of the 3 events is by itself too large for the server's segment.size: an event may take at most a quarter of a segment)"),
+        "{err}"
+    );
     assert!(!err.contains("tephra import"), "{err}");
     assert!(read_everything(srv.addr).is_empty());
 }
@@ -601,7 +617,11 @@ fn an_export_refuses_a_partial_file_left_before_and_renames_its_own() {
     std::fs::write(&partial, "an earlier export's lines\n").unwrap();
     let o = tephra(srv.addr, &["export", "-o", out.to_str().unwrap()]);
     assert_code(&o, 1);
-    assert!(stderr(&o).contains("out.jsonl.partial already exists: an earlier export to ") && stderr(&o).contains("move it aside or remove it"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("out.jsonl.partial already exists: an earlier export to ") && stderr(&o).contains("move it aside or remove it"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(std::fs::read_to_string(&partial).unwrap(), "an earlier export's lines\n");
     assert!(!out.exists());
     std::fs::remove_file(&partial).unwrap();

@@ -46,10 +46,9 @@ fn the_file_and_tephra_variables_set_them_and_tephra_wins_over_paros() {
     let s = Settings::from_toml_str("[journal]\nmax_read_records = 7\n").unwrap();
     assert_eq!(s.journal.max_read_records, 7);
     // Whatever order the environment lists them in.
-    for vars in [
-        [("PAROS_MAX_WAIT_MS", "100"), ("TEPHRA__JOURNAL__MAX_WAIT_MS", "200")],
-        [("TEPHRA__JOURNAL__MAX_WAIT_MS", "200"), ("PAROS_MAX_WAIT_MS", "100")],
-    ] {
+    for vars in
+        [[("PAROS_MAX_WAIT_MS", "100"), ("TEPHRA__JOURNAL__MAX_WAIT_MS", "200")], [("TEPHRA__JOURNAL__MAX_WAIT_MS", "200"), ("PAROS_MAX_WAIT_MS", "100")]]
+    {
         assert_eq!(resolve(&vars).unwrap().journal.max_wait_ms, 200);
     }
 }

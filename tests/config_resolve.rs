@@ -10,9 +10,7 @@ use clap::{CommandFactory, Parser};
 use tephra::config::*;
 
 fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
-    vars.iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 fn no_env() -> Vec<(String, String)> {
@@ -20,10 +18,7 @@ fn no_env() -> Vec<(String, String)> {
 }
 
 fn file<'a>(text: &'a str) -> Option<FileSource<'a>> {
-    Some(FileSource {
-        path: Path::new("/etc/tephra.toml"),
-        text,
-    })
+    Some(FileSource { path: Path::new("/etc/tephra.toml"), text })
 }
 
 fn from_file(text: &str) -> Result<Settings, ConfigError> {
@@ -35,9 +30,7 @@ fn from_env(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
 }
 
 fn err_text(result: Result<Settings, ConfigError>) -> String {
-    result
-        .expect_err("expected a configuration error")
-        .to_string()
+    result.expect_err("expected a configuration error").to_string()
 }
 
 fn example_path() -> PathBuf {
@@ -84,19 +77,10 @@ fn defaults_are_the_documented_values() {
 
 #[test]
 fn no_sources_and_an_empty_file_both_give_the_defaults() {
-    assert_eq!(
-        resolve(&ServerArgs::default(), no_env()).unwrap(),
-        Settings::default()
-    );
+    assert_eq!(resolve(&ServerArgs::default(), no_env()).unwrap(), Settings::default());
     assert_eq!(Settings::from_toml_str("").unwrap(), Settings::default());
-    assert_eq!(
-        from_file("# only a comment\n\n").unwrap(),
-        Settings::default()
-    );
-    assert_eq!(
-        from_file("[server.keepalive]\n[auth]\n").unwrap(),
-        Settings::default()
-    );
+    assert_eq!(from_file("# only a comment\n\n").unwrap(), Settings::default());
+    assert_eq!(from_file("[server.keepalive]\n[auth]\n").unwrap(), Settings::default());
 }
 
 #[test]
@@ -104,10 +88,7 @@ fn the_example_file_is_exactly_the_defaults() {
     let text = std::fs::read_to_string(example_path()).expect("tephra.example.toml at the root");
     assert_eq!(Settings::from_toml_str(&text).unwrap(), Settings::default());
     // Through the real --config path as well.
-    let args = ServerArgs {
-        config: Some(example_path()),
-        ..ServerArgs::default()
-    };
+    let args = ServerArgs { config: Some(example_path()), ..ServerArgs::default() };
     assert_eq!(resolve(&args, no_env()).unwrap(), Settings::default());
 }
 
@@ -120,10 +101,8 @@ fn the_example_files_commented_keys_are_real_keys() {
         .lines()
         .map(|line| {
             let body = line.strip_prefix("# ").unwrap_or(line);
-            let looks_like_toml = body.starts_with('[')
-                || body.split_once(" = ").is_some_and(|(k, _)| {
-                    !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
-                });
+            let looks_like_toml =
+                body.starts_with('[') || body.split_once(" = ").is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
             if looks_like_toml {
                 body
             } else {
@@ -171,10 +150,7 @@ fn example_mentions_every_key() {
         "token",
         "allow_insecure",
     ] {
-        assert!(
-            text.contains(&format!("{key} = ")),
-            "tephra.example.toml lacks `{key}`"
-        );
+        assert!(text.contains(&format!("{key} = ")), "tephra.example.toml lacks `{key}`");
     }
     for table in [
         "[segment]",
@@ -308,58 +284,28 @@ fn every_key_can_be_set_from_the_environment() {
     assert_eq!(s.data_dir, PathBuf::from("/d"));
     assert_eq!(s.log.as_deref(), Some("trace"));
     assert_eq!(s.segment.size, 4096);
-    assert_eq!(
-        (
-            s.writer.queue_capacity,
-            s.writer.max_batch_records,
-            s.writer.max_batch_bytes
-        ),
-        (2, 3, 4)
-    );
+    assert_eq!((s.writer.queue_capacity, s.writer.max_batch_records, s.writer.max_batch_bytes), (2, 3, 4));
     assert_eq!(s.writer.tips_window, 5);
     assert!(s.writer.condition_force_scan);
     assert_eq!(s.read.scan_bias, 6);
     assert_eq!(s.server.max_frame_len, 7);
-    assert_eq!(
-        (
-            s.server.reads.batch_events,
-            s.server.reads.batch_bytes,
-            s.server.reads.worker_threads
-        ),
-        (8, 9, 10)
-    );
+    assert_eq!((s.server.reads.batch_events, s.server.reads.batch_bytes, s.server.reads.worker_threads), (8, 9, 10));
     assert_eq!(s.server.subscriptions.wait_tick_ms, 11);
     assert_eq!(s.server.subscriptions.max_concurrent, 12);
     assert_eq!(s.server.backpressure.max_inflight_per_conn, 13);
     assert_eq!(s.server.backpressure.frame_queue_depth, 14);
     assert_eq!(s.server.limits.max_connections, 15);
-    assert_eq!(
-        (
-            s.server.keepalive.idle_secs,
-            s.server.keepalive.interval_secs
-        ),
-        (16, 17)
-    );
+    assert_eq!((s.server.keepalive.idle_secs, s.server.keepalive.interval_secs), (16, 17));
     let t = &s.server.timeouts;
-    assert_eq!(
-        (t.incomplete_frame_secs, t.handshake_secs, t.idle_secs),
-        (18, 19, 20)
-    );
+    assert_eq!((t.incomplete_frame_secs, t.handshake_secs, t.idle_secs), (18, 19, 20));
     assert_eq!(s.metrics.bind.as_deref(), Some("127.0.0.1:21"));
-    assert_eq!(
-        s.tls.paths(),
-        Some((Path::new("/c.pem"), Path::new("/k.pem")))
-    );
+    assert_eq!(s.tls.paths(), Some((Path::new("/c.pem"), Path::new("/k.pem"))));
     assert!(s.auth.allow_insecure);
 }
 
 #[test]
 fn environment_names_are_case_folded() {
-    let s = from_env(&[
-        ("tephra__server__keepalive__idle_secs", "7"),
-        ("Tephra__Writer__Queue_Capacity", "9"),
-    ])
-    .unwrap();
+    let s = from_env(&[("tephra__server__keepalive__idle_secs", "7"), ("Tephra__Writer__Queue_Capacity", "9")]).unwrap();
     assert_eq!(s.server.keepalive.idle_secs, 7);
     assert_eq!(s.writer.queue_capacity, 9);
 }
@@ -371,61 +317,31 @@ fn environment_values_are_typed_by_their_key() {
     assert_eq!(s.data_dir, PathBuf::from("2024"));
     assert_eq!(s.log.as_deref(), Some("1"));
     // Boolean keys take the usual spellings, in any case.
-    for (raw, want) in [
-        ("true", true),
-        ("FALSE", false),
-        ("1", true),
-        ("0", false),
-        ("yes", true),
-        ("off", false),
-    ] {
+    for (raw, want) in [("true", true), ("FALSE", false), ("1", true), ("0", false), ("yes", true), ("off", false)] {
         let s = from_env(&[("TEPHRA__WRITER__CONDITION_FORCE_SCAN", raw)]).unwrap();
         assert_eq!(s.writer.condition_force_scan, want, "{raw}");
     }
     // Other single-underscore or differently prefixed variables are ignored.
-    let s = from_env(&[
-        ("TEPHRA_BIND", "nonsense"),
-        ("TEPHRAX__BIND", "nonsense"),
-        ("RUST_LOG", "trace"),
-    ])
-    .unwrap();
+    let s = from_env(&[("TEPHRA_BIND", "nonsense"), ("TEPHRAX__BIND", "nonsense"), ("RUST_LOG", "trace")]).unwrap();
     assert_eq!(s, Settings::default());
 }
 
 #[test]
 fn the_flags_override_the_environment_and_the_file() {
-    let vars = env(&[
-        ("TEPHRA__BIND", "0.0.0.0:9000"),
-        ("TEPHRA__DATA_DIR", "/from/env"),
-        ("TEPHRA__LOG", "debug"),
-    ]);
-    let overrides = Overrides {
-        bind: Some("127.0.0.1:7002".into()),
-        data_dir: Some("/from/flag".into()),
-        log: Some("tephra=trace".into()),
-    };
+    let vars = env(&[("TEPHRA__BIND", "0.0.0.0:9000"), ("TEPHRA__DATA_DIR", "/from/env"), ("TEPHRA__LOG", "debug")]);
+    let overrides = Overrides { bind: Some("127.0.0.1:7002".into()), data_dir: Some("/from/flag".into()), log: Some("tephra=trace".into()) };
     let s = resolve_sources(file(FILE), vars, &overrides).unwrap();
     assert_eq!(s.bind, "127.0.0.1:7002");
     assert_eq!(s.data_dir, PathBuf::from("/from/flag"));
     assert_eq!(s.log.as_deref(), Some("tephra=trace"));
-    assert_eq!(
-        s.writer.queue_capacity, 8,
-        "the file still applies where nothing overrides it"
-    );
+    assert_eq!(s.writer.queue_capacity, 8, "the file still applies where nothing overrides it");
 }
 
 #[test]
 fn resolve_reads_the_config_file_and_applies_everything() {
     let mut tmp = tempfile::NamedTempFile::new().unwrap();
     tmp.write_all(FILE.as_bytes()).unwrap();
-    let args = ServerArgs::try_parse_from([
-        "tephra-server",
-        "--config",
-        tmp.path().to_str().unwrap(),
-        "-d",
-        "/flag/dir",
-    ])
-    .unwrap();
+    let args = ServerArgs::try_parse_from(["tephra-server", "--config", tmp.path().to_str().unwrap(), "-d", "/flag/dir"]).unwrap();
     let s = resolve(&args, env(&[("TEPHRA__WRITER__QUEUE_CAPACITY", "99")])).unwrap();
     assert_eq!(s.bind, "127.0.0.1:7001");
     assert_eq!(s.data_dir, PathBuf::from("/flag/dir"));
@@ -435,10 +351,7 @@ fn resolve_reads_the_config_file_and_applies_everything() {
 
 #[test]
 fn flags_are_validated_too() {
-    let overrides = Overrides {
-        bind: Some("not an address".into()),
-        ..Overrides::default()
-    };
+    let overrides = Overrides { bind: Some("not an address".into()), ..Overrides::default() };
     let e = resolve_sources(None, no_env(), &overrides).unwrap_err();
     assert!(e.to_string().starts_with("bind must be an address"), "{e}");
 }
@@ -458,31 +371,16 @@ fn an_unknown_key_in_the_file_is_rejected_by_name() {
     for (doc, key) in [
         ("[writer]\nqueue_capacty = 1\n", "writer.queue_capacty"),
         ("[server.keepalive]\nidle = 1\n", "server.keepalive.idle"),
-        (
-            "[server.timeouts]\nread_secs = 1\n",
-            "server.timeouts.read_secs",
-        ),
+        ("[server.timeouts]\nread_secs = 1\n", "server.timeouts.read_secs"),
         ("[bogus]\n", "bogus"),
-        (
-            "[[auth.tokens]]\ntoken = \"t\"\nscope = \"read\"\n",
-            "auth.tokens[0].scope",
-        ),
+        ("[[auth.tokens]]\ntoken = \"t\"\nscope = \"read\"\n", "auth.tokens[0].scope"),
         // The flat layout of older releases is not this layout.
-        (
-            "[server]\nframe_queue_depth = 4\n",
-            "server.frame_queue_depth",
-        ),
+        ("[server]\nframe_queue_depth = 4\n", "server.frame_queue_depth"),
     ] {
         let e = from_file(doc).unwrap_err();
         let field = key.rsplit('.').next().unwrap();
-        assert!(
-            e.to_string().contains(&format!("unknown field `{field}`")),
-            "{doc}: {e}"
-        );
-        assert!(
-            matches!(e, ConfigError::Schema { key: ref k, .. } if k == key),
-            "{doc}: {e:?}"
-        );
+        assert!(e.to_string().contains(&format!("unknown field `{field}`")), "{doc}: {e}");
+        assert!(matches!(e, ConfigError::Schema { key: ref k, .. } if k == key), "{doc}: {e:?}");
     }
 }
 
@@ -504,10 +402,7 @@ fn an_unknown_key_in_the_environment_is_rejected_by_name() {
 
     let e = from_env(&[("TEPHRA__SERVER____IDLE", "3")]).unwrap_err();
     assert!(matches!(e, ConfigError::EnvName { .. }), "{e:?}");
-    assert_eq!(
-        e.to_string(),
-        "environment variable TEPHRA__SERVER____IDLE does not name a configuration key"
-    );
+    assert_eq!(e.to_string(), "environment variable TEPHRA__SERVER____IDLE does not name a configuration key");
 }
 
 #[test]
@@ -533,10 +428,7 @@ fn a_wrong_type_is_rejected_naming_the_key() {
         assert!(matches!(e, ConfigError::Schema { .. }), "{doc}: {e:?}");
     }
 
-    let e = err_text(from_env(&[(
-        "TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS",
-        "many",
-    )]));
+    let e = err_text(from_env(&[("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "many")]));
     assert_eq!(
         e,
         "invalid type: string \"many\", expected usize for key `server.limits.max_connections` \
@@ -558,7 +450,13 @@ fn a_wrong_type_is_rejected_naming_the_key() {
     assert!(from_env(&[("TEPHRA__SERVER__KEEPALIVE__IDLE_SECS", "-5")]).is_err());
     // Floats are rounded, as the reference's loader does (review: ours refused `1048576.0`
     // and `1e3` in the environment): the key's own rule then applies.
-    let s = from_env(&[("TEPHRA__SERVER__KEEPALIVE__IDLE_SECS", "1.0"), ("TEPHRA__SEGMENT__SIZE", "1048576.0"), ("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1e3"), ("TEPHRA__WRITER__QUEUE_CAPACITY", "2.5")]).unwrap();
+    let s = from_env(&[
+        ("TEPHRA__SERVER__KEEPALIVE__IDLE_SECS", "1.0"),
+        ("TEPHRA__SEGMENT__SIZE", "1048576.0"),
+        ("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "1e3"),
+        ("TEPHRA__WRITER__QUEUE_CAPACITY", "2.5"),
+    ])
+    .unwrap();
     assert_eq!((s.server.keepalive.idle_secs, s.segment.size, s.server.limits.max_connections, s.writer.queue_capacity), (1, 1_048_576, 1000, 3));
     assert_eq!(from_file("[writer]\nqueue_capacity = 1.5\n").unwrap().writer.queue_capacity, 2);
     assert_eq!(err_text(from_env(&[("TEPHRA__SERVER__KEEPALIVE__IDLE_SECS", "0.4")])), "server.keepalive.idle_secs must be at least 1");
@@ -592,51 +490,25 @@ fn scalars_are_coerced_like_the_reference_loader_does() {
 
 #[test]
 fn a_missing_config_file_is_an_error() {
-    let args = ServerArgs {
-        config: Some("/nonexistent.toml".into()),
-        ..ServerArgs::default()
-    };
+    let args = ServerArgs { config: Some("/nonexistent.toml".into()), ..ServerArgs::default() };
     let e = resolve(&args, no_env()).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "configuration file \"/nonexistent.toml\" not found"
-    );
+    assert_eq!(e.to_string(), "configuration file \"/nonexistent.toml\" not found");
     assert!(matches!(e, ConfigError::FileNotFound { .. }));
 }
 
 #[test]
 fn a_directory_is_not_a_config_file_and_toml_is_appended_as_a_fallback() {
     let dir = tempfile::tempdir().unwrap();
-    let args = ServerArgs {
-        config: Some(dir.path().to_owned()),
-        ..ServerArgs::default()
-    };
+    let args = ServerArgs { config: Some(dir.path().to_owned()), ..ServerArgs::default() };
     let e = resolve(&args, no_env()).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        format!("configuration file \"{}\" not found: it is a directory (--config takes a TOML file)", dir.path().display())
-    );
+    assert_eq!(e.to_string(), format!("configuration file \"{}\" not found: it is a directory (--config takes a TOML file)", dir.path().display()));
 
     // `--config NAME` falls back to `NAME.toml`, as the reference does.
-    std::fs::write(
-        dir.path().join("tephra.toml"),
-        "bind = \"127.0.0.1:7003\"\n",
-    )
-    .unwrap();
-    let args = ServerArgs {
-        config: Some(dir.path().join("tephra")),
-        ..ServerArgs::default()
-    };
+    std::fs::write(dir.path().join("tephra.toml"), "bind = \"127.0.0.1:7003\"\n").unwrap();
+    let args = ServerArgs { config: Some(dir.path().join("tephra")), ..ServerArgs::default() };
     assert_eq!(resolve(&args, no_env()).unwrap().bind, "127.0.0.1:7003");
-    std::fs::write(
-        dir.path().join("prod.conf.toml"),
-        "bind = \"127.0.0.1:7004\"\n",
-    )
-    .unwrap();
-    let args = ServerArgs {
-        config: Some(dir.path().join("prod.conf")),
-        ..ServerArgs::default()
-    };
+    std::fs::write(dir.path().join("prod.conf.toml"), "bind = \"127.0.0.1:7004\"\n").unwrap();
+    let args = ServerArgs { config: Some(dir.path().join("prod.conf")), ..ServerArgs::default() };
     assert_eq!(resolve(&args, no_env()).unwrap().bind, "127.0.0.1:7004");
 }
 
@@ -644,27 +516,16 @@ fn a_directory_is_not_a_config_file_and_toml_is_appended_as_a_fallback() {
 fn an_unreadable_or_malformed_file_is_an_error() {
     let mut tmp = tempfile::NamedTempFile::new().unwrap();
     tmp.write_all(b"bind = \"\xff\"\n").unwrap();
-    let args = ServerArgs {
-        config: Some(tmp.path().to_owned()),
-        ..ServerArgs::default()
-    };
+    let args = ServerArgs { config: Some(tmp.path().to_owned()), ..ServerArgs::default() };
     let e = resolve(&args, no_env()).unwrap_err();
     assert!(matches!(e, ConfigError::FileUnreadable { .. }), "{e:?}");
-    assert!(
-        e.to_string().starts_with("cannot read configuration file"),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("cannot read configuration file"), "{e}");
 
     let e = from_file("[writer]\nqueue_capacity = 1\nqueue_capacity = 2\n").unwrap_err();
     assert!(matches!(e, ConfigError::Syntax { line: 3, .. }), "{e:?}");
-    assert!(e
-        .to_string()
-        .starts_with("configuration file \"/etc/tephra.toml\" is not valid TOML"));
+    assert!(e.to_string().starts_with("configuration file \"/etc/tephra.toml\" is not valid TOML"));
     assert!(!e.to_string().contains('\n'), "one line: {e}");
-    assert!(matches!(
-        from_file("bind = \n"),
-        Err(ConfigError::Syntax { line: 1, .. })
-    ));
+    assert!(matches!(from_file("bind = \n"), Err(ConfigError::Syntax { line: 1, .. })));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -674,43 +535,22 @@ fn an_unreadable_or_malformed_file_is_an_error() {
 fn the_log_filter_falls_back_to_tephra_log_then_info() {
     let s = Settings::default();
     assert_eq!(s.log_filter(no_env()), "info");
-    assert_eq!(
-        s.log_filter(env(&[("RUST_LOG", "trace")])),
-        "info",
-        "RUST_LOG is ignored"
-    );
+    assert_eq!(s.log_filter(env(&[("RUST_LOG", "trace")])), "info", "RUST_LOG is ignored");
     assert_eq!(s.log_filter(env(&[("TEPHRA_LOG", "warn")])), "warn");
 
     // The `log` key, from any layer, wins over TEPHRA_LOG.
     let from_key = from_file("log = \"error\"\n").unwrap();
     assert_eq!(from_key.log_filter(env(&[("TEPHRA_LOG", "warn")])), "error");
     let from_env_key = from_env(&[("TEPHRA__LOG", "debug"), ("TEPHRA_LOG", "warn")]).unwrap();
-    assert_eq!(
-        from_env_key.log_filter(env(&[("TEPHRA_LOG", "warn")])),
-        "debug"
-    );
-    let overrides = Overrides {
-        log: Some("tephra=trace".into()),
-        ..Overrides::default()
-    };
-    let from_flag = resolve_sources(
-        file("log = \"error\"\n"),
-        env(&[("TEPHRA__LOG", "debug")]),
-        &overrides,
-    )
-    .unwrap();
-    assert_eq!(
-        from_flag.log_filter(env(&[("TEPHRA_LOG", "warn")])),
-        "tephra=trace"
-    );
+    assert_eq!(from_env_key.log_filter(env(&[("TEPHRA_LOG", "warn")])), "debug");
+    let overrides = Overrides { log: Some("tephra=trace".into()), ..Overrides::default() };
+    let from_flag = resolve_sources(file("log = \"error\"\n"), env(&[("TEPHRA__LOG", "debug")]), &overrides).unwrap();
+    assert_eq!(from_flag.log_filter(env(&[("TEPHRA_LOG", "warn")])), "tephra=trace");
 }
 
 #[test]
 fn an_unparsable_log_filter_falls_back_to_info() {
-    let mut s = Settings {
-        log: Some("tephra=debug,info".into()),
-        ..Settings::default()
-    };
+    let mut s = Settings { log: Some("tephra=debug,info".into()), ..Settings::default() };
     let (_, warning) = s.log_targets(no_env());
     assert_eq!(warning, None);
 
@@ -727,15 +567,9 @@ fn an_unparsable_log_filter_falls_back_to_info() {
 #[test]
 fn typed_views_of_the_defaults() {
     let s = Settings::default();
-    assert_eq!(
-        s.bind_addr().unwrap(),
-        "127.0.0.1:9000".parse::<SocketAddr>().unwrap()
-    );
+    assert_eq!(s.bind_addr().unwrap(), "127.0.0.1:9000".parse::<SocketAddr>().unwrap());
     assert_eq!(s.metrics_addr().unwrap(), None);
-    assert_eq!(
-        s.server.subscriptions.wait_tick(),
-        Duration::from_millis(250)
-    );
+    assert_eq!(s.server.subscriptions.wait_tick(), Duration::from_millis(250));
     assert_eq!(s.server.keepalive.idle(), Duration::from_secs(60));
     assert_eq!(s.server.keepalive.interval(), Duration::from_secs(15));
     let t = &s.server.timeouts;
@@ -744,14 +578,8 @@ fn typed_views_of_the_defaults() {
     assert_eq!(t.idle(), None);
     assert!(t.any_enabled());
     assert_eq!(t.tls_handshake(), Some(Duration::from_secs(30)));
-    assert_eq!(
-        s.server.limits.connection_cap().map(|n| n.get()),
-        Some(1024)
-    );
-    assert_eq!(
-        s.server.reads.worker_count(),
-        std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)
-    );
+    assert_eq!(s.server.limits.connection_cap().map(|n| n.get()), Some(1024));
+    assert_eq!(s.server.reads.worker_count(), std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN));
     assert_eq!(s.segment.max_record_len(), 64 * 1024 * 1024);
     assert_eq!(s.segment.capacity(), 256 * 1024 * 1024 - 64);
     assert_eq!(s.effective_max_batch_bytes(), 8 * 1024 * 1024);
@@ -778,30 +606,14 @@ fn typed_views_of_non_defaults() {
     assert_eq!(t.incomplete_frame(), None);
     assert_eq!(t.idle(), Some(Duration::from_secs(7)));
     assert_eq!(t.tls_handshake(), Some(Duration::from_secs(7)));
-    assert_eq!(
-        s.effective_max_batch_bytes(),
-        4096 - 64,
-        "clamped to the segment capacity"
-    );
-    assert_eq!(
-        s.metrics_addr().unwrap(),
-        Some("[::1]:9100".parse().unwrap())
-    );
-    assert_eq!(
-        s.healthcheck_addr().unwrap(),
-        "127.0.0.1:9000".parse::<SocketAddr>().unwrap()
-    );
+    assert_eq!(s.effective_max_batch_bytes(), 4096 - 64, "clamped to the segment capacity");
+    assert_eq!(s.metrics_addr().unwrap(), Some("[::1]:9100".parse().unwrap()));
+    assert_eq!(s.healthcheck_addr().unwrap(), "127.0.0.1:9000".parse::<SocketAddr>().unwrap());
 
     let v6 = from_env(&[("TEPHRA__BIND", "[::]:9000")]).unwrap();
-    assert_eq!(
-        v6.healthcheck_addr().unwrap(),
-        "[::1]:9000".parse::<SocketAddr>().unwrap()
-    );
+    assert_eq!(v6.healthcheck_addr().unwrap(), "[::1]:9000".parse::<SocketAddr>().unwrap());
     let concrete = from_env(&[("TEPHRA__BIND", "127.0.0.5:9000")]).unwrap();
-    assert_eq!(
-        concrete.healthcheck_addr().unwrap(),
-        concrete.bind_addr().unwrap()
-    );
+    assert_eq!(concrete.healthcheck_addr().unwrap(), concrete.bind_addr().unwrap());
 
     let off = from_env(&[("TEPHRA__SERVER__TIMEOUTS__INCOMPLETE_FRAME_SECS", "0")]).unwrap();
     assert!(!off.server.timeouts.any_enabled());
@@ -812,17 +624,11 @@ fn typed_views_of_non_defaults() {
 fn tokens_are_exposed_in_order_and_never_debug_printed() {
     let doc = "[tls]\ncert = \"a.crt\"\nkey = \"a.key\"\n\n[[auth.tokens]]\ntoken = \"first-secret\"\n\n[[auth.tokens]]\ntoken = \"second-secret\"\n";
     let s = from_file(doc).unwrap();
-    assert_eq!(
-        s.auth.token_strs().collect::<Vec<_>>(),
-        ["first-secret", "second-secret"]
-    );
+    assert_eq!(s.auth.token_strs().collect::<Vec<_>>(), ["first-secret", "second-secret"]);
     assert_eq!(s.first_auth_token(), Some("first-secret"));
     assert!(s.auth.enabled());
     let debug = format!("{s:?}");
-    assert!(
-        !debug.contains("first-secret") && !debug.contains("second-secret"),
-        "{debug}"
-    );
+    assert!(!debug.contains("first-secret") && !debug.contains("second-secret"), "{debug}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -831,18 +637,7 @@ fn tokens_are_exposed_in_order_and_never_debug_printed() {
 #[test]
 fn the_command_line_has_exactly_the_reference_flags() {
     ServerArgs::command().debug_assert();
-    let args = ServerArgs::try_parse_from([
-        "tephra-server",
-        "-c",
-        "t.toml",
-        "-b",
-        "0.0.0.0:1",
-        "-d",
-        "dir",
-        "-l",
-        "debug",
-    ])
-    .unwrap();
+    let args = ServerArgs::try_parse_from(["tephra-server", "-c", "t.toml", "-b", "0.0.0.0:1", "-d", "dir", "-l", "debug"]).unwrap();
     assert_eq!(
         args,
         ServerArgs {
@@ -855,24 +650,10 @@ fn the_command_line_has_exactly_the_reference_flags() {
             follow_poll_ms: None,
         }
     );
-    let args = ServerArgs::try_parse_from([
-        "tephra-server",
-        "--config=t.toml",
-        "--bind",
-        "b",
-        "--data-dir",
-        "d",
-        "--log",
-        "l",
-        "--healthcheck",
-    ])
-    .unwrap();
+    let args = ServerArgs::try_parse_from(["tephra-server", "--config=t.toml", "--bind", "b", "--data-dir", "d", "--log", "l", "--healthcheck"]).unwrap();
     assert!(args.healthcheck);
     assert_eq!(args.data_dir, Some(PathBuf::from("d")));
-    assert_eq!(
-        ServerArgs::try_parse_from(["tephra-server"]).unwrap(),
-        ServerArgs::default()
-    );
+    assert_eq!(ServerArgs::try_parse_from(["tephra-server"]).unwrap(), ServerArgs::default());
 
     // No positional arguments, no other flags.
     assert!(ServerArgs::try_parse_from(["tephra-server", "127.0.0.1:9000", "data"]).is_err());
@@ -887,15 +668,7 @@ fn the_command_line_has_exactly_the_reference_flags() {
 #[test]
 fn the_help_text_lists_every_flag() {
     let help = ServerArgs::command().render_long_help().to_string();
-    for flag in [
-        "-c, --config <PATH>",
-        "-b, --bind <ADDR>",
-        "-d, --data-dir <DIR>",
-        "-l, --log <FILTER>",
-        "--healthcheck",
-        "TEPHRA__",
-        "TEPHRA_LOG",
-    ] {
+    for flag in ["-c, --config <PATH>", "-b, --bind <ADDR>", "-d, --data-dir <DIR>", "-l, --log <FILTER>", "--healthcheck", "TEPHRA__", "TEPHRA_LOG"] {
         assert!(help.contains(flag), "help lacks {flag}:\n{help}");
     }
 }
@@ -907,16 +680,11 @@ fn settings_serialize_back_to_an_equivalent_file() {
     let text = toml::to_string(&s).unwrap();
     assert_eq!(Settings::from_toml_str(&text).unwrap(), s);
     let defaults = toml::to_string(&Settings::default()).unwrap();
-    assert_eq!(
-        Settings::from_toml_str(&defaults).unwrap(),
-        Settings::default()
-    );
+    assert_eq!(Settings::from_toml_str(&defaults).unwrap(), Settings::default());
 }
 
 #[test]
 fn process_env_lists_the_unicode_variables() {
-    let expected = std::env::vars_os()
-        .filter(|(k, v)| k.to_str().is_some() && v.to_str().is_some())
-        .count();
+    let expected = std::env::vars_os().filter(|(k, v)| k.to_str().is_some() && v.to_str().is_some()).count();
     assert_eq!(process_env().count(), expected);
 }

@@ -10,10 +10,7 @@ fn from_env(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
 }
 
 fn from_file(text: &str) -> Result<Settings, ConfigError> {
-    let file = FileSource {
-        path: Path::new("/etc/tephra.toml"),
-        text,
-    };
+    let file = FileSource { path: Path::new("/etc/tephra.toml"), text };
     resolve_sources(Some(file), std::iter::empty(), &Overrides::default())
 }
 
@@ -44,11 +41,7 @@ fn counts_that_must_be_at_least_one() {
         "server.keepalive.interval_secs",
     ] {
         let var = format!("TEPHRA__{}", key.replace('.', "__").to_uppercase());
-        assert_eq!(
-            invalid_message(from_env(&[(&var, "0")])),
-            format!("{key} must be at least 1"),
-            "{var}=0"
-        );
+        assert_eq!(invalid_message(from_env(&[(&var, "0")])), format!("{key} must be at least 1"), "{var}=0");
         from_env(&[(&var, "1")]).unwrap_or_else(|e| panic!("{var}=1 is valid: {e}"));
     }
 }
@@ -56,10 +49,7 @@ fn counts_that_must_be_at_least_one() {
 #[test]
 fn the_reference_message_for_frame_queue_depth() {
     let e = from_file("[server.backpressure]\nframe_queue_depth = 0\n").unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "server.backpressure.frame_queue_depth must be at least 1"
-    );
+    assert_eq!(e.to_string(), "server.backpressure.frame_queue_depth must be at least 1");
 }
 
 #[test]
@@ -86,22 +76,13 @@ fn segment_size_bounds() {
     // The engine needs the 64-byte header, a quarter-size record and a 17-byte commit marker,
     // and u32 offsets.
     assert_eq!(MIN_SEGMENT_SIZE, 107);
-    for size in [
-        MIN_SEGMENT_SIZE,
-        4096,
-        16_777_216,
-        268_435_456,
-        u64::from(u32::MAX),
-    ] {
+    for size in [MIN_SEGMENT_SIZE, 4096, 16_777_216, 268_435_456, u64::from(u32::MAX)] {
         let ok = from_env(&[("TEPHRA__SEGMENT__SIZE", &size.to_string())]).unwrap();
         assert!(ok.segment.max_record_len() + COMMIT_MARKER_LEN <= ok.segment.capacity());
     }
     for size in [0, 64, 65, 106, u64::from(u32::MAX) + 1] {
         let msg = invalid_message(from_env(&[("TEPHRA__SEGMENT__SIZE", &size.to_string())]));
-        assert_eq!(
-            msg,
-            format!("segment.size must be between 107 and 4294967295 bytes, got {size}")
-        );
+        assert_eq!(msg, format!("segment.size must be between 107 and 4294967295 bytes, got {size}"));
     }
     // Exhaustively around the minimum, the rule matches the engine's arithmetic.
     for size in 0..512u64 {
@@ -112,32 +93,13 @@ fn segment_size_bounds() {
 
 #[test]
 fn listen_addresses_must_be_host_and_port() {
-    for good in [
-        "127.0.0.1:9000",
-        "0.0.0.0:0",
-        "[::1]:9000",
-        "[::]:9000",
-        "localhost:9000",
-        "tephra-0.internal:9000",
-    ] {
+    for good in ["127.0.0.1:9000", "0.0.0.0:0", "[::1]:9000", "[::]:9000", "localhost:9000", "tephra-0.internal:9000"] {
         from_env(&[("TEPHRA__BIND", good)]).unwrap_or_else(|e| panic!("{good}: {e}"));
         from_env(&[("TEPHRA__METRICS__BIND", good)]).unwrap_or_else(|e| panic!("{good}: {e}"));
     }
-    for bad in [
-        "",
-        "nonsense",
-        "127.0.0.1",
-        "127.0.0.1:99999",
-        ":9000",
-        "::1:9000",
-        "a b:1",
-        "-x:1",
-    ] {
+    for bad in ["", "nonsense", "127.0.0.1", "127.0.0.1:99999", ":9000", "::1:9000", "a b:1", "-x:1"] {
         let msg = invalid_message(from_env(&[("TEPHRA__BIND", bad)]));
-        assert_eq!(
-            msg,
-            format!("bind must be an address like 127.0.0.1:9000 or localhost:9000, got {bad:?}")
-        );
+        assert_eq!(msg, format!("bind must be an address like 127.0.0.1:9000 or localhost:9000, got {bad:?}"));
         let msg = invalid_message(from_env(&[("TEPHRA__METRICS__BIND", bad)]));
         assert!(msg.starts_with("metrics.bind must be an address"), "{msg}");
     }
@@ -149,32 +111,17 @@ fn tls_cert_and_key_go_together() {
     let s = from_file(both).unwrap();
     assert!(s.tls.enabled());
 
-    for half in [
-        "[tls]\ncert = \"server.crt\"\n",
-        "[tls]\nkey = \"server.key\"\n",
-    ] {
-        assert_eq!(
-            invalid_message(from_file(half)),
-            "tls.cert and tls.key must be set together"
-        );
+    for half in ["[tls]\ncert = \"server.crt\"\n", "[tls]\nkey = \"server.key\"\n"] {
+        assert_eq!(invalid_message(from_file(half)), "tls.cert and tls.key must be set together");
     }
-    assert_eq!(
-        invalid_message(from_env(&[("TEPHRA__TLS__CERT", "server.crt")])),
-        "tls.cert and tls.key must be set together"
-    );
-    assert_eq!(
-        invalid_message(from_file("[tls]\ncert = \"\"\nkey = \"server.key\"\n")),
-        "tls.cert must not be empty"
-    );
+    assert_eq!(invalid_message(from_env(&[("TEPHRA__TLS__CERT", "server.crt")])), "tls.cert and tls.key must be set together");
+    assert_eq!(invalid_message(from_file("[tls]\ncert = \"\"\nkey = \"server.key\"\n")), "tls.cert must not be empty");
 }
 
 #[test]
 fn tokens_need_tls_or_an_explicit_opt_in() {
     let tokens = "[[auth.tokens]]\ntoken = \"s3cret\"\n[[auth.tokens]]\ntoken = \"next\"\n";
-    assert_eq!(
-        invalid_message(from_file(tokens)),
-        "auth.tokens require tls; set tls.cert and tls.key, or auth.allow_insecure = true"
-    );
+    assert_eq!(invalid_message(from_file(tokens)), "auth.tokens require tls; set tls.cert and tls.key, or auth.allow_insecure = true");
 
     let with_tls = format!("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n{tokens}");
     assert_eq!(from_file(&with_tls).unwrap().auth.tokens.len(), 2);
@@ -183,10 +130,7 @@ fn tokens_need_tls_or_an_explicit_opt_in() {
     assert!(from_file(&insecure).unwrap().auth.allow_insecure);
 
     // The opt-in can come from the environment too.
-    let file = FileSource {
-        path: Path::new("t.toml"),
-        text: tokens,
-    };
+    let file = FileSource { path: Path::new("t.toml"), text: tokens };
     let env = [("TEPHRA__AUTH__ALLOW_INSECURE".to_owned(), "true".to_owned())];
     resolve_sources(Some(file), env, &Overrides::default()).unwrap();
 
@@ -197,14 +141,8 @@ fn tokens_need_tls_or_an_explicit_opt_in() {
 #[test]
 fn empty_tokens_are_rejected() {
     let tls = "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n";
-    for tokens in [
-        "[[auth.tokens]]\ntoken = \"\"\n",
-        "[[auth.tokens]]\ntoken = \"ok\"\n[[auth.tokens]]\n",
-    ] {
-        assert_eq!(
-            invalid_message(from_file(&format!("{tls}{tokens}"))),
-            "auth.tokens entries must have a non-empty token"
-        );
+    for tokens in ["[[auth.tokens]]\ntoken = \"\"\n", "[[auth.tokens]]\ntoken = \"ok\"\n[[auth.tokens]]\n"] {
+        assert_eq!(invalid_message(from_file(&format!("{tls}{tokens}"))), "auth.tokens entries must have a non-empty token");
     }
 }
 
@@ -212,10 +150,7 @@ fn empty_tokens_are_rejected() {
 fn hand_built_settings_validate_the_same_way() {
     let mut s = Settings::default();
     s.server.backpressure.frame_queue_depth = 0;
-    assert_eq!(
-        s.validate().unwrap_err().to_string(),
-        "server.backpressure.frame_queue_depth must be at least 1"
-    );
+    assert_eq!(s.validate().unwrap_err().to_string(), "server.backpressure.frame_queue_depth must be at least 1");
     let mut s = Settings::default();
     s.auth.tokens.push(TokenSettings::new("secret"));
     assert!(s.validate().is_err());

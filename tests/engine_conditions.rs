@@ -157,10 +157,7 @@ fn verdicts_across_segment_boundaries_and_reopen() {
         assert_eq!(probe(AppendCondition::new(q(&["Odd"], &["k:40"]))), Ok(()));
         assert_eq!(probe(AppendCondition::new(q(&["Even"], &["k:40", "all"]))), conflict(ConflictClause::Boundary, 40));
         assert_eq!(probe(AppendCondition::new(q(&["Odd"], &[])).after(Position(30))), conflict(ConflictClause::Boundary, 31));
-        assert_eq!(
-            probe(AppendCondition::exists_only(q(&["Even"], &["all"])).after(Position(41))),
-            conflict(ConflictClause::Existence, 2)
-        );
+        assert_eq!(probe(AppendCondition::exists_only(q(&["Even"], &["all"])).after(Position(41))), conflict(ConflictClause::Existence, 2));
         assert_eq!(probe(AppendCondition::new(Query::all()).after(Position(38)).fail_if_exists(q(&[], &["nope"]))), conflict(ConflictClause::Boundary, 39));
         assert_eq!(probe(AppendCondition::new(q(&[], &["k:1"])).after(Position(1)).fail_if_exists(Query::none())), Ok(()));
     };

@@ -46,9 +46,8 @@ fn crash_child() {
                 for seq in 0.. {
                     // Every fourth append carries an idempotency guard on its own fresh key,
                     // which must pass.
-                    let cond = (seq % 4 == 0).then(|| {
-                        AppendCondition::exists_only(Query::item(QueryItem::with_tags(Tags::new([format!("id:{run}:{thread}:{seq}:0")]).unwrap())))
-                    });
+                    let cond = (seq % 4 == 0)
+                        .then(|| AppendCondition::exists_only(Query::item(QueryItem::with_tags(Tags::new([format!("id:{run}:{thread}:{seq}:0")]).unwrap()))));
                     let r = h.append(events(run, thread, seq), cond).unwrap();
                     let line = format!("{run} {thread} {seq} {} {}\n", r.first.get(), r.last.get());
                     file.write_all(line.as_bytes()).unwrap();

@@ -30,8 +30,12 @@ struct ReadSpec {
 }
 
 fn read_spec() -> impl Strategy<Value = ReadSpec> {
-    (q_spec(), any::<bool>(), any::<u64>(), proptest::option::weighted(0.5, 0..6u64))
-        .prop_map(|(query, forward, bound_seed, limit)| ReadSpec { query, forward, bound_seed, limit })
+    (q_spec(), any::<bool>(), any::<u64>(), proptest::option::weighted(0.5, 0..6u64)).prop_map(|(query, forward, bound_seed, limit)| ReadSpec {
+        query,
+        forward,
+        bound_seed,
+        limit,
+    })
 }
 
 /// The positions the oracle says `r` returns over `history`, in read order.

@@ -19,7 +19,10 @@ fn unchanged<T: std::fmt::Debug>(s: &Store, what: &str, f: impl FnOnce(&StoreHan
     let out = f(&h);
     assert_eq!(h.head(), head, "{what}: head moved");
     assert_eq!(h.stats(), stats, "{what}: stats changed");
-    assert!(snapshot(h.dir()).into_iter().filter(|(n, _)| n.ends_with(".log")).eq(files.into_iter().filter(|(n, _)| n.ends_with(".log"))), "{what}: segment files changed");
+    assert!(
+        snapshot(h.dir()).into_iter().filter(|(n, _)| n.ends_with(".log")).eq(files.into_iter().filter(|(n, _)| n.ends_with(".log"))),
+        "{what}: segment files changed"
+    );
     let r = h.append(vec![ev("Ok", &[], b"fine")], None).unwrap();
     assert_eq!(r.first, head.next(), "{what}: the next append did not land at head + 1");
     out
@@ -69,7 +72,7 @@ fn oversized_records_and_batches_empty_appends_and_bad_conditions_change_nothing
     let h = s.handle();
     h.append(vec![ev("A", &["k"], b"seed")], None).unwrap();
     let rec = |payload: usize| ev("A", &[], &vec![b'p'; payload]); // framed: 8 + 5 + payload
-    // A record of exactly max_record_len is accepted; one byte more is refused.
+                                                                   // A record of exactly max_record_len is accepted; one byte more is refused.
     assert_eq!(8 + rec(1011).encoded_len(), 1024);
     unchanged(&s, "record one byte too large", |h| assert_eq!(h.append(vec![rec(1012)], None), Err(AppendError::TooLarge { size: 1025 })));
     unchanged(&s, "record of the reference's example", |h| assert_eq!(h.append(vec![rec(1020)], None), Err(AppendError::TooLarge { size: 1033 })));
@@ -78,9 +81,7 @@ fn oversized_records_and_batches_empty_appends_and_bad_conditions_change_nothing
     });
     h.append(vec![rec(1011)], None).unwrap();
     // A batch whose records each fit but that cannot fit an empty segment with its marker.
-    unchanged(&s, "batch larger than a segment", |h| {
-        assert_eq!(h.append(vec![rec(1011); 4], None), Err(AppendError::TooLarge { size: 4 * 1024 + 17 }))
-    });
+    unchanged(&s, "batch larger than a segment", |h| assert_eq!(h.append(vec![rec(1011); 4], None), Err(AppendError::TooLarge { size: 4 * 1024 + 17 })));
     unchanged(&s, "empty append", |h| assert_eq!(h.append(vec![], None), Err(AppendError::Empty)));
     unchanged(&s, "empty conditional append", |h| assert_eq!(h.append(vec![], Some(AppendCondition::new(Query::all()))), Err(AppendError::Empty)));
     unchanged(&s, "after beyond the tip", |h| {

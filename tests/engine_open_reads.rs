@@ -56,7 +56,9 @@ fn holes_reported(dir: &Path) -> bool {
     let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&f, &[1u8; 4096], 0).unwrap();
     // SAFETY: plain system calls on an open descriptor.
-    let reported = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 1 << 20) == 0 && libc::fsync(f.as_raw_fd()) == 0 && libc::lseek(f.as_raw_fd(), 4096, libc::SEEK_DATA) < 0 };
+    let reported = unsafe {
+        libc::fallocate(f.as_raw_fd(), 0, 0, 1 << 20) == 0 && libc::fsync(f.as_raw_fd()) == 0 && libc::lseek(f.as_raw_fd(), 4096, libc::SEEK_DATA) < 0
+    };
     std::fs::remove_file(&path).unwrap();
     reported
 }

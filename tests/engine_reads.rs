@@ -290,12 +290,7 @@ fn reads_made_not_to_wait_stop_at_cold_records_and_resume_where_they_stopped() {
             let q = if round < 2 { Query::all() } else { random_query(&mut rng) };
             for back in [false, true] {
                 evict_page_cache(d.path());
-                let mut r = if back {
-                    h.read_back(q.clone(), Position::MAX, None)
-                } else {
-                    h.read(q.clone(), Position::ZERO, None)
-                }
-                .without_waiting();
+                let mut r = if back { h.read_back(q.clone(), Position::MAX, None) } else { h.read(q.clone(), Position::ZERO, None) }.without_waiting();
                 let indexed = r.is_indexed();
                 let (events, blocked) = drain_fetching(&mut r, 100, || {});
                 let got: Vec<u64> = events.into_iter().map(|(p, _)| p).collect();
@@ -453,10 +448,7 @@ fn subscription_catches_up_then_follows_a_concurrent_writer_without_gap_or_dupli
     let mut rng = Rng::from_time("subscription");
     let (s, mut log) = populated(d.path(), &mut rng, 60);
     let h = s.handle();
-    let q = Query::items(vec![
-        QueryItem::with_tags(Tags::new(["t1"]).unwrap()),
-        QueryItem::of_types(vec![EventType::new("C").unwrap()]),
-    ]);
+    let q = Query::items(vec![QueryItem::with_tags(Tags::new(["t1"]).unwrap()), QueryItem::of_types(vec![EventType::new("C").unwrap()])]);
     let start = 17u64;
     let mut sub = h.subscribe(q.clone(), Position(start));
     let extra: Vec<Vec<Event>> = (0..40u64).map(|b| (0..1 + b % 3).map(|j| random_event(&mut rng, 1000 + b * 4 + j)).collect()).collect();
@@ -551,11 +543,7 @@ fn concurrent_readers_see_consistent_prefixes_across_rollovers() {
             let (done, reads) = (&done, &reads);
             sc.spawn(move || {
                 while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                    let r = if forward {
-                        h.read(Query::all(), Position::ZERO, None)
-                    } else {
-                        h.read_back(Query::all(), Position::MAX, None)
-                    };
+                    let r = if forward { h.read(Query::all(), Position::ZERO, None) } else { h.read_back(Query::all(), Position::MAX, None) };
                     let w = r.watermark().get();
                     let got = r.collect_owned().unwrap();
                     assert_eq!(got.len() as u64, w, "forward {forward}: {} events under watermark {w}", got.len());
@@ -596,16 +584,8 @@ fn bounded_steps_return_exactly_the_unbounded_answer() {
         };
         let after = rng.below(1600);
         for back in [false, true] {
-            let want = positions(if back {
-                h.read_back(q.clone(), Position(after), None)
-            } else {
-                h.read(q.clone(), Position(after), None)
-            });
-            let mut r = if back {
-                h.read_back(q.clone(), Position(after), None)
-            } else {
-                h.read(q.clone(), Position(after), None)
-            };
+            let want = positions(if back { h.read_back(q.clone(), Position(after), None) } else { h.read(q.clone(), Position(after), None) });
+            let mut r = if back { h.read_back(q.clone(), Position(after), None) } else { h.read(q.clone(), Position(after), None) };
             let step = 1 + rng.below(7) as usize;
             let (mut got, mut pauses) = (Vec::new(), 0);
             loop {

@@ -418,7 +418,12 @@ fn a_sealed_segment_missing_its_last_batch_is_named() {
     let last = batches(seg).pop().unwrap();
     patch(seg, last.start, &vec![0u8; last.end - last.start]);
     let err = assert_refused(d.path(), 512, &segs[1], None, "zeroed last batch of a sealed segment");
-    let want = format!("the segment before it, {}, holds positions up to {} and its committed records end at byte offset {}", seg.display(), last.highest - last.records.len() as u64, last.start);
+    let want = format!(
+        "the segment before it, {}, holds positions up to {} and its committed records end at byte offset {}",
+        seg.display(),
+        last.highest - last.records.len() as u64,
+        last.start
+    );
     assert!(err.contains(&want), "{err}");
 }
 

@@ -78,7 +78,12 @@ fn a_follower_process_tracks_a_live_writer_as_a_growing_prefix() {
         // The follower may already show the batch in flight, durable but not yet acknowledged
         // to the appender: the one after `ack_after`, of 1 + ack_after % 4 events (had the
         // acknowledgement moved on since the read, `ack_after` covers what the read saw).
-        assert!(watermark.get() <= ack_after + 1 + ack_after % 4, "follower shows {} beyond the acknowledged {} and the batch in flight", watermark.get(), ack_after);
+        assert!(
+            watermark.get() <= ack_after + 1 + ack_after % 4,
+            "follower shows {} beyond the acknowledged {} and the batch in flight",
+            watermark.get(),
+            ack_after
+        );
         for (k, e) in events.iter().enumerate() {
             assert_eq!(e.position().get(), k as u64 + 1);
             assert_eq!(e.event().as_bytes(), ev(k as u64).as_bytes(), "follower event {} differs", k + 1);
@@ -106,7 +111,10 @@ fn a_follower_process_tracks_a_live_writer_as_a_growing_prefix() {
         assert!(t.elapsed() < Duration::from_secs(5), "follower stuck at {} behind {last}", s.event_count);
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(std::fs::read_dir(&data).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log")).count() > 1, "the test should cross segments");
+    assert!(
+        std::fs::read_dir(&data).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log")).count() > 1,
+        "the test should cross segments"
+    );
 }
 
 fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
@@ -321,7 +329,12 @@ fn a_follower_stopped_by_a_damaged_sealed_segment_says_so_counts_it_and_serves_t
     let (stop, committed) = damage(&path, 5000);
     let prefix = base + committed - 1;
 
-    let follower = Server::start_args(&ours(), &data, &["--follow", "--follow-poll-ms", "20"], &[("TEPHRA__SEGMENT__SIZE", "65536"), ("TEPHRA__METRICS__BIND", "127.0.0.1:0")]);
+    let follower = Server::start_args(
+        &ours(),
+        &data,
+        &["--follow", "--follow-poll-ms", "20"],
+        &[("TEPHRA__SEGMENT__SIZE", "65536"), ("TEPHRA__METRICS__BIND", "127.0.0.1:0")],
+    );
     for i in 300..325 {
         w.append(vec![big(i)], None).unwrap();
     }
@@ -404,7 +417,10 @@ fn a_follower_opens_a_store_the_writer_refuses_with_the_prefix_before_the_damage
         }
         assert_eq!(h.head(), Position(300), "sealed {sealed}: the restored segment was not followed on");
         let all = h.read(Query::all(), Position::ZERO, None).collect_owned().unwrap();
-        assert!(all.len() == 300 && all.iter().enumerate().all(|(k, (p, e))| p.get() == k as u64 + 1 && e.as_bytes() == big(k as u64).as_bytes()), "sealed {sealed}");
+        assert!(
+            all.len() == 300 && all.iter().enumerate().all(|(k, (p, e))| p.get() == k as u64 + 1 && e.as_bytes() == big(k as u64).as_bytes()),
+            "sealed {sealed}"
+        );
         f.close();
     }
 }

@@ -26,14 +26,19 @@ fn golden_write() {
     let c = Command::Write { journal: J, leader: Some(LeaderUuid(0xa)), seq: 2, records: vec![b"r2", b""] };
     let got = hex(&enc(&c, EntryId { term: 3, index: 9 }));
     let want = concat!(
-        "01", "01", "000000000000",
-        "0300000000000000", "0900000000000000",
-        "8877665544332211", "0807060504030201",
+        "01",
+        "01",
+        "000000000000",
+        "0300000000000000",
+        "0900000000000000",
+        "8877665544332211",
+        "0807060504030201",
         "0a000000000000000000000000000000", // leader uuid 0xa, u128 LE
         "0200000000000000",                 // seq 2
         "02000000",                         // 2 records
-        "02000000", "7232",                 // "r2"
-        "00000000",                         // ""
+        "02000000",
+        "7232",     // "r2"
+        "00000000", // ""
     );
     assert_eq!(got, want);
 }
@@ -42,7 +47,10 @@ fn golden_write() {
 fn golden_multi_write_set_leader_truncate_noop_delete() {
     let z = EntryId::default();
     let multi = Command::Write { journal: J, leader: None, seq: 0, records: vec![b"x"] };
-    assert_eq!(hex(&enc(&multi, z)), format!("{}{}{}{}{}{}", head(1, 0, 0, J.tenant, J.journal), "0".repeat(32), "0000000000000000", "01000000", "01000000", "78"));
+    assert_eq!(
+        hex(&enc(&multi, z)),
+        format!("{}{}{}{}{}{}", head(1, 0, 0, J.tenant, J.journal), "0".repeat(32), "0000000000000000", "01000000", "01000000", "78")
+    );
     let sl = Command::SetLeader { journal: J, new: LeaderUuid(0xb), old: Some(LeaderUuid(0xa)) };
     assert_eq!(hex(&enc(&sl, z)), format!("{}0b{}0a{}", head(2, 0, 0, J.tenant, J.journal), "0".repeat(30), "0".repeat(30)));
     let first = Command::SetLeader { journal: J, new: LeaderUuid(1 << 127), old: None };
@@ -99,7 +107,16 @@ fn every_decode_error() {
 }
 
 fn command() -> impl Strategy<Value = (u8, u64, u64, u128, u128, u64, Vec<Vec<u8>>, String)> {
-    (0u8..7, any::<u64>(), any::<u64>(), any::<u128>(), any::<u128>(), any::<u64>(), prop::collection::vec(prop::collection::vec(any::<u8>(), 0..20), 0..6), "[a-z0-9._-]{1,40}")
+    (
+        0u8..7,
+        any::<u64>(),
+        any::<u64>(),
+        any::<u128>(),
+        any::<u128>(),
+        any::<u64>(),
+        prop::collection::vec(prop::collection::vec(any::<u8>(), 0..20), 0..6),
+        "[a-z0-9._-]{1,40}",
+    )
 }
 
 proptest! {

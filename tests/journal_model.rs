@@ -281,13 +281,16 @@ mod directory {
         assert_eq!(d.apply(&Command::CreateTenant { tenant: 5, name: "acme" }), Answer::NameTaken { existing: JournalId { tenant: ACME, journal: 0 } });
         assert_eq!(d.apply(&Command::CreateTenant { tenant: ACME, name: "globex" }), Answer::NameTaken { existing: JournalId { tenant: ACME, journal: 0 } });
         assert_eq!(d.apply(&Command::CreateTenant { tenant: 0, name: "globex" }), Answer::NameTaken { existing: JournalId { tenant: 0, journal: 0 } });
-        let again = Command::CreateJournal { journal: JournalId { tenant: ACME, journal: 9 }, name: "orders", mode: Mode::Multi, durability: StoreDurability::Batched };
+        let again =
+            Command::CreateJournal { journal: JournalId { tenant: ACME, journal: 9 }, name: "orders", mode: Mode::Multi, durability: StoreDurability::Batched };
         assert_eq!(d.apply(&again), Answer::NameTaken { existing: ORDERS });
         let same_id = Command::CreateJournal { journal: ORDERS, name: "other", mode: Mode::Multi, durability: StoreDurability::Batched };
         assert_eq!(d.apply(&same_id), Answer::NameTaken { existing: ORDERS });
-        let zero = Command::CreateJournal { journal: JournalId { tenant: ACME, journal: 0 }, name: "z", mode: Mode::Multi, durability: StoreDurability::Batched };
+        let zero =
+            Command::CreateJournal { journal: JournalId { tenant: ACME, journal: 0 }, name: "z", mode: Mode::Multi, durability: StoreDurability::Batched };
         assert_eq!(d.apply(&zero), Answer::NameTaken { existing: JournalId { tenant: ACME, journal: 0 } });
-        let orphan = Command::CreateJournal { journal: JournalId { tenant: 77, journal: 1 }, name: "x", mode: Mode::Multi, durability: StoreDurability::Batched };
+        let orphan =
+            Command::CreateJournal { journal: JournalId { tenant: 77, journal: 1 }, name: "x", mode: Mode::Multi, durability: StoreDurability::Batched };
         assert_eq!(d.apply(&orphan), Answer::UnknownTenant);
         assert_eq!(d.apply(&Command::CreateTenant { tenant: 6, name: "bad/name" }), Answer::InvalidName);
         assert_eq!(d.journals_of(ACME).count(), 1);
@@ -314,7 +317,12 @@ mod directory {
         assert_eq!(d.apply(&Command::DeleteJournal { journal: ORDERS }), Answer::UnknownJournal);
         assert_eq!(d.apply(&Command::Truncate { journal: ORDERS, leader: None, up_to: 0 }), Answer::UnknownJournal);
         assert!(d.journal_named("acme", "orders").is_none());
-        let again = Command::CreateJournal { journal: JournalId { tenant: ACME, journal: 0x0f }, name: "orders", mode: Mode::Multi, durability: StoreDurability::Batched };
+        let again = Command::CreateJournal {
+            journal: JournalId { tenant: ACME, journal: 0x0f },
+            name: "orders",
+            mode: Mode::Multi,
+            durability: StoreDurability::Batched,
+        };
         assert_eq!(d.apply(&again), Answer::JournalCreated { journal: JournalId { tenant: ACME, journal: 0x0f } });
     }
 

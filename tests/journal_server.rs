@@ -84,7 +84,12 @@ impl Conn {
     }
 
     fn create(&mut self, tenant: &str, journal: &str, mode: JournalMode) -> (u64, u64) {
-        let r = self.call(journal_request::Call::Create(JournalCreate { tenant_name: tenant.into(), journal_name: journal.into(), mode: mode as i32, durability: JournalDurability::Ordered as i32 }));
+        let r = self.call(journal_request::Call::Create(JournalCreate {
+            tenant_name: tenant.into(),
+            journal_name: journal.into(),
+            mode: mode as i32,
+            durability: JournalDurability::Ordered as i32,
+        }));
         assert_eq!(r.outcome(), JournalOutcome::Created, "{r:?}");
         (r.tenant, r.journal)
     }
@@ -106,7 +111,11 @@ impl Conn {
 
 fn leader_of(r: &JournalResponse) -> u128 {
     let l = &r.state.as_ref().unwrap().leader;
-    if l.is_empty() { 0 } else { u128::from_be_bytes(l.as_slice().try_into().unwrap()) }
+    if l.is_empty() {
+        0
+    } else {
+        u128::from_be_bytes(l.as_slice().try_into().unwrap())
+    }
 }
 
 fn scratch() -> tempfile::TempDir {

@@ -19,9 +19,12 @@ fn golden_single_writer_write_request() {
         "0805",   // request_id 5
         "82011c", // field 16, 28 bytes
         "0a1a",   // JournalRequest.write, 26 bytes
-        "0801", "1002",                                       // tenant 1, journal 2
-        "1a10", "a00102030405060708090a0b0c0d0e0f",           // leader, 16 bytes
-        "2a02", "7230",                                       // one record "r0"; seq 0 omitted
+        "0801",
+        "1002", // tenant 1, journal 2
+        "1a10",
+        "a00102030405060708090a0b0c0d0e0f", // leader, 16 bytes
+        "2a02",
+        "7230", // one record "r0"; seq 0 omitted
     );
     assert_eq!(hex(&req.encode_to_vec()), want);
     assert_eq!(Request::decode(&*req.encode_to_vec()).unwrap(), req);
@@ -33,10 +36,14 @@ fn golden_accepted_response() {
     let r = JournalResponse { outcome: JournalOutcome::Accepted as i32, state: Some(state), seq: 0, count: 1, ..Default::default() };
     let resp = Response::new(5, response::Kind::Journal(r));
     let want = concat!(
-        "0805", "82011a",                                     // id 5, field 16, 26 bytes
-        "0801",                                               // outcome ACCEPTED
-        "1214", "0a10", "a00102030405060708090a0b0c0d0e0f", "1001", // state: leader, next_seq 1
-        "2001",                                               // count 1
+        "0805",
+        "82011a", // id 5, field 16, 26 bytes
+        "0801",   // outcome ACCEPTED
+        "1214",
+        "0a10",
+        "a00102030405060708090a0b0c0d0e0f",
+        "1001", // state: leader, next_seq 1
+        "2001", // count 1
     );
     assert_eq!(hex(&resp.encode_to_vec()), want);
 }

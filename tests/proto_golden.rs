@@ -5,9 +5,9 @@
 
 use prost::Message;
 use tephra::proto::{
-    encode_frame, request, response, AppendCondition, AppendRequest, AppendResponse, CancelRequest, ErrorCode,
-    ErrorResponse, Event, FrameDecoder, Hello, HelloAck, Query, QueryItem, ReadEnd, ReadEvents, ReadRequest, Request,
-    Response, SequencedEvent, StatsRequest, StatsResponse, SubscribeCaughtUp, SubscribeRequest, DEFAULT_MAX_FRAME_LEN,
+    encode_frame, request, response, AppendCondition, AppendRequest, AppendResponse, CancelRequest, ErrorCode, ErrorResponse, Event, FrameDecoder, Hello,
+    HelloAck, Query, QueryItem, ReadEnd, ReadEvents, ReadRequest, Request, Response, SequencedEvent, StatsRequest, StatsResponse, SubscribeCaughtUp,
+    SubscribeRequest, DEFAULT_MAX_FRAME_LEN,
 };
 
 fn frame_of<M: Message>(m: &M) -> Vec<u8> {
@@ -31,10 +31,7 @@ fn hello_frame() {
 
 #[test]
 fn hello_with_a_token_and_an_empty_token() {
-    lock(
-        &Request::hello(1, Some("s3cret")),
-        &[0x08, 0x01, 0x3a, 0x0a, 0x08, 0x01, 0x12, 0x06, b's', b'3', b'c', b'r', b'e', b't'],
-    );
+    lock(&Request::hello(1, Some("s3cret")), &[0x08, 0x01, 0x3a, 0x0a, 0x08, 0x01, 0x12, 0x06, b's', b'3', b'c', b'r', b'e', b't']);
     // proto3 `optional`: an empty token is still sent (and the server rejects it).
     lock(&Request::hello(1, Some("")), &[0x08, 0x01, 0x3a, 0x04, 0x08, 0x01, 0x12, 0x00]);
     // Wrong or absent version: absent is just 0.
@@ -44,8 +41,7 @@ fn hello_with_a_token_and_an_empty_token() {
 
 #[test]
 fn hello_ack_body() {
-    let ack =
-        Response::new(1, response::Kind::HelloAck(HelloAck { protocol_version: 1, server_version: "0.4.4".into() }));
+    let ack = Response::new(1, response::Kind::HelloAck(HelloAck { protocol_version: 1, server_version: "0.4.4".into() }));
     let mut want = vec![0x08, 0x01, 0x42, 0x09, 0x08, 0x01, 0x12, 0x05];
     want.extend_from_slice(b"0.4.4");
     lock(&ack, &want);
@@ -55,30 +51,18 @@ fn hello_ack_body() {
 fn append_frame_id_5() {
     let req = Request::new(
         5,
-        request::Kind::Append(AppendRequest {
-            events: vec![Event { r#type: "E".into(), tags: vec!["k:1".into()], payload: b"p".to_vec() }],
-            condition: None,
-        }),
+        request::Kind::Append(AppendRequest { events: vec![Event { r#type: "E".into(), tags: vec!["k:1".into()], payload: b"p".to_vec() }], condition: None }),
     );
-    let want = [
-        0x00, 0x00, 0x00, 0x11, 0x08, 0x05, 0x12, 0x0d, 0x0a, 0x0b, 0x0a, 0x01, 0x45, 0x12, 0x03, 0x6b, 0x3a, 0x31,
-        0x1a, 0x01, 0x70,
-    ];
+    let want = [0x00, 0x00, 0x00, 0x11, 0x08, 0x05, 0x12, 0x0d, 0x0a, 0x0b, 0x0a, 0x01, 0x45, 0x12, 0x03, 0x6b, 0x3a, 0x31, 0x1a, 0x01, 0x70];
     assert_eq!(frame_of(&req), want);
     lock(&req, &want[4..]);
 }
 
 #[test]
 fn append_response_read_end_caught_up() {
-    lock(
-        &Response::new(5, response::Kind::Append(AppendResponse { first: 7, last: 7 })),
-        &[0x08, 0x05, 0x12, 0x04, 0x08, 0x07, 0x10, 0x07],
-    );
+    lock(&Response::new(5, response::Kind::Append(AppendResponse { first: 7, last: 7 })), &[0x08, 0x05, 0x12, 0x04, 0x08, 0x07, 0x10, 0x07]);
     lock(&Response::new(12, response::Kind::ReadEnd(ReadEnd { watermark: 7 })), &[0x08, 0x0c, 0x22, 0x02, 0x08, 0x07]);
-    lock(
-        &Response::new(17, response::Kind::CaughtUp(SubscribeCaughtUp { watermark: 7 })),
-        &[0x08, 0x11, 0x32, 0x02, 0x08, 0x07],
-    );
+    lock(&Response::new(17, response::Kind::CaughtUp(SubscribeCaughtUp { watermark: 7 })), &[0x08, 0x11, 0x32, 0x02, 0x08, 0x07]);
     // A watermark of 0 (empty store) is a present message with no fields.
     lock(&Response::new(17, response::Kind::CaughtUp(SubscribeCaughtUp { watermark: 0 })), &[0x08, 0x11, 0x32, 0x00]);
 }
@@ -114,24 +98,10 @@ fn u64_max_is_a_ten_byte_varint() {
 #[test]
 fn optional_scalars_are_sent_when_zero_and_plain_ones_are_not() {
     // limit: present 0 is sent; absent is not.
-    lock(
-        &ReadRequest { query: Some(Query { all: true, items: vec![] }), after: 0, limit: Some(0), reverse: false },
-        &[0x0a, 0x02, 0x08, 0x01, 0x18, 0x00],
-    );
-    lock(
-        &ReadRequest { query: Some(Query::default()), after: 3, limit: None, reverse: false },
-        &[0x0a, 0x00, 0x10, 0x03],
-    );
+    lock(&ReadRequest { query: Some(Query { all: true, items: vec![] }), after: 0, limit: Some(0), reverse: false }, &[0x0a, 0x02, 0x08, 0x01, 0x18, 0x00]);
+    lock(&ReadRequest { query: Some(Query::default()), after: 3, limit: None, reverse: false }, &[0x0a, 0x00, 0x10, 0x03]);
     // conflict_position: present 0 is sent; retryable false is not.
-    lock(
-        &ErrorResponse {
-            code: ErrorCode::Conflict as i32,
-            message: String::new(),
-            conflict_position: Some(0),
-            retryable: false,
-        },
-        &[0x08, 0x01, 0x18, 0x00],
-    );
+    lock(&ErrorResponse { code: ErrorCode::Conflict as i32, message: String::new(), conflict_position: Some(0), retryable: false }, &[0x08, 0x01, 0x18, 0x00]);
     lock(&ErrorResponse { code: 0, message: String::new(), conflict_position: None, retryable: true }, &[0x20, 0x01]);
     // An event without payload omits field 3.
     lock(&Event { r#type: "A".into(), tags: vec![], payload: vec![] }, &[0x0a, 0x01, b'A']);
@@ -140,38 +110,23 @@ fn optional_scalars_are_sent_when_zero_and_plain_ones_are_not() {
 #[test]
 fn conditions_queries_and_subscriptions() {
     let cond = AppendCondition {
-        fail_if_events_match: Some(Query {
-            all: false,
-            items: vec![QueryItem { types: vec!["T".into()], tags: vec!["a".into(), "b".into()] }],
-        }),
+        fail_if_events_match: Some(Query { all: false, items: vec![QueryItem { types: vec!["T".into()], tags: vec!["a".into(), "b".into()] }] }),
         after: 7,
         fail_if_exists: Some(Query::default()),
     };
-    lock(
-        &cond,
-        &[0x0a, 0x0b, 0x12, 0x09, 0x0a, 0x01, b'T', 0x12, 0x01, b'a', 0x12, 0x01, b'b', 0x10, 0x07, 0x1a, 0x00],
-    );
+    lock(&cond, &[0x0a, 0x0b, 0x12, 0x09, 0x0a, 0x01, b'T', 0x12, 0x01, b'a', 0x12, 0x01, b'b', 0x10, 0x07, 0x1a, 0x00]);
     lock(&AppendRequest { events: vec![], condition: Some(AppendCondition::default()) }, &[0x12, 0x00]);
-    lock(
-        &SubscribeRequest { query: Some(Query { all: true, items: vec![] }), after: 2 },
-        &[0x0a, 0x02, 0x08, 0x01, 0x10, 0x02],
-    );
+    lock(&SubscribeRequest { query: Some(Query { all: true, items: vec![] }), after: 2 }, &[0x0a, 0x02, 0x08, 0x01, 0x10, 0x02]);
 }
 
 #[test]
 fn read_events_and_stats_layout() {
     let ev = ReadEvents {
-        events: vec![SequencedEvent {
-            position: 1,
-            event: Some(Event { r#type: "E".into(), tags: vec!["k:1".into()], payload: b"p".to_vec() }),
-        }],
+        events: vec![SequencedEvent { position: 1, event: Some(Event { r#type: "E".into(), tags: vec!["k:1".into()], payload: b"p".to_vec() }) }],
     };
     lock(
         &Response::new(3, response::Kind::ReadEvents(ev)),
-        &[
-            0x08, 0x03, 0x1a, 0x11, 0x0a, 0x0f, 0x08, 0x01, 0x12, 0x0b, 0x0a, 0x01, 0x45, 0x12, 0x03, 0x6b, 0x3a, 0x31,
-            0x1a, 0x01, 0x70,
-        ],
+        &[0x08, 0x03, 0x1a, 0x11, 0x0a, 0x0f, 0x08, 0x01, 0x12, 0x0b, 0x0a, 0x01, 0x45, 0x12, 0x03, 0x6b, 0x3a, 0x31, 0x1a, 0x01, 0x70],
     );
     let stats = StatsResponse {
         event_count: 1,
@@ -187,21 +142,12 @@ fn read_events_and_stats_layout() {
         writer_stopped: String::new(),
     };
     // Our field 11 empty: not encoded, the reference's bytes exactly.
-    lock(
-        &stats,
-        &[
-            0x08, 0x01, 0x10, 0x02, 0x18, 0x03, 0x20, 0x04, 0x28, 0x05, 0x30, 0x06, 0x3a, 0x01, b'v', 0x40, 0x08, 0x48,
-            0x09, 0x50, 0x0a,
-        ],
-    );
+    lock(&stats, &[0x08, 0x01, 0x10, 0x02, 0x18, 0x03, 0x20, 0x04, 0x28, 0x05, 0x30, 0x06, 0x3a, 0x01, b'v', 0x40, 0x08, 0x48, 0x09, 0x50, 0x0a]);
     // Set (a fail-stopped writer): field 11, length-delimited, after the reference's ten.
     let stopped = StatsResponse { writer_stopped: "x".into(), ..stats };
     lock(
         &stopped,
-        &[
-            0x08, 0x01, 0x10, 0x02, 0x18, 0x03, 0x20, 0x04, 0x28, 0x05, 0x30, 0x06, 0x3a, 0x01, b'v', 0x40, 0x08, 0x48,
-            0x09, 0x50, 0x0a, 0x5a, 0x01, b'x',
-        ],
+        &[0x08, 0x01, 0x10, 0x02, 0x18, 0x03, 0x20, 0x04, 0x28, 0x05, 0x30, 0x06, 0x3a, 0x01, b'v', 0x40, 0x08, 0x48, 0x09, 0x50, 0x0a, 0x5a, 0x01, b'x'],
     );
 }
 

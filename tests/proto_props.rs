@@ -11,43 +11,29 @@ use tephra::proto::{self, convert, request, response, FrameDecoder, ReadEventsEn
 use tephra::{AppendCondition, Event, EventType, Position, Query, QueryItem, Tags};
 
 fn pb_event() -> impl Strategy<Value = proto::Event> {
-    (".{0,6}", vec(".{0,4}", 0..4), vec(any::<u8>(), 0..40)).prop_map(|(r#type, tags, payload)| proto::Event {
-        r#type,
-        tags,
-        payload,
-    })
+    (".{0,6}", vec(".{0,4}", 0..4), vec(any::<u8>(), 0..40)).prop_map(|(r#type, tags, payload)| proto::Event { r#type, tags, payload })
 }
 
 fn pb_query() -> impl Strategy<Value = proto::Query> {
-    (any::<bool>(), vec((vec("[a-c]{0,2}", 0..3), vec("[a-c]{0,2}", 0..3)), 0..3)).prop_map(|(all, items)| {
-        proto::Query { all, items: items.into_iter().map(|(types, tags)| proto::QueryItem { types, tags }).collect() }
-    })
+    (any::<bool>(), vec((vec("[a-c]{0,2}", 0..3), vec("[a-c]{0,2}", 0..3)), 0..3))
+        .prop_map(|(all, items)| proto::Query { all, items: items.into_iter().map(|(types, tags)| proto::QueryItem { types, tags }).collect() })
 }
 
 fn pb_request() -> impl Strategy<Value = Request> {
     let kind = prop_oneof![
-        (
-            vec(pb_event(), 0..3),
-            proptest::option::of((proptest::option::of(pb_query()), any::<u64>(), proptest::option::of(pb_query())))
-        )
-            .prop_map(|(events, cond)| request::Kind::Append(proto::AppendRequest {
+        (vec(pb_event(), 0..3), proptest::option::of((proptest::option::of(pb_query()), any::<u64>(), proptest::option::of(pb_query())))).prop_map(
+            |(events, cond)| request::Kind::Append(proto::AppendRequest {
                 events,
-                condition: cond.map(|(fail_if_events_match, after, fail_if_exists)| proto::AppendCondition {
-                    fail_if_events_match,
-                    after,
-                    fail_if_exists
-                }),
-            })),
-        (proptest::option::of(pb_query()), any::<u64>(), proptest::option::of(any::<u64>()), any::<bool>()).prop_map(
-            |(query, after, limit, reverse)| request::Kind::Read(proto::ReadRequest { query, after, limit, reverse })
+                condition: cond.map(|(fail_if_events_match, after, fail_if_exists)| proto::AppendCondition { fail_if_events_match, after, fail_if_exists }),
+            })
         ),
-        (proptest::option::of(pb_query()), any::<u64>())
-            .prop_map(|(query, after)| request::Kind::Subscribe(proto::SubscribeRequest { query, after })),
+        (proptest::option::of(pb_query()), any::<u64>(), proptest::option::of(any::<u64>()), any::<bool>())
+            .prop_map(|(query, after, limit, reverse)| request::Kind::Read(proto::ReadRequest { query, after, limit, reverse })),
+        (proptest::option::of(pb_query()), any::<u64>()).prop_map(|(query, after)| request::Kind::Subscribe(proto::SubscribeRequest { query, after })),
         any::<u64>().prop_map(|target| request::Kind::Cancel(proto::CancelRequest { target })),
         Just(request::Kind::Stats(proto::StatsRequest {})),
-        (any::<u32>(), proptest::option::of(".{0,8}")).prop_map(|(protocol_version, auth_token)| request::Kind::Hello(
-            proto::Hello { protocol_version, auth_token }
-        )),
+        (any::<u32>(), proptest::option::of(".{0,8}"))
+            .prop_map(|(protocol_version, auth_token)| request::Kind::Hello(proto::Hello { protocol_version, auth_token })),
     ];
     (any::<u64>(), proptest::option::of(kind)).prop_map(|(request_id, kind)| Request { request_id, kind })
 }
@@ -76,9 +62,8 @@ impl Read for Chunked<'_> {
 }
 
 fn valid_event() -> impl Strategy<Value = Event> {
-    ("[A-Za-z]{1,8}", proptest::collection::btree_set("[a-z:0-9]{1,6}", 0..5), vec(any::<u8>(), 0..300)).prop_map(
-        |(ty, tags, payload)| Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags).unwrap(), &payload).unwrap(),
-    )
+    ("[A-Za-z]{1,8}", proptest::collection::btree_set("[a-z:0-9]{1,6}", 0..5), vec(any::<u8>(), 0..300))
+        .prop_map(|(ty, tags, payload)| Event::new(&EventType::new(ty).unwrap(), &Tags::new(tags).unwrap(), &payload).unwrap())
 }
 
 proptest! {

@@ -10,9 +10,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use server_util::*;
 use support::{ev, Server};
 use tephra::client::Client;
-use server_util::*;
 
 /// Drop-in replacement: stop the reference (or ourselves) with clients connected, start ours on
 /// the same port at once. The killed server's side of each connection sits in TIME_WAIT on the

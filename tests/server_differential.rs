@@ -167,7 +167,11 @@ enum Op {
     /// On a fresh connection: subscribe and take frames up to the first `caught_up`; then
     /// append `live` on the main connection and take the subscription's frames up to the next
     /// `caught_up` (or a short silence); then cancel and close.
-    Subscribe { query: Option<proto::Query>, after: u64, live: Option<proto::AppendRequest> },
+    Subscribe {
+        query: Option<proto::Query>,
+        after: u64,
+        live: Option<proto::AppendRequest>,
+    },
     /// Appends pipelined on the main connection without waiting; answers compared by id.
     Burst(Vec<proto::AppendRequest>),
     Misc(Misc),
@@ -341,11 +345,8 @@ impl Gen {
 
     /// An append carrying inputs at the edges of validation.
     fn edge_append(&mut self) -> proto::AppendRequest {
-        let ev = |t: &str, tags: &[&str], p: &[u8]| proto::Event {
-            r#type: t.to_string(),
-            tags: tags.iter().map(|s| s.to_string()).collect(),
-            payload: p.to_vec(),
-        };
+        let ev =
+            |t: &str, tags: &[&str], p: &[u8]| proto::Event { r#type: t.to_string(), tags: tags.iter().map(|s| s.to_string()).collect(), payload: p.to_vec() };
         let edge = match self.rng.below(16) {
             0 => ev("", &["k:1"], b"x"),
             1 => ev("E", &[""], b""),
@@ -360,12 +361,7 @@ impl Gen {
             10 => ev(" ", &[" "], b""),
             11 => ev("é", &["é", "e\u{301}"], b"nfc-vs-nfd"),
             // Two distinct invalid events: which is reported first.
-            12 => {
-                return proto::AppendRequest {
-                    events: vec![self.event(), ev("E", &["d", "d"], b""), ev("", &[], b"")],
-                    condition: self.condition(),
-                }
-            }
+            12 => return proto::AppendRequest { events: vec![self.event(), ev("E", &["d", "d"], b""), ev("", &[], b"")], condition: self.condition() },
             // A valid event with an invalid condition.
             13 => {
                 return proto::AppendRequest {
@@ -422,10 +418,7 @@ impl Gen {
                     events[0].tags.push(tag.clone());
                 }
                 let condition = guarded.then(|| proto::AppendCondition {
-                    fail_if_events_match: Some(proto::Query {
-                        all: false,
-                        items: vec![proto::QueryItem { types: vec![], tags: vec![tag.clone()] }],
-                    }),
+                    fail_if_events_match: Some(proto::Query { all: false, items: vec![proto::QueryItem { types: vec![], tags: vec![tag.clone()] }] }),
                     after: self.head,
                     fail_if_exists: None,
                 });
@@ -454,11 +447,7 @@ impl Gen {
             77..=78 => Op::ReadBurst((0..self.rng.range(2, 5)).map(|_| self.read()).collect()),
             79..=87 => Op::Append(self.edge_append()),
             88..=90 => Op::Append(self.empty_append()),
-            91..=95 => Op::Misc(
-                self.rng
-                    .pick(&[Misc::SecondHello, Misc::NoKind, Misc::CancelUnknownThenStats, Misc::StatsIdZero, Misc::ReadIdZero])
-                    .clone(),
-            ),
+            91..=95 => Op::Misc(self.rng.pick(&[Misc::SecondHello, Misc::NoKind, Misc::CancelUnknownThenStats, Misc::StatsIdZero, Misc::ReadIdZero]).clone()),
             96 if self.rng.chance(50) => Op::Restart,
             96 => Op::FrameLevel(self.rng.pick(&[FrameLevel::BadUtf8, FrameLevel::OverlongPrefix, FrameLevel::Garbage]).clone()),
             // Reads at the edges: limit 0/1 from the tip and from 0, and an invalid query.
@@ -716,10 +705,9 @@ impl Side {
                 Ok(_) => vec![Item::StatsAnswer(0)],
                 Err(other) => vec![other],
             },
-            Misc::ReadIdZero => self.read(
-                &proto::ReadRequest { query: Some(proto::Query { all: true, items: vec![] }), after: 0, limit: Some(3), reverse: false },
-                0,
-            ),
+            Misc::ReadIdZero => {
+                self.read(&proto::ReadRequest { query: Some(proto::Query { all: true, items: vec![] }), after: 0, limit: Some(3), reverse: false }, 0)
+            }
         }
     }
 
@@ -861,19 +849,11 @@ fn fmt_append(a: &proto::AppendRequest) -> String {
 fn fmt_op(op: &Op) -> String {
     match op {
         Op::Append(a) => fmt_append(a),
-        Op::Read(r) => format!(
-            "read {} after={} limit={:?} query={}",
-            if r.reverse { "backward" } else { "forward" },
-            r.after,
-            r.limit,
-            fmt_query(&r.query)
-        ),
+        Op::Read(r) => format!("read {} after={} limit={:?} query={}", if r.reverse { "backward" } else { "forward" }, r.after, r.limit, fmt_query(&r.query)),
         Op::Stats => "stats".into(),
-        Op::Subscribe { query, after, live } => format!(
-            "subscribe after={after} query={} then {}",
-            fmt_query(query),
-            live.as_ref().map_or("nothing".into(), fmt_append)
-        ),
+        Op::Subscribe { query, after, live } => {
+            format!("subscribe after={after} query={} then {}", fmt_query(query), live.as_ref().map_or("nothing".into(), fmt_append))
+        }
         Op::Burst(b) => {
             let parts: Vec<String> = b.iter().map(fmt_append).collect();
             format!("burst of {}: {}", b.len(), parts.join(" || "))
@@ -896,18 +876,12 @@ fn fmt_item(i: &Item) -> String {
                 Some(response::Kind::Journal(j)) => format!("Journal {j:?}"),
                 Some(response::Kind::Append(a)) => format!("Append {}..={}", a.first, a.last),
                 Some(response::Kind::ReadEvents(b)) => {
-                    let evs: Vec<String> = b
-                        .events
-                        .iter()
-                        .map(|se| format!("@{} {}", se.position, se.event.as_ref().map_or("<no event>".into(), fmt_event)))
-                        .collect();
+                    let evs: Vec<String> =
+                        b.events.iter().map(|se| format!("@{} {}", se.position, se.event.as_ref().map_or("<no event>".into(), fmt_event))).collect();
                     format!("ReadEvents({}) [{}]", b.events.len(), evs.join("; "))
                 }
                 Some(response::Kind::ReadEnd(e)) => format!("ReadEnd wm={}", e.watermark),
-                Some(response::Kind::Error(e)) => format!(
-                    "Error code={} msg={:?} pos={:?} retryable={}",
-                    e.code, e.message, e.conflict_position, e.retryable
-                ),
+                Some(response::Kind::Error(e)) => format!("Error code={} msg={:?} pos={:?} retryable={}", e.code, e.message, e.conflict_position, e.retryable),
                 Some(response::Kind::CaughtUp(c)) => format!("CaughtUp wm={}", c.watermark),
                 Some(response::Kind::Stats(s)) => format!("Stats {s:?}"),
                 Some(response::Kind::HelloAck(h)) => format!("HelloAck {h:?}"),
@@ -1083,9 +1057,7 @@ fn run_ops_killing(label: &str, env: &[(&str, &str)], kill_at: Option<usize>, mu
             eprintln!("*** DIVERGENCE {}", divergences.last().unwrap());
         }
         if head != ours_head {
-            divergences.push(format!(
-                "{label}: after op {n} the heads differ (ours {ours_head}, reference {head}); stopping here"
-            ));
+            divergences.push(format!("{label}: after op {n} the heads differ (ours {ours_head}, reference {head}); stopping here"));
             break;
         }
         n += 1;
@@ -1106,11 +1078,7 @@ fn run_ops_killing(label: &str, env: &[(&str, &str)], kill_at: Option<usize>, mu
             }
         }
     }
-    eprintln!(
-        "{label}: {n} ops {counts:?}, head {head}, {} divergence(s), {:.1?}\n    reference answers: {answers:?}",
-        divergences.len(),
-        started.elapsed()
-    );
+    eprintln!("{label}: {n} ops {counts:?}, head {head}, {} divergence(s), {:.1?}\n    reference answers: {answers:?}", divergences.len(), started.elapsed());
     let cross = Instant::now();
     divergences.extend(cross_open(label, &mut ours, &mut refr));
     eprintln!("{label}: cross-open {:.1?}", cross.elapsed());
@@ -1208,10 +1176,9 @@ fn read_battery(head: u64) -> Vec<(&'static str, proto::ReadRequest)> {
 /// The stats fields that follow from a data directory alone.
 fn disk_stats(items: &[Item]) -> String {
     match items {
-        [Item::Stats(s)] => format!(
-            "event_count {} segment_count {} disk_bytes (less LOCK and spare) {}",
-            s.event_count, s.segment_count, s.disk_bytes_less_lock_and_spare
-        ),
+        [Item::Stats(s)] => {
+            format!("event_count {} segment_count {} disk_bytes (less LOCK and spare) {}", s.event_count, s.segment_count, s.disk_bytes_less_lock_and_spare)
+        }
         other => format!("{other:?}"),
     }
 }
@@ -1305,11 +1272,7 @@ fn cross_open(label: &str, ours: &mut Side, refr: &mut Side) -> Vec<String> {
         return out;
     }
     let (ours_dir, ref_dir) = (ours.srv.data_dir(), refr.srv.data_dir());
-    let (mut a, mut b) = open_pair(
-        ("reference on our directory", &refr.bin, &ours_dir),
-        ("ours on the reference's directory", &ours.bin, &ref_dir),
-        &ours.env,
-    );
+    let (mut a, mut b) = open_pair(("reference on our directory", &refr.bin, &ours_dir), ("ours on the reference's directory", &ours.bin, &ref_dir), &ours.env);
     // The battery, against what the writer of each directory served before the stop.
     let ((after_a, stats_a), (after_b, stats_b)) = both(&mut a, &mut b, run_battery);
     let names_o: Vec<&str> = battery(head_o).into_iter().map(|(n, _)| n).collect();
@@ -1366,7 +1329,11 @@ fn cross_open(label: &str, ours: &mut Side, refr: &mut Side) -> Vec<String> {
                 fail_if_exists: Some(proto::Query { all: false, items: vec![item.clone()] }),
             }),
         }));
-        got.push((format!("append if none exists of {}", fmt_query(&Some(proto::Query { all: false, items: vec![item] }))), ans, format!("Error AlreadyExists pos=Some({lowest}) retryable=false")));
+        got.push((
+            format!("append if none exists of {}", fmt_query(&Some(proto::Query { all: false, items: vec![item] }))),
+            ans,
+            format!("Error AlreadyExists pos=Some({lowest}) retryable=false"),
+        ));
         let back = read_view(&s.run(&Op::Read(proto::ReadRequest { query: all(), after: head, limit: None, reverse: false })));
         let e = new_event();
         let want = ReadView { events: vec![(head + 1, e.r#type, e.tags, e.payload)], end: format!("ReadEnd wm={}", head + 1) };
@@ -1418,11 +1385,7 @@ fn cross_open(label: &str, ours: &mut Side, refr: &mut Side) -> Vec<String> {
     if out.iter().any(|d| d.contains("stopping")) {
         return out;
     }
-    let (mut o2, mut r2) = open_pair(
-        ("ours back on our directory", &ours.bin, &ours_dir),
-        ("reference back on its directory", &refr.bin, &ref_dir),
-        &ours.env,
-    );
+    let (mut o2, mut r2) = open_pair(("ours back on our directory", &ours.bin, &ours_dir), ("reference back on its directory", &refr.bin, &ref_dir), &ours.env);
     let ((back_o, stats_o2), (back_r, stats_r2)) = both(&mut o2, &mut r2, last);
     for (i, what) in ["full forward read", "full backward read"].iter().enumerate() {
         if let Some(d) = view_diff(a.name, &last_a[i], o2.name, &back_o[i]) {
@@ -1623,7 +1586,9 @@ fn kill_mid_burst(label: &str, mut ours: Side, mut refr: Side, retired: &mut Vec
     let env = ours.env.clone();
     let mut recovered = Vec::new();
     let mut keep = None;
-    for (dir_name, writer, prefix, acks) in [("our killed directory", &ours, &prefix_o, &acks_o), ("the reference's killed directory", &refr, &prefix_r, &acks_r)] {
+    for (dir_name, writer, prefix, acks) in
+        [("our killed directory", &ours, &prefix_o, &acks_o), ("the reference's killed directory", &refr, &prefix_r, &acks_r)]
+    {
         let dir = writer.srv.data_dir();
         let copy = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
         copy_dir(&dir, &copy.path().join("data"));
@@ -1633,7 +1598,8 @@ fn kill_mid_burst(label: &str, mut ours: Side, mut refr: Side, retired: &mut Vec
         // the reference on the copy. So each server opens each directory, one of them as
         // written and one as copied.
         let (mut o, mut r) = if std::ptr::eq(writer, &ours) {
-            let (r, o) = open_pair(("reference on our killed directory", &refr.bin, &dir), ("ours on a copy of our killed directory", &ours.bin, &copy_data), &env);
+            let (r, o) =
+                open_pair(("reference on our killed directory", &refr.bin, &dir), ("ours on a copy of our killed directory", &ours.bin, &copy_data), &env);
             (o, r)
         } else {
             open_pair(
@@ -1670,7 +1636,11 @@ fn kill_mid_burst(label: &str, mut ours: Side, mut refr: Side, retired: &mut Vec
         }
         for (side, v) in [(o.name, &v_o), (r.name, &v_r)] {
             if let Err(e) = check_recovered(v, prefix, &burst, acks) {
-                divergences.push(format!("{label} kill mid-burst, {dir_name}, {side}: {e}\n    acknowledged: [{}]\n{}", acked.join(" "), fmt_view(v, prefix.events.len())));
+                divergences.push(format!(
+                    "{label} kill mid-burst, {dir_name}, {side}: {e}\n    acknowledged: [{}]\n{}",
+                    acked.join(" "),
+                    fmt_view(v, prefix.events.len())
+                ));
             }
         }
         recovered.push((v_o.events.last().map_or(0, |e| e.0), v_r.events.last().map_or(0, |e| e.0)));
@@ -1728,11 +1698,7 @@ fn differential_small_batches_small_segments() {
     check(
         &[0x5eed_0002, 0x5eed_0012],
         300,
-        &[
-            ("TEPHRA__SERVER__READS__BATCH_EVENTS", "7"),
-            ("TEPHRA__SERVER__READS__BATCH_BYTES", "600"),
-            ("TEPHRA__SEGMENT__SIZE", "262144"),
-        ],
+        &[("TEPHRA__SERVER__READS__BATCH_EVENTS", "7"), ("TEPHRA__SERVER__READS__BATCH_BYTES", "600"), ("TEPHRA__SEGMENT__SIZE", "262144")],
         Some(150),
     );
 }
@@ -1816,7 +1782,11 @@ fn differential_too_large_behind_its_conflict_is_judged_alone() {
         let mut out = Vec::new();
         for round in 0..5u64 {
             let tagged = proto::AppendRequest { events: vec![event("E", &["t"], 1)], condition: None };
-            let guard = proto::AppendCondition { fail_if_events_match: Some(proto::Query { all: false, items: vec![proto::QueryItem { types: vec![], tags: vec!["t".into()] }] }), after: round, fail_if_exists: None };
+            let guard = proto::AppendCondition {
+                fail_if_events_match: Some(proto::Query { all: false, items: vec![proto::QueryItem { types: vec![], tags: vec!["t".into()] }] }),
+                after: round,
+                fail_if_exists: None,
+            };
             let big = proto::AppendRequest { events: vec![event("E", &["t"], 65_536)], condition: Some(guard) };
             c.send(&Request::new(10 + 2 * round, request::Kind::Append(tagged)));
             c.send(&Request::new(11 + 2 * round, request::Kind::Append(big)));
@@ -1838,9 +1808,7 @@ fn differential_too_large_behind_its_conflict_is_judged_alone() {
 /// their maxima, extreme ids and cursors, many query items.
 #[test]
 fn differential_fixed_edges() {
-    let read = |query: Option<proto::Query>, after: u64, limit: Option<u64>, reverse: bool| {
-        Op::Read(proto::ReadRequest { query, after, limit, reverse })
-    };
+    let read = |query: Option<proto::Query>, after: u64, limit: Option<u64>, reverse: bool| Op::Read(proto::ReadRequest { query, after, limit, reverse });
     let item = |types: &[&str], tags: &[&str]| proto::QueryItem {
         types: types.iter().map(|s| s.to_string()).collect(),
         tags: tags.iter().map(|s| s.to_string()).collect(),
@@ -1870,7 +1838,15 @@ fn differential_fixed_edges() {
         // Duplicate types in a query item (allowed), 1,000 items, an item of 64 tags.
         read(Some(proto::Query { all: false, items: vec![item(&["E", "E", "Bulk"], &["k:1"])] }), 0, None, false),
         read(Some(proto::Query { all: false, items: (0..1000).map(|i| item(&[], &[&format!("n:{}", i % 9)])).collect() }), 1990, None, true),
-        read(Some(proto::Query { all: false, items: vec![item(&[], &(0..64).map(|i| format!("{i:x}")).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>())] }), 0, None, false),
+        read(
+            Some(proto::Query {
+                all: false,
+                items: vec![item(&[], &(0..64).map(|i| format!("{i:x}")).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>())],
+            }),
+            0,
+            None,
+            false,
+        ),
         // Cursors at the edges.
         read(all(), u64::MAX, None, false),
         read(all(), u64::MAX - 1, Some(2), true),
@@ -1880,7 +1856,11 @@ fn differential_fixed_edges() {
         read(None, 0, None, false),
         read(Some(proto::Query { all: false, items: vec![] }), 0, None, true),
         Op::Subscribe { query: None, after: 0, live: Some(proto::AppendRequest { events: vec![event("E", &[], 0)], condition: None }) },
-        Op::Subscribe { query: Some(proto::Query { all: false, items: vec![item(&["Bulk"], &["n:3"])] }), after: 100, live: Some(proto::AppendRequest { events: vec![event("Bulk", &["n:3"], 1)], condition: None }) },
+        Op::Subscribe {
+            query: Some(proto::Query { all: false, items: vec![item(&["Bulk"], &["n:3"])] }),
+            after: 100,
+            live: Some(proto::AppendRequest { events: vec![event("Bulk", &["n:3"], 1)], condition: None }),
+        },
         Op::Stats,
         Op::Restart,
         read(Some(proto::Query { all: false, items: vec![item(&["Bulk"], &["n:3"])] }), 0, Some(5), true),

@@ -8,9 +8,9 @@ use std::io;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use server_util::*;
 use support::{ev, run_to_exit, Server};
 use tephra::client::Client;
-use server_util::*;
 
 /// A data directory whose file system cannot preallocate (fallocate fails with EOPNOTSUPP,
 /// as on ext2; injected here at the first segment's reservation) stops the start with exit 1
@@ -21,7 +21,10 @@ fn a_file_system_that_cannot_preallocate_is_named_at_start() {
     let Some(faulty) = support::crash_points_binary() else { return };
     let out = run_to_exit(&faulty, &["--bind", "127.0.0.1:0"], &[("TEPHRA_CRASH_POINT", "segment_extend:eopnotsupp")], None, Duration::from_secs(20));
     assert_eq!(out.code, Some(1), "{out:?}");
-    assert!(out.stderr.contains("the data directory's file system cannot preallocate segment files") && out.stderr.contains("use ext4, xfs, btrfs or tmpfs"), "{out:?}");
+    assert!(
+        out.stderr.contains("the data directory's file system cannot preallocate segment files") && out.stderr.contains("use ext4, xfs, btrfs or tmpfs"),
+        "{out:?}"
+    );
     assert!(!out.stdout.contains("server listening"), "{out:?}");
 }
 
@@ -162,10 +165,10 @@ fn a_host_without_io_uring_is_told_so_before_the_store_is_opened() {
     struct Prog(u16, *const Insn);
     const IO_URING_SETUP: u32 = 425;
     let filter = [
-        Insn(0x20, 0, 0, 0),                                  // ld [nr]
-        Insn(0x15, 0, 1, IO_URING_SETUP),                     // jeq io_uring_setup
-        Insn(0x06, 0, 0, 0x0005_0000 | libc::EPERM as u32),   // ret ERRNO(EPERM)
-        Insn(0x06, 0, 0, 0x7fff_0000),                        // ret ALLOW
+        Insn(0x20, 0, 0, 0),                                // ld [nr]
+        Insn(0x15, 0, 1, IO_URING_SETUP),                   // jeq io_uring_setup
+        Insn(0x06, 0, 0, 0x0005_0000 | libc::EPERM as u32), // ret ERRNO(EPERM)
+        Insn(0x06, 0, 0, 0x7fff_0000),                      // ret ALLOW
     ];
     let prog = Prog(filter.len() as u16, filter.as_ptr());
     let prog_addr = &prog as *const Prog as usize;
@@ -225,6 +228,9 @@ fn a_locked_memory_limit_too_low_for_the_runtime_is_told_so() {
     let out = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert!(stderr.contains("the locked-memory limit (RLIMIT_MEMLOCK) is 64 KiB") && stderr.contains("at least 512 KiB") && stderr.contains("ulimit -l"), "{stderr}");
+    assert!(
+        stderr.contains("the locked-memory limit (RLIMIT_MEMLOCK) is 64 KiB") && stderr.contains("at least 512 KiB") && stderr.contains("ulimit -l"),
+        "{stderr}"
+    );
     assert!(!data.exists(), "the store was opened (created) before the limit was checked");
 }

@@ -10,10 +10,10 @@ use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use server_util::*;
 use support::{ev, RawConn, Server};
 use tephra::client::Client;
 use tephra::proto::{self, request, response, Request};
-use server_util::*;
 
 /// Our server started under `ulimit -n files` (through a wrapper script in the returned
 /// directory, which must outlive the server).
@@ -74,7 +74,10 @@ fn out_of_descriptors_new_connections_are_reset_not_left_hanging() {
     assert!((1..=6).contains(&said), "{said} accept warnings:\n{log}");
     // Refused at accept to keep descriptors for the log (an eighth of 48 here), or, once
     // the log's own files took those too, reset when accept runs out.
-    assert!(log.contains("new connections are refused, keeping descriptors for the log") || log.contains("out of file descriptors; new connections are reset"), "{log}");
+    assert!(
+        log.contains("new connections are refused, keeping descriptors for the log") || log.contains("out of file descriptors; new connections are reset"),
+        "{log}"
+    );
     drop(held);
     let started = Instant::now();
     loop {
@@ -158,7 +161,8 @@ fn connections_leave_descriptors_for_the_log() {
     }
     closer.join().unwrap();
     for i in 0..50u32 {
-        c.append([ev("E", &["k:1"], &payload)], None).unwrap_or_else(|e| panic!("append {i} after the connections closed ({refused} refused before): {e}\n{}", srv.log()));
+        c.append([ev("E", &["k:1"], &payload)], None)
+            .unwrap_or_else(|e| panic!("append {i} after the connections closed ({refused} refused before): {e}\n{}", srv.log()));
     }
     let stats = c.stats().unwrap();
     assert_eq!(stats.writer_stopped, "", "{stats:?}");

@@ -9,10 +9,10 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use server_util::*;
 use support::{ev, run_to_exit, Server};
 use tephra::client::{Client, SubEvent};
 use tephra::{Event, Position, Query};
-use server_util::*;
 
 #[test]
 fn healthcheck_passes_against_a_live_server_and_fails_against_a_closed_port() {
@@ -135,10 +135,7 @@ fn metrics_addr(srv: &Server) -> SocketAddr {
 
 /// The value of the unlabelled sample `name`.
 fn sample(body: &str, name: &str) -> String {
-    body.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no sample {name}:\n{body}"))
-        .to_string()
+    body.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).unwrap_or_else(|| panic!("no sample {name}:\n{body}")).to_string()
 }
 
 /// Drops the segment files under `dir` from the page cache (synced first, so they are clean).
@@ -286,11 +283,8 @@ fn metrics_endpoint_serves_the_reference_names_and_our_histograms() {
     assert!(body.contains(&format!("tephra_build_info{{version=\"{}\"}} 1\n", env!("CARGO_PKG_VERSION"))), "{body}");
     // Histograms: cumulative buckets ending in +Inf = _count; three acknowledged appends timed.
     for name in ["tephra_append_latency_seconds", "tephra_fsync_seconds", "tephra_batch_events"] {
-        let buckets: Vec<u64> = body
-            .lines()
-            .filter(|l| l.starts_with(&format!("{name}_bucket{{")))
-            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
-            .collect();
+        let buckets: Vec<u64> =
+            body.lines().filter(|l| l.starts_with(&format!("{name}_bucket{{"))).map(|l| l.rsplit(' ').next().unwrap().parse().unwrap()).collect();
         assert!(buckets.len() >= 2, "{name}: {buckets:?}");
         assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{name} buckets not cumulative: {buckets:?}");
         let count: u64 = sample(body, &format!("{name}_count")).parse().unwrap();
@@ -369,7 +363,12 @@ fn the_metrics_count_a_followers_failed_refreshes() {
         store.handle().append(vec![ev("A", &["t"], b"x")], None).unwrap();
         store.shutdown();
     }
-    let follower = Server::start_args(&bin(), &data, &["--follow", "--follow-poll-ms", "10"], &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__SEGMENT__SIZE", "65536")]);
+    let follower = Server::start_args(
+        &bin(),
+        &data,
+        &["--follow", "--follow-poll-ms", "10"],
+        &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__SEGMENT__SIZE", "65536")],
+    );
     let maddr = metrics_addr(&follower);
     let failures = || sample(&http(maddr, "GET /metrics HTTP/1.1"), "tephra_follower_refresh_failures").parse::<u64>().unwrap();
     assert_eq!(failures(), 0);

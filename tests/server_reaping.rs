@@ -12,11 +12,11 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use server_util::*;
 use support::{ev, stats_until, RawConn, Server};
 use tephra::client::{tls, Client, SubEvent};
 use tephra::proto::{self, request, response, Request, Response};
 use tephra::{Position, Query};
-use server_util::*;
 
 /// Reads from `sock` until the server closes it; returns how long that took. Fails if the
 /// server sends anything (reaping is silent) or nothing happens within `limit`.
@@ -120,10 +120,7 @@ fn a_stream_of_frames_ending_mid_frame_is_not_reaped_by_the_frame_timer() {
 
 #[test]
 fn the_handshake_timeout_reaps_silent_and_partial_first_frames_only() {
-    let srv = Server::start(
-        &bin(),
-        &[("TEPHRA__SERVER__TIMEOUTS__HANDSHAKE_SECS", "1"), ("TEPHRA__SERVER__TIMEOUTS__INCOMPLETE_FRAME_SECS", "0")],
-    );
+    let srv = Server::start(&bin(), &[("TEPHRA__SERVER__TIMEOUTS__HANDSHAKE_SECS", "1"), ("TEPHRA__SERVER__TIMEOUTS__INCOMPLETE_FRAME_SECS", "0")]);
     let mut established = Client::connect(srv.addr).unwrap();
     let mut silent = TcpStream::connect(srv.addr).unwrap();
     let mut partial = TcpStream::connect(srv.addr).unwrap();
@@ -141,10 +138,7 @@ fn the_handshake_timeout_reaps_silent_and_partial_first_frames_only() {
 
 #[test]
 fn the_idle_timeout_reaps_silent_connections_but_not_live_subscriptions() {
-    let srv = Server::start(
-        &bin(),
-        &[("TEPHRA__SERVER__TIMEOUTS__IDLE_SECS", "1"), ("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")],
-    );
+    let srv = Server::start(&bin(), &[("TEPHRA__SERVER__TIMEOUTS__IDLE_SECS", "1"), ("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
     let addr = srv.addr;
     // A subscription that stays live well past the idle timeout.
     let (tx, rx) = mpsc::channel();
@@ -244,7 +238,13 @@ fn the_idle_timeout_reaps_a_stalled_partial_frame_when_the_frame_timer_is_off() 
 fn a_frame_still_arriving_is_not_idle() {
     let srv = Server::start(&bin(), &[("TEPHRA__SERVER__TIMEOUTS__IDLE_SECS", "1"), ("TEPHRA__SERVER__TIMEOUTS__INCOMPLETE_FRAME_SECS", "0")]);
     let mut raw = RawConn::connect_hello(srv.addr);
-    let req = Request::new(2, request::Kind::Append(proto::AppendRequest { events: vec![proto::Event { r#type: "P".into(), tags: vec![], payload: vec![b'x'; 100_000] }], condition: None }));
+    let req = Request::new(
+        2,
+        request::Kind::Append(proto::AppendRequest {
+            events: vec![proto::Event { r#type: "P".into(), tags: vec![], payload: vec![b'x'; 100_000] }],
+            condition: None,
+        }),
+    );
     let mut frame = Vec::new();
     proto::encode_frame(&req, proto::DEFAULT_MAX_FRAME_LEN, &mut frame).unwrap();
     // 3 s of trickle, 2.5 idle timeouts, every piece within 0.5 s of the one before.
@@ -260,10 +260,7 @@ fn a_frame_still_arriving_is_not_idle() {
 
 #[test]
 fn custom_keepalive_values_are_applied_to_accepted_sockets() {
-    let srv = Server::start(
-        &bin(),
-        &[("TEPHRA__SERVER__KEEPALIVE__IDLE_SECS", "1"), ("TEPHRA__SERVER__KEEPALIVE__INTERVAL_SECS", "5")],
-    );
+    let srv = Server::start(&bin(), &[("TEPHRA__SERVER__KEEPALIVE__IDLE_SECS", "1"), ("TEPHRA__SERVER__KEEPALIVE__INTERVAL_SECS", "5")]);
     let raw = RawConn::connect_hello(srv.addr);
     let client_port = raw.stream.local_addr().unwrap().port();
     // SAFETY: sysconf has no preconditions.
@@ -357,7 +354,13 @@ fn a_tls_record_still_arriving_is_not_idle() {
         tls_conn.write_tls(&mut tcp).unwrap();
     }
     assert!(matches!(answer(&mut tls_conn, &mut tcp).kind, Some(response::Kind::HelloAck(_))));
-    let append = Request::new(2, request::Kind::Append(proto::AppendRequest { events: vec![proto::Event { r#type: "P".into(), tags: vec![], payload: vec![b'x'; 12_000] }], condition: None }));
+    let append = Request::new(
+        2,
+        request::Kind::Append(proto::AppendRequest {
+            events: vec![proto::Event { r#type: "P".into(), tags: vec![], payload: vec![b'x'; 12_000] }],
+            condition: None,
+        }),
+    );
     tls_conn.writer().write_all(&frame(&append)).unwrap();
     let mut record = Vec::new();
     while tls_conn.wants_write() {

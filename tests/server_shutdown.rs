@@ -12,11 +12,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use server_util::*;
 use support::{ev, RawConn, Server};
 use tephra::client::{Client, SubEvent};
 use tephra::proto::{self, request, response, Request};
 use tephra::{Position, Query};
-use server_util::*;
 
 #[test]
 fn sigterm_flushes_every_acknowledged_event_ends_subscriptions_and_exits_zero() {
@@ -91,10 +91,7 @@ fn a_second_signal_during_a_slow_shutdown_exits_143() {
     // with a 5 s tick the graceful path takes seconds: time for the second signal.
     let mut srv = Server::start(&bin(), &[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "5000")]);
     let mut raw = RawConn::connect_hello(srv.addr);
-    raw.send(&Request::new(
-        2,
-        request::Kind::Subscribe(proto::SubscribeRequest { query: Some(proto::Query { all: true, items: vec![] }), after: 0 }),
-    ));
+    raw.send(&Request::new(2, request::Kind::Subscribe(proto::SubscribeRequest { query: Some(proto::Query { all: true, items: vec![] }), after: 0 })));
     assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::CaughtUp(_))));
     thread::sleep(Duration::from_millis(100));
     srv.signal(libc::SIGTERM);

@@ -10,10 +10,10 @@ use std::net::{SocketAddr, TcpListener};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use server_util::*;
 use support::{ev, run_to_exit, Server};
 use tephra::client::Client;
 use tephra::{Event, EventType, Position, Tags};
-use server_util::*;
 
 #[test]
 fn unknown_keys_refuse_to_start() {
@@ -135,7 +135,13 @@ fn a_batch_budget_over_the_segment_is_clamped_with_one_line_and_zero_with_its_ow
 #[test]
 fn a_shard_that_dies_before_binding_fails_the_start() {
     let Some(faulty) = support::crash_points_binary() else { return };
-    let out = run_to_exit(&faulty, &["--bind", "127.0.0.1:0"], &[("TEPHRA__SERVER__READS__WORKER_THREADS", "3"), ("TEPHRA_CRASH_POINT", "shard_start:abort:1")], None, Duration::from_secs(20));
+    let out = run_to_exit(
+        &faulty,
+        &["--bind", "127.0.0.1:0"],
+        &[("TEPHRA__SERVER__READS__WORKER_THREADS", "3"), ("TEPHRA_CRASH_POINT", "shard_start:abort:1")],
+        None,
+        Duration::from_secs(20),
+    );
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("shard 1 stopped before it could listen"), "{out:?}");
     assert!(!out.stdout.contains("server listening"), "{out:?}");

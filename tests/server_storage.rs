@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use server_util::*;
 use support::{ev, run_to_exit, Server};
 use tephra::client::Client;
 use tephra::proto;
 use tephra::{Position, Query, QueryItem, Tags};
-use server_util::*;
 
 /// Appends one batch of ten 1000-byte events (tags `k:<i>-<k>`) for each `i` in `batches`.
 fn append_batches_of_ten(c: &mut Client, batches: std::ops::Range<usize>) {

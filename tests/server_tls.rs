@@ -9,11 +9,11 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use server_util::*;
 use support::{ev, run_to_exit, Server};
 use tephra::client::{tls, Client};
 use tephra::proto::{self, Request};
 use tephra::{Position, Query};
-use server_util::*;
 
 #[test]
 fn tls_with_rotated_tokens() {
@@ -45,7 +45,12 @@ fn tls_with_rotated_tokens() {
     raw.read_to_end(&mut got).expect("the server closes the connection");
     // Nothing but a TLS alert record (content type 21, RFC 8446 §5.1), which our clients and
     // healthcheck recognise to say the server speaks TLS; the reference sends nothing.
-    assert!(got.is_empty() || (got[0] == 21 && got.len() <= 64), "a plaintext Hello to the TLS port got {} bytes back: {:02x?}", got.len(), &got[..got.len().min(16)]);
+    assert!(
+        got.is_empty() || (got[0] == 21 && got.len() <= 64),
+        "a plaintext Hello to the TLS port got {} bytes back: {:02x?}",
+        got.len(),
+        &got[..got.len().min(16)]
+    );
     // A TLS client against a plaintext server fails too.
     let plain = Server::start(&bin(), &[]);
     assert!(Client::connect_tls_with(plain.addr, "localhost", config.clone(), None).is_err());
@@ -99,7 +104,8 @@ fn half_configured_or_unreadable_tls_refuses_to_start() {
     assert_eq!(der[8..13], [0xa0, 0x03, 0x02, 0x01, 0x02], "rcgen's layout changed: {:02x?}", &der[..16]);
     der[12] = 0;
     use base64::Engine as _;
-    std::fs::write(&v1, format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", base64::engine::general_purpose::STANDARD.encode(&der))).unwrap();
+    std::fs::write(&v1, format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", base64::engine::general_purpose::STANDARD.encode(&der)))
+        .unwrap();
     let v1 = v1.display().to_string();
     // Passphrase-protected keys, in PKCS#8 and in OpenSSL's legacy form (the bodies need not
     // decrypt: the PEM reader skips both as no key).
@@ -124,13 +130,7 @@ fn half_configured_or_unreadable_tls_refuses_to_start() {
         (&c, &other_key, "do not match: the key is not the certificate's"),
         (&v1, &k, "it is an X.509 v1 certificate (as `openssl x509 -req` makes without -extfile)"),
     ] {
-        let out = run_to_exit(
-            &bin(),
-            &["--bind", "127.0.0.1:0"],
-            &[("TEPHRA__TLS__CERT", cert), ("TEPHRA__TLS__KEY", key)],
-            None,
-            Duration::from_secs(20),
-        );
+        let out = run_to_exit(&bin(), &["--bind", "127.0.0.1:0"], &[("TEPHRA__TLS__CERT", cert), ("TEPHRA__TLS__KEY", key)], None, Duration::from_secs(20));
         assert_eq!(out.code, Some(1), "{cert} {key}: {out:?}");
         assert!(out.stderr.contains(want), "{cert} {key}: {}", out.stderr);
         assert!(!out.stdout.contains("listening addr="), "{out:?}");

@@ -39,21 +39,11 @@ fn append_req(id: u64, tag: &str, payload: &[u8]) -> Request {
 }
 
 fn read_all_req(id: u64, after: u64) -> Request {
-    Request::new(
-        id,
-        request::Kind::Read(proto::ReadRequest {
-            query: Some(proto::Query { all: true, items: vec![] }),
-            after,
-            ..Default::default()
-        }),
-    )
+    Request::new(id, request::Kind::Read(proto::ReadRequest { query: Some(proto::Query { all: true, items: vec![] }), after, ..Default::default() }))
 }
 
 fn subscribe_all_req(id: u64, after: u64) -> Request {
-    Request::new(
-        id,
-        request::Kind::Subscribe(proto::SubscribeRequest { query: Some(proto::Query { all: true, items: vec![] }), after }),
-    )
+    Request::new(id, request::Kind::Subscribe(proto::SubscribeRequest { query: Some(proto::Query { all: true, items: vec![] }), after }))
 }
 
 fn stats_req(id: u64) -> Request {
@@ -474,7 +464,11 @@ fn a_reply_over_a_tiny_frame_cap_closes_the_connection_instead_of_hanging() {
     // Said at start, naming the smallest cap that works.
     let needed = tephra::server::min_usable_frame_len();
     assert!(needed > 10 && needed < 64, "{needed}");
-    assert!(srv.log().contains(&format!("configured=10 needed={needed}")) && srv.log().contains("every client will be disconnected at the handshake"), "{}", srv.log());
+    assert!(
+        srv.log().contains(&format!("configured=10 needed={needed}")) && srv.log().contains("every client will be disconnected at the handshake"),
+        "{}",
+        srv.log()
+    );
     // At exactly that cap a Hello is answered.
     let at_cap = Server::start_with(&bin(), &[], Some(&format!("[server]\nmax_frame_len = {needed}\n")));
     Client::connect(at_cap.addr).expect("the HelloAck to the client's id 1 fits");
@@ -512,7 +506,11 @@ fn a_subscription_delivers_everything_before_an_event_too_large_to_send() {
                 }
                 Some(response::Kind::Error(e)) => {
                     assert_eq!(e.code(), ErrorCode::Internal);
-                    assert!(e.message.starts_with("event too large to send") && e.message.ends_with("(raise server.max_frame_len to read it)"), "{}", e.message);
+                    assert!(
+                        e.message.starts_with("event too large to send") && e.message.ends_with("(raise server.max_frame_len to read it)"),
+                        "{}",
+                        e.message
+                    );
                     break;
                 }
                 other => panic!("unexpected {other:?}"),
@@ -990,11 +988,8 @@ fn flood(srv: &Server, conns: usize, per_conn: u64) {
 const ONE_SHARD: (&str, &str) = ("TEPHRA__SERVER__READS__WORKER_THREADS", "1");
 const BUDGETS_OF_8: [(&str, &str); 2] =
     [("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "8"), ("TEPHRA__SERVER__BACKPRESSURE__FRAME_QUEUE_DEPTH", "8")];
-const TINY_WRITER_QUEUE: [(&str, &str); 3] = [
-    ("TEPHRA__WRITER__QUEUE_CAPACITY", "4"),
-    ("TEPHRA__WRITER__MAX_BATCH_RECORDS", "16"),
-    ("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "64"),
-];
+const TINY_WRITER_QUEUE: [(&str, &str); 3] =
+    [("TEPHRA__WRITER__QUEUE_CAPACITY", "4"), ("TEPHRA__WRITER__MAX_BATCH_RECORDS", "16"), ("TEPHRA__SERVER__BACKPRESSURE__MAX_INFLIGHT_PER_CONN", "64")];
 
 #[test]
 fn a_raw_pipelined_append_flood_is_backpressured_not_dropped() {

@@ -121,11 +121,7 @@ impl Clock {
     /// A clock starting now.
     pub fn starting_now(warmup: Duration, duration: Duration) -> Clock {
         let start = Instant::now();
-        Clock {
-            start,
-            window_start: start + warmup,
-            window_end: start + warmup + duration,
-        }
+        Clock { start, window_start: start + warmup, window_end: start + warmup + duration }
     }
 
     /// True while `t` lies inside the measured window.
@@ -175,8 +171,7 @@ impl Tally {
     pub fn ok(&mut self, clock: &Clock, sent: Instant, acked: Instant, events: u64) {
         self.events_total += events;
         self.requests_total += 1;
-        let bucket =
-            (acked.duration_since(clock.start).as_millis() / TIMELINE_BUCKET.as_millis()) as usize;
+        let bucket = (acked.duration_since(clock.start).as_millis() / TIMELINE_BUCKET.as_millis()) as usize;
         if bucket >= self.timeline.len() {
             self.timeline.resize(bucket + 1, 0);
         }
@@ -184,10 +179,7 @@ impl Tally {
         if clock.in_window(acked) {
             self.events_window += events;
             self.requests_window += 1;
-            metrics::record_us(
-                &mut self.hist,
-                acked.duration_since(sent).as_micros() as u64,
-            );
+            metrics::record_us(&mut self.hist, acked.duration_since(sent).as_micros() as u64);
         }
     }
 
@@ -286,14 +278,7 @@ fn thread_per_connection<C: Send>(
 ) -> Result<(Clock, Vec<Tally>), String> {
     let mut conns = Vec::with_capacity(cfg.connections);
     for i in 0..cfg.connections {
-        let c = connect(cfg.addr.as_str()).map_err(|e| {
-            format!(
-                "connection {} of {} to {}: {e}",
-                i + 1,
-                cfg.connections,
-                cfg.addr
-            )
-        })?;
+        let c = connect(cfg.addr.as_str()).map_err(|e| format!("connection {} of {} to {}: {e}", i + 1, cfg.connections, cfg.addr))?;
         conns.push(c);
     }
     let barrier = Arc::new(Barrier::new(cfg.connections + 1));
@@ -309,22 +294,15 @@ fn thread_per_connection<C: Send>(
                 .stack_size(256 << 10)
                 .spawn_scoped(s, move || {
                     barrier.wait();
-                    let clock = *clock_cell
-                        .get()
-                        .expect("clock set before the barrier opens");
+                    let clock = *clock_cell.get().expect("clock set before the barrier opens");
                     writer(conn, cfg, &clock, stop)
                 })
                 .expect("spawn writer thread");
             handles.push(h);
         }
-        clock_cell
-            .set(Clock::starting_now(cfg.warmup, cfg.duration))
-            .expect("set once");
+        clock_cell.set(Clock::starting_now(cfg.warmup, cfg.duration)).expect("set once");
         barrier.wait();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("writer thread panicked"))
-            .collect::<Vec<_>>()
+        handles.into_iter().map(|h| h.join().expect("writer thread panicked")).collect::<Vec<_>>()
     });
     Ok((*clock_cell.get().expect("set"), tallies))
 }
@@ -370,34 +348,17 @@ impl RawConn {
         let mut stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
         let mut out = Vec::new();
-        proto::encode_frame(
-            &proto::Request::hello(1, None),
-            proto::DEFAULT_MAX_FRAME_LEN,
-            &mut out,
-        )
-        .map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
+        proto::encode_frame(&proto::Request::hello(1, None), proto::DEFAULT_MAX_FRAME_LEN, &mut out)
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
         stream.write_all(&out)?;
-        let mut conn = RawConn {
-            stream,
-            decoder: FrameDecoder::new(proto::DEFAULT_MAX_FRAME_LEN),
-        };
+        let mut conn = RawConn { stream, decoder: FrameDecoder::new(proto::DEFAULT_MAX_FRAME_LEN) };
         match conn.next_response()? {
-            Some(proto::Response {
-                kind: Some(response::Kind::HelloAck(ack)),
-                ..
-            }) if ack.protocol_version == proto::PROTOCOL_VERSION => {
-                conn.stream
-                    .set_read_timeout(Some(Duration::from_millis(200)))?;
+            Some(proto::Response { kind: Some(response::Kind::HelloAck(ack)), .. }) if ack.protocol_version == proto::PROTOCOL_VERSION => {
+                conn.stream.set_read_timeout(Some(Duration::from_millis(200)))?;
                 Ok(conn)
             }
-            Some(other) => Err(Error::new(
-                ErrorKind::InvalidData,
-                format!("Hello refused: {other:?}"),
-            )),
-            None => Err(Error::new(
-                ErrorKind::UnexpectedEof,
-                "closed during the Hello",
-            )),
+            Some(other) => Err(Error::new(ErrorKind::InvalidData, format!("Hello refused: {other:?}"))),
+            None => Err(Error::new(ErrorKind::UnexpectedEof, "closed during the Hello")),
         }
     }
 
@@ -406,9 +367,7 @@ impl RawConn {
     fn next_response(&mut self) -> std::io::Result<Option<proto::Response>> {
         use std::io::{Error, ErrorKind};
         match self.decoder.read_next(&mut self.stream) {
-            Ok(Some(body)) => proto::Response::decode(body)
-                .map(Some)
-                .map_err(|e| Error::new(ErrorKind::InvalidData, e)),
+            Ok(Some(body)) => proto::Response::decode(body).map(Some).map_err(|e| Error::new(ErrorKind::InvalidData, e)),
             Ok(None) => Ok(None),
             Err(proto::FrameError::Io(e)) => Err(e),
             Err(e) => Err(Error::new(ErrorKind::InvalidData, e.to_string())),
@@ -450,19 +409,14 @@ impl LoadBackend for AsyncBackend {
                     let (barrier, clock_cell) = (&barrier, &clock_cell);
                     std::thread::Builder::new()
                         .name(format!("async-{t}"))
-                        .spawn_scoped(s, move || {
-                            async_group(cfg, stop, first, threads, barrier, clock_cell)
-                        })
+                        .spawn_scoped(s, move || async_group(cfg, stop, first, threads, barrier, clock_cell))
                         .expect("spawn executor thread")
                 })
                 .collect();
             let _ = clock_cell.set(Clock::starting_now(cfg.warmup, cfg.duration));
             // The clock starts once every thread has connected (or failed to).
             barrier.wait();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("executor thread panicked"))
-                .collect()
+            handles.into_iter().map(|h| h.join().expect("executor thread panicked")).collect()
         });
         let mut tallies = Vec::new();
         for r in results {
@@ -487,19 +441,8 @@ fn async_group(
         let mut clients = Vec::new();
         let mut failed = None;
         for i in (first..cfg.connections).step_by(step) {
-            let fail = |e: std::io::Error| {
-                format!(
-                    "connection {} of {} to {}: {e}",
-                    i + 1,
-                    cfg.connections,
-                    cfg.addr
-                )
-            };
-            let config = AsyncClientConfig {
-                bulk_connections: 0,
-                max_inflight_requests: cfg.inflight,
-                ..AsyncClientConfig::default()
-            };
+            let fail = |e: std::io::Error| format!("connection {} of {} to {}: {e}", i + 1, cfg.connections, cfg.addr);
+            let config = AsyncClientConfig { bulk_connections: 0, max_inflight_requests: cfg.inflight, ..AsyncClientConfig::default() };
             let connected = match TcpConnector::new(cfg.addr.as_str()) {
                 Ok(c) => AsyncClient::connect_with(c, config).await.map_err(fail),
                 Err(e) => Err(fail(e)),
@@ -519,9 +462,7 @@ fn async_group(
         if let Some(e) = failed {
             return Err(e);
         }
-        let clock = *clock_cell
-            .get()
-            .expect("clock set before the barrier opens");
+        let clock = *clock_cell.get().expect("clock set before the barrier opens");
         let mut tasks = Vec::with_capacity(clients.len() * cfg.inflight);
         for client in &clients {
             for _ in 0..cfg.inflight {
@@ -540,8 +481,7 @@ fn async_group(
                             Ok(_) => tally.ok(&clock, sent, Instant::now(), n),
                             Err(e) => {
                                 tally.err(metrics::error_name(&e));
-                                let until =
-                                    (Instant::now() + cfg.error_backoff).min(clock.window_end);
+                                let until = (Instant::now() + cfg.error_backoff).min(clock.window_end);
                                 async_io::Timer::at(until).await;
                             }
                         }
@@ -560,10 +500,7 @@ fn async_group(
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-    )
+    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
 }
 
 /// The loop of one raw writer.
@@ -654,12 +591,7 @@ fn raw_writer(conn: RawConn, cfg: &AppendConfig, clock: &Clock, stop: &AtomicBoo
 }
 
 /// The loop of one blocking writer.
-fn blocking_writer(
-    mut client: Client,
-    cfg: &AppendConfig,
-    clock: &Clock,
-    stop: &AtomicBool,
-) -> Tally {
+fn blocking_writer(mut client: Client, cfg: &AppendConfig, clock: &Clock, stop: &AtomicBool) -> Tally {
     let mut tally = Tally::default();
     let mut generator = Generator::new(cfg.workload);
     let mut connected = true;
@@ -707,11 +639,7 @@ fn blocking_writer(
 ///
 /// # Errors
 /// The backend's start-up error.
-pub fn run(
-    cfg: &AppendConfig,
-    backend: &dyn LoadBackend,
-    stop: &AtomicBool,
-) -> Result<AppendReport, String> {
+pub fn run(cfg: &AppendConfig, backend: &dyn LoadBackend, stop: &AtomicBool) -> Result<AppendReport, String> {
     let cpu0 = metrics::self_cpu_seconds();
     let (clock, tallies) = backend.run(cfg, stop)?;
     let finished = Instant::now();
@@ -723,9 +651,7 @@ pub fn run(
     let interrupted = stop.load(Ordering::Relaxed);
     // An interrupted run measures up to the interruption.
     let window_end = clock.window_end.min(finished);
-    let window = window_end
-        .saturating_duration_since(clock.window_start)
-        .as_secs_f64();
+    let window = window_end.saturating_duration_since(clock.window_start).as_secs_f64();
     let per_sec = |x: u64| if window > 0.0 { x as f64 / window } else { 0.0 };
     let wall = finished.duration_since(clock.start).as_secs_f64();
     Ok(AppendReport {
@@ -749,8 +675,7 @@ pub fn run(
         client_cpu_seconds: cpu,
         client_cpu_cores: if wall > 0.0 { cpu / wall } else { 0.0 },
         interrupted,
-        longest_stall_ms: longest_zero_run(&all.timeline, &clock, window_end)
-            * TIMELINE_BUCKET.as_millis() as u64,
+        longest_stall_ms: longest_zero_run(&all.timeline, &clock, window_end) * TIMELINE_BUCKET.as_millis() as u64,
         timeline_events: all.timeline,
     })
 }
@@ -761,11 +686,7 @@ pub fn run(
 /// interruption are empty because nothing was sent, not because the server stalled).
 fn longest_zero_run(timeline: &[u64], clock: &Clock, window_end: Instant) -> u64 {
     let b = TIMELINE_BUCKET.as_millis();
-    let first = clock
-        .window_start
-        .duration_since(clock.start)
-        .as_millis()
-        .div_ceil(b) as usize;
+    let first = clock.window_start.duration_since(clock.start).as_millis().div_ceil(b) as usize;
     let last = (window_end.saturating_duration_since(clock.start).as_millis() / b) as usize;
     let (mut best, mut cur) = (0u64, 0u64);
     for i in first..last {
@@ -791,19 +712,9 @@ pub fn render(r: &AppendReport) -> String {
         r.client,
         r.batch,
         r.event_size,
-        if r.conditional {
-            "conditional"
-        } else {
-            "unconditional"
-        }
+        if r.conditional { "conditional" } else { "unconditional" }
     );
-    let _ = writeln!(
-        s,
-        "window: {:.1} s after {:.1} s warm-up{}",
-        r.window_seconds,
-        r.warmup_seconds,
-        if r.interrupted { " (INTERRUPTED)" } else { "" }
-    );
+    let _ = writeln!(s, "window: {:.1} s after {:.1} s warm-up{}", r.window_seconds, r.warmup_seconds, if r.interrupted { " (INTERRUPTED)" } else { "" });
     let _ = writeln!(
         s,
         "throughput: {} events/s, {} requests/s, {:.1} MB/s payload",
@@ -827,17 +738,9 @@ pub fn render(r: &AppendReport) -> String {
             let _ = writeln!(s, "latency: no request completed inside the window");
         }
     }
-    let _ = writeln!(
-        s,
-        "acknowledged in total: {} events in {} requests",
-        r.events_acked_total, r.requests_acked_total
-    );
+    let _ = writeln!(s, "acknowledged in total: {} events in {} requests", r.events_acked_total, r.requests_acked_total);
     if r.longest_stall_ms > 0 {
-        let _ = writeln!(
-            s,
-            "longest stall inside the window (no acknowledgement at all): {} ms",
-            r.longest_stall_ms
-        );
+        let _ = writeln!(s, "longest stall inside the window (no acknowledgement at all): {} ms", r.longest_stall_ms);
     }
     if r.errors.is_empty() {
         let _ = writeln!(s, "errors: none");

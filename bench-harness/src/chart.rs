@@ -28,29 +28,17 @@ pub struct ChartData {
     pub p99_ms: Vec<Series>,
 }
 
-const COLORS: [RGBColor; 4] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(148, 103, 189),
-];
+const COLORS: [RGBColor; 4] = [RGBColor(31, 119, 180), RGBColor(214, 39, 40), RGBColor(44, 160, 44), RGBColor(148, 103, 189)];
 
 fn bounds(series: &[Series]) -> (f64, f64) {
-    let vals: Vec<f64> = series
-        .iter()
-        .flat_map(|s| s.values.iter().flatten().copied())
-        .filter(|v| *v > 0.0)
-        .collect();
+    let vals: Vec<f64> = series.iter().flat_map(|s| s.values.iter().flatten().copied()).filter(|v| *v > 0.0).collect();
     if vals.is_empty() {
         return (0.1, 10.0);
     }
     let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = vals.iter().copied().fold(0.0, f64::max);
     // Whole decades around the data.
-    (
-        10f64.powf(lo.log10().floor()),
-        10f64.powf((hi * 1.01).log10().ceil()),
-    )
+    (10f64.powf(lo.log10().floor()), 10f64.powf((hi * 1.01).log10().ceil()))
 }
 
 fn panel<DB: DrawingBackend>(
@@ -91,22 +79,13 @@ where
         .map_err(|e| e.to_string())?;
     for (k, s) in series.iter().enumerate() {
         let color = COLORS[k % COLORS.len()];
-        let points: Vec<(f64, f64)> = s
-            .values
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| v.filter(|v| *v > 0.0).map(|v| (i as f64, v)))
-            .collect();
+        let points: Vec<(f64, f64)> = s.values.iter().enumerate().filter_map(|(i, v)| v.filter(|v| *v > 0.0).map(|v| (i as f64, v))).collect();
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
             .map_err(|e| e.to_string())?
             .label(s.name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled())))
-            .map_err(|e| e.to_string())?;
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, color.filled()))).map_err(|e| e.to_string())?;
     }
     chart
         .configure_series_labels()
@@ -127,24 +106,10 @@ pub fn render_svg(data: &ChartData) -> Result<String, String> {
     {
         let root = SVGBackend::with_string(&mut svg, (1100, 480)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let root = root
-            .titled(&data.title, ("sans-serif", 20))
-            .map_err(|e| e.to_string())?;
+        let root = root.titled(&data.title, ("sans-serif", 20)).map_err(|e| e.to_string())?;
         let (left, right) = root.split_horizontally(550);
-        panel(
-            &left,
-            "throughput",
-            "events/s (log)",
-            &data.categories,
-            &data.throughput,
-        )?;
-        panel(
-            &right,
-            "p99 latency",
-            "ms (log)",
-            &data.categories,
-            &data.p99_ms,
-        )?;
+        panel(&left, "throughput", "events/s (log)", &data.categories, &data.throughput)?;
+        panel(&right, "p99 latency", "ms (log)", &data.categories, &data.p99_ms)?;
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(svg)
@@ -169,24 +134,12 @@ mod tests {
             title: "t".into(),
             categories: vec!["16 × 1".into(), "16 × 64".into(), "64 × 512".into()],
             throughput: vec![
-                Series {
-                    name: "ours".into(),
-                    values: vec![Some(6000.0), Some(200_000.0), Some(900_000.0)],
-                },
-                Series {
-                    name: "reference".into(),
-                    values: vec![Some(5000.0), None, Some(700_000.0)],
-                },
+                Series { name: "ours".into(), values: vec![Some(6000.0), Some(200_000.0), Some(900_000.0)] },
+                Series { name: "reference".into(), values: vec![Some(5000.0), None, Some(700_000.0)] },
             ],
             p99_ms: vec![
-                Series {
-                    name: "ours".into(),
-                    values: vec![Some(4.0), Some(8.0), Some(20.0)],
-                },
-                Series {
-                    name: "reference".into(),
-                    values: vec![Some(5.0), Some(9.0), Some(25.0)],
-                },
+                Series { name: "ours".into(), values: vec![Some(4.0), Some(8.0), Some(20.0)] },
+                Series { name: "reference".into(), values: vec![Some(5.0), Some(9.0), Some(25.0)] },
             ],
         };
         let svg = render_svg(&data).unwrap();

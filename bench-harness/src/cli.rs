@@ -425,17 +425,10 @@ pub fn parse_block_size(s: &str) -> Result<usize, String> {
     } else {
         (t, 1)
     };
-    let n: usize = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("invalid block size {s:?}"))?;
-    let v = n
-        .checked_mul(mult)
-        .ok_or_else(|| format!("block size {s:?} too large"))?;
+    let n: usize = num.trim().parse().map_err(|_| format!("invalid block size {s:?}"))?;
+    let v = n.checked_mul(mult).ok_or_else(|| format!("block size {s:?} too large"))?;
     if v == 0 || v % 4096 != 0 || v > 64 << 20 {
-        return Err(format!(
-            "block size {s:?} must be a multiple of 4 KiB, at most 64 MiB"
-        ));
+        return Err(format!("block size {s:?} must be a multiple of 4 KiB, at most 64 MiB"));
     }
     Ok(v)
 }
@@ -462,45 +455,18 @@ mod tests {
 
     #[test]
     fn append_and_compare_parse() {
-        let c = Cli::try_parse_from([
-            "tephra-bench",
-            "append",
-            "--addr",
-            "127.0.0.1:1",
-            "-c",
-            "4",
-            "-b",
-            "64",
-            "--duration",
-            "0.5",
-        ])
-        .unwrap();
+        let c = Cli::try_parse_from(["tephra-bench", "append", "--addr", "127.0.0.1:1", "-c", "4", "-b", "64", "--duration", "0.5"]).unwrap();
         match c.command {
             Command::Append(a) => {
-                assert_eq!(
-                    (a.connections, a.batch, a.load.event_size, a.load.inflight),
-                    (4, 64, 256, 1)
-                );
+                assert_eq!((a.connections, a.batch, a.load.event_size, a.load.inflight), (4, 64, 256, 1));
                 assert!(!a.load.unconditional);
                 assert_eq!(a.duration, 0.5);
             }
             _ => panic!("wrong subcommand"),
         }
-        assert!(
-            Cli::try_parse_from(["tephra-bench", "append", "--addr", "x", "--batch", "0"]).is_err()
-        );
-        assert!(
-            Cli::try_parse_from(["tephra-bench", "append", "--addr", "x", "--duration", "-1"])
-                .is_err()
-        );
-        let c = Cli::try_parse_from([
-            "tephra-bench",
-            "compare",
-            "--quick",
-            "--server-env",
-            "A=b=c",
-        ])
-        .unwrap();
+        assert!(Cli::try_parse_from(["tephra-bench", "append", "--addr", "x", "--batch", "0"]).is_err());
+        assert!(Cli::try_parse_from(["tephra-bench", "append", "--addr", "x", "--duration", "-1"]).is_err());
+        let c = Cli::try_parse_from(["tephra-bench", "compare", "--quick", "--server-env", "A=b=c"]).unwrap();
         match c.command {
             Command::Compare(a) => {
                 assert!(a.quick);
@@ -513,19 +479,9 @@ mod tests {
 
     #[test]
     fn seconds_and_commits_conflict() {
-        let r = Cli::try_parse_from([
-            "tephra-bench",
-            "fsync",
-            "--dir",
-            "/x",
-            "--seconds",
-            "1",
-            "--commits",
-            "3",
-        ]);
+        let r = Cli::try_parse_from(["tephra-bench", "fsync", "--dir", "/x", "--seconds", "1", "--commits", "3"]);
         assert!(r.is_err());
-        let ok = Cli::try_parse_from(["tephra-bench", "fsync", "--dir", "/x", "--commits", "3"])
-            .unwrap();
+        let ok = Cli::try_parse_from(["tephra-bench", "fsync", "--dir", "/x", "--commits", "3"]).unwrap();
         match ok.command {
             Command::Fsync(a) => {
                 assert_eq!(a.commits, Some(3));

@@ -39,24 +39,7 @@ impl Cell {
 
 /// The seed's matrix: 16 writers × batch 1, 64, 512, and 64 writers × batch 512.
 pub fn default_matrix() -> Vec<Cell> {
-    vec![
-        Cell {
-            connections: 16,
-            batch: 1,
-        },
-        Cell {
-            connections: 16,
-            batch: 64,
-        },
-        Cell {
-            connections: 16,
-            batch: 512,
-        },
-        Cell {
-            connections: 64,
-            batch: 512,
-        },
-    ]
+    vec![Cell { connections: 16, batch: 1 }, Cell { connections: 16, batch: 64 }, Cell { connections: 16, batch: 512 }, Cell { connections: 64, batch: 512 }]
 }
 
 /// Parses `16x1,16x64,64x512` (connections × batch; `x`, `X` or `×`).
@@ -67,21 +50,11 @@ pub fn parse_matrix(s: &str) -> Result<Vec<Cell>, String> {
     let mut v = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let norm = part.replace('×', "x").to_ascii_lowercase();
-        let (c, b) = norm
-            .split_once('x')
-            .ok_or_else(|| format!("matrix entry {part:?} is not CONNECTIONSxBATCH"))?;
-        let connections: usize = c
-            .trim()
-            .parse()
-            .map_err(|_| format!("bad connection count in {part:?}"))?;
-        let batch: usize = b
-            .trim()
-            .parse()
-            .map_err(|_| format!("bad batch size in {part:?}"))?;
+        let (c, b) = norm.split_once('x').ok_or_else(|| format!("matrix entry {part:?} is not CONNECTIONSxBATCH"))?;
+        let connections: usize = c.trim().parse().map_err(|_| format!("bad connection count in {part:?}"))?;
+        let batch: usize = b.trim().parse().map_err(|_| format!("bad batch size in {part:?}"))?;
         if connections == 0 || batch == 0 || connections > 4096 || batch > 100_000 {
-            return Err(format!(
-                "matrix entry {part:?} out of range (1..=4096 connections, 1..=100000 batch)"
-            ));
+            return Err(format!("matrix entry {part:?} out of range (1..=4096 connections, 1..=100000 batch)"));
         }
         v.push(Cell { connections, batch });
     }
@@ -289,10 +262,7 @@ pub fn summarize(runs: &[&Run]) -> Summary {
         p999_ms: col(&|r| r.report.latency.map_or(0.0, |l| l.p999_us as f64 / 1e3)),
         server_cpu_cores: col(&|r| r.server_cpu_cores.unwrap_or(0.0)),
         client_cpu_cores: col(&|r| r.report.client_cpu_cores),
-        errors: runs
-            .iter()
-            .map(|r| r.report.errors.values().sum::<u64>())
-            .sum(),
+        errors: runs.iter().map(|r| r.report.errors.values().sum::<u64>()).sum(),
     }
 }
 
@@ -303,10 +273,7 @@ fn summarize_cells(cfg_contenders: &[Contender], cells: &[Cell], runs: &[Run]) -
             let summaries: Vec<(String, Summary)> = cfg_contenders
                 .iter()
                 .map(|c| {
-                    let rs: Vec<&Run> = runs
-                        .iter()
-                        .filter(|r| r.cell == *cell && r.server == c.name)
-                        .collect();
+                    let rs: Vec<&Run> = runs.iter().filter(|r| r.cell == *cell && r.server == c.name).collect();
                     (c.name.clone(), summarize(&rs))
                 })
                 .collect();
@@ -314,56 +281,30 @@ fn summarize_cells(cfg_contenders: &[Contender], cells: &[Cell], runs: &[Run]) -
                 let (a, b) = (summaries.first()?.1, summaries.get(1)?.1);
                 (a.runs > 0 && b.runs > 0 && f(&b) > 0.0).then(|| f(&a) / f(&b))
             };
-            CellResult {
-                cell: *cell,
-                throughput_ratio: ratio(|s| s.events_per_sec),
-                p99_ratio: ratio(|s| s.p99_ms),
-                summaries,
-            }
+            CellResult { cell: *cell, throughput_ratio: ratio(|s| s.events_per_sec), p99_ratio: ratio(|s| s.p99_ms), summaries }
         })
         .collect()
 }
 
 /// One fresh-server run. When the server cannot start, the run has no latency and its
 /// `notes` say why.
-fn one_run(
-    cfg: &CompareConfig,
-    who: &Contender,
-    round: usize,
-    cell: Cell,
-    seq: usize,
-    stop: &AtomicBool,
-    progress: &mut dyn FnMut(&str),
-) -> Run {
-    let data = cfg.dir.join(format!(
-        "run-{seq:03}-{}-{}x{}",
-        who.name, cell.connections, cell.batch
-    ));
+fn one_run(cfg: &CompareConfig, who: &Contender, round: usize, cell: Cell, seq: usize, stop: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Run {
+    let data = cfg.dir.join(format!("run-{seq:03}-{}-{}x{}", who.name, cell.connections, cell.batch));
     let _ = std::fs::remove_dir_all(&data);
-    let mut env = vec![(
-        "TEPHRA__SEGMENT__SIZE".to_owned(),
-        cfg.segment_size.to_string(),
-    )];
+    let mut env = vec![("TEPHRA__SEGMENT__SIZE".to_owned(), cfg.segment_size.to_string())];
     env.extend(cfg.server_env.iter().cloned());
     let spec = ServerSpec {
         binary: who.binary.clone(),
         data_dir: data.clone(),
         env,
-        log_file: cfg.out.join("logs").join(format!(
-            "run-{seq:03}-{}-{}x{}.log",
-            who.name, cell.connections, cell.batch
-        )),
+        log_file: cfg.out.join("logs").join(format!("run-{seq:03}-{}-{}x{}.log", who.name, cell.connections, cell.batch)),
     };
     let mut notes = Vec::new();
     let acfg = AppendConfig {
         addr: String::new(),
         connections: cell.connections,
         inflight: cfg.inflight,
-        workload: WorkloadSpec {
-            batch: cell.batch,
-            event_size: cfg.event_size,
-            conditional: cfg.conditional,
-        },
+        workload: WorkloadSpec { batch: cell.batch, event_size: cfg.event_size, conditional: cfg.conditional },
         warmup: cfg.warmup,
         duration: cfg.duration,
         error_backoff: Duration::from_secs(1),
@@ -390,27 +331,16 @@ fn one_run(
         }
     };
     let addr = server.addr.to_string();
-    progress(&format!(
-        "{} pid {} listening on {addr}",
-        who.name, server.pid
-    ));
-    let version = tephra::client::Client::connect(addr.as_str())
-        .map(|c| c.server_version().to_owned())
-        .unwrap_or_default();
-    let acfg = AppendConfig {
-        addr: addr.clone(),
-        ..acfg
-    };
+    progress(&format!("{} pid {} listening on {addr}", who.name, server.pid));
+    let version = tephra::client::Client::connect(addr.as_str()).map(|c| c.server_version().to_owned()).unwrap_or_default();
+    let acfg = AppendConfig { addr: addr.clone(), ..acfg };
     let cpu0 = metrics::process_cpu_seconds(server.pid);
     let t0 = Instant::now();
     let result = append::run(&acfg, cfg.client.backend(), stop);
     let wall = t0.elapsed().as_secs_f64();
     let cpu1 = metrics::process_cpu_seconds(server.pid);
     let server_cpu = cpu0.zip(cpu1).map(|(a, b)| b - a);
-    let stored = tephra::client::Client::connect(addr.as_str())
-        .ok()
-        .and_then(|mut c| c.stats().ok())
-        .map(|s| s.event_count);
+    let stored = tephra::client::Client::connect(addr.as_str()).ok().and_then(|mut c| c.stats().ok()).map(|s| s.event_count);
     let exit_code = server.stop();
     cleanup_data(cfg, &data);
     let report = match result {
@@ -425,10 +355,7 @@ fn one_run(
     };
     if let Some(s) = stored {
         if s != report.events_acked_total {
-            notes.push(format!(
-                "server holds {s} events but {} were acknowledged",
-                report.events_acked_total
-            ));
+            notes.push(format!("server holds {s} events but {} were acknowledged", report.events_acked_total));
         }
     }
     if !report.errors.is_empty() {
@@ -464,27 +391,15 @@ fn one_read_run(
 ) -> ReadRun {
     let data = cfg.dir.join(format!("run-{seq:03}-{}-read", who.name));
     let _ = std::fs::remove_dir_all(&data);
-    let mut env = vec![(
-        "TEPHRA__SEGMENT__SIZE".to_owned(),
-        cfg.segment_size.to_string(),
-    )];
+    let mut env = vec![("TEPHRA__SEGMENT__SIZE".to_owned(), cfg.segment_size.to_string())];
     env.extend(cfg.server_env.iter().cloned());
     let spec = ServerSpec {
         binary: who.binary.clone(),
         data_dir: data.clone(),
         env,
-        log_file: cfg
-            .out
-            .join("logs")
-            .join(format!("run-{seq:03}-{}-read.log", who.name)),
+        log_file: cfg.out.join("logs").join(format!("run-{seq:03}-{}-read.log", who.name)),
     };
-    let mut run = ReadRun {
-        server: who.name.clone(),
-        round,
-        report: None,
-        stored_events: None,
-        notes: Vec::new(),
-    };
+    let mut run = ReadRun { server: who.name.clone(), round, report: None, stored_events: None, notes: Vec::new() };
     let mut server = match ServerProcess::start(&spec) {
         Ok(s) => s,
         Err(e) => {
@@ -494,34 +409,21 @@ fn one_read_run(
         }
     };
     let addr = server.addr.to_string();
-    progress(&format!(
-        "{} pid {} listening on {addr}",
-        who.name, server.pid
-    ));
-    let rcfg = crate::read::ReadConfig {
-        addr: addr.clone(),
-        ..rcfg.clone()
-    };
+    progress(&format!("{} pid {} listening on {addr}", who.name, server.pid));
+    let rcfg = crate::read::ReadConfig { addr: addr.clone(), ..rcfg.clone() };
     match crate::read::run(&rcfg, stop) {
         Ok(r) => run.report = Some(r),
         Err(e) => run.notes.push(format!("read benchmark failed: {e}")),
     }
-    run.stored_events = tephra::client::Client::connect(addr.as_str())
-        .ok()
-        .and_then(|mut c| c.stats().ok())
-        .map(|s| s.event_count);
+    run.stored_events = tephra::client::Client::connect(addr.as_str()).ok().and_then(|mut c| c.stats().ok()).map(|s| s.event_count);
     if let (Some(s), Some(r)) = (run.stored_events, &run.report) {
         if s != r.events_appended {
-            run.notes.push(format!(
-                "server holds {s} events but {} were appended",
-                r.events_appended
-            ));
+            run.notes.push(format!("server holds {s} events but {} were appended", r.events_appended));
         }
     }
     let exit = server.stop();
     if exit != Some(0) {
-        run.notes
-            .push(format!("server exit code after SIGTERM: {exit:?}"));
+        run.notes.push(format!("server exit code after SIGTERM: {exit:?}"));
     }
     cleanup_data(cfg, &data);
     run
@@ -566,11 +468,7 @@ fn cleanup_data(cfg: &CompareConfig, data: &Path) {
 
 /// Runs the comparison. `progress` gets one line of text before each run and once its
 /// server is up (with the server's pid).
-pub fn run(
-    cfg: &CompareConfig,
-    stop: &AtomicBool,
-    progress: &mut dyn FnMut(&str),
-) -> CompareReport {
+pub fn run(cfg: &CompareConfig, stop: &AtomicBool, progress: &mut dyn FnMut(&str)) -> CompareReport {
     let started = Instant::now();
     let machine = crate::machine::gather(&cfg.dir).ok();
     let contention_before = Some(crate::machine::contention());
@@ -586,12 +484,7 @@ pub fn run(
                     break 'outer;
                 }
                 seq += 1;
-                progress(&format!(
-                    "[{seq}/{total}] round {} · {} · {}",
-                    round + 1,
-                    cell.label(),
-                    who.name
-                ));
+                progress(&format!("[{seq}/{total}] round {} · {} · {}", round + 1, cell.label(), who.name));
                 let r = one_run(cfg, who, round, *cell, seq, stop, progress);
                 if let Some(l) = r.report.latency {
                     progress(&format!(
@@ -612,17 +505,10 @@ pub fn run(
                     break 'outer;
                 }
                 seq += 1;
-                progress(&format!(
-                    "[{seq}/{total}] round {} · read · {}",
-                    round + 1,
-                    who.name
-                ));
+                progress(&format!("[{seq}/{total}] round {} · read · {}", round + 1, who.name));
                 let r = one_read_run(cfg, rcfg, who, round, seq, stop, progress);
                 match &r.report {
-                    Some(rep) => progress(&format!(
-                        "    {}",
-                        crate::read::render(rep).trim_end().replace('\n', "\n    ")
-                    )),
+                    Some(rep) => progress(&format!("    {}", crate::read::render(rep).trim_end().replace('\n', "\n    "))),
                     None => progress(&format!("    no result: {}", r.notes.join("; "))),
                 }
                 read_runs.push(r);
@@ -674,10 +560,7 @@ fn ratio(x: Option<f64>) -> String {
 /// The markdown: the medians table, then every run.
 pub fn render_markdown(r: &CompareReport) -> String {
     let names: Vec<&str> = r.contenders.iter().map(|c| c.name.as_str()).collect();
-    let (a, b) = (
-        names.first().copied().unwrap_or("A"),
-        names.get(1).copied().unwrap_or("B"),
-    );
+    let (a, b) = (names.first().copied().unwrap_or("A"), names.get(1).copied().unwrap_or("B"));
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -696,10 +579,7 @@ pub fn render_markdown(r: &CompareReport) -> String {
         s,
         "| connections × batch | {a} events/s | {b} events/s | {a}/{b} | {a} p50 | {b} p50 | {a} p99 | {b} p99 | {a} p99.9 | {b} p99.9 | {a} server CPU | {b} server CPU |"
     );
-    let _ = writeln!(
-        s,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for c in &r.cells {
         let x = c.summaries.first().map(|p| p.1).unwrap_or_default();
         let y = c.summaries.get(1).map(|p| p.1).unwrap_or_default();
@@ -728,11 +608,11 @@ pub fn render_markdown(r: &CompareReport) -> String {
         );
     }
     let _ = writeln!(s, "\nEvery run, in the order it ran:\n");
-    let _ = writeln!(s, "| # | round | cell | server | events/s | p50 | p99 | p99.9 | max | longest stall | server CPU | client CPU | stored = acked | errors / notes |");
     let _ = writeln!(
         s,
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+        "| # | round | cell | server | events/s | p50 | p99 | p99.9 | max | longest stall | server CPU | client CPU | stored = acked | errors / notes |"
     );
+    let _ = writeln!(s, "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
     for (i, run) in r.runs.iter().enumerate() {
         let l = run.report.latency;
         let f = |v: Option<u64>| v.map_or("–".into(), |us| ms(us as f64 / 1e3));
@@ -754,13 +634,8 @@ pub fn render_markdown(r: &CompareReport) -> String {
             f(l.map(|l| l.p99_us)),
             f(l.map(|l| l.p999_us)),
             f(l.map(|l| l.max_us)),
-            if run.report.longest_stall_ms > 0 {
-                format!("{} ms", run.report.longest_stall_ms)
-            } else {
-                "–".into()
-            },
-            run.server_cpu_cores
-                .map_or("–".into(), |c| format!("{c:.2}")),
+            if run.report.longest_stall_ms > 0 { format!("{} ms", run.report.longest_stall_ms) } else { "–".into() },
+            run.server_cpu_cores.map_or("–".into(), |c| format!("{c:.2}")),
             run.report.client_cpu_cores,
             ok,
             run.notes.join("; ")
@@ -805,22 +680,14 @@ pub fn render_markdown(r: &CompareReport) -> String {
 /// The read-side table: per contender, medians over rounds, then every run.
 fn render_read_markdown(s: &mut String, r: &CompareReport) {
     let us = |x: f64| crate::append::fmt_us(x.round() as u64);
-    let _ = writeln!(
-        s,
-        "\nRead side (`tephra-bench read` on a fresh server each round; medians over rounds):\n"
-    );
+    let _ = writeln!(s, "\nRead side (`tephra-bench read` on a fresh server each round; medians over rounds):\n");
     let _ = writeln!(
         s,
         "| server | log events | full scan events/s | scan MB/s | selective read p50 | selective read p99 | reads/s | fan-out lag p50 | lag p99 | lag p99.9 |"
     );
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for c in &r.contenders {
-        let reps: Vec<&crate::read::ReadReport> = r
-            .read_runs
-            .iter()
-            .filter(|x| x.server == c.name)
-            .filter_map(|x| x.report.as_ref())
-            .collect();
+        let reps: Vec<&crate::read::ReadReport> = r.read_runs.iter().filter(|x| x.server == c.name).filter_map(|x| x.report.as_ref()).collect();
         if reps.is_empty() {
             let _ = writeln!(s, "| {} | – | – | – | – | – | – | – | – | – |", c.name);
             continue;
@@ -836,50 +703,25 @@ fn render_read_markdown(s: &mut String, r: &CompareReport) {
         let show = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("–".to_owned(), f);
         // One percentile of the selective reads' latency, or of the fan-out lag.
         type Pick = fn(&crate::metrics::Latency) -> u64;
-        let selective = |pick: Pick| {
-            show(
-                med(&|x| x.selective.as_ref().and_then(|se| se.latency.as_ref()).map(|l| pick(l) as f64)),
-                &us,
-            )
-        };
-        let lag = |pick: Pick| {
-            show(
-                med(&|x| x.fanout.as_ref().and_then(|f| f.lag.as_ref()).map(|l| pick(l) as f64)),
-                &us,
-            )
-        };
+        let selective = |pick: Pick| show(med(&|x| x.selective.as_ref().and_then(|se| se.latency.as_ref()).map(|l| pick(l) as f64)), &us);
+        let lag = |pick: Pick| show(med(&|x| x.fanout.as_ref().and_then(|f| f.lag.as_ref()).map(|l| pick(l) as f64)), &us);
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.name,
-            show(med(&|x| x.scan.as_ref().map(|sc| sc.events as f64)), &|v| {
-                crate::report::thousands(v)
-            }),
-            show(
-                med(&|x| x.scan.as_ref().map(|sc| sc.events_per_sec_median)),
-                &|v| crate::report::thousands(v)
-            ),
-            show(
-                med(&|x| x.scan.as_ref().map(|sc| sc.mb_per_sec_median)),
-                &|v| format!("{v:.0}")
-            ),
+            show(med(&|x| x.scan.as_ref().map(|sc| sc.events as f64)), &|v| { crate::report::thousands(v) }),
+            show(med(&|x| x.scan.as_ref().map(|sc| sc.events_per_sec_median)), &|v| crate::report::thousands(v)),
+            show(med(&|x| x.scan.as_ref().map(|sc| sc.mb_per_sec_median)), &|v| format!("{v:.0}")),
             selective(|l| l.p50_us),
             selective(|l| l.p99_us),
-            show(
-                med(&|x| x.selective.as_ref().map(|se| se.reads_per_sec)),
-                &|v| crate::report::thousands(v)
-            ),
+            show(med(&|x| x.selective.as_ref().map(|se| se.reads_per_sec)), &|v| crate::report::thousands(v)),
             lag(|l| l.p50_us),
             lag(|l| l.p99_us),
             lag(|l| l.p999_us),
         );
     }
-    let notes: Vec<String> = r
-        .read_runs
-        .iter()
-        .filter(|x| !x.notes.is_empty())
-        .map(|x| format!("round {} {}: {}", x.round + 1, x.server, x.notes.join("; ")))
-        .collect();
+    let notes: Vec<String> =
+        r.read_runs.iter().filter(|x| !x.notes.is_empty()).map(|x| format!("round {} {}: {}", x.round + 1, x.server, x.notes.join("; "))).collect();
     if !notes.is_empty() {
         let _ = writeln!(s, "\nRead-side notes: {}", notes.join(" · "));
     }
@@ -892,24 +734,8 @@ pub fn chart_data(r: &CompareReport) -> ChartData {
             .iter()
             .enumerate()
             .map(|(k, c)| Series {
-                name: format!(
-                    "{} {}",
-                    c.name,
-                    r.runs
-                        .iter()
-                        .find(|x| x.server == c.name)
-                        .map(|x| x.server_version.as_str())
-                        .unwrap_or("")
-                ),
-                values: r
-                    .cells
-                    .iter()
-                    .map(|cell| {
-                        cell.summaries
-                            .get(k)
-                            .and_then(|(_, s)| (s.runs > 0).then(|| f(s)))
-                    })
-                    .collect(),
+                name: format!("{} {}", c.name, r.runs.iter().find(|x| x.server == c.name).map(|x| x.server_version.as_str()).unwrap_or("")),
+                values: r.cells.iter().map(|cell| cell.summaries.get(k).and_then(|(_, s)| (s.runs > 0).then(|| f(s)))).collect(),
             })
             .collect()
     };
@@ -917,11 +743,7 @@ pub fn chart_data(r: &CompareReport) -> ChartData {
         title: format!(
             "{} B {} appends, medians of {} round(s) × {:.0} s",
             r.event_size,
-            if r.conditional {
-                "conditional"
-            } else {
-                "unconditional"
-            },
+            if r.conditional { "conditional" } else { "unconditional" },
             r.rounds,
             r.duration_seconds
         ),
@@ -938,11 +760,7 @@ pub fn chart_data(r: &CompareReport) -> ChartData {
 pub fn write_outputs(r: &CompareReport, out: &Path) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("create {}: {e}", out.display()))?;
     let json = out.join("compare.json");
-    std::fs::write(
-        &json,
-        serde_json::to_string_pretty(r).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| format!("write {}: {e}", json.display()))?;
+    std::fs::write(&json, serde_json::to_string_pretty(r).map_err(|e| e.to_string())?).map_err(|e| format!("write {}: {e}", json.display()))?;
     let md = out.join("compare.md");
     std::fs::write(&md, render_markdown(r)).map_err(|e| format!("write {}: {e}", md.display()))?;
     let svg = out.join("compare.svg");
@@ -958,20 +776,7 @@ mod tests {
     fn matrix_parses() {
         assert_eq!(
             parse_matrix("16x1, 64X512,2×3").unwrap(),
-            vec![
-                Cell {
-                    connections: 16,
-                    batch: 1
-                },
-                Cell {
-                    connections: 64,
-                    batch: 512
-                },
-                Cell {
-                    connections: 2,
-                    batch: 3
-                },
-            ]
+            vec![Cell { connections: 16, batch: 1 }, Cell { connections: 64, batch: 512 }, Cell { connections: 2, batch: 3 },]
         );
         assert!(parse_matrix("16").is_err());
         assert!(parse_matrix("0x1").is_err());

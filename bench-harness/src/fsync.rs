@@ -118,11 +118,7 @@ impl RowSpec {
             Pattern::FullBlocks => {
                 format!("{mode} {layout} {}", human_bytes(self.block_bytes as u64))
             }
-            Pattern::TailRewrite => format!(
-                "{mode} {layout} {} tail +{} B/commit",
-                human_bytes(self.block_bytes as u64),
-                self.payload_bytes
-            ),
+            Pattern::TailRewrite => format!("{mode} {layout} {} tail +{} B/commit", human_bytes(self.block_bytes as u64), self.payload_bytes),
         }
     }
 
@@ -152,13 +148,7 @@ pub fn plan_rows(block_sizes: &[usize]) -> Vec<RowSpec> {
     for &b in block_sizes {
         for mode in [IoMode::Buffered, IoMode::Direct] {
             for layout in [FileLayout::Preallocated, FileLayout::Growing] {
-                rows.push(RowSpec {
-                    mode,
-                    layout,
-                    pattern: Pattern::FullBlocks,
-                    block_bytes: b,
-                    payload_bytes: b,
-                });
+                rows.push(RowSpec { mode, layout, pattern: Pattern::FullBlocks, block_bytes: b, payload_bytes: b });
             }
         }
     }
@@ -367,9 +357,7 @@ pub fn preflight(dir: &Path) -> Result<(), PreflightError> {
     let shown = dir.display();
     let meta = match fs::metadata(dir) {
         Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(PreflightError(format!("directory {shown} does not exist")))
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(PreflightError(format!("directory {shown} does not exist"))),
         Err(e) => return Err(PreflightError(format!("cannot access {shown}: {e}"))),
     };
     if !meta.is_dir() {
@@ -377,20 +365,13 @@ pub fn preflight(dir: &Path) -> Result<(), PreflightError> {
     }
     let probe = dir.join(format!(".tephra-bench-preflight.{}", std::process::id()));
     let res = (|| -> io::Result<()> {
-        let f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&probe)?;
+        let f = OpenOptions::new().write(true).create_new(true).open(&probe)?;
         let _guard = RemoveOnDrop(probe.clone());
         f.write_all_at(&[0u8; 4096], 0)?;
         f.sync_data()?;
         Ok(())
     })();
-    res.map_err(|e| {
-        PreflightError(format!(
-            "directory {shown} is not writable (creating, writing and fdatasyncing a test file failed: {e})"
-        ))
-    })
+    res.map_err(|e| PreflightError(format!("directory {shown} is not writable (creating, writing and fdatasyncing a test file failed: {e})")))
 }
 
 /// Removes a file when dropped (best effort).
@@ -416,14 +397,7 @@ impl Recorder {
     fn new() -> Self {
         let h = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds");
         let now = Instant::now();
-        Self {
-            commit: h(),
-            sync: h(),
-            commits: 0,
-            bytes: 0,
-            start: now,
-            end: now,
-        }
+        Self { commit: h(), sync: h(), commits: 0, bytes: 0, start: now, end: now }
     }
 
     fn start(&mut self) {
@@ -438,9 +412,7 @@ impl Recorder {
         }
         match budget {
             Budget::Commits(n) if self.commits >= n => return Some(StopReason::Commits),
-            Budget::Seconds(s) if self.start.elapsed().as_secs_f64() >= s => {
-                return Some(StopReason::Time)
-            }
+            Budget::Seconds(s) if self.start.elapsed().as_secs_f64() >= s => return Some(StopReason::Time),
             _ => {}
         }
         (next_end > cap).then_some(StopReason::Bytes)
@@ -455,23 +427,13 @@ impl Recorder {
         self.end = t_synced;
     }
 
-    fn finish(
-        self,
-        spec: RowSpec,
-        o_direct: bool,
-        stop: StopReason,
-        error: Option<String>,
-    ) -> RowResult {
+    fn finish(self, spec: RowSpec, o_direct: bool, stop: StopReason, error: Option<String>) -> RowResult {
         let commit_latency = LatencySummary::from_histogram(&self.commit);
         let fdatasync_latency = LatencySummary::from_histogram(&self.sync);
         let elapsed_s = (self.end - self.start).as_secs_f64();
         let per_commit_events = spec.payload_bytes as f64 / EVENT_BYTES as f64;
         let commits_per_s_p50 = commit_latency.map(|l| 1e6 / l.p50_us as f64).unwrap_or(0.0);
-        let commits_per_s_measured = if elapsed_s > 0.0 {
-            self.commits as f64 / elapsed_s
-        } else {
-            0.0
-        };
+        let commits_per_s_measured = if elapsed_s > 0.0 { self.commits as f64 / elapsed_s } else { 0.0 };
         RowResult {
             label: spec.label(),
             spec,
@@ -511,30 +473,17 @@ fn fill_pattern(buf: &mut [u8], seed: u64) {
 }
 
 fn test_file(dir: &Path, idx: usize) -> PathBuf {
-    dir.join(format!(
-        ".tephra-bench-fsync.{}.{idx}.dat",
-        std::process::id()
-    ))
+    dir.join(format!(".tephra-bench-fsync.{}.{idx}.dat", std::process::id()))
 }
 
 fn run_buffered_row(path: &Path, spec: RowSpec, budget: Budget, max_row_bytes: u64) -> RowResult {
     let mut rec = Recorder::new();
     let range = row_range(&spec, budget, max_row_bytes);
     let res = (|| -> io::Result<StopReason> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)?;
+        let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
         let _guard = RemoveOnDrop(path.to_path_buf());
         if spec.layout == FileLayout::Preallocated {
-            nix::fcntl::fallocate(
-                file.as_raw_fd(),
-                nix::fcntl::FallocateFlags::empty(),
-                0,
-                range as libc::off_t,
-            )
-            .map_err(io::Error::from)?;
+            nix::fcntl::fallocate(file.as_raw_fd(), nix::fcntl::FallocateFlags::empty(), 0, range as libc::off_t).map_err(io::Error::from)?;
         }
         // Make file creation and allocation durable before timing anything.
         file.sync_all()?;
@@ -570,13 +519,7 @@ async fn run_direct_row(
 ) -> Result<(Recorder, StopReason), (Recorder, String)> {
     let mut rec = Recorder::new();
     let range = row_range(&spec, budget, max_row_bytes);
-    let file = match glommio::io::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .dma_open(path)
-        .await
-    {
+    let file = match glommio::io::OpenOptions::new().read(true).write(true).create_new(true).dma_open(path).await {
         Ok(f) => f,
         Err(e) => return Err((rec, format!("open O_DIRECT: {e}"))),
     };
@@ -590,30 +533,16 @@ async fn run_direct_row(
     }
 }
 
-async fn direct_loop(
-    file: &DmaFile,
-    rec: &mut Recorder,
-    spec: RowSpec,
-    budget: Budget,
-    range: u64,
-    alignment: &mut Option<u64>,
-) -> Result<StopReason, String> {
+async fn direct_loop(file: &DmaFile, rec: &mut Recorder, spec: RowSpec, budget: Budget, range: u64, alignment: &mut Option<u64>) -> Result<StopReason, String> {
     let align = file.alignment();
     *alignment = Some(align);
     if spec.block_bytes as u64 % align != 0 {
-        return Err(format!(
-            "block size {} is not a multiple of the device's O_DIRECT alignment {align}",
-            spec.block_bytes
-        ));
+        return Err(format!("block size {} is not a multiple of the device's O_DIRECT alignment {align}", spec.block_bytes));
     }
     if spec.layout == FileLayout::Preallocated {
-        file.pre_allocate(range, false)
-            .await
-            .map_err(|e| format!("fallocate: {e}"))?;
+        file.pre_allocate(range, false).await.map_err(|e| format!("fallocate: {e}"))?;
     }
-    file.fdatasync()
-        .await
-        .map_err(|e| format!("initial fdatasync: {e}"))?;
+    file.fdatasync().await.map_err(|e| format!("initial fdatasync: {e}"))?;
 
     let block = spec.block_bytes;
     match spec.pattern {
@@ -627,17 +556,12 @@ async fn direct_loop(
                 let mut buf: DmaBuffer = file.alloc_dma_buffer(block);
                 fill_pattern(buf.as_bytes_mut(), rec.commits);
                 let t0 = Instant::now();
-                let n = file
-                    .write_at(buf, off)
-                    .await
-                    .map_err(|e| format!("write_at: {e}"))?;
+                let n = file.write_at(buf, off).await.map_err(|e| format!("write_at: {e}"))?;
                 if n != block {
                     return Err(format!("short O_DIRECT write: {n} of {block} bytes"));
                 }
                 let t1 = Instant::now();
-                file.fdatasync()
-                    .await
-                    .map_err(|e| format!("fdatasync: {e}"))?;
+                file.fdatasync().await.map_err(|e| format!("fdatasync: {e}"))?;
                 let t2 = Instant::now();
                 rec.record(t0, t1, t2, block);
                 off += block as u64;
@@ -658,17 +582,12 @@ async fn direct_loop(
                 let mut buf: DmaBuffer = file.alloc_dma_buffer(block);
                 buf.as_bytes_mut().copy_from_slice(&tail);
                 let t0 = Instant::now();
-                let n = file
-                    .write_at(buf, block_start)
-                    .await
-                    .map_err(|e| format!("write_at: {e}"))?;
+                let n = file.write_at(buf, block_start).await.map_err(|e| format!("write_at: {e}"))?;
                 if n != block {
                     return Err(format!("short O_DIRECT write: {n} of {block} bytes"));
                 }
                 let t1 = Instant::now();
-                file.fdatasync()
-                    .await
-                    .map_err(|e| format!("fdatasync: {e}"))?;
+                file.fdatasync().await.map_err(|e| format!("fdatasync: {e}"))?;
                 let t2 = Instant::now();
                 rec.record(t0, t1, t2, block);
                 log_len += payload as u64;
@@ -698,8 +617,7 @@ pub fn prepare_memlock(wanted: usize) -> GlommioSetup {
     if soft0 < need {
         // Privileged (CAP_SYS_RESOURCE, e.g. root): raise both. Otherwise up to the hard limit.
         if setrlimit(Resource::RLIMIT_MEMLOCK, need as _, hard0.max(need) as _).is_ok()
-            || (hard0 > soft0
-                && setrlimit(Resource::RLIMIT_MEMLOCK, hard0.min(need) as _, hard0 as _).is_ok())
+            || (hard0 > soft0 && setrlimit(Resource::RLIMIT_MEMLOCK, hard0.min(need) as _, hard0 as _).is_ok())
         {
             raised = true;
         }
@@ -732,15 +650,11 @@ fn make_executor(setup: &mut GlommioSetup) -> Option<LocalExecutor> {
         return None;
     }
     let _ = crate::logcapture::take();
-    let ex = LocalExecutorBuilder::new(Placement::Unbound)
-        .name("fsync-probe")
-        .io_memory(setup.io_memory)
-        .make();
+    let ex = LocalExecutorBuilder::new(Placement::Unbound).name("fsync-probe").io_memory(setup.io_memory).make();
     let logged = crate::logcapture::take();
     match ex {
         Ok(ex) => {
-            setup.fixed_buffers_registered =
-                Some(!logged.iter().any(|l| l.contains("registering buffers")));
+            setup.fixed_buffers_registered = Some(!logged.iter().any(|l| l.contains("registering buffers")));
             Some(ex)
         }
         Err(e) => {
@@ -772,21 +686,10 @@ pub fn run_probe(config: ProbeConfig, facts: MachineFacts, progress: Progress<'_
         let row = match spec.mode {
             IoMode::Buffered => run_buffered_row(&path, spec, config.budget, config.max_row_bytes),
             IoMode::Direct => match &executor {
-                None => Recorder::new().finish(
-                    spec,
-                    false,
-                    StopReason::Error,
-                    setup.executor_error.clone(),
-                ),
+                None => Recorder::new().finish(spec, false, StopReason::Error, setup.executor_error.clone()),
                 Some(ex) => {
                     let mut align = setup.dma_alignment;
-                    let r = ex.run(run_direct_row(
-                        &path,
-                        spec,
-                        config.budget,
-                        config.max_row_bytes,
-                        &mut align,
-                    ));
+                    let r = ex.run(run_direct_row(&path, spec, config.budget, config.max_row_bytes, &mut align));
                     setup.dma_alignment = align;
                     // glommio turns O_DIRECT off on tmpfs without telling.
                     let o_direct = !in_memory;
@@ -824,20 +727,11 @@ pub fn run_probe(config: ProbeConfig, facts: MachineFacts, progress: Progress<'_
 }
 
 /// Warnings and reading notes for a finished probe.
-pub fn assess(
-    facts: &MachineFacts,
-    setup: &GlommioSetup,
-    config: &ProbeConfig,
-    rows: &[RowResult],
-    logged: Vec<String>,
-) -> (Vec<String>, Vec<String>) {
+pub fn assess(facts: &MachineFacts, setup: &GlommioSetup, config: &ProbeConfig, rows: &[RowResult], logged: Vec<String>) -> (Vec<String>, Vec<String>) {
     let mut warnings = Vec::new();
     let mut notes = Vec::new();
     if interrupted() || rows.iter().any(|r| r.stopped_by == StopReason::Interrupted) {
-        warnings.push(format!(
-            "interrupted by a signal: only {} row(s) ran, the last one cut short",
-            rows.len()
-        ));
+        warnings.push(format!("interrupted by a signal: only {} row(s) ran, the last one cut short", rows.len()));
     }
     if facts.fs.in_memory {
         warnings.push(in_memory_warning(facts));
@@ -855,10 +749,7 @@ pub fn assess(
                 "{} is a virtual disk ({}): the host may acknowledge flushes from its own \
                  cache, so read these as the shape of the curve, not as a device number.",
                 d.name,
-                d.driver
-                    .as_deref()
-                    .or(d.model.as_deref())
-                    .unwrap_or("virtual")
+                d.driver.as_deref().or(d.model.as_deref()).unwrap_or("virtual")
             ));
         }
         if d.write_cache.as_deref() == Some("write through") {
@@ -870,15 +761,10 @@ pub fn assess(
             ));
         }
         if d.loop_device {
-            notes.push(format!(
-                "{} is a loop device: durability depends on the file and filesystem behind it.",
-                d.name
-            ));
+            notes.push(format!("{} is a loop device: durability depends on the file and filesystem behind it.", d.name));
         }
     } else if !facts.fs.in_memory {
-        notes.push(
-            "no backing block device found in sysfs (network, FUSE or virtual filesystem?)".into(),
-        );
+        notes.push("no backing block device found in sysfs (network, FUSE or virtual filesystem?)".into());
     }
     let fast: Vec<String> = rows
         .iter()
@@ -906,11 +792,7 @@ pub fn assess(
     if let Some(e) = &setup.executor_error {
         warnings.push(format!("O_DIRECT rows not measured: {e}"));
     }
-    let capped: Vec<&str> = rows
-        .iter()
-        .filter(|r| r.stopped_by == StopReason::Bytes)
-        .map(|r| r.label.as_str())
-        .collect();
+    let capped: Vec<&str> = rows.iter().filter(|r| r.stopped_by == StopReason::Bytes).map(|r| r.label.as_str()).collect();
     if !capped.is_empty() && matches!(config.budget, Budget::Seconds(_)) {
         notes.push(format!(
             "{} row(s) stopped at the {} per-row byte cap before the time budget (raise \
@@ -920,13 +802,7 @@ pub fn assess(
             capped.join(", ")
         ));
     }
-    if let Some(big) = config
-        .block_sizes
-        .iter()
-        .copied()
-        .filter(|&b| b > setup.io_memory)
-        .max()
-    {
+    if let Some(big) = config.block_sizes.iter().copied().filter(|&b| b > setup.io_memory).max() {
         notes.push(format!(
             "O_DIRECT blocks larger than glommio's io_memory ({}) come from the ordinary \
              allocator, not from the registered fixed buffers (largest: {}).",
@@ -947,11 +823,7 @@ pub const BUSY_IO_PRESSURE: f64 = 5.0;
 ///
 /// Only the sample taken *before* the first row is judged: during and after the run the
 /// probe's own fdatasync waits count as I/O pressure and add about 1 to the load average.
-pub fn contention_warning(
-    facts: &MachineFacts,
-    before: &Contention,
-    _after: &Contention,
-) -> Option<String> {
+pub fn contention_warning(facts: &MachineFacts, before: &Contention, _after: &Contention) -> Option<String> {
     let psi = before.io_pressure_some_avg10.unwrap_or(0.0);
     let load = before.loadavg_1m.unwrap_or(0.0);
     let busy_io = psi >= BUSY_IO_PRESSURE;
@@ -1003,20 +875,11 @@ mod tests {
         let mut r = Recorder::new();
         r.start();
         assert_eq!(r.should_stop(Budget::Commits(1), 4096, 8192), None);
-        assert_eq!(
-            r.should_stop(Budget::Commits(1), 12288, 8192),
-            Some(StopReason::Bytes)
-        );
+        assert_eq!(r.should_stop(Budget::Commits(1), 12288, 8192), Some(StopReason::Bytes));
         let t = Instant::now();
         r.record(t, t, t + Duration::from_micros(5), 4096);
-        assert_eq!(
-            r.should_stop(Budget::Commits(1), 4096, 8192),
-            Some(StopReason::Commits)
-        );
-        assert_eq!(
-            r.should_stop(Budget::Seconds(0.0), 4096, 8192),
-            Some(StopReason::Time)
-        );
+        assert_eq!(r.should_stop(Budget::Commits(1), 4096, 8192), Some(StopReason::Commits));
+        assert_eq!(r.should_stop(Budget::Seconds(0.0), 4096, 8192), Some(StopReason::Time));
     }
 
     #[test]

@@ -15,12 +15,7 @@ impl log::Log for Capture {
 
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) {
-            let line = format!(
-                "{} [{}]: {}",
-                record.level(),
-                record.target(),
-                record.args()
-            );
+            let line = format!("{} [{}]: {}", record.level(), record.target(), record.args());
             if let Ok(mut v) = self.lines.lock() {
                 v.push(line);
             }
@@ -36,9 +31,7 @@ static CAPTURE: OnceLock<&'static Capture> = OnceLock::new();
 /// logger is already installed, nothing is captured.
 pub fn install() {
     CAPTURE.get_or_init(|| {
-        let c: &'static Capture = Box::leak(Box::new(Capture {
-            lines: Mutex::new(Vec::new()),
-        }));
+        let c: &'static Capture = Box::leak(Box::new(Capture { lines: Mutex::new(Vec::new()) }));
         if log::set_logger(c).is_ok() {
             log::set_max_level(log::LevelFilter::Warn);
         }
@@ -48,8 +41,5 @@ pub fn install() {
 
 /// Takes (and clears) the captured log lines.
 pub fn take() -> Vec<String> {
-    CAPTURE
-        .get()
-        .and_then(|c| c.lines.lock().ok().map(|mut v| std::mem::take(&mut *v)))
-        .unwrap_or_default()
+    CAPTURE.get().and_then(|c| c.lines.lock().ok().map(|mut v| std::mem::take(&mut *v))).unwrap_or_default()
 }

@@ -113,18 +113,8 @@ pub fn kernel_string() -> String {
         if libc::uname(&mut u) != 0 {
             return "unknown".into();
         }
-        let f = |s: &[libc::c_char]| {
-            std::ffi::CStr::from_ptr(s.as_ptr())
-                .to_string_lossy()
-                .into_owned()
-        };
-        format!(
-            "{} {} {} {}",
-            f(&u.sysname),
-            f(&u.release),
-            f(&u.version),
-            f(&u.machine)
-        )
+        let f = |s: &[libc::c_char]| std::ffi::CStr::from_ptr(s.as_ptr()).to_string_lossy().into_owned();
+        format!("{} {} {} {}", f(&u.sysname), f(&u.release), f(&u.version), f(&u.machine))
     }
 }
 
@@ -160,9 +150,7 @@ fn unescape_octal(s: &str) -> String {
         if b[i] == b'\\' && i + 4 <= b.len() {
             let oct = &b[i + 1..i + 4];
             if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
-                let v = oct
-                    .iter()
-                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+                let v = oct.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
                 if let Ok(v) = u8::try_from(v) {
                     out.push(v);
                     i += 4;
@@ -190,13 +178,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
                 mount_point: unescape_octal(l[4]),
                 fstype: r[0].to_string(),
                 source: unescape_octal(r[1]),
-                options: format!(
-                    "{}{}",
-                    l[5],
-                    r.get(2)
-                        .map(|s| format!("; super: {s}"))
-                        .unwrap_or_default()
-                ),
+                options: format!("{}{}", l[5], r.get(2).map(|s| format!("; super: {s}")).unwrap_or_default()),
             })
         })
         .collect()
@@ -207,9 +189,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
 pub fn find_mount<'a>(mounts: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
     let mut best: Option<&MountEntry> = None;
     for m in mounts {
-        if path.starts_with(Path::new(&m.mount_point))
-            && best.is_none_or(|b| m.mount_point.len() >= b.mount_point.len())
-        {
+        if path.starts_with(Path::new(&m.mount_point)) && best.is_none_or(|b| m.mount_point.len() >= b.mount_point.len()) {
             best = Some(m);
         }
     }
@@ -217,10 +197,7 @@ pub fn find_mount<'a>(mounts: &'a [MountEntry], path: &Path) -> Option<&'a Mount
 }
 
 fn read_trim(p: &Path) -> Option<String> {
-    fs::read_to_string(p)
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
+    fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
 }
 
 /// Describes the whole-disk block device `major:minor` from sysfs, if it exists.
@@ -232,26 +209,10 @@ pub fn device_info(major: u64, minor: u64) -> Option<DeviceInfo> {
     }
     let name = dir.file_name()?.to_string_lossy().into_owned();
     let q = dir.join("queue");
-    let driver = fs::read_link(dir.join("device/driver"))
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let driver = fs::read_link(dir.join("device/driver")).ok().and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
     let model = read_trim(&dir.join("device/model"));
-    let virtual_disk = driver.as_deref().is_some_and(|d| {
-        ["virtio", "xen", "vbd", "hv_storvsc", "vmw_pvscsi"]
-            .iter()
-            .any(|k| d.contains(k))
-    }) || model.as_deref().is_some_and(|m| {
-        [
-            "QEMU",
-            "VBOX",
-            "Virtual",
-            "VMware",
-            "Elastic Block",
-            "PersistentDisk",
-        ]
-        .iter()
-        .any(|k| m.contains(k))
-    });
+    let virtual_disk = driver.as_deref().is_some_and(|d| ["virtio", "xen", "vbd", "hv_storvsc", "vmw_pvscsi"].iter().any(|k| d.contains(k)))
+        || model.as_deref().is_some_and(|m| ["QEMU", "VBOX", "Virtual", "VMware", "Elastic Block", "PersistentDisk"].iter().any(|k| m.contains(k)));
     Some(DeviceInfo {
         dev: format!("{major}:{minor}"),
         write_cache: read_trim(&q.join("write_cache")),
@@ -260,8 +221,7 @@ pub fn device_info(major: u64, minor: u64) -> Option<DeviceInfo> {
         model,
         driver,
         virtual_disk,
-        ram_backed: name.starts_with("zram")
-            || (name.starts_with("ram") && name[3..].chars().all(|c| c.is_ascii_digit())),
+        ram_backed: name.starts_with("zram") || (name.starts_with("ram") && name[3..].chars().all(|c| c.is_ascii_digit())),
         loop_device: name.starts_with("loop"),
         name,
     })
@@ -279,24 +239,15 @@ pub struct Contention {
 
 /// Samples [`Contention`] now.
 pub fn contention() -> Contention {
-    let loadavg_1m = fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()));
-    let io_pressure_some_avg10 = fs::read_to_string("/proc/pressure/io")
-        .ok()
-        .and_then(|s| parse_psi_some_avg10(&s));
-    Contention {
-        loadavg_1m,
-        io_pressure_some_avg10,
-    }
+    let loadavg_1m = fs::read_to_string("/proc/loadavg").ok().and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()));
+    let io_pressure_some_avg10 = fs::read_to_string("/proc/pressure/io").ok().and_then(|s| parse_psi_some_avg10(&s));
+    Contention { loadavg_1m, io_pressure_some_avg10 }
 }
 
 /// Extracts `avg10` from the `some` line of a `/proc/pressure/*` file.
 pub fn parse_psi_some_avg10(text: &str) -> Option<f64> {
     let line = text.lines().find(|l| l.starts_with("some "))?;
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix("avg10="))
-        .and_then(|v| v.parse().ok())
+    line.split_whitespace().find_map(|kv| kv.strip_prefix("avg10=")).and_then(|v| v.parse().ok())
 }
 
 /// Gathers the facts for `dir` (which must exist).
@@ -307,9 +258,7 @@ pub fn gather(dir: &Path) -> std::io::Result<MachineFacts> {
     let vfs = nix::sys::statvfs::statvfs(&canon).map_err(std::io::Error::from)?;
     let free_bytes = (vfs.blocks_available() as u64).saturating_mul(vfs.fragment_size() as u64);
 
-    let mounts = fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| parse_mountinfo(&t))
-        .unwrap_or_default();
+    let mounts = fs::read_to_string("/proc/self/mountinfo").map(|t| parse_mountinfo(&t)).unwrap_or_default();
     let mount = find_mount(&mounts, &canon).cloned();
 
     let meta = fs::metadata(&canon)?;
@@ -317,29 +266,19 @@ pub fn gather(dir: &Path) -> std::io::Result<MachineFacts> {
     let (mut major, mut minor) = (libc::major(dev) as u64, libc::minor(dev) as u64);
     if major == 0 {
         // Anonymous device (btrfs subvolumes, overlayfs, tmpfs): fall back to the mount source.
-        if let Some(src) = mount
-            .as_ref()
-            .map(|m| m.source.clone())
-            .filter(|s| s.starts_with("/dev/"))
-        {
+        if let Some(src) = mount.as_ref().map(|m| m.source.clone()).filter(|s| s.starts_with("/dev/")) {
             if let Ok(m) = fs::metadata(&src) {
                 major = libc::major(m.rdev()) as u64;
                 minor = libc::minor(m.rdev()) as u64;
             }
         }
     }
-    let device = if major != 0 {
-        device_info(major, minor)
-    } else {
-        None
-    };
+    let device = if major != 0 { device_info(major, minor) } else { None };
 
     Ok(MachineFacts {
         kernel: kernel_string(),
         cpus_online: cpus_online(),
-        cpus_available: std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        cpus_available: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         dir: canon.display().to_string(),
         fs: FsInfo {
             magic: format!("{magic:#x}"),
@@ -383,18 +322,9 @@ mod tests {
         let m = parse_mountinfo(text);
         assert_eq!(m.len(), 3);
         assert_eq!(m[1].mount_point, "/tmp dir");
-        assert_eq!(
-            find_mount(&m, Path::new("/tmp dir/x")).unwrap().fstype,
-            "tmpfs"
-        );
-        assert_eq!(
-            find_mount(&m, Path::new("/work/sub/a")).unwrap().fstype,
-            "xfs"
-        );
-        assert_eq!(
-            find_mount(&m, Path::new("/work/subway")).unwrap().fstype,
-            "ext4"
-        );
+        assert_eq!(find_mount(&m, Path::new("/tmp dir/x")).unwrap().fstype, "tmpfs");
+        assert_eq!(find_mount(&m, Path::new("/work/sub/a")).unwrap().fstype, "xfs");
+        assert_eq!(find_mount(&m, Path::new("/work/subway")).unwrap().fstype, "ext4");
         assert_eq!(m[0].options, "rw,relatime; super: rw,discard");
     }
 }

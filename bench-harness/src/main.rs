@@ -13,8 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tephra_bench::cli::{
-    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs,
-    ReadArgs, EXIT_ROW_FAILED, EXIT_USAGE,
+    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs, ReadArgs, EXIT_ROW_FAILED, EXIT_USAGE,
 };
 use tephra_bench::fsync::{self, Budget, ProbeConfig};
 use tephra_bench::{append, compare, logcapture, machine, read, report, server, signals, workload};
@@ -51,11 +50,7 @@ fn check_addr(cmd: &str, addr: &str) -> Result<(), i32> {
 
 /// The load generator of `client` if it can keep `inflight` requests per connection; a
 /// usage error otherwise.
-fn backend_for(
-    cmd: &str,
-    client: append::ClientKind,
-    inflight: u64,
-) -> Result<&'static dyn append::LoadBackend, i32> {
+fn backend_for(cmd: &str, client: append::ClientKind, inflight: u64) -> Result<&'static dyn append::LoadBackend, i32> {
     if inflight as usize <= client.max_inflight() {
         Ok(client.backend())
     } else if client == append::ClientKind::Blocking {
@@ -65,10 +60,7 @@ fn backend_for(
         );
         Err(EXIT_USAGE)
     } else {
-        eprintln!(
-            "tephra-bench {cmd}: error: --inflight {inflight}: at most {} (the server's per-connection append budget)",
-            client.max_inflight()
-        );
+        eprintln!("tephra-bench {cmd}: error: --inflight {inflight}: at most {} (the server's per-connection append budget)", client.max_inflight());
         Err(EXIT_USAGE)
     }
 }
@@ -104,11 +96,7 @@ fn run_append(args: AppendArgs) -> i32 {
         addr: args.addr.clone(),
         connections: args.connections as usize,
         inflight: args.load.inflight as usize,
-        workload: workload::WorkloadSpec {
-            batch: args.batch as usize,
-            event_size: args.load.event_size as usize,
-            conditional: !args.load.unconditional,
-        },
+        workload: workload::WorkloadSpec { batch: args.batch as usize, event_size: args.load.event_size as usize, conditional: !args.load.unconditional },
         warmup: Duration::from_secs_f64(args.warmup),
         duration: Duration::from_secs_f64(args.duration),
         error_backoff: Duration::from_millis(args.error_backoff_ms),
@@ -156,11 +144,7 @@ fn run_read(args: ReadArgs) -> i32 {
         Ok(r) => r,
         Err(e) => {
             eprintln!("tephra-bench read: error: {e}");
-            return if signals::stopped() {
-                signals::interrupted_exit_code()
-            } else {
-                EXIT_ROW_FAILED
-            };
+            return if signals::stopped() { signals::interrupted_exit_code() } else { EXIT_ROW_FAILED };
         }
     };
     let code = if args.json {
@@ -208,14 +192,8 @@ fn run_compare(args: CompareArgs) -> i32 {
         None => return usage("reference server not found; run scripts/install-reference.sh or pass --reference / set TEPHRA_REFERENCE_SERVER".into()),
     };
     let target = target_dir();
-    let dir = args
-        .dir
-        .clone()
-        .unwrap_or_else(|| target.join("bench-compare").join("data"));
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| target.join("bench-compare"));
+    let dir = args.dir.clone().unwrap_or_else(|| target.join("bench-compare").join("data"));
+    let out = args.out.clone().unwrap_or_else(|| target.join("bench-compare"));
     for (what, d) in [("--dir", &dir), ("--out", &out)] {
         if let Err(e) = std::fs::create_dir_all(d) {
             return usage(format!("{what} {}: {e}", d.display()));
@@ -224,22 +202,9 @@ fn run_compare(args: CompareArgs) -> i32 {
     if let Err(e) = std::fs::create_dir_all(out.join("logs")) {
         return usage(format!("--out {}: {e}", out.display()));
     }
-    let (rounds, duration, warmup) = if args.quick {
-        (2, 5.0, 2.0)
-    } else {
-        (3, 15.0, 3.0)
-    };
+    let (rounds, duration, warmup) = if args.quick { (2, 5.0, 2.0) } else { (3, 15.0, 3.0) };
     let cfg = compare::CompareConfig {
-        contenders: vec![
-            compare::Contender {
-                name: "ours".into(),
-                binary: ours,
-            },
-            compare::Contender {
-                name: "reference".into(),
-                binary: reference,
-            },
-        ],
+        contenders: vec![compare::Contender { name: "ours".into(), binary: ours }, compare::Contender { name: "reference".into(), binary: reference }],
         dir,
         out: out.clone(),
         cells,
@@ -256,9 +221,7 @@ fn run_compare(args: CompareArgs) -> i32 {
         settle: Duration::from_millis(args.settle_ms),
         keep_data: args.keep_data,
         read: args.read.then(|| {
-            let populate =
-                args.read_populate
-                    .unwrap_or(if args.quick { 200_000 } else { 1_000_000 });
+            let populate = args.read_populate.unwrap_or(if args.quick { 200_000 } else { 1_000_000 });
             read::ReadConfig {
                 addr: String::new(),
                 populate,
@@ -311,10 +274,7 @@ fn our_server(cmd: &str, ours: &Option<PathBuf>) -> Result<PathBuf, i32> {
     match ours.clone().or_else(server::default_ours) {
         Some(p) if p.is_file() => Ok(p),
         Some(p) => {
-            eprintln!(
-                "tephra-bench {cmd}: error: our server {} does not exist (cargo build --release --bin tephra-server)",
-                p.display()
-            );
+            eprintln!("tephra-bench {cmd}: error: our server {} does not exist (cargo build --release --bin tephra-server)", p.display());
             Err(EXIT_USAGE)
         }
         None => {
@@ -366,11 +326,7 @@ fn run_index_prepare(args: IndexPrepareArgs) -> i32 {
         Ok(p) => p,
         Err(e) => {
             eprintln!("tephra-bench index prepare: error: {e}");
-            return if signals::stopped() {
-                signals::interrupted_exit_code()
-            } else {
-                EXIT_ROW_FAILED
-            };
+            return if signals::stopped() { signals::interrupted_exit_code() } else { EXIT_ROW_FAILED };
         }
     };
     let m = prepared.manifest();
@@ -432,51 +388,24 @@ fn run_index_run(args: IndexRunArgs) -> i32 {
             None => return usage("reference server not found; run scripts/install-reference.sh, pass --reference PATH, or --reference none".into()),
         },
     };
-    if !args
-        .dir
-        .join(tephra_bench::index::layout::MANIFEST_FILE)
-        .is_file()
-    {
-        return usage(format!(
-            "{} is not prepared (tephra-bench index prepare --dir ...)",
-            args.dir.display()
-        ));
+    if !args.dir.join(tephra_bench::index::layout::MANIFEST_FILE).is_file() {
+        return usage(format!("{} is not prepared (tephra-bench index prepare --dir ...)", args.dir.display()));
     }
     let work = args.work.clone().unwrap_or_else(|| {
         let mut s = args.dir.clone().into_os_string();
         s.push(".work");
         PathBuf::from(s)
     });
-    let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from("bench-results").join(format!(
-            "{}-index",
-            tephra_bench::index::prepare::utc_stamp()
-        ))
-    });
-    let mut contenders = vec![Contender {
-        name: "ours".into(),
-        binary: ours.clone(),
-        env: vec![],
-        measure_open: true,
-        baseline: false,
-    }];
+    let out = args.out.clone().unwrap_or_else(|| PathBuf::from("bench-results").join(format!("{}-index", tephra_bench::index::prepare::utc_stamp())));
+    let mut contenders = vec![Contender { name: "ours".into(), binary: ours.clone(), env: vec![], measure_open: true, baseline: false }];
     if let Some(r) = reference {
-        contenders.push(Contender {
-            name: "reference".into(),
-            binary: r,
-            env: vec![],
-            measure_open: true,
-            baseline: false,
-        });
+        contenders.push(Contender { name: "reference".into(), binary: r, env: vec![], measure_open: true, baseline: false });
     }
     if args.scan_rounds > 0 {
         contenders.push(Contender {
             name: "ours-scan".into(),
             binary: ours,
-            env: vec![
-                ("TEPHRA__READ__SCAN_BIAS".into(), ALWAYS_SCAN.into()),
-                ("TEPHRA__WRITER__CONDITION_FORCE_SCAN".into(), "true".into()),
-            ],
+            env: vec![("TEPHRA__READ__SCAN_BIAS".into(), ALWAYS_SCAN.into()), ("TEPHRA__WRITER__CONDITION_FORCE_SCAN".into(), "true".into())],
             measure_open: false,
             baseline: true,
         });
@@ -505,11 +434,7 @@ fn run_index_run(args: IndexRunArgs) -> i32 {
         Ok(r) => r,
         Err(e) => {
             eprintln!("tephra-bench index run: error: {e}");
-            return if signals::stopped() {
-                signals::interrupted_exit_code()
-            } else {
-                EXIT_ROW_FAILED
-            };
+            return if signals::stopped() { signals::interrupted_exit_code() } else { EXIT_ROW_FAILED };
         }
     };
     let files = match ixrun::write_outputs(&rep, &out) {
@@ -540,10 +465,7 @@ fn run_fsync(args: FsyncArgs) -> i32 {
     let facts = match machine::gather(&args.dir) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!(
-                "tephra-bench fsync: error: cannot inspect {}: {e}",
-                args.dir.display()
-            );
+            eprintln!("tephra-bench fsync: error: cannot inspect {}: {e}", args.dir.display());
             return EXIT_USAGE;
         }
     };
@@ -558,11 +480,7 @@ fn run_fsync(args: FsyncArgs) -> i32 {
     if max_row_bytes > half_free {
         let biggest = args.block_sizes.iter().copied().max().unwrap_or(4096) as u64;
         if half_free < biggest {
-            eprintln!(
-                "tephra-bench fsync: error: not enough free space in {} ({} bytes free)",
-                args.dir.display(),
-                facts.fs.free_bytes
-            );
+            eprintln!("tephra-bench fsync: error: not enough free space in {} ({} bytes free)", args.dir.display(), facts.fs.free_bytes);
             return EXIT_USAGE;
         }
         max_row_bytes = half_free;
@@ -571,12 +489,7 @@ fn run_fsync(args: FsyncArgs) -> i32 {
         // Say it before the run too, not only after.
         eprintln!("WARNING: {}", fsync::in_memory_warning(&facts));
     }
-    let config = ProbeConfig {
-        dir: facts.dir.clone().into(),
-        budget,
-        block_sizes: args.block_sizes.clone(),
-        max_row_bytes,
-    };
+    let config = ProbeConfig { dir: facts.dir.clone().into(), budget, block_sizes: args.block_sizes.clone(), max_row_bytes };
     let show_progress = std::io::stderr().is_terminal();
     let mut progress = |done: usize, total: usize, row: &fsync::RowResult| {
         if show_progress {

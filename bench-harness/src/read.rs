@@ -139,8 +139,7 @@ pub fn run(cfg: &ReadConfig, stop: &AtomicBool) -> Result<ReadReport, String> {
     let cpu0 = metrics::self_cpu_seconds();
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let needle = format!("needle-{run_id}");
-    let mut control =
-        Client::connect(cfg.addr.as_str()).map_err(|e| format!("connect to {}: {e}", cfg.addr))?;
+    let mut control = Client::connect(cfg.addr.as_str()).map_err(|e| format!("connect to {}: {e}", cfg.addr))?;
     let server_version = control.server_version().to_owned();
 
     let t = Instant::now();
@@ -148,25 +147,11 @@ pub fn run(cfg: &ReadConfig, stop: &AtomicBool) -> Result<ReadReport, String> {
     let populate_seconds = t.elapsed().as_secs_f64();
     let mut appended = populated;
 
-    let scan = if cfg.scan_repeats > 0 && !stop.load(Ordering::Relaxed) {
-        Some(scan(&mut control, cfg.scan_repeats, stop)?)
-    } else {
-        None
-    };
+    let scan = if cfg.scan_repeats > 0 && !stop.load(Ordering::Relaxed) { Some(scan(&mut control, cfg.scan_repeats, stop)?) } else { None };
 
     let selective = if cfg.selective_reads > 0 && !stop.load(Ordering::Relaxed) {
-        let expected = if cfg.needle_every == 0 {
-            0
-        } else {
-            cfg.populate.div_ceil(cfg.needle_every)
-        };
-        Some(selective(
-            &mut control,
-            &needle,
-            expected,
-            cfg.selective_reads,
-            stop,
-        )?)
+        let expected = if cfg.needle_every == 0 { 0 } else { cfg.populate.div_ceil(cfg.needle_every) };
+        Some(selective(&mut control, &needle, expected, cfg.selective_reads, stop)?)
     } else {
         None
     };
@@ -192,18 +177,11 @@ pub fn run(cfg: &ReadConfig, stop: &AtomicBool) -> Result<ReadReport, String> {
 }
 
 /// Appends `cfg.populate` events; returns how many were acknowledged.
-fn populate(
-    cfg: &ReadConfig,
-    run_id: &str,
-    needle: &str,
-    stop: &AtomicBool,
-) -> Result<u64, String> {
+fn populate(cfg: &ReadConfig, run_id: &str, needle: &str, stop: &AtomicBool) -> Result<u64, String> {
     if cfg.populate == 0 {
         return Ok(0);
     }
-    let conns = POPULATE_CONNECTIONS
-        .min(cfg.populate.div_ceil(POPULATE_BATCH as u64) as usize)
-        .max(1);
+    let conns = POPULATE_CONNECTIONS.min(cfg.populate.div_ceil(POPULATE_BATCH as u64) as usize).max(1);
     let per = cfg.populate.div_ceil(conns as u64);
     let ty = EventType::new("read-bench").expect("valid type");
     let payload = vec![0u8; cfg.event_size];
@@ -218,24 +196,14 @@ fn populate(
                 s.spawn(move || -> Result<u64, String> {
                     let start = c * per;
                     let end = ((c + 1) * per).min(cfg.populate);
-                    let mut client = Client::connect(cfg.addr.as_str())
-                        .map_err(|e| format!("populate connect: {e}"))?;
+                    let mut client = Client::connect(cfg.addr.as_str()).map_err(|e| format!("populate connect: {e}"))?;
                     let mut i = start;
                     let mut done = 0;
                     while i < end && !stop.load(Ordering::Relaxed) {
                         let n = (end - i).min(POPULATE_BATCH as u64);
-                        let events: Vec<Event> = (i..i + n)
-                            .map(|k| {
-                                if cfg.needle_every > 0 && k % cfg.needle_every == 0 {
-                                    marked.clone()
-                                } else {
-                                    plain.clone()
-                                }
-                            })
-                            .collect();
-                        client
-                            .append(events, None)
-                            .map_err(cerr("populate append"))?;
+                        let events: Vec<Event> =
+                            (i..i + n).map(|k| if cfg.needle_every > 0 && k % cfg.needle_every == 0 { marked.clone() } else { plain.clone() }).collect();
+                        client.append(events, None).map_err(cerr("populate append"))?;
                         done += n;
                         i += n;
                     }
@@ -243,9 +211,7 @@ fn populate(
                 })
             })
             .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("populate thread panicked"))
-            .collect()
+        hs.into_iter().map(|h| h.join().expect("populate thread panicked")).collect()
     });
     let mut total = 0;
     for r in results {
@@ -275,10 +241,7 @@ fn scan(client: &mut Client, repeats: usize, stop: &AtomicBool) -> Result<ScanRe
         }
         let t = Instant::now();
         let (mut n, mut b) = (0u64, 0u64);
-        for item in client
-            .read(Query::all(), Position::ZERO, None)
-            .map_err(cerr("scan"))?
-        {
+        for item in client.read(Query::all(), Position::ZERO, None).map_err(cerr("scan"))? {
             let se = item.map_err(cerr("scan"))?;
             n += 1;
             b += se.event.encoded_len() as u64;
@@ -306,16 +269,8 @@ fn scan(client: &mut Client, repeats: usize, stop: &AtomicBool) -> Result<ScanRe
     })
 }
 
-fn selective(
-    client: &mut Client,
-    needle: &str,
-    expected: u64,
-    reads: usize,
-    stop: &AtomicBool,
-) -> Result<SelectiveReport, String> {
-    let q = Query::item(QueryItem::with_tags(
-        Tags::new([needle.to_owned()]).expect("tag"),
-    ));
+fn selective(client: &mut Client, needle: &str, expected: u64, reads: usize, stop: &AtomicBool) -> Result<SelectiveReport, String> {
+    let q = Query::item(QueryItem::with_tags(Tags::new([needle.to_owned()]).expect("tag")));
     let log_events = client.stats().map_err(cerr("stats"))?.event_count;
     let mut hist = metrics::latency_histogram();
     let mut matches = 0;
@@ -326,9 +281,7 @@ fn selective(
             break;
         }
         let t = Instant::now();
-        let (evs, _) = client
-            .read_all(q.clone(), Position::ZERO)
-            .map_err(cerr("selective read"))?;
+        let (evs, _) = client.read_all(q.clone(), Position::ZERO).map_err(cerr("selective read"))?;
         metrics::record_us(&mut hist, t.elapsed().as_micros() as u64);
         matches = evs.len() as u64;
         done += 1;
@@ -345,11 +298,7 @@ fn selective(
 }
 
 /// Runs the fan-out phase; returns its report and the events it appended.
-fn fanout(
-    cfg: &ReadConfig,
-    run_id: &str,
-    stop: &AtomicBool,
-) -> Result<(FanoutReport, u64), String> {
+fn fanout(cfg: &ReadConfig, run_id: &str, stop: &AtomicBool) -> Result<(FanoutReport, u64), String> {
     let tag = Tags::new([format!("fanout-{run_id}")]).expect("tag");
     let query = Query::item(QueryItem::with_tags(tag.clone()));
     let expected = (cfg.sub_appends * cfg.sub_batch) as u64;
@@ -358,36 +307,31 @@ fn fanout(
     let acks: Arc<Mutex<HashMap<u64, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
     let mut subs = Vec::new();
     for i in 0..cfg.subscribers {
-        let mut client = Client::connect(cfg.addr.as_str())
-            .map_err(|e| format!("subscriber {i} connect: {e}"))?;
+        let mut client = Client::connect(cfg.addr.as_str()).map_err(|e| format!("subscriber {i} connect: {e}"))?;
         let (query, live, cancels) = (query.clone(), Arc::clone(&live), Arc::clone(&cancels));
-        subs.push(std::thread::spawn(
-            move || -> Result<Vec<(u64, Instant)>, String> {
-                let (stream, cancel) = client
-                    .subscribe(query, Position::ZERO)
-                    .map_err(cerr("subscribe"))?;
-                cancels.lock().expect("lock").push(cancel);
-                let mut got = Vec::with_capacity(expected as usize);
-                let mut is_live = false;
-                for item in stream {
-                    match item.map_err(cerr("subscription"))? {
-                        SubEvent::CaughtUp(_) => {
-                            if !is_live {
-                                is_live = true;
-                                live.fetch_add(1, Ordering::SeqCst);
-                            }
+        subs.push(std::thread::spawn(move || -> Result<Vec<(u64, Instant)>, String> {
+            let (stream, cancel) = client.subscribe(query, Position::ZERO).map_err(cerr("subscribe"))?;
+            cancels.lock().expect("lock").push(cancel);
+            let mut got = Vec::with_capacity(expected as usize);
+            let mut is_live = false;
+            for item in stream {
+                match item.map_err(cerr("subscription"))? {
+                    SubEvent::CaughtUp(_) => {
+                        if !is_live {
+                            is_live = true;
+                            live.fetch_add(1, Ordering::SeqCst);
                         }
-                        SubEvent::Event(se) => {
-                            got.push((se.position.get(), Instant::now()));
-                            if got.len() as u64 >= expected {
-                                break;
-                            }
+                    }
+                    SubEvent::Event(se) => {
+                        got.push((se.position.get(), Instant::now()));
+                        if got.len() as u64 >= expected {
+                            break;
                         }
                     }
                 }
-                Ok(got)
-            },
-        ));
+            }
+            Ok(got)
+        }));
     }
     let cancel_all = |cancels: &Mutex<Vec<tephra::client::SubscribeCancel>>| {
         for c in cancels.lock().expect("lock").iter() {
@@ -402,21 +346,14 @@ fn fanout(
             for h in subs {
                 let _ = h.join();
             }
-            return Err(format!(
-                "only {} of {} subscribers became live within {:?}",
-                live.load(Ordering::SeqCst),
-                cfg.subscribers,
-                cfg.sub_timeout
-            ));
+            return Err(format!("only {} of {} subscribers became live within {:?}", live.load(Ordering::SeqCst), cfg.subscribers, cfg.sub_timeout));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
     // The writer.
     let ty = EventType::new("fanout").expect("type");
-    let ev =
-        Event::new(&ty, &tag, &vec![0u8; cfg.event_size]).map_err(|e| format!("event: {e}"))?;
-    let mut writer =
-        Client::connect(cfg.addr.as_str()).map_err(|e| format!("fan-out writer connect: {e}"))?;
+    let ev = Event::new(&ty, &tag, &vec![0u8; cfg.event_size]).map_err(|e| format!("event: {e}"))?;
+    let mut writer = Client::connect(cfg.addr.as_str()).map_err(|e| format!("fan-out writer connect: {e}"))?;
     let mut append_hist = metrics::latency_histogram();
     let mut appended = 0u64;
     for _ in 0..cfg.sub_appends {
@@ -424,9 +361,7 @@ fn fanout(
             break;
         }
         let t = Instant::now();
-        let r = writer
-            .append(vec![ev.clone(); cfg.sub_batch], None)
-            .map_err(cerr("fan-out append"))?;
+        let r = writer.append(vec![ev.clone(); cfg.sub_batch], None).map_err(cerr("fan-out append"))?;
         let acked = Instant::now();
         metrics::record_us(&mut append_hist, acked.duration_since(t).as_micros() as u64);
         let mut m = acks.lock().expect("lock");
@@ -437,10 +372,7 @@ fn fanout(
     }
     // Wait for the deliveries, then cancel whoever is still waiting.
     let deadline = Instant::now() + cfg.sub_timeout;
-    while subs.iter().any(|h| !h.is_finished())
-        && Instant::now() < deadline
-        && !stop.load(Ordering::Relaxed)
-    {
+    while subs.iter().any(|h| !h.is_finished()) && Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(5));
     }
     let incomplete = subs.iter().any(|h| !h.is_finished());
@@ -449,15 +381,11 @@ fn fanout(
     let mut lag = metrics::latency_histogram();
     let (mut deliveries, mut early) = (0u64, 0u64);
     for h in subs {
-        let got = h
-            .join()
-            .map_err(|_| "subscriber thread panicked".to_owned())??;
+        let got = h.join().map_err(|_| "subscriber thread panicked".to_owned())??;
         for (pos, at) in got {
             deliveries += 1;
             match acks.get(&pos) {
-                Some(ack) if at >= *ack => {
-                    metrics::record_us(&mut lag, at.duration_since(*ack).as_micros() as u64)
-                }
+                Some(ack) if at >= *ack => metrics::record_us(&mut lag, at.duration_since(*ack).as_micros() as u64),
                 Some(_) => {
                     early += 1;
                     lag.saturating_record(0);
@@ -483,22 +411,11 @@ fn fanout(
 /// Renders a report as a short human-readable block.
 pub fn render(r: &ReadReport) -> String {
     use crate::append::fmt_us;
-    let percentiles = |l: Latency| {
-        format!(
-            "p50 {} p99 {} p99.9 {}",
-            fmt_us(l.p50_us),
-            fmt_us(l.p99_us),
-            fmt_us(l.p999_us)
-        )
-    };
+    let percentiles = |l: Latency| format!("p50 {} p99 {} p99.9 {}", fmt_us(l.p50_us), fmt_us(l.p99_us), fmt_us(l.p999_us));
     use crate::report::thousands;
     use std::fmt::Write;
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "server {}; appended {} events ({:.1} s to populate)",
-        r.server_version, r.events_appended, r.populate_seconds
-    );
+    let _ = writeln!(s, "server {}; appended {} events ({:.1} s to populate)", r.server_version, r.events_appended, r.populate_seconds);
     if let Some(sc) = &r.scan {
         let _ = writeln!(
             s,

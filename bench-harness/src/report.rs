@@ -54,16 +54,10 @@ pub fn render_table(r: &ProbeReport) -> String {
         banner(&mut out, w);
     }
     let m = &r.machine;
-    let _ = writeln!(
-        out,
-        "tephra-bench fsync: write + fdatasync per commit, one commit in flight"
-    );
+    let _ = writeln!(out, "tephra-bench fsync: write + fdatasync per commit, one commit in flight");
     let _ = writeln!(out, "  dir         {}", m.dir);
     let fs = match (&m.fs.mount_fstype, &m.fs.mount_source, &m.fs.mount_point) {
-        (Some(t), Some(src), Some(mp)) => format!(
-            "{t} (statfs magic {} = {}) from {src}, mounted at {mp}",
-            m.fs.magic, m.fs.magic_name
-        ),
+        (Some(t), Some(src), Some(mp)) => format!("{t} (statfs magic {} = {}) from {src}, mounted at {mp}", m.fs.magic, m.fs.magic_name),
         _ => format!("statfs magic {} = {}", m.fs.magic, m.fs.magic_name),
     };
     let _ = writeln!(out, "  filesystem  {fs}");
@@ -87,11 +81,7 @@ pub fn render_table(r: &ProbeReport) -> String {
         }
     }
     let _ = writeln!(out, "  kernel      {}", m.kernel);
-    let _ = writeln!(
-        out,
-        "  cpus        {} online, {} available to this process",
-        m.cpus_online, m.cpus_available
-    );
+    let _ = writeln!(out, "  cpus        {} online, {} available to this process", m.cpus_online, m.cpus_available);
     let g = &r.glommio;
     let _ = writeln!(
         out,
@@ -105,25 +95,14 @@ pub fn render_table(r: &ProbeReport) -> String {
         },
         g.dma_alignment.map(|a| a.to_string()).unwrap_or_else(|| "?".into()),
         limit(g.memlock_soft),
-        if g.memlock_raised {
-            format!(" (raised from {})", limit(g.memlock_soft_before))
-        } else {
-            String::new()
-        },
+        if g.memlock_raised { format!(" (raised from {})", limit(g.memlock_soft_before)) } else { String::new() },
     );
     let budget = match r.config.budget {
         Budget::Seconds(s) => format!("{s} s"),
         Budget::Commits(n) => format!("{n} commits"),
     };
-    let _ = writeln!(
-        out,
-        "  per row     {budget}, at most {} written",
-        human_bytes(r.config.max_row_bytes)
-    );
-    let c = |x: Option<f64>, unit: &str| {
-        x.map(|v| format!("{v:.2}{unit}"))
-            .unwrap_or_else(|| "?".into())
-    };
+    let _ = writeln!(out, "  per row     {budget}, at most {} written", human_bytes(r.config.max_row_bytes));
+    let c = |x: Option<f64>, unit: &str| x.map(|v| format!("{v:.2}{unit}")).unwrap_or_else(|| "?".into());
     let _ = writeln!(
         out,
         "  other load  before: 1-min load {}, I/O pressure (some avg10) {}; after (incl. the probe): {}, {}",
@@ -134,47 +113,14 @@ pub fn render_table(r: &ProbeReport) -> String {
     );
     let _ = writeln!(out);
 
-    let header = [
-        "row",
-        "commits",
-        "p50 µs",
-        "p99 µs",
-        "p99.9 µs",
-        "max µs",
-        "sync p50",
-        "commits/s",
-        "commits/s",
-        "events/s",
-    ];
-    let header2 = [
-        "",
-        "",
-        "",
-        "",
-        "",
-        "",
-        "µs",
-        "1/p50",
-        "measured",
-        "(256 B, meas.)",
-    ];
-    let mut table: Vec<Vec<String>> = vec![
-        header.iter().map(|s| s.to_string()).collect(),
-        header2.iter().map(|s| s.to_string()).collect(),
-    ];
+    let header = ["row", "commits", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "sync p50", "commits/s", "commits/s", "events/s"];
+    let header2 = ["", "", "", "", "", "", "µs", "1/p50", "measured", "(256 B, meas.)"];
+    let mut table: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect(), header2.iter().map(|s| s.to_string()).collect()];
     for row in &r.rows {
         table.push(row_cells(row));
     }
     let ncols = header.len();
-    let widths: Vec<usize> = (0..ncols)
-        .map(|c| {
-            table
-                .iter()
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+    let widths: Vec<usize> = (0..ncols).map(|c| table.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
     for (i, cells) in table.iter().enumerate() {
         let mut line = String::new();
         for (c, cell) in cells.iter().enumerate() {

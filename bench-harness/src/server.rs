@@ -61,12 +61,8 @@ impl ServerProcess {
     ///
     /// # Errors
     /// As [`ServerProcess::start`].
-    pub fn start_with_timeout(
-        spec: &ServerSpec,
-        timeout: Duration,
-    ) -> Result<ServerProcess, String> {
-        std::fs::create_dir_all(&spec.data_dir)
-            .map_err(|e| format!("create {}: {e}", spec.data_dir.display()))?;
+    pub fn start_with_timeout(spec: &ServerSpec, timeout: Duration) -> Result<ServerProcess, String> {
+        std::fs::create_dir_all(&spec.data_dir).map_err(|e| format!("create {}: {e}", spec.data_dir.display()))?;
         let mut process = Launch::new(&spec.binary)
             .args(["--bind", "127.0.0.1:0", "--data-dir"])
             .arg(&spec.data_dir)
@@ -76,20 +72,9 @@ impl ServerProcess {
             .own_process_group()
             .spawn()?;
         let addr = process.expect_ready(timeout).map_err(|_| {
-            format!(
-                "{} did not report `listening addr=` within {} s; log tail:\n{}",
-                spec.binary.display(),
-                timeout.as_secs(),
-                log_tail(&spec.log_file, 20)
-            )
+            format!("{} did not report `listening addr=` within {} s; log tail:\n{}", spec.binary.display(), timeout.as_secs(), log_tail(&spec.log_file, 20))
         })?;
-        Ok(ServerProcess {
-            addr,
-            pid: process.pid(),
-            ready_after: process.ready_after().unwrap_or_default(),
-            process,
-            log_file: spec.log_file.clone(),
-        })
+        Ok(ServerProcess { addr, pid: process.pid(), ready_after: process.ready_after().unwrap_or_default(), process, log_file: spec.log_file.clone() })
     }
 
     /// True while the process has not exited.

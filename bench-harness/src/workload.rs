@@ -61,16 +61,8 @@ impl Generator {
     /// # Panics
     /// Never for the fixed names it uses.
     pub fn new(spec: WorkloadSpec) -> Generator {
-        let types = (0..TYPE_COUNT)
-            .map(|i| EventType::new(format!("test-{i}")).expect("valid type name"))
-            .collect();
-        Generator {
-            spec,
-            types,
-            payload: vec![0u8; spec.event_size],
-            tags: None,
-            n: 0,
-        }
+        let types = (0..TYPE_COUNT).map(|i| EventType::new(format!("test-{i}")).expect("valid type name")).collect();
+        Generator { spec, types, payload: vec![0u8; spec.event_size], tags: None, n: 0 }
     }
 
     /// The spec this generator follows.
@@ -90,12 +82,7 @@ impl Generator {
     }
 
     fn condition(&self, ty: usize, tags: &Tags) -> Option<AppendCondition> {
-        self.spec.conditional.then(|| {
-            AppendCondition::new(Query::item(QueryItem::new(
-                vec![self.types[ty].clone()],
-                tags.clone(),
-            )))
-        })
+        self.spec.conditional.then(|| AppendCondition::new(Query::item(QueryItem::new(vec![self.types[ty].clone()], tags.clone()))))
     }
 
     /// The next request as model values (for [`tephra::client::Client::append`]).
@@ -109,11 +96,7 @@ impl Generator {
 
     fn build(&self, ty: usize, tags: &Tags) -> Result<AppendRequest, tephra::EncodeError> {
         let event = Event::new(&self.types[ty], tags, &self.payload)?;
-        Ok(AppendRequest {
-            event,
-            count: self.spec.batch,
-            condition: self.condition(ty, tags),
-        })
+        Ok(AppendRequest { event, count: self.spec.batch, condition: self.condition(ty, tags) })
     }
 
     /// Appends the next request to `out` as one complete wire frame (length prefix and
@@ -141,11 +124,7 @@ mod tests {
 
     #[test]
     fn tags_renew_every_ten_appends_and_types_rotate() {
-        let mut g = Generator::new(WorkloadSpec {
-            batch: 3,
-            event_size: 256,
-            conditional: true,
-        });
+        let mut g = Generator::new(WorkloadSpec { batch: 3, event_size: 256, conditional: true });
         let mut tags = Vec::new();
         for i in 0..25 {
             let r = g.next_request().unwrap();
@@ -169,11 +148,7 @@ mod tests {
     #[test]
     fn raw_frames_equal_what_prost_encodes() {
         for (batch, conditional) in [(1, true), (3, false), (64, true)] {
-            let g = Generator::new(WorkloadSpec {
-                batch,
-                event_size: 256,
-                conditional,
-            });
+            let g = Generator::new(WorkloadSpec { batch, event_size: 256, conditional });
             let tags = Tags::new(["stream-x-"]).unwrap();
             let model = g.build(4, &tags).unwrap();
             let expected = proto::Request::new(
@@ -194,11 +169,7 @@ mod tests {
 
     #[test]
     fn unconditional_has_no_condition() {
-        let mut g = Generator::new(WorkloadSpec {
-            batch: 1,
-            event_size: 0,
-            conditional: false,
-        });
+        let mut g = Generator::new(WorkloadSpec { batch: 1, event_size: 0, conditional: false });
         assert!(g.next_request().unwrap().condition.is_none());
     }
 }

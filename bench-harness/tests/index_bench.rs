@@ -23,20 +23,7 @@ fn scratch(name: &str) -> PathBuf {
     common::scratch("tephra-bench-index", name)
 }
 
-
-const PREPARE: &[&str] = &[
-    "--events",
-    "20000",
-    "--tags",
-    "1000",
-    "--rare-tags",
-    "100",
-    "--segment-bytes",
-    "1048576",
-    "--batch",
-    "256",
-    "--json",
-];
+const PREPARE: &[&str] = &["--events", "20000", "--tags", "1000", "--rare-tags", "100", "--segment-bytes", "1048576", "--batch", "256", "--json"];
 
 /// A copy of the prepared log (segments only) in `to`.
 fn copy_segments(from: &Path, to: &Path) {
@@ -75,15 +62,9 @@ fn manifest_matches_the_log(server: &Path, dir: &Path, scratch: &Path) {
         let e = &se.event;
         assert_eq!(e.data().len() as u64, m.layout.event_bytes);
         let k = u64::from_le_bytes(e.data()[..8].try_into().unwrap());
-        assert!(
-            !std::mem::replace(&mut seen_k[k as usize], true),
-            "event {k} twice"
-        );
+        assert!(!std::mem::replace(&mut seen_k[k as usize], true), "event {k} twice");
         let tags: Vec<&str> = e.tags().collect();
-        assert!(
-            tags.contains(&format!("bulk-{}", k % m.layout.tags).as_str()),
-            "{tags:?} at {p}"
-        );
+        assert!(tags.contains(&format!("bulk-{}", k % m.layout.tags).as_str()), "{tags:?} at {p}");
         for t in tags.iter().filter(|t| t.starts_with("rare-")) {
             rare.entry(t.to_string()).or_default().push(p);
         }
@@ -99,15 +80,10 @@ fn manifest_matches_the_log(server: &Path, dir: &Path, scratch: &Path) {
         assert_eq!(rare.get(&format!("rare-{j}")), Some(want), "rare-{j}");
         // Spread over the whole log: one in each tenth (by event number, positions follow
         // the batches closely).
-        assert!(
-            want[0] <= m.layout.events / 5 && want[9] >= m.layout.events * 4 / 5,
-            "rare-{j}: {want:?}"
-        );
+        assert!(want[0] <= m.layout.events / 5 && want[9] >= m.layout.events * 4 / 5, "rare-{j}: {want:?}");
     }
     assert_eq!(rare_type, m.rare_type_positions);
-    let counts: Vec<u64> = (0..m.layout.common_types)
-        .map(|c| types.get(&format!("type-{c}")).copied().unwrap_or(0))
-        .collect();
+    let counts: Vec<u64> = (0..m.layout.common_types).map(|c| types.get(&format!("type-{c}")).copied().unwrap_or(0)).collect();
     assert_eq!(counts, m.type_counts);
     assert!(counts.iter().all(|&n| n > 1000), "{counts:?}");
     drop(c);
@@ -128,21 +104,14 @@ fn prepare_and_run_measure_correct_results() {
     let j = json_of(&run(&args));
     assert_eq!(j["action"], "wrote", "{j}");
     assert_eq!(j["events"], 20000);
-    assert!(
-        j["segment_files"].as_u64().unwrap() >= 3,
-        "several segments: {j}"
-    );
+    assert!(j["segment_files"].as_u64().unwrap() >= 3, "several segments: {j}");
     assert_eq!(json_of(&run(&args))["action"], "reused");
     let mut other = args.clone();
     other.pop();
     other.extend(["--seed", "7", "--json"]);
     let out = run(&other);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("--force"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(text(&out.stderr).contains("--force"), "{}", text(&out.stderr));
     let names: Vec<String> = std::fs::read_dir(&data)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -150,11 +119,7 @@ fn prepare_and_run_measure_correct_results() {
         .collect();
     let mut names = names;
     names.sort();
-    assert_eq!(
-        names,
-        ["prepare-server.log", "prepare.json"],
-        "only the log, its manifest and the server log"
-    );
+    assert_eq!(names, ["prepare-server.log", "prepare.json"], "only the log, its manifest and the server log");
 
     manifest_matches_the_log(&server, &data, &d);
 
@@ -163,9 +128,7 @@ fn prepare_and_run_measure_correct_results() {
     if reference.is_none() {
         eprintln!("\n*** the reference tephra-server is not installed: running ours only (--reference none) ***\n");
     }
-    let ref_arg = reference
-        .as_ref()
-        .map_or("none".to_owned(), |p| p.display().to_string());
+    let ref_arg = reference.as_ref().map_or("none".to_owned(), |p| p.display().to_string());
     let out_dir = d.join("out");
     let o = run(&[
         "index",
@@ -198,12 +161,7 @@ fn prepare_and_run_measure_correct_results() {
         want.push("reference");
     }
     want.push("ours-scan");
-    let mut got: Vec<&str> = r["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["contender"].as_str().unwrap())
-        .collect();
+    let mut got: Vec<&str> = r["runs"].as_array().unwrap().iter().map(|x| x["contender"].as_str().unwrap()).collect();
     got.sort();
     want.sort();
     assert_eq!(got, want, "{r}");
@@ -214,51 +172,26 @@ fn prepare_and_run_measure_correct_results() {
         if name != "ours-scan" {
             assert!(x["open_cold_s"].as_f64().unwrap() > 0.0, "{x}");
         }
-        let expect = if name == "ours-scan" {
-            (2, 2, 2)
-        } else {
-            (30, 8, 5)
-        };
+        let expect = if name == "ours-scan" { (2, 2, 2) } else { (30, 8, 5) };
         assert_eq!(x["selective"]["count"], expect.0, "{name}");
         assert_eq!(x["rare_type"]["count"], expect.1, "{name}");
         assert_eq!(x["common_type"]["count"], 8, "{name}");
         assert_eq!(x["append_boundary"]["count"], expect.2, "{name}");
         assert_eq!(x["append_unique"]["count"], expect.2, "{name}");
         assert_eq!(x["append_exists"]["count"], expect.2, "{name}");
-        for k in [
-            "selective",
-            "rare_type",
-            "common_type",
-            "append_boundary",
-            "append_unique",
-            "append_exists",
-        ] {
+        for k in ["selective", "rare_type", "common_type", "append_boundary", "append_unique", "append_exists"] {
             let s = &x[k];
-            assert!(
-                s["p50_us"].as_f64().unwrap() > 0.0 && s["p50_us"].as_f64() <= s["p99_us"].as_f64(),
-                "{name} {k}: {s}"
-            );
+            assert!(s["p50_us"].as_f64().unwrap() > 0.0 && s["p50_us"].as_f64() <= s["p99_us"].as_f64(), "{name} {k}: {s}");
         }
-        assert!(
-            x["exit_codes"].as_array().unwrap().iter().all(|c| c == 0),
-            "clean shutdowns: {x}"
-        );
+        assert!(x["exit_codes"].as_array().unwrap().iter().all(|c| c == 0), "clean shutdowns: {x}");
     }
-    let sel = r["summary"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["key"] == "selective_p50_us")
-        .unwrap();
+    let sel = r["summary"].as_array().unwrap().iter().find(|s| s["key"] == "selective_p50_us").unwrap();
     assert!(sel["scan_over_ours"].as_f64().unwrap() > 0.0);
     assert_eq!(sel["ours_over_reference"].is_null(), reference.is_none());
     assert!(out_dir.join("index.md").is_file() && out_dir.join("index.json").is_file());
     assert!(out_dir.join("logs").join("ours-r1.log").is_file());
     assert!(!d.join("data.work").exists(), "the copies are removed");
-    Manifest::load(&data)
-        .unwrap()
-        .check_segments(&data)
-        .expect("the prepared directory is untouched");
+    Manifest::load(&data).unwrap().check_segments(&data).expect("the prepared directory is untouched");
 
     // A manifest that expects something else: the run fails loudly, with no report.
     let bad = d.join("bad");
@@ -293,10 +226,7 @@ fn prepare_and_run_measure_correct_results() {
     ]);
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("WRONG RESULT") && err.contains(RARE_TYPE),
-        "{err}"
-    );
+    assert!(err.contains("WRONG RESULT") && err.contains(RARE_TYPE), "{err}");
     assert!(!bad_out.join("index.md").exists());
     let _ = std::fs::remove_dir_all(&d);
 }

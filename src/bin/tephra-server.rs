@@ -33,7 +33,8 @@ fn help_word_at(argv: &[std::ffi::OsString]) -> Option<usize> {
     let cmd = ServerArgs::command();
     let takes_value = |a: &std::ffi::OsStr| {
         cmd.get_arguments().filter(|o| o.get_action().takes_values() && !o.is_positional()).any(|o| {
-            o.get_short().is_some_and(|c| a.to_str() == Some(format!("-{c}").as_str())) || o.get_long().is_some_and(|l| a.to_str() == Some(format!("--{l}").as_str()))
+            o.get_short().is_some_and(|c| a.to_str() == Some(format!("-{c}").as_str()))
+                || o.get_long().is_some_and(|l| a.to_str() == Some(format!("--{l}").as_str()))
         })
     };
     let mut i = 1;
@@ -165,7 +166,9 @@ fn check_settings(settings: &Settings) {
             tracing::warn!(configured, effective, "writer.max_batch_bytes exceeds the segment capacity and is clamped");
         }
     }
-    for (key, secs) in [("server.keepalive.idle_secs", settings.server.keepalive.idle_secs), ("server.keepalive.interval_secs", settings.server.keepalive.interval_secs)] {
+    for (key, secs) in
+        [("server.keepalive.idle_secs", settings.server.keepalive.idle_secs), ("server.keepalive.interval_secs", settings.server.keepalive.interval_secs)]
+    {
         if secs > tephra::config::MAX_KEEPALIVE_SECS {
             tracing::warn!(configured = secs, effective = tephra::config::MAX_KEEPALIVE_SECS, "{key} is over what Linux accepts and is clamped");
         }
@@ -174,7 +177,11 @@ fn check_settings(settings: &Settings) {
     let usable = tephra::server::min_usable_frame_len();
     if (settings.server.max_frame_len as usize) < usable {
         // Accepted, as by the reference, but no handshake can succeed.
-        tracing::warn!(configured = settings.server.max_frame_len, needed = usable, "server.max_frame_len is too small for the answer to a Hello: every client will be disconnected at the handshake");
+        tracing::warn!(
+            configured = settings.server.max_frame_len,
+            needed = usable,
+            "server.max_frame_len is too small for the answer to a Hello: every client will be disconnected at the handshake"
+        );
     }
     if settings.writer.max_batch_bytes == 0 {
         // Accepted, as by the reference: every request is then over budget and commits alone.

@@ -107,7 +107,10 @@ fn timeout_secs(arg: &str) -> Result<Duration, String> {
         return Err("expected a number of seconds, not NaN".to_owned());
     }
     if secs <= 0.0 {
-        return Err("the timeout must be more than 0 seconds (leave --timeout out for no limit on the calls; the connect and the Hello then give up after 10 s)".to_owned());
+        return Err(
+            "the timeout must be more than 0 seconds (leave --timeout out for no limit on the calls; the connect and the Hello then give up after 10 s)"
+                .to_owned(),
+        );
     }
     let d = Duration::try_from_secs_f64(secs).unwrap_or(LONGEST_TIMEOUT);
     Ok(d.clamp(Duration::from_nanos(1), LONGEST_TIMEOUT))
@@ -186,14 +189,10 @@ impl CliError {
     /// went (`true`: the request, refused before sending; `false`: a frame from the server).
     fn from_client(context: &str, err: ClientError, request_over_cap: bool) -> CliError {
         let (code, wire) = match &err {
-            ClientError::Server { code, conflict_position, .. } => {
-                (refused_exit(*code), Some((*code, conflict_position.map(|p| p.get()))))
-            }
+            ClientError::Server { code, conflict_position, .. } => (refused_exit(*code), Some((*code, conflict_position.map(|p| p.get())))),
             ClientError::Io(_) | ClientError::UnexpectedEof | ClientError::Frame(FrameError::Torn { .. }) => (4, None),
             // Refused as the server refuses a frame over its own cap.
-            ClientError::Frame(FrameError::TooLong { .. }) => {
-                (refused_exit(ErrorCode::TooLarge), Some((ErrorCode::TooLarge, None)))
-            }
+            ClientError::Frame(FrameError::TooLong { .. }) => (refused_exit(ErrorCode::TooLarge), Some((ErrorCode::TooLarge, None))),
             ClientError::Frame(_) | ClientError::Protocol(_) => (1, None),
         };
         let message = match &err {
@@ -264,9 +263,9 @@ fn condition_failed(code: ErrorCode, retryable: bool, position: Option<u64>) -> 
     };
     match position {
         Some(p) => format!("{name}: the event at position {p} matches {query}; nothing was appended"),
-        None if retryable => format!(
-            "{name}: an event appended concurrently, in the same commit, matches {query}; nothing was appended (retrying may succeed)"
-        ),
+        None if retryable => {
+            format!("{name}: an event appended concurrently, in the same commit, matches {query}; nothing was appended (retrying may succeed)")
+        }
         None => format!("{name}: an event matches {query}; nothing was appended"),
     }
 }
@@ -303,8 +302,12 @@ fn untrusted_hint(e: &io::Error, ca: Option<&std::path::Path>) -> String {
     let refused = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()).is_some_and(|t| matches!(t, rustls::Error::InvalidCertificate(_)));
     match (refused, ca) {
         (false, _) => String::new(),
-        (true, None) => " (the server's certificate is not signed by a root this system trusts; for a self-signed or private-CA certificate pass --tls-ca FILE)".to_owned(),
-        (true, Some(path)) => format!(" (the server's certificate does not check out against {}, or names another host: see --tls-server-name)", path.display()),
+        (true, None) => {
+            " (the server's certificate is not signed by a root this system trusts; for a self-signed or private-CA certificate pass --tls-ca FILE)".to_owned()
+        }
+        (true, Some(path)) => {
+            format!(" (the server's certificate does not check out against {}, or names another host: see --tls-server-name)", path.display())
+        }
     }
 }
 
@@ -338,8 +341,7 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
     let use_tls = g.tls || g.tls_ca.is_some() || g.tls_server_name.is_some();
     let result = if use_tls {
         let config = match &g.tls_ca {
-            Some(path) => tls::config_with_custom_ca(path)
-                .map_err(|e| CliError::usage(format!("--tls-ca {}: {e}", path.display())))?,
+            Some(path) => tls::config_with_custom_ca(path).map_err(|e| CliError::usage(format!("--tls-ca {}: {e}", path.display())))?,
             None => tls::config_with_native_roots().map_err(|e| CliError::other(format!("TLS roots: {e}")))?,
         };
         let name = g.tls_server_name.clone().unwrap_or_else(|| host_of(&g.addr).to_owned());
@@ -355,10 +357,9 @@ pub fn connect(g: &Global, timeout: bool) -> Result<Client, CliError> {
         let code = if e.kind() == io::ErrorKind::InvalidInput { 2 } else { 4 };
         let message = match limit {
             Some(d) if timed_out(&e) => format!("{what} {}: no answer within {d:?} (--timeout)", g.addr),
-            None if timed_out(&e) => format!(
-                "{what} {}: no answer to the Hello within {HELLO_TIMEOUT:?} (is a Tephra server listening there? --timeout sets the limit)",
-                g.addr
-            ),
+            None if timed_out(&e) => {
+                format!("{what} {}: no answer to the Hello within {HELLO_TIMEOUT:?} (is a Tephra server listening there? --timeout sets the limit)", g.addr)
+            }
             _ => match refused_certificate(&e) {
                 // rustls's own text is its Debug form, OIDs as byte lists: say it in words.
                 Some(why) => format!("{what} {}: the server's certificate was refused: {why}{}", g.addr, untrusted_hint(&e, g.tls_ca.as_deref())),

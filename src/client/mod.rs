@@ -150,12 +150,8 @@ impl ClientError {
         match self {
             ClientError::Io(e) => name_early_close(e, ConnectStep::Hello),
             ClientError::UnexpectedEof => io::Error::new(io::ErrorKind::UnexpectedEof, closed_before_hello(ConnectStep::Hello)),
-            e @ ClientError::Server { code: ErrorCode::Unauthenticated, .. } => {
-                io::Error::new(io::ErrorKind::PermissionDenied, e)
-            }
-            e @ ClientError::Frame(FrameError::Torn { .. }) => {
-                io::Error::new(io::ErrorKind::UnexpectedEof, e)
-            }
+            e @ ClientError::Server { code: ErrorCode::Unauthenticated, .. } => io::Error::new(io::ErrorKind::PermissionDenied, e),
+            e @ ClientError::Frame(FrameError::Torn { .. }) => io::Error::new(io::ErrorKind::UnexpectedEof, e),
             // A TLS record header (content type 21 = alert or 22 = handshake, version 3.x)
             // read as a frame length: a TLS server answering a plaintext Hello.
             ClientError::Frame(FrameError::TooLong { len, .. }) if crate::proto::frame::is_tls_record_prefix(len) => {
@@ -195,8 +191,7 @@ impl SequencedEvent {
     }
 
     fn from_proto(se: proto::SequencedEvent) -> Result<SequencedEvent, ClientError> {
-        let (position, event) = convert::sequenced_from_proto(se)
-            .map_err(|e| ClientError::Protocol(format!("malformed event from the server: {e}")))?;
+        let (position, event) = convert::sequenced_from_proto(se).map_err(|e| ClientError::Protocol(format!("malformed event from the server: {e}")))?;
         Ok(SequencedEvent { position, event })
     }
 }
@@ -331,7 +326,9 @@ pub fn closed_before_hello(step: ConnectStep) -> String {
     let (when, also) = match step {
         ConnectStep::TlsHandshake => ("during the TLS handshake", ""),
         // A TLS server reads a plaintext Hello as a failed handshake and closes.
-        ConnectStep::Hello => ("before answering the Hello", "; so do a TLS server reached without TLS and a server whose server.max_frame_len is too small for its answer"),
+        ConnectStep::Hello => {
+            ("before answering the Hello", "; so do a TLS server reached without TLS and a server whose server.max_frame_len is too small for its answer")
+        }
     };
     format!("the server closed the connection {when} (a server at its connection limit, server.limits.max_connections, closes new connections this way{also})")
 }
@@ -426,11 +423,7 @@ impl Client {
     ///
     /// # Errors
     /// As [`connect_tls_with`](Self::connect_tls_with).
-    pub fn connect_tls(
-        addr: impl ToSocketAddrs,
-        server_name: &str,
-        tls_config: Arc<rustls::ClientConfig>,
-    ) -> io::Result<Client> {
+    pub fn connect_tls(addr: impl ToSocketAddrs, server_name: &str, tls_config: Arc<rustls::ClientConfig>) -> io::Result<Client> {
         Client::connect_tls_with(addr, server_name, tls_config, None)
     }
 
@@ -458,8 +451,7 @@ impl Client {
         auth_token: Option<&str>,
         timeout: Option<Duration>,
     ) -> io::Result<Client> {
-        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let name = rustls::pki_types::ServerName::try_from(server_name.to_owned()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut conn = rustls::ClientConnection::new(tls_config, name).map_err(io::Error::other)?;
         let limit = timeout.map_or(TLS_HANDSHAKE_LIMIT, |t| t.min(TLS_HANDSHAKE_LIMIT));
         let deadline = Instant::now() + limit;
@@ -468,11 +460,7 @@ impl Client {
         while conn.is_handshaking() {
             match conn.complete_io(&mut tcp) {
                 Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
-                    ) => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
                 Err(e) => return Err(tls_hint(e)),
             }
             if conn.is_handshaking() && Instant::now() >= deadline {
@@ -493,8 +481,7 @@ impl Client {
             max_frame_len: proto::DEFAULT_MAX_FRAME_LEN,
             server_version: String::new(),
         };
-        let hello =
-            proto::Hello { protocol_version: proto::PROTOCOL_VERSION, auth_token: auth_token.map(str::to_owned) };
+        let hello = proto::Hello { protocol_version: proto::PROTOCOL_VERSION, auth_token: auth_token.map(str::to_owned) };
         let ack = client.call(request::Kind::Hello(hello)).map_err(ClientError::into_connect_error)?;
         match ack {
             response::Kind::HelloAck(ack) if ack.protocol_version == proto::PROTOCOL_VERSION => {
@@ -598,10 +585,7 @@ impl Client {
             if resp.request_id < id {
                 return None;
             }
-            return Some(Err(ClientError::Protocol(format!(
-                "response for request {} while waiting for request {id}",
-                resp.request_id
-            ))));
+            return Some(Err(ClientError::Protocol(format!("response for request {} while waiting for request {id}", resp.request_id))));
         }
         Some(match resp.kind {
             Some(response::Kind::Error(e)) => Err(ClientError::from_response(e)),
@@ -665,15 +649,8 @@ impl Client {
         }
     }
 
-    fn start_read(
-        &mut self,
-        query: &Query,
-        cursor: Position,
-        limit: Option<u64>,
-        reverse: bool,
-    ) -> Result<ReadStream<'_>, ClientError> {
-        let read =
-            proto::ReadRequest { query: Some(convert::query_to_proto(query)), after: cursor.get(), limit, reverse };
+    fn start_read(&mut self, query: &Query, cursor: Position, limit: Option<u64>, reverse: bool) -> Result<ReadStream<'_>, ClientError> {
+        let read = proto::ReadRequest { query: Some(convert::query_to_proto(query)), after: cursor.get(), limit, reverse };
         let id = self.send(request::Kind::Read(read))?;
         Ok(ReadStream::new(self, id))
     }
@@ -695,12 +672,7 @@ impl Client {
     ///
     /// # Errors
     /// As [`read`](Self::read).
-    pub fn read_back(
-        &mut self,
-        query: Query,
-        before: Position,
-        limit: Option<u64>,
-    ) -> Result<ReadStream<'_>, ClientError> {
+    pub fn read_back(&mut self, query: Query, before: Position, limit: Option<u64>) -> Result<ReadStream<'_>, ClientError> {
         self.start_read(&query, before, limit, true)
     }
 
@@ -717,11 +689,7 @@ impl Client {
     ///
     /// # Errors
     /// The first error of the stream.
-    pub fn read_all_back(
-        &mut self,
-        query: Query,
-        before: Position,
-    ) -> Result<(Vec<SequencedEvent>, Position), ClientError> {
+    pub fn read_all_back(&mut self, query: Query, before: Position) -> Result<(Vec<SequencedEvent>, Position), ClientError> {
         self.read_back(query, before, None)?.collect_all()
     }
 
@@ -733,11 +701,7 @@ impl Client {
     /// # Errors
     /// Sending fails; later errors (e.g. `BAD_REQUEST` over the subscription cap) come out
     /// of the stream.
-    pub fn subscribe(
-        &mut self,
-        query: Query,
-        after: Position,
-    ) -> Result<(SubscribeStream<'_>, SubscribeCancel), ClientError> {
+    pub fn subscribe(&mut self, query: Query, after: Position) -> Result<(SubscribeStream<'_>, SubscribeCancel), ClientError> {
         let (wake_rx, wake_tx) = UnixStream::pair()?;
         wake_tx.set_nonblocking(true)?;
         let shared = Arc::new(CancelShared { cancelled: AtomicBool::new(false), wake_tx, wake_rx });
@@ -832,7 +796,11 @@ mod tests {
     fn closes_and_resets_name_the_step_and_the_connection_limit() {
         let e = name_early_close(io::ErrorKind::BrokenPipe.into(), ConnectStep::Hello);
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
-        assert!(e.to_string().starts_with("the server closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("the server closed the connection before answering the Hello (a server at its connection limit, server.limits.max_connections"),
+            "{e}"
+        );
         assert!(e.to_string().contains("; so do a TLS server reached without TLS and a server whose server.max_frame_len is too small for its answer)"), "{e}");
         let e = name_early_close(io::ErrorKind::UnexpectedEof.into(), ConnectStep::TlsHandshake);
         assert!(e.to_string().starts_with("the server closed the connection during the TLS handshake (a server at its connection limit"), "{e}");

@@ -130,11 +130,7 @@ pub struct SubscribeStream<'a> {
 
 impl std::fmt::Debug for SubscribeStream<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SubscribeStream")
-            .field("id", &self.id)
-            .field("buffered", &self.batch.len())
-            .field("finished", &self.finished)
-            .finish()
+        f.debug_struct("SubscribeStream").field("id", &self.id).field("buffered", &self.batch.len()).field("finished", &self.finished).finish()
     }
 }
 
@@ -199,9 +195,7 @@ impl Iterator for SubscribeStream<'_> {
             match self.pull() {
                 Ok(Some(ev)) => return Some(Ok(ev)),
                 Ok(None) => {}
-                Err(ClientError::Io(e))
-                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
-                {
+                Err(ClientError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     // A client timeout: report it; the stream stays usable.
                     return Some(Err(ClientError::Io(e)));
                 }

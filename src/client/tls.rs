@@ -97,7 +97,10 @@ pub fn server_certificate_warnings(chain: &[rustls::pki_types::CertificateDer<'s
                 at = not_after;
             }
             Err(rustls::Error::InvalidCertificate(C::NotValidYetContext { not_before, .. })) if warnings.len() < 2 => {
-                warnings.push(format!("tls.cert is not valid until {}: clients that verify certificates refuse it until then (is this host's clock right?)", date(not_before)));
+                warnings.push(format!(
+                    "tls.cert is not valid until {}: clients that verify certificates refuse it until then (is this host's clock right?)",
+                    date(not_before)
+                ));
                 at = not_before;
             }
             // webpki's InvalidCertValidity (notBefore after notAfter) reaches rustls's callers

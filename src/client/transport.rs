@@ -75,10 +75,7 @@ pub(crate) enum Woken {
 /// Blocks until `sock` is readable or `wake` is, with an optional timeout
 /// (`Err(TimedOut)` when it passes). The wake descriptor wins a tie.
 pub(crate) fn wait_readable(sock: RawFd, wake: RawFd, timeout: Option<Duration>) -> io::Result<Woken> {
-    let mut fds = [
-        libc::pollfd { fd: sock, events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 },
-    ];
+    let mut fds = [libc::pollfd { fd: sock, events: libc::POLLIN, revents: 0 }, libc::pollfd { fd: wake, events: libc::POLLIN, revents: 0 }];
     let ms: libc::c_int = match timeout {
         None => -1,
         Some(d) => d.as_millis().clamp(1, libc::c_int::MAX as u128) as libc::c_int,

@@ -102,9 +102,7 @@ pub enum ConfigError {
 
 impl ConfigError {
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            message: message.into(),
-        }
+        ConfigError::Invalid { message: message.into() }
     }
 }
 
@@ -132,18 +130,8 @@ pub enum Origin {
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Origin::File {
-                path,
-                position: Some((line, column)),
-            } => write!(
-                f,
-                "configuration file \"{}\" (line {line}, column {column})",
-                path.display()
-            ),
-            Origin::File {
-                path,
-                position: None,
-            } => write!(f, "configuration file \"{}\"", path.display()),
+            Origin::File { path, position: Some((line, column)) } => write!(f, "configuration file \"{}\" (line {line}, column {column})", path.display()),
+            Origin::File { path, position: None } => write!(f, "configuration file \"{}\"", path.display()),
             Origin::Env { var } => write!(f, "the environment ({var})"),
             Origin::Combined => f.write_str("the environment merged over the configuration file"),
         }

@@ -62,11 +62,7 @@ impl Overrides {
 
 impl From<&ServerArgs> for Overrides {
     fn from(args: &ServerArgs) -> Self {
-        Overrides {
-            bind: args.bind.clone(),
-            data_dir: args.data_dir.clone(),
-            log: args.log.clone(),
-        }
+        Overrides { bind: args.bind.clone(), data_dir: args.data_dir.clone(), log: args.log.clone() }
     }
 }
 
@@ -78,16 +74,9 @@ impl From<&ServerArgs> for Overrides {
 /// [`ConfigError::FileUnreadable`], [`ConfigError::Syntax`], [`ConfigError::EnvName`],
 /// [`ConfigError::Schema`] (unknown key, wrong type), [`ConfigError::Invalid`] (a validation
 /// rule). See docs/operations.md §1.2, §7.
-pub fn resolve(
-    args: &ServerArgs,
-    env: impl IntoIterator<Item = (String, String)>,
-) -> Result<Settings, ConfigError> {
+pub fn resolve(args: &ServerArgs, env: impl IntoIterator<Item = (String, String)>) -> Result<Settings, ConfigError> {
     let text = args.config.as_deref().map(read_config_file).transpose()?;
-    let file = args
-        .config
-        .as_deref()
-        .zip(text.as_deref())
-        .map(|(path, text)| FileSource { path, text });
+    let file = args.config.as_deref().zip(text.as_deref()).map(|(path, text)| FileSource { path, text });
     resolve_sources(file, env, &Overrides::from(args))
 }
 
@@ -108,31 +97,20 @@ pub fn read_config_file(path: &Path) -> Result<String, ConfigError> {
             if path.is_dir() {
                 return Err(ConfigError::IsADirectory { path: path.to_owned() });
             }
-            return Err(ConfigError::FileNotFound {
-                path: path.to_owned(),
-            });
+            return Err(ConfigError::FileNotFound { path: path.to_owned() });
         }
         with_ext
     };
     std::fs::read_to_string(&found).map_err(|source| match source.kind() {
-        io::ErrorKind::NotFound => ConfigError::FileNotFound {
-            path: path.to_owned(),
-        },
-        _ => ConfigError::FileUnreadable {
-            path: found,
-            source,
-        },
+        io::ErrorKind::NotFound => ConfigError::FileNotFound { path: path.to_owned() },
+        _ => ConfigError::FileUnreadable { path: found, source },
     })
 }
 
 /// The pure core of [`resolve`]: the same layering and validation over an already-read file (or
 /// none), an environment and the flag overrides. Touches neither the filesystem nor the process
 /// environment.
-pub fn resolve_sources(
-    file: Option<FileSource<'_>>,
-    env: impl IntoIterator<Item = (String, String)>,
-    overrides: &Overrides,
-) -> Result<Settings, ConfigError> {
+pub fn resolve_sources(file: Option<FileSource<'_>>, env: impl IntoIterator<Item = (String, String)>, overrides: &Overrides) -> Result<Settings, ConfigError> {
     let kinds = key_kinds();
     let mut table = match file {
         Some(file) => parse_file(file, &kinds)?,
@@ -155,19 +133,11 @@ pub fn resolve_sources(
         // Check the variable on its own first, so an error names it.
         let mut alone = Table::new();
         insert_path(&mut alone, &path, value.clone());
-        check(alone, &kinds).map_err(|(key, message)| ConfigError::Schema {
-            key,
-            message,
-            origin: Origin::Env { var: var.clone() },
-        })?;
+        check(alone, &kinds).map_err(|(key, message)| ConfigError::Schema { key, message, origin: Origin::Env { var: var.clone() } })?;
         insert_path(&mut table, &path, value);
     }
 
-    let mut settings = check(table, &kinds).map_err(|(key, message)| ConfigError::Schema {
-        key,
-        message,
-        origin: Origin::Combined,
-    })?;
+    let mut settings = check(table, &kinds).map_err(|(key, message)| ConfigError::Schema { key, message, origin: Origin::Combined })?;
     overrides.apply(&mut settings);
     settings.validate()?;
     Ok(settings)
@@ -178,10 +148,7 @@ impl Settings {
     /// and validates it; no environment, no flags. An empty string gives `Settings::default()`.
     /// Errors as for [`resolve_sources`]; positions refer to `<string>`.
     pub fn from_toml_str(text: &str) -> Result<Settings, ConfigError> {
-        let file = FileSource {
-            path: Path::new("<string>"),
-            text,
-        };
+        let file = FileSource { path: Path::new("<string>"), text };
         resolve_sources(Some(file), std::iter::empty(), &Overrides::default())
     }
 }
@@ -197,28 +164,14 @@ pub fn process_env() -> impl Iterator<Item = (String, String)> {
 /// key or a wrong type is reported with its line and column.
 fn parse_file(file: FileSource<'_>, kinds: &Table) -> Result<Table, ConfigError> {
     let table: Table = file.text.parse().map_err(|e: toml::de::Error| {
-        let (line, column) = e
-            .span()
-            .map_or((1, 1), |span| line_column(file.text, span.start));
-        ConfigError::Syntax {
-            path: file.path.to_owned(),
-            line,
-            column,
-            message: one_line(e.message()),
-        }
+        let (line, column) = e.span().map_or((1, 1), |span| line_column(file.text, span.start));
+        ConfigError::Syntax { path: file.path.to_owned(), line, column, message: one_line(e.message()) }
     })?;
     if let Err((key, message, path)) = check_with_path(table.clone(), kinds) {
         // Point at the offending value, or at the key when the key itself is unknown.
         let at_value = !message.starts_with("unknown field");
         let position = locate(file.text, &path, at_value);
-        return Err(ConfigError::Schema {
-            key,
-            message,
-            origin: Origin::File {
-                path: file.path.to_owned(),
-                position,
-            },
-        });
+        return Err(ConfigError::Schema { key, message, origin: Origin::File { path: file.path.to_owned(), position } });
     }
     Ok(table)
 }
@@ -228,10 +181,7 @@ fn check(table: Table, kinds: &Table) -> Result<Settings, (String, String)> {
     check_with_path(table, kinds).map_err(|(key, message, _)| (key, message))
 }
 
-fn check_with_path(
-    mut table: Table,
-    kinds: &Table,
-) -> Result<Settings, (String, String, serde_path_to_error::Path)> {
+fn check_with_path(mut table: Table, kinds: &Table) -> Result<Settings, (String, String, serde_path_to_error::Path)> {
     coerce(&mut table, kinds);
     serde_path_to_error::deserialize(Value::Table(table)).map_err(|e| {
         let path = e.path().clone();
@@ -268,12 +218,7 @@ fn locate(text: &str, path: &serde_path_to_error::Path, at_value: bool) -> Optio
 
 /// Parser messages may span lines; the error is printed on one.
 fn one_line(message: &str) -> String {
-    message
-        .trim()
-        .lines()
-        .map(str::trim)
-        .collect::<Vec<_>>()
-        .join("; ")
+    message.trim().lines().map(str::trim).collect::<Vec<_>>().join("; ")
 }
 
 /// `serde_path_to_error` renders the root as `.`; we want an empty string there.
@@ -324,26 +269,17 @@ fn paros_path(name: &str) -> Result<Option<Vec<String>>, ConfigError> {
 /// The `TEPHRA__*` and `PAROS_*` variables of `env` as `(name, lower-cased path, value)`, sorted
 /// so the outcome does not depend on the environment's order: every `PAROS_*` variable comes
 /// before every `TEPHRA__*` one, so that `TEPHRA__JOURNAL__*` wins over its `PAROS_*` alias.
-fn env_vars(
-    env: impl IntoIterator<Item = (String, String)>,
-) -> Result<Vec<(String, Vec<String>, String)>, ConfigError> {
+fn env_vars(env: impl IntoIterator<Item = (String, String)>) -> Result<Vec<(String, Vec<String>, String)>, ConfigError> {
     let mut vars = Vec::new();
     for (name, value) in env {
         if let Some(path) = paros_path(&name)? {
             vars.push((name, path, value));
             continue;
         }
-        let Some(rest) = name
-            .get(..ENV_PREFIX.len())
-            .filter(|prefix| prefix.eq_ignore_ascii_case(ENV_PREFIX))
-            .map(|_| &name[ENV_PREFIX.len()..])
-        else {
+        let Some(rest) = name.get(..ENV_PREFIX.len()).filter(|prefix| prefix.eq_ignore_ascii_case(ENV_PREFIX)).map(|_| &name[ENV_PREFIX.len()..]) else {
             continue;
         };
-        let path: Vec<String> = rest
-            .split(ENV_SEPARATOR)
-            .map(str::to_ascii_lowercase)
-            .collect();
+        let path: Vec<String> = rest.split(ENV_SEPARATOR).map(str::to_ascii_lowercase).collect();
         if path.iter().any(String::is_empty) {
             return Err(ConfigError::EnvName { var: name });
         }
@@ -359,17 +295,9 @@ fn env_vars(
 fn key_kinds() -> Table {
     let full = Settings {
         log: Some(String::new()),
-        metrics: MetricsSettings {
-            bind: Some(String::new()),
-        },
-        tls: TlsSettings {
-            cert: Some(PathBuf::new()),
-            key: Some(PathBuf::new()),
-        },
-        auth: AuthSettings {
-            tokens: vec![TokenSettings::default()],
-            ..AuthSettings::default()
-        },
+        metrics: MetricsSettings { bind: Some(String::new()) },
+        tls: TlsSettings { cert: Some(PathBuf::new()), key: Some(PathBuf::new()) },
+        auth: AuthSettings { tokens: vec![TokenSettings::default()], ..AuthSettings::default() },
         ..Settings::default()
     };
     match Value::try_from(&full) {
@@ -510,9 +438,7 @@ fn insert_path(table: &mut Table, path: &[String], value: Value) {
     let (last, parents) = path.split_last().expect("env paths are never empty");
     let mut current = table;
     for segment in parents {
-        let entry = current
-            .entry(segment.clone())
-            .or_insert_with(|| Value::Table(Table::new()));
+        let entry = current.entry(segment.clone()).or_insert_with(|| Value::Table(Table::new()));
         if !entry.is_table() {
             *entry = Value::Table(Table::new());
         }
@@ -546,10 +472,7 @@ mod tests {
         assert_eq!(coerced("bind", Value::Integer(9000)), s("9000"));
         assert_eq!(coerced("tls.cert", Value::Boolean(true)), s("true"));
         assert_eq!(coerced("segment.size", s("4096")), Value::Integer(4096));
-        assert_eq!(
-            coerced("segment.size", Value::Float(4096.0)),
-            Value::Integer(4096)
-        );
+        assert_eq!(coerced("segment.size", Value::Float(4096.0)), Value::Integer(4096));
         // Floats are rounded, as by the reference's loader (it starts with all of these).
         assert_eq!(coerced("segment.size", Value::Float(4096.5)), Value::Integer(4097));
         assert_eq!(coerced("server.limits.max_connections", Value::Float(0.4)), Value::Integer(0));
@@ -569,14 +492,8 @@ mod tests {
         assert_eq!(env_value("99999999999999999999".into(), kind("segment.size").as_ref()), s("99999999999999999999"));
         assert_eq!(env_value("1e3".into(), kind("bind").as_ref()), s("1e3"));
         assert_eq!(coerced("segment.size", s("lots")), s("lots"));
-        assert_eq!(
-            coerced("auth.allow_insecure", s("On")),
-            Value::Boolean(true)
-        );
-        assert_eq!(
-            coerced("auth.allow_insecure", Value::Integer(0)),
-            Value::Boolean(false)
-        );
+        assert_eq!(coerced("auth.allow_insecure", s("On")), Value::Boolean(true));
+        assert_eq!(coerced("auth.allow_insecure", Value::Integer(0)), Value::Boolean(false));
         assert_eq!(coerced("auth.allow_insecure", s("maybe")), s("maybe"));
         // Numbers where a boolean belongs, and truth values where a count belongs, as the
         // reference's loader takes them (it starts with all of these).
@@ -591,16 +508,8 @@ mod tests {
         assert_eq!(coerced("server.limits.max_connections", s("false")), Value::Integer(0));
         assert_eq!(coerced("server", s("3")), s("3"));
         assert_eq!(coerced("server.bogus", s("3")), s("3"));
-        let token = |v: Value| {
-            Value::Array(vec![Value::Table(Table::from_iter([(
-                "token".to_owned(),
-                v,
-            )]))])
-        };
-        assert_eq!(
-            coerced("auth.tokens", token(Value::Integer(12345))),
-            token(s("12345"))
-        );
+        let token = |v: Value| Value::Array(vec![Value::Table(Table::from_iter([("token".to_owned(), v)]))]);
+        assert_eq!(coerced("auth.tokens", token(Value::Integer(12345))), token(s("12345")));
     }
 
     #[test]

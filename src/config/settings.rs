@@ -47,9 +47,7 @@ const fn min_segment_size() -> u64 {
 /// Whether a segment of `size` bytes can hold its header, one record of the maximum length
 /// (`size / 4`) and a commit marker, and stays addressable with `u32` offsets.
 pub const fn segment_size_fits(size: u64) -> bool {
-    size > SEGMENT_HEADER_LEN
-        && size <= MAX_SEGMENT_SIZE
-        && size / 4 + COMMIT_MARKER_LEN <= size - SEGMENT_HEADER_LEN
+    size > SEGMENT_HEADER_LEN && size <= MAX_SEGMENT_SIZE && size / 4 + COMMIT_MARKER_LEN <= size - SEGMENT_HEADER_LEN
 }
 
 /// The fully resolved server settings.
@@ -164,9 +162,7 @@ pub struct SegmentSettings {
 
 impl Default for SegmentSettings {
     fn default() -> Self {
-        SegmentSettings {
-            size: DEFAULT_SEGMENT_SIZE,
-        }
+        SegmentSettings { size: DEFAULT_SEGMENT_SIZE }
     }
 }
 
@@ -288,11 +284,7 @@ pub struct ReadsSettings {
 
 impl Default for ReadsSettings {
     fn default() -> Self {
-        ReadsSettings {
-            batch_events: 1_024,
-            batch_bytes: 512 * 1024,
-            worker_threads: 0,
-        }
+        ReadsSettings { batch_events: 1_024, batch_bytes: 512 * 1024, worker_threads: 0 }
     }
 }
 
@@ -321,10 +313,7 @@ pub struct SubscriptionSettings {
 
 impl Default for SubscriptionSettings {
     fn default() -> Self {
-        SubscriptionSettings {
-            wait_tick_ms: 250,
-            max_concurrent: 64,
-        }
+        SubscriptionSettings { wait_tick_ms: 250, max_concurrent: 64 }
     }
 }
 
@@ -352,10 +341,7 @@ pub struct BackpressureSettings {
 
 impl Default for BackpressureSettings {
     fn default() -> Self {
-        BackpressureSettings {
-            max_inflight_per_conn: 256,
-            frame_queue_depth: 256,
-        }
+        BackpressureSettings { max_inflight_per_conn: 256, frame_queue_depth: 256 }
     }
 }
 
@@ -371,9 +357,7 @@ pub struct LimitSettings {
 
 impl Default for LimitSettings {
     fn default() -> Self {
-        LimitSettings {
-            max_connections: 1_024,
-        }
+        LimitSettings { max_connections: 1_024 }
     }
 }
 
@@ -398,10 +382,7 @@ pub struct KeepaliveSettings {
 
 impl Default for KeepaliveSettings {
     fn default() -> Self {
-        KeepaliveSettings {
-            idle_secs: 60,
-            interval_secs: 15,
-        }
+        KeepaliveSettings { idle_secs: 60, interval_secs: 15 }
     }
 }
 
@@ -440,11 +421,7 @@ pub struct TimeoutSettings {
 
 impl Default for TimeoutSettings {
     fn default() -> Self {
-        TimeoutSettings {
-            incomplete_frame_secs: 30,
-            handshake_secs: 0,
-            idle_secs: 0,
-        }
+        TimeoutSettings { incomplete_frame_secs: 30, handshake_secs: 0, idle_secs: 0 }
     }
 }
 
@@ -483,9 +460,7 @@ impl TimeoutSettings {
     /// handshake, incomplete-frame, idle (30 s with the defaults), or `None` if all are off.
     /// docs/operations.md §4.4.
     pub fn tls_handshake(&self) -> Option<Duration> {
-        self.handshake()
-            .or_else(|| self.incomplete_frame())
-            .or_else(|| self.idle())
+        self.handshake().or_else(|| self.incomplete_frame()).or_else(|| self.idle())
     }
 }
 
@@ -552,17 +527,13 @@ pub struct TokenSettings {
 impl TokenSettings {
     /// A token entry holding `token`.
     pub fn new(token: impl Into<String>) -> Self {
-        TokenSettings {
-            token: token.into(),
-        }
+        TokenSettings { token: token.into() }
     }
 }
 
 impl fmt::Debug for TokenSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TokenSettings")
-            .field("token", &"<redacted>")
-            .finish()
+        f.debug_struct("TokenSettings").field("token", &"<redacted>").finish()
     }
 }
 
@@ -593,9 +564,7 @@ pub(crate) fn check_listen_addr(addr: &str) -> Option<()> {
                 && label.len() <= 63
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
         });
     host_ok.then_some(())
 }
@@ -605,13 +574,8 @@ fn resolve_listen_addr(key: &str, addr: &str) -> Result<SocketAddr, ConfigError>
     if let Ok(sa) = addr.parse::<SocketAddr>() {
         return Ok(sa);
     }
-    let unresolvable = |detail: String| ConfigError::Invalid {
-        message: format!("{key} {addr:?} cannot be resolved: {detail}"),
-    };
-    addr.to_socket_addrs()
-        .map_err(|e| unresolvable(e.to_string()))?
-        .next()
-        .ok_or_else(|| unresolvable("no addresses".to_owned()))
+    let unresolvable = |detail: String| ConfigError::Invalid { message: format!("{key} {addr:?} cannot be resolved: {detail}") };
+    addr.to_socket_addrs().map_err(|e| unresolvable(e.to_string()))?.next().ok_or_else(|| unresolvable("no addresses".to_owned()))
 }
 
 impl Settings {
@@ -623,11 +587,7 @@ impl Settings {
 
     /// The `/metrics` address, resolved, or `None` when `metrics.bind` is unset (disabled).
     pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
-        self.metrics
-            .bind
-            .as_deref()
-            .map(|a| resolve_listen_addr("metrics.bind", a))
-            .transpose()
+        self.metrics.bind.as_deref().map(|a| resolve_listen_addr("metrics.bind", a)).transpose()
     }
 
     /// The address `--healthcheck` dials: [`Settings::bind_addr`] with an unspecified IP
@@ -663,30 +623,19 @@ impl Settings {
         if let Some(log) = &self.log {
             return log.clone();
         }
-        env.into_iter()
-            .find(|(k, _)| k == LOG_ENV_VAR)
-            .map(|(_, v)| v)
-            .unwrap_or_else(|| DEFAULT_LOG_FILTER.to_owned())
+        env.into_iter().find(|(k, _)| k == LOG_ENV_VAR).map(|(_, v)| v).unwrap_or_else(|| DEFAULT_LOG_FILTER.to_owned())
     }
 
     /// [`Settings::log_filter`] parsed as `tracing_subscriber` `Targets` (`target=level`
     /// directives, no regex). A filter that does not parse falls back to INFO for everything,
     /// like the reference; the second element is then a warning (naming the filter and the parse
     /// error) for the caller to log once logging is up.
-    pub fn log_targets(
-        &self,
-        env: impl IntoIterator<Item = (String, String)>,
-    ) -> (tracing_subscriber::filter::Targets, Option<String>) {
+    pub fn log_targets(&self, env: impl IntoIterator<Item = (String, String)>) -> (tracing_subscriber::filter::Targets, Option<String>) {
         use tracing_subscriber::filter::{LevelFilter, Targets};
         let filter = self.log_filter(env);
         match filter.parse::<Targets>() {
             Ok(targets) => (targets, None),
-            Err(e) => (
-                Targets::new().with_default(LevelFilter::INFO),
-                Some(format!(
-                    "invalid log filter {filter:?} ({e}); logging at info"
-                )),
-            ),
+            Err(e) => (Targets::new().with_default(LevelFilter::INFO), Some(format!("invalid log filter {filter:?} ({e}); logging at info"))),
         }
     }
 }

@@ -5,9 +5,7 @@
 //! style (docs/operations.md §2.1).
 
 use super::error::ConfigError;
-use super::settings::{
-    check_listen_addr, segment_size_fits, Settings, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE,
-};
+use super::settings::{check_listen_addr, segment_size_fits, Settings, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE};
 
 fn at_least_one(key: &str, value: u64) -> Result<(), ConfigError> {
     if value == 0 {
@@ -18,11 +16,7 @@ fn at_least_one(key: &str, value: u64) -> Result<(), ConfigError> {
 }
 
 fn listen_addr(key: &str, addr: &str) -> Result<(), ConfigError> {
-    check_listen_addr(addr).ok_or_else(|| {
-        ConfigError::invalid(format!(
-            "{key} must be an address like 127.0.0.1:9000 or localhost:9000, got {addr:?}"
-        ))
-    })
+    check_listen_addr(addr).ok_or_else(|| ConfigError::invalid(format!("{key} must be an address like 127.0.0.1:9000 or localhost:9000, got {addr:?}")))
 }
 
 /// Most shards (`server.reads.worker_threads`) a server starts: each is a thread with its own
@@ -73,10 +67,7 @@ impl Settings {
         at_least_one("journal.max_read_bytes", j.max_read_bytes)?;
         at_least_one("journal.admission_rounds", j.admission_rounds)?;
         if j.min_wait_ms > j.max_wait_ms {
-            return Err(ConfigError::invalid(format!(
-                "journal.min_wait_ms ({}) must not be above journal.max_wait_ms ({})",
-                j.min_wait_ms, j.max_wait_ms
-            )));
+            return Err(ConfigError::invalid(format!("journal.min_wait_ms ({}) must not be above journal.max_wait_ms ({})", j.min_wait_ms, j.max_wait_ms)));
         }
         at_least_one("writer.max_batch_records", w.max_batch_records as u64)?;
         if !segment_size_fits(self.segment.size) {
@@ -90,22 +81,10 @@ impl Settings {
         // always takes the index, and thresholds of 0 send every event in a frame of its own.
         // `server.max_frame_len` has no lower bound, as in the reference: under ~45 bytes no
         // Hello can be answered, which the server says at start.
-        at_least_one(
-            "server.subscriptions.wait_tick_ms",
-            s.subscriptions.wait_tick_ms,
-        )?;
-        at_least_one(
-            "server.backpressure.max_inflight_per_conn",
-            s.backpressure.max_inflight_per_conn as u64,
-        )?;
-        at_least_one(
-            "server.subscriptions.max_concurrent",
-            s.subscriptions.max_concurrent as u64,
-        )?;
-        at_least_one(
-            "server.backpressure.frame_queue_depth",
-            s.backpressure.frame_queue_depth as u64,
-        )?;
+        at_least_one("server.subscriptions.wait_tick_ms", s.subscriptions.wait_tick_ms)?;
+        at_least_one("server.backpressure.max_inflight_per_conn", s.backpressure.max_inflight_per_conn as u64)?;
+        at_least_one("server.subscriptions.max_concurrent", s.subscriptions.max_concurrent as u64)?;
+        at_least_one("server.backpressure.frame_queue_depth", s.backpressure.frame_queue_depth as u64)?;
         at_least_one("server.keepalive.idle_secs", s.keepalive.idle_secs)?;
         at_least_one("server.keepalive.interval_secs", s.keepalive.interval_secs)?;
         if self.data_dir.as_os_str().is_empty() {
@@ -116,9 +95,7 @@ impl Settings {
             listen_addr("metrics.bind", addr)?;
         }
         if self.tls.cert.is_some() != self.tls.key.is_some() {
-            return Err(ConfigError::invalid(
-                "tls.cert and tls.key must be set together",
-            ));
+            return Err(ConfigError::invalid("tls.cert and tls.key must be set together"));
         }
         for (key, path) in [("tls.cert", &self.tls.cert), ("tls.key", &self.tls.key)] {
             if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
@@ -126,14 +103,10 @@ impl Settings {
             }
         }
         if self.auth.tokens.iter().any(|t| t.token.is_empty()) {
-            return Err(ConfigError::invalid(
-                "auth.tokens entries must have a non-empty token",
-            ));
+            return Err(ConfigError::invalid("auth.tokens entries must have a non-empty token"));
         }
         if self.auth.enabled() && !self.tls.enabled() && !self.auth.allow_insecure {
-            return Err(ConfigError::invalid(
-                "auth.tokens require tls; set tls.cert and tls.key, or auth.allow_insecure = true",
-            ));
+            return Err(ConfigError::invalid("auth.tokens require tls; set tls.cert and tls.key, or auth.allow_insecure = true"));
         }
         Ok(())
     }

@@ -115,7 +115,13 @@ pub fn load_index_file(dir: &Path, base: u64, count: u64, fingerprint: u32) -> R
 ///
 /// # Errors
 /// The [`sealed::IndexFileError`] of the load (not expected: the bytes were just encoded).
-pub fn persist_sealed_quietly(dir: &Path, base: u64, count: u64, fingerprint: u32, bytes: Vec<u8>) -> Result<(SealedIndex, Option<std::io::Error>), sealed::IndexFileError> {
+pub fn persist_sealed_quietly(
+    dir: &Path,
+    base: u64,
+    count: u64,
+    fingerprint: u32,
+    bytes: Vec<u8>,
+) -> Result<(SealedIndex, Option<std::io::Error>), sealed::IndexFileError> {
     let written = write_index_file(dir, base, &bytes).err();
     SealedIndex::load(bytes, base, count, fingerprint).map(|ix| (ix, written))
 }

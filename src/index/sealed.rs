@@ -214,7 +214,14 @@ fn check_header(bytes: &[u8], base: u64, count: u64, fingerprint: u32) -> Result
     if (file_len - postings_off) % 4 != 0 {
         return malformed("postings region is not a whole number of u32");
     }
-    Ok(Layout { n_types, n_tags, dict_off: dict_off as usize, tagtable_off: tagtable_off as usize, keys_off: keys_off as usize, postings_off: postings_off as usize })
+    Ok(Layout {
+        n_types,
+        n_tags,
+        dict_off: dict_off as usize,
+        tagtable_off: tagtable_off as usize,
+        keys_off: keys_off as usize,
+        postings_off: postings_off as usize,
+    })
 }
 
 /// The type dictionary (each name's id) and the events of each type id.
@@ -425,15 +432,39 @@ mod tests {
         let mut tags = [("course:c1", &[1u32, 2][..]), ("a", &[0u32][..])];
         let b = encode(7, 0xDEAD_BEEF, &["A", "Enrolled"], &[0, 1, 1], &mut tags);
         let want = concat!(
-            "54474958", "0200", "0000", "0700000000000000", "0300000000000000", "02000000", "02000000",
-            "6100000000000000", "8b00000000000000", "9700000000000000", "af893a6d", "78b57861",
-            "efbeadde", "00000000",
-            "00000000", "01000000", "01000000",
-            "0100", "41", "0800456e726f6c6c6564",
-            "00000000", "01000000", "00000000", "01000000",
-            "01000000", "09000000", "01000000", "02000000",
-            "61", "636f757273653a6331",
-            "00000000", "01000000", "02000000",
+            "54474958",
+            "0200",
+            "0000",
+            "0700000000000000",
+            "0300000000000000",
+            "02000000",
+            "02000000",
+            "6100000000000000",
+            "8b00000000000000",
+            "9700000000000000",
+            "af893a6d",
+            "78b57861",
+            "efbeadde",
+            "00000000",
+            "00000000",
+            "01000000",
+            "01000000",
+            "0100",
+            "41",
+            "0800456e726f6c6c6564",
+            "00000000",
+            "01000000",
+            "00000000",
+            "01000000",
+            "01000000",
+            "09000000",
+            "01000000",
+            "02000000",
+            "61",
+            "636f757273653a6331",
+            "00000000",
+            "01000000",
+            "02000000",
         );
         let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
         assert_eq!(hex, want);

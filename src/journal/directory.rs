@@ -136,7 +136,12 @@ impl Directory {
             Command::CreateJournal { journal, name, mode, durability } => self.create_journal(*journal, name, *mode, *durability),
             Command::DeleteJournal { journal } => self.delete_journal(*journal),
             Command::Write { journal, leader, seq, records } => {
-                let call = Call::Write { leader: *leader, seq: *seq, count: u32::try_from(records.len()).unwrap_or(u32::MAX), digest: digest_records(records.iter().copied()) };
+                let call = Call::Write {
+                    leader: *leader,
+                    seq: *seq,
+                    count: u32::try_from(records.len()).unwrap_or(u32::MAX),
+                    digest: digest_records(records.iter().copied()),
+                };
                 self.call(*journal, &call)
             }
             Command::SetLeader { journal, new, old } => self.call(*journal, &Call::SetLeader { new: *new, old: *old }),

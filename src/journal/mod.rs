@@ -15,11 +15,11 @@ pub mod apply;
 pub mod command;
 pub mod directory;
 pub mod held;
+pub mod model;
 pub mod sequencer;
 pub mod store;
-pub mod model;
 
 pub use apply::{apply, Call, Outcome};
-pub use directory::{valid_name, Answer, Directory};
 pub use command::{decode as decode_command, Command, CommandError, EntryId};
+pub use directory::{valid_name, Answer, Directory};
 pub use model::{digest_records, BatchMark, JournalId, JournalState, LeaderUuid, Mode, Records, Seq, StoreDurability, View};

@@ -141,7 +141,8 @@ impl Sequencer {
         let mut directory = Directory::new();
         let mut held: HashMap<JournalId, Held> = HashMap::new();
         let (store, outcome) = JournalStore::open(data_dir, segment_size, |r| {
-            let (_, cmd) = decode(r.payload).map_err(|source| StoreError::Command { segment: data_dir.join(super::store::JOURNALS_DIR), position: r.position, source })?;
+            let (_, cmd) =
+                decode(r.payload).map_err(|source| StoreError::Command { segment: data_dir.join(super::store::JOURNALS_DIR), position: r.position, source })?;
             let answer = directory.apply(&cmd);
             note_held(&mut held, &directory, &cmd, &answer, r.segment, r.offset, r.payload);
             Ok(())
@@ -441,8 +442,12 @@ pub fn respond(answer: &Answer) -> JournalResponse {
             Outcome::Noop => outcome(JournalOutcome::Unspecified),
         },
         Answer::TenantCreated { tenant } => JournalResponse { outcome: JournalOutcome::Created as i32, tenant: *tenant, ..Default::default() },
-        Answer::JournalCreated { journal } => JournalResponse { outcome: JournalOutcome::Created as i32, tenant: journal.tenant, journal: journal.journal, ..Default::default() },
-        Answer::NameTaken { existing } => JournalResponse { outcome: JournalOutcome::NameTaken as i32, tenant: existing.tenant, journal: existing.journal, ..Default::default() },
+        Answer::JournalCreated { journal } => {
+            JournalResponse { outcome: JournalOutcome::Created as i32, tenant: journal.tenant, journal: journal.journal, ..Default::default() }
+        }
+        Answer::NameTaken { existing } => {
+            JournalResponse { outcome: JournalOutcome::NameTaken as i32, tenant: existing.tenant, journal: existing.journal, ..Default::default() }
+        }
         Answer::InvalidName => invalid_name(),
         Answer::UnknownTenant => outcome(JournalOutcome::UnknownTenant),
         Answer::UnknownJournal => outcome(JournalOutcome::UnknownJournal),

@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use crate::log::aligned::{AlignedBuf, BLOCK};
-use crate::log::{open_log, OpenOutcome};
 use crate::log::record::{frame_data, frame_marker, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
 use crate::log::segment::{create_segment, Segment, SegmentConfig};
 use crate::log::LogError;
+use crate::log::{open_log, OpenOutcome};
 
 use super::held::Loc;
 
@@ -182,7 +182,11 @@ impl JournalStore {
     /// # Errors
     /// [`StoreError::Log`] for what the event log refuses (damage followed by committed
     /// batches, a segment chain with a gap, a held lock, I/O), or what `replay` returns.
-    pub fn open(data_dir: &Path, segment_size: u64, mut replay: impl FnMut(Replayed<'_>) -> Result<(), StoreError>) -> Result<(JournalStore, OpenOutcome), StoreError> {
+    pub fn open(
+        data_dir: &Path,
+        segment_size: u64,
+        mut replay: impl FnMut(Replayed<'_>) -> Result<(), StoreError>,
+    ) -> Result<(JournalStore, OpenOutcome), StoreError> {
         let dir = data_dir.join(JOURNALS_DIR);
         let cfg = SegmentConfig::new(segment_size);
         let mut failed = None;

@@ -106,4 +106,3 @@ impl Drop for AlignedBuf {
         unsafe { dealloc(self.ptr.as_ptr(), layout) };
     }
 }
-

@@ -6,9 +6,9 @@
 //! as a value.
 
 pub(crate) mod aligned;
+pub mod column;
 pub mod header;
 pub mod lock;
-pub mod column;
 pub mod record;
 pub mod segment;
 

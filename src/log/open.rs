@@ -311,7 +311,11 @@ impl Progress {
         self.read_bytes += bytes as u64;
         if std::time::Instant::now() >= self.next_note {
             tracing::info!(
-                reading_segment = i + 1, of = self.segments, mapped_mib = self.read_bytes >> 20, of_mib = self.total_bytes >> 20, elapsed_s = self.started.elapsed().as_secs(),
+                reading_segment = i + 1,
+                of = self.segments,
+                mapped_mib = self.read_bytes >> 20,
+                of_mib = self.total_bytes >> 20,
+                elapsed_s = self.started.elapsed().as_secs(),
                 "opening the log: every segment is read and checked at start"
             );
             self.next_note += OPEN_PROGRESS_EVERY;
@@ -369,7 +373,12 @@ fn check_sealed_end(path: &Path, buf: &[u8], w: &Walk, base: u64, next_base: Opt
     Err(LogError::Corrupt {
         path: path.to_owned(),
         offset: w.stop_offset as u64,
-        detail: format!("{:?} in a sealed segment: its committed records end at position {}, the next segment starts at {}", w.stop, base + count - 1, next_base.unwrap_or(0)),
+        detail: format!(
+            "{:?} in a sealed segment: its committed records end at position {}, the next segment starts at {}",
+            w.stop,
+            base + count - 1,
+            next_base.unwrap_or(0)
+        ),
     })
 }
 
@@ -421,7 +430,11 @@ pub(crate) fn data_end(f: &std::fs::File) -> std::io::Result<u64> {
     let seek = |at: u64, whence| {
         // SAFETY: a plain system call on a descriptor `f` owns; it only moves its offset.
         let r = unsafe { libc::lseek(f.as_raw_fd(), at as libc::off_t, whence) };
-        if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(r as u64) }
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(r as u64)
+        }
     };
     let (mut end, mut at) = (0u64, 0u64);
     for _ in 0..DATA_RANGES_MAX {
@@ -506,9 +519,7 @@ fn keep_discarded(dir: &Path, segment: &Path, from: u64, to: u64) -> std::io::Re
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let path = recovered.join(format!("{prefix}{secs}.discarded"));
     let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
-    let written = crate::fault::io_point("keep_discarded")
-        .and_then(|()| std::io::Write::write_all(&mut &f, &bytes))
-        .and_then(|()| f.sync_all());
+    let written = crate::fault::io_point("keep_discarded").and_then(|()| std::io::Write::write_all(&mut &f, &bytes)).and_then(|()| f.sync_all());
     if let Err(e) = written {
         drop(f);
         let _ = std::fs::remove_file(&path);

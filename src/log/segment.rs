@@ -3,8 +3,8 @@
 //! Segments are `{base_position:020}.log`, fallocated to the configured size at creation,
 //! never recycled (docs/format.md §1-§2.2).
 
-use super::header::{SegmentHeader, HEADER_LEN};
 use super::column::AtomicColumn;
+use super::header::{SegmentHeader, HEADER_LEN};
 use super::record::{MARKER_LEN, RECORD_HEAD};
 use super::LogError;
 use std::fs::{File, OpenOptions};
@@ -48,10 +48,7 @@ impl SegmentConfig {
             return bad(format!("segment size {} must be above {} and at most {}", self.segment_size, self.header_size, u32::MAX));
         }
         if self.max_record_len < (RECORD_HEAD as u64 + 5) || self.max_record_len + MARKER_LEN as u64 > self.capacity() {
-            return bad(format!(
-                "max record length {} must fit a segment of {} bytes with its commit marker",
-                self.max_record_len, self.segment_size
-            ));
+            return bad(format!("max record length {} must fit a segment of {} bytes with its commit marker", self.max_record_len, self.segment_size));
         }
         Ok(())
     }

@@ -118,7 +118,15 @@ pub fn decode(frame: &[u8]) -> Result<Option<FramedAppend>, DecodeError> {
         return Ok(None);
     }
     let mut body = append_body.unwrap_or(&[]);
-    let mut out = FramedAppend { request_id, records: Vec::with_capacity(body.len() + body.len() / 8), count: 0, largest_record: 0, largest_event: 0, condition: None, invalid: None };
+    let mut out = FramedAppend {
+        request_id,
+        records: Vec::with_capacity(body.len() + body.len() / 8),
+        count: 0,
+        largest_record: 0,
+        largest_event: 0,
+        condition: None,
+        invalid: None,
+    };
     let mut conditions = 0;
     let mut tags: Vec<&str> = Vec::new();
     while !body.is_empty() {
@@ -236,7 +244,7 @@ pub fn encode_append_frame(
     max_frame_len: u32,
     out: &mut Vec<u8>,
 ) -> Result<(), super::FrameError> {
-    use prost::encoding::{encode_key, encode_varint, key_len, encoded_len_varint};
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len};
     let mut body = 0usize;
     let mut prev: Option<(&crate::event::Event, usize)> = None;
     let mut lens = Vec::with_capacity(events.len());

@@ -78,8 +78,7 @@ impl ReadEventsEncoder {
     pub fn push(&mut self, position: Position, event: &EventRef<'_>) {
         let body = event_body_len(event);
         let pos = position.get();
-        let seq_len =
-            if pos == 0 { 0 } else { 1 + encoded_len_varint(pos) } + 1 + encoded_len_varint(body as u64) + body;
+        let seq_len = if pos == 0 { 0 } else { 1 + encoded_len_varint(pos) } + 1 + encoded_len_varint(body as u64) + body;
         let b = &mut self.buf;
         b.reserve(1 + encoded_len_varint(seq_len as u64) + seq_len);
         // ReadEvents.events (1, L)
@@ -193,12 +192,7 @@ mod tests {
         let events = [
             Event::new(&EventType::new("E").unwrap(), &Tags::new(["k:1"]).unwrap(), b"p").unwrap(),
             Event::new(&EventType::new("NoTagsNoPayload").unwrap(), &Tags::empty(), b"").unwrap(),
-            Event::new(
-                &EventType::new("t".repeat(200)).unwrap(),
-                &Tags::new(["b", "a", "c".repeat(300).as_str()]).unwrap(),
-                &[9u8; 5000],
-            )
-            .unwrap(),
+            Event::new(&EventType::new("t".repeat(200)).unwrap(), &Tags::new(["b", "a", "c".repeat(300).as_str()]).unwrap(), &[9u8; 5000]).unwrap(),
         ];
         for id in [0u64, 1, 12, 300, u64::MAX] {
             for n in 0..=events.len() {

@@ -53,11 +53,7 @@ impl fmt::Display for ConvertError {
             ConvertError::TooManyTags(count) => {
                 write!(f, "invalid event: event has {count} tags, exceeding the maximum of {}", u16::MAX)
             }
-            ConvertError::EventTooLarge(size) => write!(
-                f,
-                "invalid event: encoded event data region of {size} bytes exceeds the {}-byte maximum",
-                u32::MAX
-            ),
+            ConvertError::EventTooLarge(size) => write!(f, "invalid event: encoded event data region of {size} bytes exceeds the {}-byte maximum", u32::MAX),
             ConvertError::MissingField(field) => write!(f, "missing field '{field}'"),
         }
     }
@@ -194,11 +190,7 @@ pub fn event_to_proto(event: &Event) -> pb::Event {
 
 /// Builds a wire [`pb::Event`] straight from an encoded event (the read path).
 pub fn event_ref_to_proto(event: &EventRef<'_>) -> pb::Event {
-    pb::Event {
-        r#type: event.event_type().to_owned(),
-        tags: event.tags().map(str::to_owned).collect(),
-        payload: event.data().to_vec(),
-    }
+    pb::Event { r#type: event.event_type().to_owned(), tags: event.tags().map(str::to_owned).collect(), payload: event.data().to_vec() }
 }
 
 /// Builds a wire [`pb::SequencedEvent`] from a position and an encoded event.
@@ -486,7 +478,8 @@ mod tests {
     fn the_frame_cap_is_read_back_from_its_refusal_text_only() {
         assert_eq!(text::frame_cap_of(&text::frame_too_long(25_165_824, 1_048_576)), Some(1_048_576));
         assert_eq!(text::frame_cap_of(&text::frame_too_long(u32::MAX as u64, 16_777_216)), Some(16_777_216));
-        for other in ["append of 9 bytes exceeds the segment capacity", "frame length x exceeds the maximum of 5", "frame length 9 exceeds the maximum of", ""] {
+        for other in ["append of 9 bytes exceeds the segment capacity", "frame length x exceeds the maximum of 5", "frame length 9 exceeds the maximum of", ""]
+        {
             assert_eq!(text::frame_cap_of(other), None, "{other:?}");
         }
     }
@@ -536,13 +529,7 @@ mod tests {
         assert_eq!(e, ConvertError::DuplicateTag("t7".into()));
         // In a query, an item that can never match is dropped instead.
         names.pop();
-        let q = pb::Query {
-            all: false,
-            items: vec![
-                pb::QueryItem { types: vec![], tags: names },
-                pb::QueryItem { types: vec!["A".into()], tags: vec![] },
-            ],
-        };
+        let q = pb::Query { all: false, items: vec![pb::QueryItem { types: vec![], tags: names }, pb::QueryItem { types: vec!["A".into()], tags: vec![] }] };
         let q = query_from_proto(q).unwrap();
         assert_eq!(q, Query::item(QueryItem::of_types(vec![EventType::new("A").unwrap()])));
     }
@@ -556,26 +543,15 @@ mod tests {
         assert_eq!(seq.position, 3);
         let (p, again) = sequenced_from_proto(seq).unwrap();
         assert_eq!((p, again), (Position(3), ev));
-        assert_eq!(
-            sequenced_from_proto(pb::SequencedEvent { position: 1, event: None }),
-            Err(ConvertError::MissingField("event"))
-        );
+        assert_eq!(sequenced_from_proto(pb::SequencedEvent { position: 1, event: None }), Err(ConvertError::MissingField("event")));
     }
 
     #[test]
     fn queries_and_conditions_map_both_ways() {
-        assert_eq!(
-            query_from_proto(pb::Query {
-                all: true,
-                items: vec![pb::QueryItem { types: vec!["".into()], tags: vec![] }]
-            })
-            .unwrap(),
-            Query::All
-        );
+        assert_eq!(query_from_proto(pb::Query { all: true, items: vec![pb::QueryItem { types: vec!["".into()], tags: vec![] }] }).unwrap(), Query::All);
         assert_eq!(query_from_proto(pb::Query::default()).unwrap(), Query::none());
         assert_eq!(query_from_proto_opt(None).unwrap(), Query::none());
-        let bad =
-            pb::Query { all: false, items: vec![pb::QueryItem { types: vec![], tags: vec!["a".into(), "a".into()] }] };
+        let bad = pb::Query { all: false, items: vec![pb::QueryItem { types: vec![], tags: vec!["a".into(), "a".into()] }] };
         assert_eq!(query_from_proto(bad).unwrap_err().to_string(), "invalid tags: duplicate tag 'a'");
 
         let q = Query::items(vec![
@@ -592,27 +568,20 @@ mod tests {
         assert_eq!(wire.fail_if_events_match, Some(pb::Query::default()));
         assert_eq!(condition_from_proto(wire).unwrap(), only);
         let absent = condition_from_proto(pb::AppendCondition::default()).unwrap();
-        assert_eq!(
-            absent,
-            AppendCondition { fail_if_events_match: Query::none(), after: Position::ZERO, fail_if_exists: None }
-        );
+        assert_eq!(absent, AppendCondition { fail_if_events_match: Query::none(), after: Position::ZERO, fail_if_exists: None });
     }
 
     #[test]
     fn append_checks_events_before_the_condition() {
         let bad_cond = pb::AppendCondition {
-            fail_if_events_match: Some(pb::Query {
-                all: false,
-                items: vec![pb::QueryItem { types: vec!["".into()], tags: vec![] }],
-            }),
+            fail_if_events_match: Some(pb::Query { all: false, items: vec![pb::QueryItem { types: vec!["".into()], tags: vec![] }] }),
             ..Default::default()
         };
         let req = pb::AppendRequest { events: vec![pev("E", &["x", "x"], b"")], condition: Some(bad_cond.clone()) };
         assert_eq!(append_from_proto(req).unwrap_err(), ConvertError::DuplicateTag("x".into()));
         let req = pb::AppendRequest { events: vec![], condition: Some(bad_cond) };
         assert_eq!(append_from_proto(req).unwrap_err().to_string(), "invalid name: event type must not be empty");
-        let (evs, cond) =
-            append_from_proto(pb::AppendRequest { events: vec![pev("E", &[], b"p")], condition: None }).unwrap();
+        let (evs, cond) = append_from_proto(pb::AppendRequest { events: vec![pev("E", &[], b"p")], condition: None }).unwrap();
         assert_eq!((evs.len(), cond), (1, None));
     }
 
@@ -624,20 +593,11 @@ mod tests {
             (ErrorCode::Conflict, "append condition conflict (Boundary, Durable(Position(7)))", Some(7), false)
         );
         let e = conflict_error(ConflictClause::Existence, Some(Position(7)));
-        assert_eq!(
-            (e.code(), e.message.as_str()),
-            (ErrorCode::AlreadyExists, "append condition conflict (Existence, Durable(Position(7)))")
-        );
+        assert_eq!((e.code(), e.message.as_str()), (ErrorCode::AlreadyExists, "append condition conflict (Existence, Durable(Position(7)))"));
         let e = conflict_error(ConflictClause::Boundary, None);
-        assert_eq!(
-            (e.message.as_str(), e.conflict_position, e.retryable),
-            ("append condition conflict (Boundary, SameBatch)", None, true)
-        );
+        assert_eq!((e.message.as_str(), e.conflict_position, e.retryable), ("append condition conflict (Boundary, SameBatch)", None, true));
         let e = after_beyond_tip_error(Position(1000), Position(7));
-        assert_eq!(
-            (e.code(), e.message.as_str()),
-            (ErrorCode::AfterBeyondTip, "after 1000 is beyond the durable tip 7")
-        );
+        assert_eq!((e.code(), e.message.as_str()), (ErrorCode::AfterBeyondTip, "after 1000 is beyond the durable tip 7"));
         assert_eq!(empty_append_error().message, "append with no events");
         assert_eq!(empty_append_error().code(), ErrorCode::Empty);
         assert_eq!(batch_too_large_error(1033).message, "event batch of 1033 bytes exceeds the segment capacity");

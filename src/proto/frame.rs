@@ -103,11 +103,7 @@ pub fn encode_frame<M: Message>(msg: &M, max_frame_len: u32, out: &mut Vec<u8>) 
 ///
 /// # Errors
 /// [`FrameError::TooLong`] (nothing written) or [`FrameError::Io`].
-pub fn write_frame<M: Message, W: Write + ?Sized>(
-    writer: &mut W,
-    msg: &M,
-    max_frame_len: u32,
-) -> Result<(), FrameError> {
+pub fn write_frame<M: Message, W: Write + ?Sized>(writer: &mut W, msg: &M, max_frame_len: u32) -> Result<(), FrameError> {
     let mut buf = Vec::new();
     encode_frame(msg, max_frame_len, &mut buf)?;
     writer.write_all(&buf)?;
@@ -118,11 +114,7 @@ pub fn write_frame<M: Message, W: Write + ?Sized>(
 ///
 /// # Errors
 /// [`FrameError::TooLong`] (nothing written) or [`FrameError::Io`].
-pub async fn write_frame_async<M: Message, W: AsyncWrite + Unpin + ?Sized>(
-    writer: &mut W,
-    msg: &M,
-    max_frame_len: u32,
-) -> Result<(), FrameError> {
+pub async fn write_frame_async<M: Message, W: AsyncWrite + Unpin + ?Sized>(writer: &mut W, msg: &M, max_frame_len: u32) -> Result<(), FrameError> {
     let mut buf = Vec::new();
     encode_frame(msg, max_frame_len, &mut buf)?;
     writer.write_all(&buf).await?;
@@ -163,10 +155,7 @@ pub fn read_frame<R: Read + ?Sized>(reader: &mut R, max_frame_len: u32) -> Resul
 ///
 /// # Errors
 /// As [`read_frame`], plus [`FrameError::Decode`].
-pub fn read_message<M: Message + Default, R: Read + ?Sized>(
-    reader: &mut R,
-    max_frame_len: u32,
-) -> Result<Option<M>, FrameError> {
+pub fn read_message<M: Message + Default, R: Read + ?Sized>(reader: &mut R, max_frame_len: u32) -> Result<Option<M>, FrameError> {
     match read_frame(reader, max_frame_len)? {
         Some(body) => Ok(Some(M::decode(body.as_slice())?)),
         None => Ok(None),
@@ -177,10 +166,7 @@ pub fn read_message<M: Message + Default, R: Read + ?Sized>(
 ///
 /// # Errors
 /// [`FrameError::TooLong`], [`FrameError::Torn`] on EOF mid-frame, [`FrameError::Io`].
-pub async fn read_frame_async<R: AsyncRead + Unpin + ?Sized>(
-    reader: &mut R,
-    max_frame_len: u32,
-) -> Result<Option<Vec<u8>>, FrameError> {
+pub async fn read_frame_async<R: AsyncRead + Unpin + ?Sized>(reader: &mut R, max_frame_len: u32) -> Result<Option<Vec<u8>>, FrameError> {
     let mut prefix = [0u8; PREFIX_LEN];
     let got = read_full_async(reader, &mut prefix).await?;
     if got == 0 {
@@ -205,10 +191,7 @@ pub async fn read_frame_async<R: AsyncRead + Unpin + ?Sized>(
 ///
 /// # Errors
 /// As [`read_frame_async`], plus [`FrameError::Decode`].
-pub async fn read_message_async<M: Message + Default, R: AsyncRead + Unpin + ?Sized>(
-    reader: &mut R,
-    max_frame_len: u32,
-) -> Result<Option<M>, FrameError> {
+pub async fn read_message_async<M: Message + Default, R: AsyncRead + Unpin + ?Sized>(reader: &mut R, max_frame_len: u32) -> Result<Option<M>, FrameError> {
     match read_frame_async(reader, max_frame_len).await? {
         Some(body) => Ok(Some(M::decode(body.as_slice())?)),
         None => Ok(None),
@@ -470,10 +453,7 @@ impl FrameDecoder {
     ///
     /// # Errors
     /// As [`read_next`](Self::read_next).
-    pub async fn read_next_async<R: AsyncRead + Unpin + ?Sized>(
-        &mut self,
-        reader: &mut R,
-    ) -> Result<Option<&[u8]>, FrameError> {
+    pub async fn read_next_async<R: AsyncRead + Unpin + ?Sized>(&mut self, reader: &mut R) -> Result<Option<&[u8]>, FrameError> {
         loop {
             if let Some(r) = self.next_range()? {
                 return Ok(Some(&self.buf[r]));
@@ -554,9 +534,7 @@ mod tests {
     fn huge_prefix_is_refused_without_allocating() {
         let mut dec = FrameDecoder::new(DEFAULT_MAX_FRAME_LEN);
         dec.feed(&u32::MAX.to_be_bytes());
-        assert!(
-            matches!(dec.next_frame(), Err(FrameError::TooLong { len, max }) if len == u64::from(u32::MAX) && max == DEFAULT_MAX_FRAME_LEN)
-        );
+        assert!(matches!(dec.next_frame(), Err(FrameError::TooLong { len, max }) if len == u64::from(u32::MAX) && max == DEFAULT_MAX_FRAME_LEN));
         assert!(dec.buf.len() <= 64);
     }
 
@@ -663,9 +641,6 @@ mod tests {
         assert_eq!(body, wire[4..]);
         assert!(futures_lite::future::block_on(dec.read_next_async(&mut cursor)).unwrap().is_none());
         let mut torn = futures_lite::io::Cursor::new(wire[..5].to_vec());
-        assert!(matches!(
-            futures_lite::future::block_on(read_frame_async(&mut torn, 1024)),
-            Err(FrameError::Torn { buffered: 5 })
-        ));
+        assert!(matches!(futures_lite::future::block_on(read_frame_async(&mut torn, 1024)), Err(FrameError::Torn { buffered: 5 })));
     }
 }

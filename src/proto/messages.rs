@@ -404,13 +404,7 @@ impl Request {
 
     /// A Hello for protocol version 1, with an optional bearer token.
     pub fn hello(request_id: u64, auth_token: Option<&str>) -> Request {
-        Request::new(
-            request_id,
-            request::Kind::Hello(Hello {
-                protocol_version: crate::proto::PROTOCOL_VERSION,
-                auth_token: auth_token.map(str::to_owned),
-            }),
-        )
+        Request::new(request_id, request::Kind::Hello(Hello { protocol_version: crate::proto::PROTOCOL_VERSION, auth_token: auth_token.map(str::to_owned) }))
     }
 }
 

@@ -21,8 +21,8 @@ pub mod messages;
 
 pub use batch::ReadEventsEncoder;
 pub use frame::{
-    encode_frame, read_frame, read_frame_async, read_message, read_message_async, write_frame, write_frame_async,
-    FrameDecoder, FrameError, DEFAULT_MAX_FRAME_LEN,
+    encode_frame, read_frame, read_frame_async, read_message, read_message_async, write_frame, write_frame_async, FrameDecoder, FrameError,
+    DEFAULT_MAX_FRAME_LEN,
 };
 pub use messages::*;
 

@@ -224,7 +224,9 @@ impl ConnState {
     /// error the reference sends, if any.
     async fn on_frame_error(&self, e: FrameError) {
         let err = match e {
-            FrameError::TooLong { len, max } if !self.established && max < self.ctx.settings.server.max_frame_len => Some(convert::first_frame_too_long(len, max)),
+            FrameError::TooLong { len, max } if !self.established && max < self.ctx.settings.server.max_frame_len => {
+                Some(convert::first_frame_too_long(len, max))
+            }
             e => convert::frame_error_response(&e),
         };
         if let Some(err) = err {
@@ -300,7 +302,14 @@ impl ConnState {
     /// Waits for bytes into `dec`, for `deadline` (re-evaluated at least every [`READ_TICK`],
     /// since in-flight work changes what counts as idle), for an answer that could not be sent
     /// (`abandon`), or for a shutdown. `Some` when the connection is to close.
-    async fn wait<R: AsyncRead + Unpin>(&mut self, dec: &mut FrameDecoder, reader: &mut R, abandon: &flume::Receiver<()>, deadline: Option<Instant>, now: Instant) -> Option<End> {
+    async fn wait<R: AsyncRead + Unpin>(
+        &mut self,
+        dec: &mut FrameDecoder,
+        reader: &mut R,
+        abandon: &flume::Receiver<()>,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Option<End> {
         let wait = deadline.map(|d| d - now).unwrap_or(READ_TICK).min(READ_TICK);
         let got = futures_lite::future::or(
             async { Wake::Read(dec.fill_from_async(reader).await) },
@@ -471,7 +480,11 @@ impl Conn {
     }
 
     /// The fast path: records were framed straight from the wire bytes.
-    async fn append_framed(self: Rc<Self>, fa: crate::proto::append::FramedAppend, condition: Result<Option<crate::model::AppendCondition>, convert::ConvertError>) {
+    async fn append_framed(
+        self: Rc<Self>,
+        fa: crate::proto::append::FramedAppend,
+        condition: Result<Option<crate::model::AppendCondition>, convert::ConvertError>,
+    ) {
         let started = Instant::now();
         let id = fa.request_id;
         if let Some(e) = fa.invalid {
@@ -631,7 +644,6 @@ fn append_error_response(e: AppendError) -> pb::ErrorResponse {
         AppendError::ReadOnly => convert::bad_request(AppendError::ReadOnly),
     }
 }
-
 
 #[cfg(test)]
 mod tests {

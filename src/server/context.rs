@@ -67,11 +67,7 @@ impl Context {
             read_disk_fetches: AtomicU64::new(0),
             append_errors: Default::default(),
             append_latency: std::sync::Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).expect("bounds")),
-            token_digests: settings
-                .auth
-                .token_strs()
-                .map(|t| <sha2::Sha256 as sha2::Digest>::digest(t.as_bytes()).into())
-                .collect(),
+            token_digests: settings.auth.token_strs().map(|t| <sha2::Sha256 as sha2::Digest>::digest(t.as_bytes()).into()).collect(),
             tls,
             shutting_down: AtomicBool::new(false),
             shutdown_event: event_listener::Event::new(),

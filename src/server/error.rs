@@ -118,7 +118,10 @@ mod tests {
         assert!(in_use.to_string().starts_with("cannot bind 127.0.0.1:7070: Address already in use"), "{in_use}");
         let shared = StartError::AddressShared { addr, holders: vec!["0.0.0.0:7070".into(), "[::]:7070".into()] };
         assert_eq!(shared.to_string(), "cannot bind 127.0.0.1:7070: another server began listening on 0.0.0.0:7070, [::]:7070 while this one was binding; refusing to share the address (start one server per address)");
-        assert_eq!(StartError::ShardPanicked { shard: 1 }.to_string(), "shard 1 stopped before it could listen: its thread panicked (a thread it needs could not start?)");
+        assert_eq!(
+            StartError::ShardPanicked { shard: 1 }.to_string(),
+            "shard 1 stopped before it could listen: its thread panicked (a thread it needs could not start?)"
+        );
         assert_eq!(StartError::ShardEnded { shard: 0 }.to_string(), "shard 0 stopped before it could listen (a thread it needs could not start?)");
         let memlock = StartError::from(shards::MemlockTooLow { limit: 64 << 10 }).to_string();
         assert!(memlock.starts_with("the locked-memory limit (RLIMIT_MEMLOCK) is 64 KiB") && memlock.contains("at least 512 KiB"), "{memlock}");

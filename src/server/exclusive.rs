@@ -15,7 +15,10 @@ const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// True when `pid` is a process on its way out: its main thread has exited (zombie) while some
 /// of its threads have not yet run to their end (`/proc/PID/stat` state `Z` or `X`).
 fn exiting(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))).unwrap_or(false)
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])))
+        .unwrap_or(false)
 }
 
 /// True when the process named in `dir/LOCK` (the last server of the directory) is on its way
@@ -67,7 +70,10 @@ pub(super) fn probe_until_free(addr: SocketAddr, data_dir: &std::path::Path) -> 
     let mut exit_announced = false;
     loop {
         match probe_exclusive(addr) {
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && (started.elapsed() < BIND_WAIT || (started.elapsed() < EXIT_WAIT && previous_server_exiting(data_dir).is_some())) => {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && (started.elapsed() < BIND_WAIT || (started.elapsed() < EXIT_WAIT && previous_server_exiting(data_dir).is_some())) =>
+            {
                 if !std::mem::replace(&mut announced, true) {
                     tracing::info!(%addr, "address in use; waiting up to {BIND_WAIT:?} for it to be released");
                 }
@@ -116,9 +122,5 @@ pub(super) fn foreign_listeners(addr: SocketAddr, ours: &[u64]) -> Result<Vec<So
     let mut all = procfs::net::tcp().map_err(|e| e.to_string())?;
     all.extend(procfs::net::tcp6().unwrap_or_default());
     let overlaps = |a: SocketAddr| a.port() == addr.port() && (a.ip() == addr.ip() || a.ip().is_unspecified() || addr.ip().is_unspecified());
-    Ok(all
-        .into_iter()
-        .filter(|e| e.state == TcpState::Listen && overlaps(e.local_address) && !ours.contains(&e.inode))
-        .map(|e| e.local_address)
-        .collect())
+    Ok(all.into_iter().filter(|e| e.state == TcpState::Listen && overlaps(e.local_address) && !ours.contains(&e.inode)).map(|e| e.local_address).collect())
 }

@@ -60,7 +60,12 @@ impl Journals {
                 };
                 let bytes: u64 = w.records.iter().map(|r| r.len() as u64).sum();
                 if w.records.len() as u64 > self.limits.max_batch_records || bytes > self.limits.max_batch_bytes {
-                    return JournalResponse { outcome: JournalOutcome::TooLarge as i32, max_records: self.limits.max_batch_records, max_bytes: self.limits.max_batch_bytes, ..Default::default() };
+                    return JournalResponse {
+                        outcome: JournalOutcome::TooLarge as i32,
+                        max_records: self.limits.max_batch_records,
+                        max_bytes: self.limits.max_batch_bytes,
+                        ..Default::default()
+                    };
                 }
                 let records: Vec<&[u8]> = w.records.iter().map(Vec::as_slice).collect();
                 let seq = if leader.is_some() { w.seq } else { 0 };
@@ -97,7 +102,11 @@ impl Journals {
             }
             journal_request::Call::Create(c) => {
                 if !valid_name(&c.tenant_name) || !valid_name(&c.journal_name) {
-                    return JournalResponse { outcome: JournalOutcome::InvalidName as i32, message: "a name is 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'".into(), ..Default::default() };
+                    return JournalResponse {
+                        outcome: JournalOutcome::InvalidName as i32,
+                        message: "a name is 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'".into(),
+                        ..Default::default()
+                    };
                 }
                 let mode = match JournalMode::try_from(c.mode) {
                     Ok(JournalMode::Single) => Mode::Single,
@@ -110,7 +119,8 @@ impl Journals {
                     Err(_) => return invalid("unknown store durability"),
                 };
                 let (reply, rx) = flume::bounded(1);
-                let call = Call::Create { tenant: c.tenant_name, journal: c.journal_name, mode, durability, tenant_id: random_id(), journal_id: random_id(), reply };
+                let call =
+                    Call::Create { tenant: c.tenant_name, journal: c.journal_name, mode, durability, tenant_id: random_id(), journal_id: random_id(), reply };
                 self.send(call, rx, false).await
             }
             journal_request::Call::List(l) => {
@@ -137,7 +147,14 @@ impl Journals {
         let sent = if admission {
             match self.calls.try_send(call) {
                 Err(flume::TrySendError::Full(_)) => {
-                    return JournalResponse { outcome: JournalOutcome::Busy as i32, message: format!("more than {} journal writes are waiting for their commit; retry the same write shortly", self.limits.admission_rounds), ..Default::default() };
+                    return JournalResponse {
+                        outcome: JournalOutcome::Busy as i32,
+                        message: format!(
+                            "more than {} journal writes are waiting for their commit; retry the same write shortly",
+                            self.limits.admission_rounds
+                        ),
+                        ..Default::default()
+                    };
                 }
                 other => other.map_err(|_| ()),
             }
@@ -182,7 +199,13 @@ impl Journals {
                         Err(e) => return unavailable(&format!("reading a journal record failed: {e}")),
                     }
                 }
-                return JournalResponse { outcome: JournalOutcome::Page as i32, from_seq: r.from_seq, records, state: Some(wire_view(view)), ..Default::default() };
+                return JournalResponse {
+                    outcome: JournalOutcome::Page as i32,
+                    from_seq: r.from_seq,
+                    records,
+                    state: Some(wire_view(view)),
+                    ..Default::default()
+                };
             }
             let now = Instant::now();
             if now >= deadline {

@@ -100,7 +100,12 @@ fn respond(ctx: &Context, mut s: std::net::TcpStream) -> std::io::Result<()> {
     let Some(target) = line.split_whitespace().nth(1) else { return Ok(()) };
     if target == "/metrics" {
         let body = render(ctx);
-        write!(s, "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", body.len(), body)
+        write!(
+            s,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+            body.len(),
+            body
+        )
     } else {
         let body = "not found\n";
         write!(s, "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", body.len(), body)
@@ -140,13 +145,25 @@ pub fn render(ctx: &Context) -> String {
     let _ = writeln!(out, "# HELP tephra_build_info Build information.\n# TYPE tephra_build_info gauge\ntephra_build_info{{version=\"{}\"}} 1", st.version);
     // Health an operator alerts on: the protocol's stats cannot say either (its fields are
     // the reference's), so `--healthcheck` passes in both states.
-    metric(&mut out, "tephra_writer_stopped", "gauge", "1 once the writer stopped accepting appends after a failed write or sync (fail-stop, until a restart), else 0.", u64::from(ctx.store.failure().is_some()));
+    metric(
+        &mut out,
+        "tephra_writer_stopped",
+        "gauge",
+        "1 once the writer stopped accepting appends after a failed write or sync (fail-stop, until a restart), else 0.",
+        u64::from(ctx.store.failure().is_some()),
+    );
     metric(&mut out, "tephra_follower_refresh_failures", "gauge", "A follower's failed refreshes in a row, every poll of one stopped at a damaged record included (it serves what it had meanwhile); 0 while it follows and on a writer.", ctx.store.refresh_failures());
     let m = ctx.store.metrics().snapshot();
     metric(&mut out, "tephra_commits_total", "counter", "Group commits made durable.", m.commits);
     metric(&mut out, "tephra_conflicts_total", "counter", "Appends refused by a boundary condition (CONFLICT).", m.conflicts);
     metric(&mut out, "tephra_already_exists_total", "counter", "Appends refused by an existence condition (ALREADY_EXISTS).", m.already_exists);
-    metric(&mut out, "tephra_read_disk_fetches_total", "counter", "Reads and subscription polls that stopped at data only the disk held and had it fetched on a blocking thread.", ctx.read_disk_fetches.load(Ordering::Relaxed));
+    metric(
+        &mut out,
+        "tephra_read_disk_fetches_total",
+        "counter",
+        "Reads and subscription polls that stopped at data only the disk held and had it fetched on a blocking thread.",
+        ctx.read_disk_fetches.load(Ordering::Relaxed),
+    );
     let errors: u64 = ctx.append_errors.iter().map(|c| c.load(Ordering::Relaxed)).sum();
     metric(&mut out, "tephra_append_errors_total", "counter", "Append requests answered with an error.", errors);
     let us = [100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000];

@@ -71,7 +71,15 @@ fn steer(listener: std::os::fd::RawFd, shards: usize) -> std::io::Result<()> {
     ];
     let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut libc::sock_filter };
     // SAFETY: `fprog` points at `program`, both alive for the call; the kernel copies them.
-    let r = unsafe { libc::setsockopt(listener, libc::SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, (&fprog as *const libc::sock_fprog).cast(), std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t) };
+    let r = unsafe {
+        libc::setsockopt(
+            listener,
+            libc::SOL_SOCKET,
+            SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
     if r != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -92,7 +100,11 @@ fn reset_backlog(listener: std::os::fd::RawFd, shards: usize) -> std::io::Result
         let mut info: libc::tcp_info = std::mem::zeroed();
         let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
         // For a listening socket `tcpi_unacked` is the length of its accept queue.
-        let waiting = if libc::getsockopt(listener, libc::IPPROTO_TCP, libc::TCP_INFO, (&mut info as *mut libc::tcp_info).cast(), &mut len) == 0 { u64::from(info.tcpi_unacked) } else { 0 };
+        let waiting = if libc::getsockopt(listener, libc::IPPROTO_TCP, libc::TCP_INFO, (&mut info as *mut libc::tcp_info).cast(), &mut len) == 0 {
+            u64::from(info.tcpi_unacked)
+        } else {
+            0
+        };
         if waiting == 0 {
             return Ok(0);
         }
@@ -186,7 +198,14 @@ impl Launch {
     pub(super) fn start(ctx: &Arc<Context>, n: usize, bind: SocketAddr) -> Result<Launch, StartError> {
         let placement = shards::placement(n, &shards::allowed_cpus());
         let (released_tx, released) = flume::bounded::<()>(n);
-        let mut launch = Launch { threads: Vec::with_capacity(n), words: Vec::with_capacity(n), bound: Vec::with_capacity(n), released, ours: Vec::with_capacity(n), addr: bind };
+        let mut launch = Launch {
+            threads: Vec::with_capacity(n),
+            words: Vec::with_capacity(n),
+            bound: Vec::with_capacity(n),
+            released,
+            ours: Vec::with_capacity(n),
+            addr: bind,
+        };
         for (shard, &cpu) in placement.iter().enumerate() {
             if let Err(e) = launch.start_shard(ctx, shard, n, cpu, released_tx.clone()) {
                 return Err(launch.refuse(ctx, e));
@@ -326,7 +345,15 @@ impl Launch {
 
 /// A shard's thread: binds its listener, serves the connections it accepts once told to, and
 /// returns once shutdown began and all of them have ended.
-async fn shard_main(ctx: Arc<Context>, shard: usize, shards: usize, addr: SocketAddr, bound: flume::Sender<Bound>, words: flume::Receiver<Word>, released: flume::Sender<()>) {
+async fn shard_main(
+    ctx: Arc<Context>,
+    shard: usize,
+    shards: usize,
+    addr: SocketAddr,
+    bound: flume::Sender<Bound>,
+    words: flume::Receiver<Word>,
+    released: flume::Sender<()>,
+) {
     // Fault injection: the shard's thread dies before it binds, as when a thread it needs
     // cannot be started under a process limit.
     if crate::fault::fires("shard_start") {
@@ -341,7 +368,13 @@ async fn shard_main(ctx: Arc<Context>, shard: usize, shards: usize, addr: Socket
 /// listener and binds again when told to. `None` when refused (the address is shared, or
 /// another shard failed to bind): the listener closes here, resetting whatever connected
 /// meanwhile, before any request is read.
-async fn bind_until_accepted(mut addr: SocketAddr, shards: usize, bound: &flume::Sender<Bound>, words: &flume::Receiver<Word>, released: &flume::Sender<()>) -> Option<(TcpListener, std::os::fd::RawFd)> {
+async fn bind_until_accepted(
+    mut addr: SocketAddr,
+    shards: usize,
+    bound: &flume::Sender<Bound>,
+    words: &flume::Receiver<Word>,
+    released: &flume::Sender<()>,
+) -> Option<(TcpListener, std::os::fd::RawFd)> {
     loop {
         let (listener, inode, fd) = match listen(addr, shards) {
             Ok(l) => l,

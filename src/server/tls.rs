@@ -103,22 +103,20 @@ pub enum TlsError {
 /// [`TlsError`]: which file, and what is wrong with it.
 pub(super) fn load(settings: &Settings) -> Result<Option<Arc<rustls::ServerConfig>>, TlsError> {
     let Some((cert, key)) = settings.tls.paths() else { return Ok(None) };
-    let certs: Vec<_> = rustls_pemfile::certs(&mut std::io::BufReader::new(
-        std::fs::File::open(cert).map_err(|source| TlsError::ReadCert { path: cert.into(), source })?,
-    ))
-    .collect::<Result<_, _>>()
-    .map_err(|source| TlsError::InvalidCert { path: cert.into(), source })?;
+    let certs: Vec<_> =
+        rustls_pemfile::certs(&mut std::io::BufReader::new(std::fs::File::open(cert).map_err(|source| TlsError::ReadCert { path: cert.into(), source })?))
+            .collect::<Result<_, _>>()
+            .map_err(|source| TlsError::InvalidCert { path: cert.into(), source })?;
     if certs.is_empty() {
         return Err(TlsError::NoCert { path: cert.into() });
     }
     for warning in crate::client::tls::server_certificate_warnings(&certs) {
         tracing::warn!(cert = %cert.display(), "{warning}");
     }
-    let key_der = rustls_pemfile::private_key(&mut std::io::BufReader::new(
-        std::fs::File::open(key).map_err(|source| TlsError::ReadKey { path: key.into(), source })?,
-    ))
-    .map_err(|source| if encrypted(key) { TlsError::EncryptedKey { path: key.into() } } else { TlsError::InvalidKey { path: key.into(), source } })?
-    .ok_or_else(|| if encrypted(key) { TlsError::EncryptedKey { path: key.into() } } else { TlsError::NoKey { path: key.into() } })?;
+    let key_der =
+        rustls_pemfile::private_key(&mut std::io::BufReader::new(std::fs::File::open(key).map_err(|source| TlsError::ReadKey { path: key.into(), source })?))
+            .map_err(|source| if encrypted(key) { TlsError::EncryptedKey { path: key.into() } } else { TlsError::InvalidKey { path: key.into(), source } })?
+            .ok_or_else(|| if encrypted(key) { TlsError::EncryptedKey { path: key.into() } } else { TlsError::NoKey { path: key.into() } })?;
     let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(TlsError::Provider)?

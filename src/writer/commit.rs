@@ -406,7 +406,15 @@ impl GroupCommit {
     /// stops the writer (fail-stop; `already_failed` when it had stopped before this batch)
     /// and keeps its own buffer. Everyone in the batch is answered. Returns the buffer for the
     /// next open batch, if any.
-    fn settle(&self, batch: Batch, sealed: usize, outcome: Result<Duration, String>, already_failed: bool, shared: &Shared, metrics: &WriterMetrics) -> Option<AlignedBuf> {
+    fn settle(
+        &self,
+        batch: Batch,
+        sealed: usize,
+        outcome: Result<Duration, String>,
+        already_failed: bool,
+        shared: &Shared,
+        metrics: &WriterMetrics,
+    ) -> Option<AlignedBuf> {
         let Batch { seg, start, buf, events, highest, replies, .. } = batch;
         let (failed, spare) = match outcome {
             Ok(sync_time) => {

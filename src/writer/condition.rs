@@ -105,7 +105,9 @@ impl<'a> Staged<'a> {
         match q {
             Query::All => true,
             Query::Items(items) => items.iter().any(|item| {
-                if let Some(rarest) = item.tags.iter().map(|t| self.by_tag.get(t.as_str()).map_or(&[][..], |&slot| &self.lists[slot as usize][..])).min_by_key(|v| v.len()) {
+                if let Some(rarest) =
+                    item.tags.iter().map(|t| self.by_tag.get(t.as_str()).map_or(&[][..], |&slot| &self.lists[slot as usize][..])).min_by_key(|v| v.len())
+                {
                     rarest.iter().any(|&i| item.matches(&self.events[i as usize]))
                 } else if item.types.is_empty() {
                     true
@@ -125,12 +127,9 @@ impl<'a> Staged<'a> {
 ///
 /// # Errors
 /// Whatever `durable` fails with (a read error of the log).
-pub fn evaluate<E>(
-    cond: &AppendCondition,
-    staged: &Staged<'_>,
-    mut durable: impl FnMut(&Query, u64) -> Result<Option<u64>, E>,
-) -> Result<Verdict, E> {
-    let clauses = [(ConflictClause::Boundary, Some(&cond.fail_if_events_match), cond.after.get()), (ConflictClause::Existence, cond.fail_if_exists.as_ref(), 0)];
+pub fn evaluate<E>(cond: &AppendCondition, staged: &Staged<'_>, mut durable: impl FnMut(&Query, u64) -> Result<Option<u64>, E>) -> Result<Verdict, E> {
+    let clauses =
+        [(ConflictClause::Boundary, Some(&cond.fail_if_events_match), cond.after.get()), (ConflictClause::Existence, cond.fail_if_exists.as_ref(), 0)];
     for (clause, q, after) in clauses {
         let Some(q) = q else { continue };
         if q.is_none() {
@@ -241,8 +240,14 @@ mod tests {
         let c = AppendCondition::new(q.clone());
         assert_eq!(evaluate(&c, &s, |_, _| Ok::<_, ()>(Some(1))), Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::SameBatch }));
         // Not asked of the log at all then; with nothing staged, the log's answer.
-        assert_eq!(evaluate(&c, &s, |_, _| Err::<Option<u64>, _>("not asked")), Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::SameBatch }));
-        assert_eq!(evaluate(&c, &Staged::new(), |_, _| Ok::<_, ()>(Some(1))), Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::Durable(1) }));
+        assert_eq!(
+            evaluate(&c, &s, |_, _| Err::<Option<u64>, _>("not asked")),
+            Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::SameBatch })
+        );
+        assert_eq!(
+            evaluate(&c, &Staged::new(), |_, _| Ok::<_, ()>(Some(1))),
+            Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::Durable(1) })
+        );
         // The boundary clause still goes before the existence clause: a durable boundary hit
         // wins over a staged existence hit.
         let u = Query::item(crate::model::QueryItem::with_tags(crate::model::Tags::new(["u"]).unwrap()));
@@ -250,7 +255,10 @@ mod tests {
         let mut other = Staged::new();
         let f = Event::new(&crate::model::EventType::new("B").unwrap(), &crate::model::Tags::new(["u"]).unwrap(), b"y").unwrap();
         other.push(f.as_ref());
-        assert_eq!(evaluate(&both, &other, |asked, _| Ok::<_, ()>((asked == &q).then_some(1))), Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::Durable(1) }));
+        assert_eq!(
+            evaluate(&both, &other, |asked, _| Ok::<_, ()>((asked == &q).then_some(1))),
+            Ok(Verdict::Conflict { clause: ConflictClause::Boundary, at: ConflictSite::Durable(1) })
+        );
         assert_eq!(evaluate(&both, &other, |_, _| Ok::<_, ()>(None)), Ok(Verdict::Conflict { clause: ConflictClause::Existence, at: ConflictSite::SameBatch }));
     }
 

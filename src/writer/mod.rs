@@ -22,20 +22,20 @@ mod commit;
 pub mod condition;
 
 use crate::event::{Event, EventRef};
-use crate::repeated::RepeatedFailure;
-use crate::log::record::{frame_data, framed_records, MARKER_LEN, RECORD_HEAD};
-use commit::{Batch, GroupCommit, Reply};
+use crate::index::active::{ActiveWriter, Sealer};
+use crate::index::{SegIndex, Tips};
 use crate::log::aligned::{AlignedBuf, BLOCK};
+use crate::log::record::{frame_data, framed_records, MARKER_LEN, RECORD_HEAD};
 use crate::log::segment::{claim_prepared, create_segment, new_header, prepare_segment, zero_prepared, Fingerprint, Segment, SegmentConfig, PREPARED_NAME};
-use commit::Naming;
 use crate::model::AppendCondition;
+use crate::read::Snapshot;
 use crate::read::{Cursor, ReadError, Shared};
+use crate::repeated::RepeatedFailure;
+use commit::Naming;
+use commit::{Batch, GroupCommit, Reply};
 use condition::{evaluate, ConflictClause, ConflictSite, Staged, Verdict};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use crate::index::active::{ActiveWriter, Sealer};
-use crate::index::{SegIndex, Tips};
-use crate::read::Snapshot;
 
 /// Writer settings (the `[writer]` section of the seed's configuration).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -191,7 +191,13 @@ impl PreparedAppend {
     ///
     /// # Errors
     /// As [`PreparedAppend::new`].
-    pub fn from_framed(records: Vec<u8>, count: u32, largest: usize, condition: Option<AppendCondition>, cfg: &SegmentConfig) -> Result<PreparedAppend, AppendError> {
+    pub fn from_framed(
+        records: Vec<u8>,
+        count: u32,
+        largest: usize,
+        condition: Option<AppendCondition>,
+        cfg: &SegmentConfig,
+    ) -> Result<PreparedAppend, AppendError> {
         if count == 0 {
             return Err(AppendError::Empty);
         }
@@ -542,7 +548,26 @@ impl Writer {
         cfg.queue_capacity = cfg.queue_capacity.max(1);
         cfg.max_batch_records = cfg.max_batch_records.max(1);
         let tips = Tips::new(next - 1, cfg.tips_window);
-        Writer { dir, seg_cfg, cfg, shared, line: None, committer: None, active_seg, active_end, next, index, fingerprint, tips, sealing: None, preparing: None, prepared_for: 0, failed: None, metrics, rollovers: RolloverFailures::default() }
+        Writer {
+            dir,
+            seg_cfg,
+            cfg,
+            shared,
+            line: None,
+            committer: None,
+            active_seg,
+            active_end,
+            next,
+            index,
+            fingerprint,
+            tips,
+            sealing: None,
+            preparing: None,
+            prepared_for: 0,
+            failed: None,
+            metrics,
+            rollovers: RolloverFailures::default(),
+        }
     }
 
     /// Opens the active segment for O_DIRECT writes at byte `end`: the file and its partial
@@ -574,7 +599,10 @@ impl Writer {
         let _ = std::fs::remove_file(self.dir.join(PREPARED_NAME));
         let line = GroupCommit::new(Batch::new(self.active_seg.clone(), file, self.seg_cfg.segment_size, self.active_end, &tail, self.batch_buffer()));
         let (l, shared, metrics) = (line.clone(), self.shared.clone(), self.metrics.clone());
-        let h = std::thread::Builder::new().name("tephra-commit".into()).spawn(move || l.run_committer(&shared, &metrics)).map_err(|e| format!("cannot start the commit thread: {e}"))?;
+        let h = std::thread::Builder::new()
+            .name("tephra-commit".into())
+            .spawn(move || l.run_committer(&shared, &metrics))
+            .map_err(|e| format!("cannot start the commit thread: {e}"))?;
         self.committer = Some(h);
         self.line = Some(line);
         Ok(())
@@ -682,7 +710,10 @@ impl Writer {
             let deadline = std::time::Instant::now() + SEAL_SHUTDOWN_WAIT;
             while threads.iter().any(|h| !h.is_finished()) {
                 if std::time::Instant::now() >= deadline {
-                    tracing::warn!(waited_ms = SEAL_SHUTDOWN_WAIT.as_millis() as u64, "an index sealing is still running at shutdown (the CPUs are busy); the next start rebuilds what it did not finish");
+                    tracing::warn!(
+                        waited_ms = SEAL_SHUTDOWN_WAIT.as_millis() as u64,
+                        "an index sealing is still running at shutdown (the CPUs are busy); the next start rebuilds what it did not finish"
+                    );
                     return;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(5));
@@ -719,7 +750,10 @@ impl Writer {
                 }
             });
             match spawned {
-                Ok(h) => self.sealing = Some(Sealing { tx, rx, threads: vec![h], idle_tid, catching_up: Arc::new(std::sync::atomic::AtomicBool::new(false)), writes }),
+                Ok(h) => {
+                    self.sealing =
+                        Some(Sealing { tx, rx, threads: vec![h], idle_tid, catching_up: Arc::new(std::sync::atomic::AtomicBool::new(false)), writes })
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start the index sealing thread; the index stays in memory and is rebuilt at the next open");
                     return;
@@ -979,7 +1013,11 @@ impl Writer {
     fn maintain_spare(&mut self, end: u64) {
         // Not before the active segment's first commit: until then the active segment may be
         // the last spare, still under the spare's name, which a new preparation would replace.
-        if end > self.seg_cfg.segment_size / 8 && self.preparing.is_none() && self.prepared_for != self.active_seg.base && self.shared.watermark() >= self.active_seg.base {
+        if end > self.seg_cfg.segment_size / 8
+            && self.preparing.is_none()
+            && self.prepared_for != self.active_seg.base
+            && self.shared.watermark() >= self.active_seg.base
+        {
             self.start_preparing();
         }
         if end > self.seg_cfg.segment_size - self.seg_cfg.segment_size / ZERO_STOP_FRACTION {
@@ -1065,7 +1103,12 @@ impl Writer {
             };
             let started = std::time::Instant::now();
             match zero_prepared(&path, &cfg, &halt, &mut hold) {
-                Ok(zeroed) => tracing::debug!(zeroed_mib = zeroed >> 20, of_mib = cfg.segment_size >> 20, took_ms = started.elapsed().as_millis() as u64, "spare segment zeroed"),
+                Ok(zeroed) => tracing::debug!(
+                    zeroed_mib = zeroed >> 20,
+                    of_mib = cfg.segment_size >> 20,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "spare segment zeroed"
+                ),
                 Err(e) => tracing::debug!(error = %e, "zeroing the spare segment failed; it stays usable"),
             }
             Ok(path)
@@ -1135,7 +1178,11 @@ impl Writer {
                 crate::fault::crash_point("segment_created_before_commit");
                 Segment::open(base, path.clone(), &self.seg_cfg)
                     .map_err(|e| e.to_string())
-                    .and_then(|seg| Self::open_active(&seg, header_len).map(|(file, header)| (Arc::new(seg), file, header, None)).map_err(|e| format!("opening the new segment: {e}")))
+                    .and_then(|seg| {
+                        Self::open_active(&seg, header_len)
+                            .map(|(file, header)| (Arc::new(seg), file, header, None))
+                            .map_err(|e| format!("opening the new segment: {e}"))
+                    })
                     .inspect_err(|_| {
                         // Nothing is in it yet: remove it, so that the next attempt can create it.
                         let _ = std::fs::remove_file(&path);

@@ -88,4 +88,3 @@ pub fn q_spec() -> impl Strategy<Value = QSpec> {
         6 => proptest::collection::vec(item_spec(), 1..=3).prop_map(QSpec::Items),
     ]
 }
-

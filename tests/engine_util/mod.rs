@@ -57,9 +57,10 @@ impl Rng {
 
     /// Seeded from the clock; the seed is printed so a failure can be replayed.
     pub fn from_time(what: &str) -> Rng {
-        let seed = std::env::var("TEPHRA_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-        });
+        let seed = std::env::var("TEPHRA_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64);
         eprintln!("{what}: TEPHRA_TEST_SEED={seed}");
         Rng::new(seed)
     }

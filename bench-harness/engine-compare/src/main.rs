@@ -161,8 +161,18 @@ fn main() {
             for which in [0, 1] {
                 let d = tempfile::tempdir_in(&args.dir).unwrap();
                 let r = if which == 0 { run_ours(d.path(), &args, batch) } else { run_reference(d.path(), &args, batch) };
-                eprintln!("batch {batch} round {round} {}: {:.0} events/s p50 {} µs p99 {} µs", ["ours", "reference"][which], r.events_per_sec, r.p50_us, r.p99_us);
-                if which == 0 { ours.push(r) } else { refs.push(r) }
+                eprintln!(
+                    "batch {batch} round {round} {}: {:.0} events/s p50 {} µs p99 {} µs",
+                    ["ours", "reference"][which],
+                    r.events_per_sec,
+                    r.p50_us,
+                    r.p99_us
+                );
+                if which == 0 {
+                    ours.push(r)
+                } else {
+                    refs.push(r)
+                }
             }
         }
         let (o, r) = (median(ours), median(refs));

@@ -73,25 +73,16 @@ impl Layout {
             return Err("--events must be at least 1".into());
         }
         if self.tags == 0 || self.tags > self.events {
-            return Err(format!(
-                "--tags must be in 1..={} (the events)",
-                self.events
-            ));
+            return Err(format!("--tags must be in 1..={} (the events)", self.events));
         }
         if self.rare_tag_events == 0 || self.rare_tags == 0 {
             return Err("--rare-tags and --rare-tag-events must be at least 1".into());
         }
         if self.tags <= self.rare_tag_events {
-            return Err(format!(
-                "--tags must exceed --rare-tag-events ({})",
-                self.rare_tag_events
-            ));
+            return Err(format!("--tags must exceed --rare-tag-events ({})", self.rare_tag_events));
         }
         if self.rare_tags.saturating_mul(self.rare_tag_events) > self.events {
-            return Err(format!(
-                "{} rare tags × {} events each do not fit in {} events",
-                self.rare_tags, self.rare_tag_events, self.events
-            ));
+            return Err(format!("{} rare tags × {} events each do not fit in {} events", self.rare_tags, self.rare_tag_events, self.events));
         }
         if self.common_types == 0 || self.common_types > 1000 {
             return Err("--common-types must be in 1..=1000".into());
@@ -100,9 +91,7 @@ impl Layout {
             return Err(format!("--rare-type-events must be in 1..={}", self.events));
         }
         if self.event_bytes < 8 {
-            return Err(
-                "--event-bytes must be at least 8 (the payload carries the event number)".into(),
-            );
+            return Err("--event-bytes must be at least 8 (the payload carries the event number)".into());
         }
         Ok(())
     }
@@ -115,9 +104,7 @@ impl Layout {
     /// The events (logical indexes, ascending) that carry rare tag `j`.
     pub fn rare_tag_events_of(&self, j: u64) -> Vec<u64> {
         let (s, g) = self.rare_stretch();
-        (0..self.rare_tag_events)
-            .map(|i| i * s + j * g + mix(self.seed ^ mix(j << 20 | i)) % g)
-            .collect()
+        (0..self.rare_tag_events).map(|i| i * s + j * g + mix(self.seed ^ mix(j << 20 | i)) % g).collect()
     }
 
     /// The rare tag event `k` carries, if any.
@@ -137,9 +124,7 @@ impl Layout {
     /// The events (logical indexes, ascending) of the rare type.
     pub fn rare_type_events(&self) -> Vec<u64> {
         let r = self.events / self.rare_type_events;
-        (0..self.rare_type_events)
-            .map(|i| i * r + mix(self.seed.rotate_left(17) ^ mix(i)) % r)
-            .collect()
+        (0..self.rare_type_events).map(|i| i * r + mix(self.seed.rotate_left(17) ^ mix(i)) % r).collect()
     }
 
     /// True when event `k` has the rare type.
@@ -195,11 +180,7 @@ impl Layout {
     /// A bulk tag that is on none of rare tag `j`'s events (for a condition that names
     /// `j` and must pass).
     pub fn bulk_without(&self, j: u64) -> u64 {
-        let used: Vec<u64> = self
-            .rare_tag_events_of(j)
-            .iter()
-            .map(|&k| self.bulk_of(k))
-            .collect();
+        let used: Vec<u64> = self.rare_tag_events_of(j).iter().map(|&k| self.bulk_of(k)).collect();
         let mut b = (used[0] + self.tags / 2) % self.tags;
         while used.contains(&b) {
             b = (b + 1) % self.tags;
@@ -363,8 +344,7 @@ impl Manifest {
 
 /// True for a segment file name: exactly 20 ASCII digits then `.log`.
 pub fn is_segment_name(name: &str) -> bool {
-    name.strip_suffix(".log")
-        .is_some_and(|d| d.len() == 20 && d.bytes().all(|b| b.is_ascii_digit()))
+    name.strip_suffix(".log").is_some_and(|d| d.len() == 20 && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The segment files in `dir`, sorted by name (= by base position).
@@ -381,11 +361,7 @@ pub fn segment_files(dir: &Path) -> Result<Vec<SegmentFile>, String> {
             continue;
         }
         let m = e.metadata().map_err(|e| format!("stat {name}: {e}"))?;
-        v.push(SegmentFile {
-            name,
-            bytes: m.len(),
-            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
-        });
+        v.push(SegmentFile { name, bytes: m.len(), mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128 });
     }
     v.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(v)
@@ -411,18 +387,13 @@ impl PositionMap {
         let (mut p, mut k) = (1, 0);
         for (a, b) in by_pos.iter().zip(&by_k) {
             if a.first != p || b.k0 != k {
-                return Err(format!(
-                    "the manifest's batches leave a gap or overlap at position {p} / event {k}"
-                ));
+                return Err(format!("the manifest's batches leave a gap or overlap at position {p} / event {k}"));
             }
             p += a.n;
             k += b.n;
         }
         if p != events + 1 || k != events {
-            return Err(format!(
-                "the manifest's batches cover {} events, not {events}",
-                p - 1
-            ));
+            return Err(format!("the manifest's batches cover {} events, not {events}", p - 1));
         }
         Ok(PositionMap { by_pos, by_k })
     }
@@ -436,10 +407,7 @@ impl PositionMap {
 
     /// The event at position `p` (None above the prepared log).
     pub fn event_at(&self, p: u64) -> Option<u64> {
-        let i = self
-            .by_pos
-            .partition_point(|b| b.first <= p)
-            .checked_sub(1)?;
+        let i = self.by_pos.partition_point(|b| b.first <= p).checked_sub(1)?;
         let b = self.by_pos[i];
         (p < b.first + b.n).then(|| b.k0 + (p - b.first))
     }
@@ -476,25 +444,12 @@ mod tests {
     use super::*;
 
     fn layout(events: u64, tags: u64, rare: u64) -> Layout {
-        Layout {
-            events,
-            tags,
-            rare_tags: rare,
-            rare_tag_events: 10,
-            common_types: 8,
-            rare_type_events: 10,
-            event_bytes: 256,
-            seed: 42,
-        }
+        Layout { events, tags, rare_tags: rare, rare_tag_events: 10, common_types: 8, rare_type_events: 10, event_bytes: 256, seed: 42 }
     }
 
     #[test]
     fn rare_tags_are_exact_and_spread() {
-        for l in [
-            layout(20_000, 1_000, 100),
-            layout(1_000, 11, 100),
-            layout(1_234_567, 1_000, 999),
-        ] {
+        for l in [layout(20_000, 1_000, 100), layout(1_000, 11, 100), layout(1_234_567, 1_000, 999)] {
             l.validate().unwrap();
             let mut seen = std::collections::HashMap::new();
             for k in 0..l.events {
@@ -534,23 +489,7 @@ mod tests {
 
     #[test]
     fn position_map_round_trips() {
-        let batches = vec![
-            Batch {
-                k0: 4,
-                first: 1,
-                n: 3,
-            },
-            Batch {
-                k0: 0,
-                first: 4,
-                n: 4,
-            },
-            Batch {
-                k0: 7,
-                first: 8,
-                n: 2,
-            },
-        ];
+        let batches = vec![Batch { k0: 4, first: 1, n: 3 }, Batch { k0: 0, first: 4, n: 4 }, Batch { k0: 7, first: 8, n: 2 }];
         let m = PositionMap::new(&batches, 9).unwrap();
         for k in 0..9 {
             assert_eq!(m.event_at(m.position(k).unwrap()), Some(k));

@@ -68,25 +68,17 @@ impl Prepared {
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn utc_now() -> String {
     let (d, t) = utc_parts();
-    format!(
-        "{}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        d.0, d.1, d.2, t.0, t.1, t.2
-    )
+    format!("{}-{:02}-{:02}T{:02}:{:02}:{:02}Z", d.0, d.1, d.2, t.0, t.1, t.2)
 }
 
 /// The current UTC time as `YYYYMMDDTHHMMSSZ` (the `bench-results/` stamp).
 pub fn utc_stamp() -> String {
     let (d, t) = utc_parts();
-    format!(
-        "{}{:02}{:02}T{:02}{:02}{:02}Z",
-        d.0, d.1, d.2, t.0, t.1, t.2
-    )
+    format!("{}{:02}{:02}T{:02}{:02}{:02}Z", d.0, d.1, d.2, t.0, t.1, t.2)
 }
 
 fn utc_parts() -> ((i64, u32, u32), (u64, u64, u64)) {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     // Howard Hinnant's civil_from_days.
@@ -115,11 +107,7 @@ pub fn remove_all_but_segments(dir: &Path, keep: &[&str]) -> Result<Vec<String>,
             continue;
         }
         let p = e.path();
-        let r = if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-            std::fs::remove_dir_all(&p)
-        } else {
-            std::fs::remove_file(&p)
-        };
+        let r = if e.file_type().map(|t| t.is_dir()).unwrap_or(false) { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
         r.map_err(|err| format!("remove {}: {err}", p.display()))?;
         removed.push(name);
     }
@@ -133,11 +121,7 @@ pub fn remove_all_but_segments(dir: &Path, keep: &[&str]) -> Result<Vec<String>,
 /// A bad configuration, a directory that holds something else (without `force`), a server
 /// that does not start, a failed append, or a server that ends up holding a different
 /// number of events than were sent.
-pub fn run(
-    cfg: &PrepareConfig,
-    stop: &AtomicBool,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Prepared, String> {
+pub fn run(cfg: &PrepareConfig, stop: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Result<Prepared, String> {
     cfg.layout.validate()?;
     if cfg.connections == 0 || cfg.batch == 0 {
         return Err("--connections and --batch must be at least 1".into());
@@ -146,23 +130,12 @@ pub fn run(
     // quarter; its batch bound is the whole segment).
     let framed = cfg.layout.event_bytes + 64;
     if cfg.batch.saturating_mul(framed) > cfg.segment_bytes / 4 {
-        return Err(format!(
-            "--batch {} × ~{framed} bytes exceeds a quarter of --segment-bytes {}; use a smaller batch",
-            cfg.batch, cfg.segment_bytes
-        ));
+        return Err(format!("--batch {} × ~{framed} bytes exceeds a quarter of --segment-bytes {}; use a smaller batch", cfg.batch, cfg.segment_bytes));
     }
     if cfg.dir.exists() {
-        let has_entries = std::fs::read_dir(&cfg.dir)
-            .map_err(|e| format!("list {}: {e}", cfg.dir.display()))?
-            .next()
-            .is_some();
+        let has_entries = std::fs::read_dir(&cfg.dir).map_err(|e| format!("list {}: {e}", cfg.dir.display()))?.next().is_some();
         match Manifest::load(&cfg.dir) {
-            Ok(m)
-                if m.format == MANIFEST_FORMAT
-                    && m.layout == cfg.layout
-                    && m.segment_bytes == cfg.segment_bytes
-                    && m.check_segments(&cfg.dir).is_ok() =>
-            {
+            Ok(m) if m.format == MANIFEST_FORMAT && m.layout == cfg.layout && m.segment_bytes == cfg.segment_bytes && m.check_segments(&cfg.dir).is_ok() => {
                 return Ok(Prepared::Reused(m));
             }
             Ok(_) if cfg.force => {}
@@ -175,47 +148,30 @@ pub fn run(
                         m.layout.events, m.layout.tags, m.layout.event_bytes, m.segment_bytes, m.layout.seed
                     )
                 };
-                return Err(format!(
-                    "{} is prepared differently: {why}; pass --force to rebuild it",
-                    cfg.dir.display()
-                ));
+                return Err(format!("{} is prepared differently: {why}; pass --force to rebuild it", cfg.dir.display()));
             }
             Err(_) if has_entries && !cfg.force => {
-                return Err(format!(
-                    "{} is not empty and holds no {MANIFEST_FILE}; pass --force to replace what it holds",
-                    cfg.dir.display()
-                ));
+                return Err(format!("{} is not empty and holds no {MANIFEST_FILE}; pass --force to replace what it holds", cfg.dir.display()));
             }
             Err(_) => {}
         }
         if has_entries {
-            progress(&format!(
-                "removing the old contents of {}",
-                cfg.dir.display()
-            ));
-            std::fs::remove_dir_all(&cfg.dir)
-                .map_err(|e| format!("remove {}: {e}", cfg.dir.display()))?;
+            progress(&format!("removing the old contents of {}", cfg.dir.display()));
+            std::fs::remove_dir_all(&cfg.dir).map_err(|e| format!("remove {}: {e}", cfg.dir.display()))?;
         }
     }
     std::fs::create_dir_all(&cfg.dir).map_err(|e| format!("create {}: {e}", cfg.dir.display()))?;
     write_log(cfg, stop, progress).map(Prepared::Written)
 }
 
-fn write_log(
-    cfg: &PrepareConfig,
-    stop: &AtomicBool,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Manifest, String> {
+fn write_log(cfg: &PrepareConfig, stop: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Result<Manifest, String> {
     let t0 = Instant::now();
     let l = cfg.layout;
     let mut server = ServerProcess::start_with_timeout(
         &ServerSpec {
             binary: cfg.server.clone(),
             data_dir: cfg.dir.clone(),
-            env: vec![(
-                "TEPHRA__SEGMENT__SIZE".into(),
-                cfg.segment_bytes.to_string(),
-            )],
+            env: vec![("TEPHRA__SEGMENT__SIZE".into(), cfg.segment_bytes.to_string())],
             log_file: cfg.dir.join(SERVER_LOG),
         },
         cfg.start_timeout,
@@ -223,15 +179,9 @@ fn write_log(
     let addr = server.addr;
     let mut control = Client::connect(addr).map_err(|e| format!("connect to {addr}: {e}"))?;
     let server_version = control.server_version().to_owned();
-    let head0 = control
-        .stats()
-        .map_err(|e| format!("stats: {e}"))?
-        .event_count;
+    let head0 = control.stats().map_err(|e| format!("stats: {e}"))?.event_count;
     if head0 != 0 {
-        return Err(format!(
-            "{} already holds {head0} events",
-            cfg.dir.display()
-        ));
+        return Err(format!("{} already holds {head0} events", cfg.dir.display()));
     }
     progress(&format!(
         "prepare: {} events of {} bytes into {} ({} connections × {} events per append, server {server_version} at {addr})",
@@ -252,9 +202,7 @@ fn write_log(
             .map(|_| {
                 s.spawn(|| -> Result<(), String> {
                     let mut client = Client::connect(addr).map_err(|e| format!("connect: {e}"))?;
-                    client
-                        .set_timeout(Some(APPEND_TIMEOUT))
-                        .map_err(|e| format!("set the request timeout: {e}"))?;
+                    client.set_timeout(Some(APPEND_TIMEOUT)).map_err(|e| format!("set the request timeout: {e}"))?;
                     let mut mine = Vec::new();
                     let r = loop {
                         if stop.load(Ordering::Relaxed) || failed.load(Ordering::Relaxed) {
@@ -269,20 +217,10 @@ fn write_log(
                         let events: Vec<_> = (k0..k0 + n).map(|k| l.event(k)).collect();
                         match client.append(events, None) {
                             Ok(r) if r.last.get() + 1 - r.first.get() == n => {
-                                mine.push(Batch {
-                                    k0,
-                                    first: r.first.get(),
-                                    n,
-                                });
+                                mine.push(Batch { k0, first: r.first.get(), n });
                                 done.fetch_add(n, Ordering::Relaxed);
                             }
-                            Ok(r) => {
-                                break Err(format!(
-                                    "append of {n} events acknowledged as positions {}..={}",
-                                    r.first.get(),
-                                    r.last.get()
-                                ))
-                            }
+                            Ok(r) => break Err(format!("append of {n} events acknowledged as positions {}..={}", r.first.get(), r.last.get())),
                             Err(e) => break Err(format!("append: {e}")),
                         }
                     };
@@ -302,21 +240,10 @@ fn write_log(
                 last = Instant::now();
                 let d = done.load(Ordering::Relaxed);
                 let secs = t_append.elapsed().as_secs_f64();
-                progress(&format!(
-                    "  {d} / {} events ({:.0}%), {:.0} events/s",
-                    l.events,
-                    100.0 * d as f64 / l.events as f64,
-                    d as f64 / secs
-                ));
+                progress(&format!("  {d} / {} events ({:.0}%), {:.0} events/s", l.events, 100.0 * d as f64 / l.events as f64, d as f64 / secs));
             }
         }
-        workers
-            .into_iter()
-            .map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| Err("append thread panicked".into()))
-            })
-            .collect()
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("append thread panicked".into()))).collect()
     });
     let append_seconds = t_append.elapsed().as_secs_f64();
     for r in results {
@@ -325,30 +252,18 @@ fn write_log(
     if stop.load(Ordering::Relaxed) {
         return Err("interrupted".into());
     }
-    let head = control
-        .stats()
-        .map_err(|e| format!("stats: {e}"))?
-        .event_count;
+    let head = control.stats().map_err(|e| format!("stats: {e}"))?.event_count;
     if head != l.events {
-        return Err(format!(
-            "the server holds {head} events after {} were acknowledged",
-            l.events
-        ));
+        return Err(format!("the server holds {head} events after {} were acknowledged", l.events));
     }
     drop(control);
     let code = server.stop();
     if code != Some(0) {
-        return Err(format!(
-            "the prepare server exited with {code:?} (log: {})",
-            server.log_file().display()
-        ));
+        return Err(format!("the prepare server exited with {code:?} (log: {})", server.log_file().display()));
     }
     let removed = remove_all_but_segments(&cfg.dir, &[SERVER_LOG])?;
     if !removed.is_empty() {
-        progress(&format!(
-            "  removed from the prepared directory: {}",
-            removed.join(", ")
-        ));
+        progress(&format!("  removed from the prepared directory: {}", removed.join(", ")));
     }
     let mut batches = batches.into_inner().expect("lock");
     batches.sort_by_key(|b| b.first);

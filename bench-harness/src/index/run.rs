@@ -132,19 +132,12 @@ impl Samples {
     /// Summarises `v` (µs, in the order taken).
     pub fn from_us(v: Vec<u64>, truncated: bool) -> Samples {
         if v.is_empty() {
-            return Samples {
-                truncated,
-                ..Samples::default()
-            };
+            return Samples { truncated, ..Samples::default() };
         }
         let mut s = v.clone();
         s.sort_unstable();
         let n = s.len();
-        let p50 = if n % 2 == 1 {
-            s[n / 2] as f64
-        } else {
-            (s[n / 2 - 1] + s[n / 2]) as f64 / 2.0
-        };
+        let p50 = if n % 2 == 1 { s[n / 2] as f64 } else { (s[n / 2 - 1] + s[n / 2]) as f64 / 2.0 };
         let rank = |q: f64| s[((q * n as f64).ceil() as usize).clamp(1, n) - 1] as f64;
         Samples {
             count: n,
@@ -263,9 +256,7 @@ pub struct IndexReport {
 }
 
 fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
+    std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
 }
 
 /// Gives `dir`'s copy in `work`: hard links of all segments but the last, a copy of the
@@ -281,8 +272,7 @@ fn make_copy(dir: &Path, segs: &[SegmentFile], work: &Path) -> Result<(), String
         if !last && std::fs::hard_link(&from, &to).is_ok() {
             continue;
         }
-        std::fs::copy(&from, &to)
-            .map_err(|e| format!("copy {} to {}: {e}", from.display(), to.display()))?;
+        std::fs::copy(&from, &to).map_err(|e| format!("copy {} to {}: {e}", from.display(), to.display()))?;
     }
     Ok(())
 }
@@ -297,8 +287,7 @@ pub fn evict_page_cache(dir: &Path) -> Result<(), String> {
         if ft.is_dir() {
             evict_page_cache(&e.path())?;
         } else if ft.is_file() {
-            let f = std::fs::File::open(e.path())
-                .map_err(|err| format!("open {}: {err}", e.path().display()))?;
+            let f = std::fs::File::open(e.path()).map_err(|err| format!("open {}: {err}", e.path().display()))?;
             // SAFETY: plain syscalls on an open descriptor we own.
             unsafe {
                 libc::fdatasync(f.as_raw_fd());
@@ -376,17 +365,12 @@ impl Truth {
     /// prepare's event number `k` with exactly its type, tags and payload.
     fn check_event(&self, what: &str, se: &SequencedEvent) -> Result<(), String> {
         let p = se.position.get();
-        let k = self.map.event_at(p).ok_or_else(|| {
-            format!("{what}: returned position {p}, which is not in the prepared log")
-        })?;
+        let k = self.map.event_at(p).ok_or_else(|| format!("{what}: returned position {p}, which is not in the prepared log"))?;
         let l = self.l();
         let e = &se.event;
         let tags: Vec<&str> = e.tags().collect();
         let want_tags = l.tags_of(k);
-        if e.event_type() != l.type_of(k)
-            || tags != want_tags.iter().map(String::as_str).collect::<Vec<_>>()
-            || e.data() != l.payload(k).as_slice()
-        {
+        if e.event_type() != l.type_of(k) || tags != want_tags.iter().map(String::as_str).collect::<Vec<_>>() || e.data() != l.payload(k).as_slice() {
             return Err(format!(
                 "{what}: the event at position {p} is type {} tags {tags:?}, payload starting {:?}; \
                  expected event {k}: type {} tags {want_tags:?}",
@@ -398,12 +382,7 @@ impl Truth {
         Ok(())
     }
 
-    fn check_positions(
-        &self,
-        what: &str,
-        got: &[SequencedEvent],
-        want: &[u64],
-    ) -> Result<(), String> {
+    fn check_positions(&self, what: &str, got: &[SequencedEvent], want: &[u64]) -> Result<(), String> {
         let pos: Vec<u64> = got.iter().map(|se| se.position.get()).collect();
         if pos != want {
             return Err(format!(
@@ -446,12 +425,7 @@ fn preview(v: &[u64]) -> String {
 
 /// Runs `op(i)` up to `n` times (it returns the time it measured), stopping early once
 /// `MIN_SAMPLES` are taken and `budget` is used.
-fn measure(
-    n: usize,
-    budget: Duration,
-    stop: &AtomicBool,
-    mut op: impl FnMut(usize) -> Result<Duration, String>,
-) -> Result<Samples, String> {
+fn measure(n: usize, budget: Duration, stop: &AtomicBool, mut op: impl FnMut(usize) -> Result<Duration, String>) -> Result<Samples, String> {
     let t0 = Instant::now();
     let mut v = Vec::with_capacity(n);
     let mut truncated = false;
@@ -470,22 +444,15 @@ fn measure(
 }
 
 fn cerr(what: &str) -> impl Fn(ClientError) -> String + '_ {
-    move |e| {
-        match &e {
-        ClientError::Io(io) if is_timeout(io) => format!(
-            "{what}: NO ANSWER within the request timeout (--request-timeout): the server looks hung ({e})"
-        ),
+    move |e| match &e {
+        ClientError::Io(io) if is_timeout(io) => format!("{what}: NO ANSWER within the request timeout (--request-timeout): the server looks hung ({e})"),
         _ => format!("{what}: {e}"),
-    }
     }
 }
 
 /// True for the error a socket read or write timeout gives.
 pub fn is_timeout(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-    )
+    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
 }
 
 /// The rare tag the `i`-th operation of round `round` uses: different tags across
@@ -511,100 +478,51 @@ fn measure_server(
     let l = *truth.l();
     let mut client = Client::connect(addr).map_err(|e| format!("connect to {addr}: {e}"))?;
     // A request that never gets an answer must end the run, not hang it.
-    client
-        .set_timeout(Some(cfg.request_timeout))
-        .map_err(|e| format!("set the request timeout: {e}"))?;
+    client.set_timeout(Some(cfg.request_timeout)).map_err(|e| format!("set the request timeout: {e}"))?;
     let head = client.stats().map_err(cerr("stats"))?.event_count;
     if head < l.events {
-        return Err(format!(
-            "{} holds {head} events, fewer than the {} prepared",
-            c.name, l.events
-        ));
+        return Err(format!("{} holds {head} events, fewer than the {} prepared", c.name, l.events));
     }
-    let (reads, appends) = if c.baseline {
-        (
-            cfg.scan_reads.min(cfg.selective_reads),
-            cfg.scan_appends.min(cfg.appends),
-        )
-    } else {
-        (cfg.selective_reads, cfg.appends)
-    };
-    let type_reads = if c.baseline {
-        cfg.scan_reads.min(cfg.type_reads)
-    } else {
-        cfg.type_reads
-    };
+    let (reads, appends) =
+        if c.baseline { (cfg.scan_reads.min(cfg.selective_reads), cfg.scan_appends.min(cfg.appends)) } else { (cfg.selective_reads, cfg.appends) };
+    let type_reads = if c.baseline { cfg.scan_reads.min(cfg.type_reads) } else { cfg.type_reads };
 
     let selective = measure(reads, cfg.budget, stop, |i| {
         let j = rare_for(&l, round, 0, i);
         let q = Query::item(tag_item(&[rare_tag(j)]));
         let t = Instant::now();
-        let (evs, _) = client
-            .read_all(q, Position::ZERO)
-            .map_err(cerr("selective read"))?;
+        let (evs, _) = client.read_all(q, Position::ZERO).map_err(cerr("selective read"))?;
         let d = t.elapsed();
-        truth.check_positions(
-            &format!("read of tag rare-{j}"),
-            &evs,
-            &truth.m.rare_tag_positions[j as usize],
-        )?;
+        truth.check_positions(&format!("read of tag rare-{j}"), &evs, &truth.m.rare_tag_positions[j as usize])?;
         Ok(d)
     })?;
     progress(&format!("    selective read: {}", brief(&selective)));
 
     let rare_type = measure(type_reads, cfg.budget, stop, |_| {
-        let q = Query::item(QueryItem::of_types(vec![
-            EventType::new(RARE_TYPE).expect("type")
-        ]));
+        let q = Query::item(QueryItem::of_types(vec![EventType::new(RARE_TYPE).expect("type")]));
         let t = Instant::now();
-        let (evs, _) = client
-            .read_all(q, Position::ZERO)
-            .map_err(cerr("rare type read"))?;
+        let (evs, _) = client.read_all(q, Position::ZERO).map_err(cerr("rare type read"))?;
         let d = t.elapsed();
-        truth.check_positions(
-            &format!("read of type {RARE_TYPE}"),
-            &evs,
-            &truth.m.rare_type_positions,
-        )?;
+        truth.check_positions(&format!("read of type {RARE_TYPE}"), &evs, &truth.m.rare_type_positions)?;
         Ok(d)
     })?;
-    progress(&format!(
-        "    type-only read, rare type: {}",
-        brief(&rare_type)
-    ));
+    progress(&format!("    type-only read, rare type: {}", brief(&rare_type)));
 
     let common_type = measure(cfg.type_reads, cfg.budget, stop, |i| {
         let ty = (i as u64 + round as u64) % l.common_types;
         // Cursors spread over the log, keeping room for the limit before its end.
         let room = (cfg.type_limit * l.common_types * 4).min(l.events / 2);
         let after = (i as u64 * 7_777_777 + round as u64 * 999_331) % (l.events - room).max(1);
-        let q = Query::item(QueryItem::of_types(vec![EventType::new(
-            layout::common_type_name(ty),
-        )
-        .expect("type")]));
+        let q = Query::item(QueryItem::of_types(vec![EventType::new(layout::common_type_name(ty)).expect("type")]));
         let t = Instant::now();
-        let (evs, _) = client
-            .read(q, Position::new(after), Some(cfg.type_limit))
-            .map_err(cerr("common type read"))?
-            .collect_all()
-            .map_err(cerr("common type read"))?;
+        let (evs, _) =
+            client.read(q, Position::new(after), Some(cfg.type_limit)).map_err(cerr("common type read"))?.collect_all().map_err(cerr("common type read"))?;
         let d = t.elapsed();
         let want = truth.common_type_positions(ty, after, cfg.type_limit);
-        truth.check_positions(
-            &format!(
-                "read of type type-{ty} after {after} limit {}",
-                cfg.type_limit
-            ),
-            &evs,
-            &want,
-        )?;
+        truth.check_positions(&format!("read of type type-{ty} after {after} limit {}", cfg.type_limit), &evs, &want)?;
         Ok(d)
     })?;
-    progress(&format!(
-        "    type-only read, common type, limit {}: {}",
-        cfg.type_limit,
-        brief(&common_type)
-    ));
+    progress(&format!("    type-only read, common type, limit {}: {}", cfg.type_limit, brief(&common_type)));
 
     let filler = {
         let ty = EventType::new(APPEND_TYPE).expect("type");
@@ -615,69 +533,38 @@ fn measure_server(
     };
     let append_boundary = measure(appends, cfg.budget, stop, |i| {
         let j = rare_for(&l, round, 1, i);
-        let last = *truth.m.rare_tag_positions[j as usize]
-            .last()
-            .expect("positions");
-        let cond =
-            AppendCondition::new(Query::item(tag_item(&[rare_tag(j)]))).after(Position::new(last));
+        let last = *truth.m.rare_tag_positions[j as usize].last().expect("positions");
+        let cond = AppendCondition::new(Query::item(tag_item(&[rare_tag(j)]))).after(Position::new(last));
         let t = Instant::now();
-        client
-            .append(vec![filler.clone()], Some(cond))
-            .map_err(cerr(&format!(
-                "append guarded by tag rare-{j} after {last} (must pass)"
-            )))?;
+        client.append(vec![filler.clone()], Some(cond)).map_err(cerr(&format!("append guarded by tag rare-{j} after {last} (must pass)")))?;
         Ok(t.elapsed())
     })?;
-    progress(&format!(
-        "    conditional append, boundary on a rare tag: {}",
-        brief(&append_boundary)
-    ));
+    progress(&format!("    conditional append, boundary on a rare tag: {}", brief(&append_boundary)));
 
     let append_unique = measure(appends, cfg.budget, stop, |i| {
         let j = rare_for(&l, round, 4, i);
         let b = l.bulk_without(j);
         let cond = AppendCondition::new(Query::item(tag_item(&[rare_tag(j), layout::bulk_tag(b)])));
         let t = Instant::now();
-        client
-            .append(vec![filler.clone()], Some(cond))
-            .map_err(cerr(&format!(
-                "append guarded by tags rare-{j} and bulk-{b} after 0 (must pass)"
-            )))?;
+        client.append(vec![filler.clone()], Some(cond)).map_err(cerr(&format!("append guarded by tags rare-{j} and bulk-{b} after 0 (must pass)")))?;
         Ok(t.elapsed())
     })?;
-    progress(&format!(
-        "    conditional append, uniqueness boundary on a rare tag: {}",
-        brief(&append_unique)
-    ));
+    progress(&format!("    conditional append, uniqueness boundary on a rare tag: {}", brief(&append_unique)));
 
     let append_exists = measure(appends, cfg.budget, stop, |i| {
         let j = rare_for(&l, round, 2, i);
         let b = l.bulk_without(j);
-        let cond = AppendCondition::exists_only(Query::item(tag_item(&[
-            rare_tag(j),
-            layout::bulk_tag(b),
-        ])));
+        let cond = AppendCondition::exists_only(Query::item(tag_item(&[rare_tag(j), layout::bulk_tag(b)])));
         let t = Instant::now();
-        client
-            .append(vec![filler.clone()], Some(cond))
-            .map_err(cerr(&format!(
-                "append unless tags rare-{j} and bulk-{b} exist (must pass)"
-            )))?;
+        client.append(vec![filler.clone()], Some(cond)).map_err(cerr(&format!("append unless tags rare-{j} and bulk-{b} exist (must pass)")))?;
         Ok(t.elapsed())
     })?;
-    progress(&format!(
-        "    conditional append, existence on a rare tag: {}",
-        brief(&append_exists)
-    ));
+    progress(&format!("    conditional append, existence on a rare tag: {}", brief(&append_exists)));
 
     // The same conditions set to fire: a server that ignores them must not look fast.
     let j = rare_for(&l, round, 3, 0);
     let pos = &truth.m.rare_tag_positions[j as usize];
-    let (after, hit) = if pos.len() >= 2 {
-        (pos[pos.len() - 2], pos[pos.len() - 1])
-    } else {
-        (pos[0] - 1, pos[0])
-    };
+    let (after, hit) = if pos.len() >= 2 { (pos[pos.len() - 2], pos[pos.len() - 1]) } else { (pos[0] - 1, pos[0]) };
     let controls = [
         (
             AppendCondition::new(Query::item(tag_item(&[rare_tag(j)]))).after(Position::new(after)),
@@ -685,36 +572,15 @@ fn measure_server(
             hit,
             format!("boundary tag rare-{j} after {after}"),
         ),
-        (
-            AppendCondition::exists_only(Query::item(tag_item(&[rare_tag(j)]))),
-            ErrorCode::AlreadyExists,
-            pos[0],
-            format!("existence of tag rare-{j}"),
-        ),
+        (AppendCondition::exists_only(Query::item(tag_item(&[rare_tag(j)]))), ErrorCode::AlreadyExists, pos[0], format!("existence of tag rare-{j}")),
     ];
     for (cond, code, at, what) in controls {
         match client.append(vec![filler.clone()], Some(cond)) {
-            Err(ClientError::Server { code: got, conflict_position, .. })
-                if got == code && conflict_position == Some(Position::new(at)) => {}
-            other => {
-                return Err(format!(
-                    "WRONG RESULT: append guarded by {what} must be refused with {} at position {at}; got {other:?}",
-                    code.as_str_name()
-                ))
-            }
+            Err(ClientError::Server { code: got, conflict_position, .. }) if got == code && conflict_position == Some(Position::new(at)) => {}
+            other => return Err(format!("WRONG RESULT: append guarded by {what} must be refused with {} at position {at}; got {other:?}", code.as_str_name())),
         }
     }
-    Ok((
-        head,
-        [
-            selective,
-            rare_type,
-            common_type,
-            append_boundary,
-            append_unique,
-            append_exists,
-        ],
-    ))
+    Ok((head, [selective, rare_type, common_type, append_boundary, append_unique, append_exists]))
 }
 
 fn brief(s: &Samples) -> String {
@@ -739,29 +605,11 @@ pub fn fmt_us(us: f64) -> String {
     }
 }
 
-fn one_run(
-    cfg: &RunConfig,
-    truth: &Truth,
-    c: &Contender,
-    round: usize,
-    stop: &AtomicBool,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Run, String> {
+fn one_run(cfg: &RunConfig, truth: &Truth, c: &Contender, round: usize, stop: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Result<Run, String> {
     let work = cfg.work.join(&c.name);
-    let mut env = vec![(
-        "TEPHRA__SEGMENT__SIZE".to_owned(),
-        truth.m.segment_bytes.to_string(),
-    )];
+    let mut env = vec![("TEPHRA__SEGMENT__SIZE".to_owned(), truth.m.segment_bytes.to_string())];
     env.extend(c.env.iter().cloned());
-    let spec = ServerSpec {
-        binary: c.binary.clone(),
-        data_dir: work.clone(),
-        env,
-        log_file: cfg
-            .out
-            .join("logs")
-            .join(format!("{}-r{round}.log", c.name)),
-    };
+    let spec = ServerSpec { binary: c.binary.clone(), data_dir: work.clone(), env, log_file: cfg.out.join("logs").join(format!("{}-r{round}.log", c.name)) };
     let mut exit_codes = Vec::new();
     let (mut open_cold_s, mut files) = (None, Vec::new());
     if c.measure_open {
@@ -781,18 +629,7 @@ fn one_run(
             if files.is_empty() {
                 "none".to_owned()
             } else {
-                files
-                    .iter()
-                    .map(|f| {
-                        format!(
-                            "{}/ {} files {:.1} MB",
-                            f.name,
-                            f.files,
-                            f.bytes as f64 / 1e6
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                files.iter().map(|f| format!("{}/ {} files {:.1} MB", f.name, f.files, f.bytes as f64 / 1e6)).collect::<Vec<_>>().join(", ")
             }
         ));
     }
@@ -801,14 +638,10 @@ fn one_run(
     }
     let mut s = ServerProcess::start_with_timeout(&spec, cfg.start_timeout)?;
     let open_warm_s = s.ready_after.as_secs_f64();
-    progress(&format!(
-        "    {} open {open_warm_s:.3} s",
-        if c.measure_open { "warm" } else { "the" }
-    ));
+    progress(&format!("    {} open {open_warm_s:.3} s", if c.measure_open { "warm" } else { "the" }));
     let r = measure_server(cfg, truth, c, round, s.addr, stop, progress);
     exit_codes.push(s.stop());
-    let (head, [selective, rare_type, common_type, append_boundary, append_unique, append_exists]) =
-        r?;
+    let (head, [selective, rare_type, common_type, append_boundary, append_unique, append_exists]) = r?;
     Ok(Run {
         contender: c.name.clone(),
         round,
@@ -832,73 +665,24 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
 }
 
-type Metric = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&Run) -> Option<f64>,
-);
+type Metric = (&'static str, &'static str, &'static str, fn(&Run) -> Option<f64>);
 
 /// The summary's rows: key, label, unit, value of a run.
 const METRICS: &[Metric] = &[
-    ("open_cold_s", "open, cold (no index files)", "s", |r| {
-        r.open_cold_s
+    ("open_cold_s", "open, cold (no index files)", "s", |r| r.open_cold_s),
+    ("open_warm_s", "open, warm (index files present)", "s", |r| Some(r.open_warm_s)),
+    ("selective_p50_us", "selective read `tag rare-K` (10 matches), median", "us", |r| some(&r.selective, |s| s.p50_us)),
+    ("selective_p99_us", "selective read `tag rare-K`, p99", "us", |r| some(&r.selective, |s| s.p99_us)),
+    ("rare_type_p50_us", "type-only read, rare type, median", "us", |r| some(&r.rare_type, |s| s.p50_us)),
+    ("common_type_p50_us", "type-only read, common type, limit, median", "us", |r| some(&r.common_type, |s| s.p50_us)),
+    ("append_boundary_p50_us", "conditional append, boundary `tag rare-K` after its last position, median", "us", |r| some(&r.append_boundary, |s| s.p50_us)),
+    ("append_unique_p50_us", "conditional append, uniqueness boundary `rare-K AND bulk-B` (none) after 0, median", "us", |r| {
+        some(&r.append_unique, |s| s.p50_us)
     }),
-    (
-        "open_warm_s",
-        "open, warm (index files present)",
-        "s",
-        |r| Some(r.open_warm_s),
-    ),
-    (
-        "selective_p50_us",
-        "selective read `tag rare-K` (10 matches), median",
-        "us",
-        |r| some(&r.selective, |s| s.p50_us),
-    ),
-    (
-        "selective_p99_us",
-        "selective read `tag rare-K`, p99",
-        "us",
-        |r| some(&r.selective, |s| s.p99_us),
-    ),
-    (
-        "rare_type_p50_us",
-        "type-only read, rare type, median",
-        "us",
-        |r| some(&r.rare_type, |s| s.p50_us),
-    ),
-    (
-        "common_type_p50_us",
-        "type-only read, common type, limit, median",
-        "us",
-        |r| some(&r.common_type, |s| s.p50_us),
-    ),
-    (
-        "append_boundary_p50_us",
-        "conditional append, boundary `tag rare-K` after its last position, median",
-        "us",
-        |r| some(&r.append_boundary, |s| s.p50_us),
-    ),
-    (
-        "append_unique_p50_us",
-        "conditional append, uniqueness boundary `rare-K AND bulk-B` (none) after 0, median",
-        "us",
-        |r| some(&r.append_unique, |s| s.p50_us),
-    ),
-    (
-        "append_exists_p50_us",
-        "conditional append, existence `rare-K AND bulk-B` (none), median",
-        "us",
-        |r| some(&r.append_exists, |s| s.p50_us),
-    ),
+    ("append_exists_p50_us", "conditional append, existence `rare-K AND bulk-B` (none), median", "us", |r| some(&r.append_exists, |s| s.p50_us)),
 ];
 
 fn some(s: &Samples, f: fn(&Samples) -> f64) -> Option<f64> {
@@ -912,11 +696,7 @@ fn summarize(contenders: &[Contender], runs: &[Run]) -> Vec<SummaryRow> {
             let values: Vec<(String, Option<f64>)> = contenders
                 .iter()
                 .map(|c| {
-                    let v: Vec<f64> = runs
-                        .iter()
-                        .filter(|r| r.contender == c.name)
-                        .filter_map(f)
-                        .collect();
+                    let v: Vec<f64> = runs.iter().filter(|r| r.contender == c.name).filter_map(f).collect();
                     (c.name.clone(), median(v))
                 })
                 .collect();
@@ -930,11 +710,7 @@ fn summarize(contenders: &[Contender], runs: &[Run]) -> Vec<SummaryRow> {
                 label: label.to_string(),
                 unit: unit.to_string(),
                 ours_over_reference: ratio(get("ours"), get("reference")),
-                scan_over_ours: if key.starts_with("open") {
-                    None
-                } else {
-                    ratio(get("ours-scan"), get("ours"))
-                },
+                scan_over_ours: if key.starts_with("open") { None } else { ratio(get("ours-scan"), get("ours")) },
                 values,
             }
         })
@@ -950,48 +726,24 @@ fn targets(summary: &[SummaryRow]) -> Vec<Target> {
             Some(_) => "NOT met",
             None => "n/a",
         };
-        v.push(Target {
-            what,
-            ratio,
-            status: status.into(),
-        });
+        v.push(Target { what, ratio, status: status.into() });
     };
     // The boundary after K's last position is not judged against the scan: a scan of it
     // reads only the positions after that one.
     for (k, name, full) in [
         ("selective_p50_us", "selective read", true),
-        (
-            "append_boundary_p50_us",
-            "condition check (boundary after K's last)",
-            false,
-        ),
-        (
-            "append_unique_p50_us",
-            "condition check (uniqueness boundary)",
-            true,
-        ),
+        ("append_boundary_p50_us", "condition check (boundary after K's last)", false),
+        ("append_unique_p50_us", "condition check (uniqueness boundary)", true),
         ("append_exists_p50_us", "condition check (existence)", true),
     ] {
         let r = row(k);
         if full {
-            judge(
-                format!("{name}: ≥ 100× faster than a full scan (ours-scan / ours)"),
-                r.and_then(|r| r.scan_over_ours),
-                |x| x >= 100.0,
-            );
+            judge(format!("{name}: ≥ 100× faster than a full scan (ours-scan / ours)"), r.and_then(|r| r.scan_over_ours), |x| x >= 100.0);
         }
-        judge(
-            format!("{name}: no slower than the reference (ours / reference ≤ 1)"),
-            r.and_then(|r| r.ours_over_reference),
-            |x| x <= 1.0,
-        );
+        judge(format!("{name}: no slower than the reference (ours / reference ≤ 1)"), r.and_then(|r| r.ours_over_reference), |x| x <= 1.0);
     }
     for (k, name) in [("open_cold_s", "open, cold"), ("open_warm_s", "open, warm")] {
-        judge(
-            format!("{name}: at most the reference's (ours / reference ≤ 1)"),
-            row(k).and_then(|r| r.ours_over_reference),
-            |x| x <= 1.0,
-        );
+        judge(format!("{name}: at most the reference's (ours / reference ≤ 1)"), row(k).and_then(|r| r.ours_over_reference), |x| x <= 1.0);
     }
     v
 }
@@ -1001,11 +753,7 @@ fn targets(summary: &[SummaryRow]) -> Vec<Target> {
 /// # Errors
 /// The prepared directory is missing or changed, a server does not start, a request fails,
 /// or a server returns a result that differs from the manifest.
-pub fn run(
-    cfg: &RunConfig,
-    stop: &AtomicBool,
-    progress: &mut dyn FnMut(&str),
-) -> Result<IndexReport, String> {
+pub fn run(cfg: &RunConfig, stop: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Result<IndexReport, String> {
     let t0 = Instant::now();
     let started = utc_now();
     let load0 = loadavg();
@@ -1016,18 +764,13 @@ pub fn run(
         return Err("the manifest's rare tag positions do not match its layout".into());
     }
     let truth = Truth { m, map };
-    std::fs::create_dir_all(cfg.out.join("logs"))
-        .map_err(|e| format!("create {}: {e}", cfg.out.display()))?;
+    std::fs::create_dir_all(cfg.out.join("logs")).map_err(|e| format!("create {}: {e}", cfg.out.display()))?;
     progress(&format!(
         "index run: {} events in {} segment files of {} bytes; contenders {}",
         truth.m.layout.events,
         truth.m.segments.len(),
         truth.m.segment_bytes,
-        cfg.contenders
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
+        cfg.contenders.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
     ));
     for c in &cfg.contenders {
         make_copy(&cfg.dir, &truth.m.segments, &cfg.work.join(&c.name))?;
@@ -1036,8 +779,7 @@ pub fn run(
     let mut notes = Vec::new();
     let result = (|| -> Result<(), String> {
         for round in 1..=cfg.rounds {
-            let mut order: Vec<&Contender> =
-                cfg.contenders.iter().filter(|c| !c.baseline).collect();
+            let mut order: Vec<&Contender> = cfg.contenders.iter().filter(|c| !c.baseline).collect();
             if round % 2 == 0 {
                 order.reverse();
             }
@@ -1048,10 +790,7 @@ pub fn run(
                 progress(&format!("round {round}/{}: {}", cfg.rounds, c.name));
                 let r = one_run(cfg, &truth, c, round, stop, progress)?;
                 if r.exit_codes.iter().any(|c| *c != Some(0)) {
-                    notes.push(format!(
-                        "{} round {round}: server exit codes {:?} (0 = clean)",
-                        r.contender, r.exit_codes
-                    ));
+                    notes.push(format!("{} round {round}: server exit codes {:?} (0 = clean)", r.contender, r.exit_codes));
                 }
                 runs.push(r);
             }
@@ -1063,9 +802,7 @@ pub fn run(
         let _ = std::fs::remove_dir_all(&cfg.work);
     }
     result?;
-    integrity.map_err(|e| {
-        format!("a server modified the prepared directory through a hard link: {e}")
-    })?;
+    integrity.map_err(|e| format!("a server modified the prepared directory through a hard link: {e}"))?;
     for r in &runs {
         for (what, s) in [
             ("selective", &r.selective),
@@ -1076,10 +813,7 @@ pub fn run(
             ("existence append", &r.append_exists),
         ] {
             if s.truncated {
-                notes.push(format!(
-                    "{} round {}: {what} stopped after {} samples (time budget)",
-                    r.contender, r.round, s.count
-                ));
+                notes.push(format!("{} round {}: {what} stopped after {} samples (time budget)", r.contender, r.round, s.count));
             }
         }
     }
@@ -1144,12 +878,7 @@ pub fn render_markdown(r: &IndexReport) -> String {
         r.loadavg.1,
         r.wall_seconds
     );
-    let names: Vec<&str> = r
-        .config
-        .contenders
-        .iter()
-        .map(|c| c.name.as_str())
-        .collect();
+    let names: Vec<&str> = r.config.contenders.iter().map(|c| c.name.as_str()).collect();
     let has = |n: &str| names.contains(&n);
     let mut header = vec!["measure (medians over rounds)".to_owned()];
     header.extend(names.iter().map(|n| n.to_string()));
@@ -1196,11 +925,7 @@ pub fn render_markdown(r: &IndexReport) -> String {
         let files = if run.index_files.is_empty() {
             "–".to_owned()
         } else {
-            run.index_files
-                .iter()
-                .map(|f| format!("{}/ {} ({:.1} MB)", f.name, f.files, f.bytes as f64 / 1e6))
-                .collect::<Vec<_>>()
-                .join(", ")
+            run.index_files.iter().map(|f| format!("{}/ {} ({:.1} MB)", f.name, f.files, f.bytes as f64 / 1e6)).collect::<Vec<_>>().join(", ")
         };
         let p = |x: &Samples| {
             if x.count == 0 {
@@ -1243,11 +968,7 @@ pub fn render_markdown(r: &IndexReport) -> String {
 pub fn write_outputs(r: &IndexReport, out: &Path) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("create {}: {e}", out.display()))?;
     let json = out.join("index.json");
-    std::fs::write(
-        &json,
-        serde_json::to_string_pretty(r).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| format!("write {}: {e}", json.display()))?;
+    std::fs::write(&json, serde_json::to_string_pretty(r).map_err(|e| e.to_string())?).map_err(|e| format!("write {}: {e}", json.display()))?;
     let md = out.join("index.md");
     std::fs::write(&md, render_markdown(r)).map_err(|e| format!("write {}: {e}", md.display()))?;
     Ok(vec![json, md])
@@ -1260,10 +981,7 @@ mod tests {
     #[test]
     fn samples_summaries() {
         let s = Samples::from_us(vec![5, 1, 3, 2, 4], false);
-        assert_eq!(
-            (s.count, s.p50_us, s.p99_us, s.max_us, s.first_us),
-            (5, 3.0, 5.0, 5.0, 5.0)
-        );
+        assert_eq!((s.count, s.p50_us, s.p99_us, s.max_us, s.first_us), (5, 3.0, 5.0, 5.0, 5.0));
         let s = Samples::from_us(vec![1, 2, 3, 4], true);
         assert_eq!(s.p50_us, 2.5);
         assert!(s.truncated);
@@ -1272,13 +990,7 @@ mod tests {
 
     #[test]
     fn ratios_and_targets() {
-        let c = |n: &str| Contender {
-            name: n.into(),
-            binary: PathBuf::new(),
-            env: vec![],
-            measure_open: true,
-            baseline: n == "ours-scan",
-        };
+        let c = |n: &str| Contender { name: n.into(), binary: PathBuf::new(), env: vec![], measure_open: true, baseline: n == "ours-scan" };
         let run = |n: &str, sel: u64, open: f64| Run {
             contender: n.into(),
             round: 1,
@@ -1294,20 +1006,13 @@ mod tests {
             append_exists: Samples::default(),
             exit_codes: vec![Some(0)],
         };
-        let runs = vec![
-            run("ours", 100, 1.0),
-            run("reference", 200, 2.0),
-            run("ours-scan", 50_000, 1.0),
-        ];
+        let runs = vec![run("ours", 100, 1.0), run("reference", 200, 2.0), run("ours-scan", 50_000, 1.0)];
         let sum = summarize(&[c("ours"), c("reference"), c("ours-scan")], &runs);
         let sel = sum.iter().find(|r| r.key == "selective_p50_us").unwrap();
         assert_eq!(sel.ours_over_reference, Some(0.5));
         assert_eq!(sel.scan_over_ours, Some(500.0));
         let t = targets(&sum);
-        assert!(t
-            .iter()
-            .filter(|t| t.what.starts_with("selective"))
-            .all(|t| t.status == "met"));
+        assert!(t.iter().filter(|t| t.what.starts_with("selective")).all(|t| t.status == "met"));
         assert!(t.iter().any(|t| t.status == "n/a"));
     }
 }

@@ -15,9 +15,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_tephra-bench");
 /// A fresh, empty scratch directory `<group>/<name>-<pid>` under the target dir (ext4 on the
 /// build disk).
 pub fn scratch(group: &str, name: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(group)
-        .join(format!("{name}-{}", std::process::id()));
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(group).join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -25,10 +23,7 @@ pub fn scratch(group: &str, name: &str) -> PathBuf {
 
 /// Runs `tephra-bench args` to completion.
 pub fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("spawn tephra-bench")
+    Command::new(BIN).args(args).output().expect("spawn tephra-bench")
 }
 
 /// Bytes as text, lossily.
@@ -38,15 +33,8 @@ pub fn text(b: &[u8]) -> String {
 
 /// The JSON a successful run printed on stdout.
 pub fn json_of(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", text(&out.stdout)))
+    assert!(out.status.success(), "exit {:?}\nstdout: {}\nstderr: {}", out.status, text(&out.stdout), text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", text(&out.stdout)))
 }
 
 /// Says loudly on stderr that a test is skipped, and why.
@@ -73,23 +61,11 @@ pub fn ours() -> Option<PathBuf> {
         }
         let p = target_dir().join("release").join("tephra-server");
         if !p.is_file() && std::env::var("TEPHRA_BENCH_BUILD_SERVER").as_deref() != Ok("0") {
-            eprintln!(
-                "building {} (cargo build --release --bin tephra-server)",
-                p.display()
-            );
+            eprintln!("building {} (cargo build --release --bin tephra-server)", p.display());
             let st = Command::new(env!("CARGO"))
                 // `async-io` as tephra-bench enables it, so the library already built for
                 // these tests is reused and only the binary is compiled.
-                .args([
-                    "build",
-                    "--release",
-                    "--bin",
-                    "tephra-server",
-                    "-p",
-                    "tephra",
-                    "--features",
-                    "async-io",
-                ])
+                .args(["build", "--release", "--bin", "tephra-server", "-p", "tephra", "--features", "async-io"])
                 .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
                 .status();
             if !matches!(st, Ok(s) if s.success()) {

@@ -42,11 +42,7 @@ fn item_query(types: &[String], tags: &[String], flag: &str) -> Result<Query, Cl
     if types.is_empty() && tags.is_empty() {
         return Ok(Query::all());
     }
-    let types = types
-        .iter()
-        .map(|t| EventType::new(t.as_str()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| CliError::usage(format!("--{flag}type: {e}")))?;
+    let types = types.iter().map(|t| EventType::new(t.as_str())).collect::<Result<Vec<_>, _>>().map_err(|e| CliError::usage(format!("--{flag}type: {e}")))?;
     let tags = Tags::new(tags.iter().map(String::as_str)).map_err(|e| CliError::usage(format!("--{flag}tag: {e}")))?;
     Ok(Query::item(QueryItem::new(types, tags)))
 }
@@ -108,16 +104,13 @@ pub struct AppendArgs {
 
 impl AppendArgs {
     fn condition(&self) -> Result<Option<AppendCondition>, CliError> {
-        let boundary =
-            self.fail_if_match || !self.if_types.is_empty() || !self.if_tags.is_empty() || self.after.is_some();
+        let boundary = self.fail_if_match || !self.if_types.is_empty() || !self.if_tags.is_empty() || self.after.is_some();
         let exists = self.fail_if_exists || !self.exists_types.is_empty() || !self.exists_tags.is_empty();
-        let exists_query =
-            if exists { Some(item_query(&self.exists_types, &self.exists_tags, "exists-")?) } else { None };
+        let exists_query = if exists { Some(item_query(&self.exists_types, &self.exists_tags, "exists-")?) } else { None };
         if !boundary {
             return Ok(exists_query.map(AppendCondition::exists_only));
         }
-        let mut cond = AppendCondition::new(item_query(&self.if_types, &self.if_tags, "if-")?)
-            .after(Position(self.after.unwrap_or(0)));
+        let mut cond = AppendCondition::new(item_query(&self.if_types, &self.if_tags, "if-")?).after(Position(self.after.unwrap_or(0)));
         if let Some(q) = exists_query {
             cond = cond.fail_if_exists(q);
         }
@@ -132,10 +125,8 @@ impl AppendArgs {
             }
             return Ok(events);
         }
-        let ty = EventType::new(self.event_type.clone().unwrap_or_default())
-            .map_err(|e| CliError::usage(format!("--type: {e}")))?;
-        let tags =
-            Tags::new(self.tags.iter().map(String::as_str)).map_err(|e| CliError::usage(format!("--tag: {e}")))?;
+        let ty = EventType::new(self.event_type.clone().unwrap_or_default()).map_err(|e| CliError::usage(format!("--type: {e}")))?;
+        let tags = Tags::new(self.tags.iter().map(String::as_str)).map_err(|e| CliError::usage(format!("--tag: {e}")))?;
         let payload = match (&self.payload, &self.payload_file) {
             (Some(p), _) => p.clone().into_bytes(),
             (None, Some(path)) if path.as_os_str() == "-" => {
@@ -143,9 +134,7 @@ impl AppendArgs {
                 io::stdin().lock().read_to_end(&mut buf).map_err(|e| CliError::other(format!("reading stdin: {e}")))?;
                 buf
             }
-            (None, Some(path)) => {
-                std::fs::read(path).map_err(|e| CliError::other(format!("--payload-file {}: {e}", path.display())))?
-            }
+            (None, Some(path)) => std::fs::read(path).map_err(|e| CliError::other(format!("--payload-file {}: {e}", path.display())))?,
             (None, None) => Vec::new(),
         };
         let event = Event::new(&ty, &tags, &payload).map_err(|e| CliError::usage(format!("invalid event: {e}")))?;
@@ -243,8 +232,7 @@ fn visible(s: &str) -> String {
 /// other whitespace, a bracket, a comma (the tag separator), a quote, a backslash or a control
 /// character, or nothing at all.
 fn shown_name(name: &str) -> String {
-    let plain = !name.is_empty()
-        && !name.chars().any(|c| c.is_whitespace() || c.is_control() || matches!(c, '[' | ']' | ',' | '"' | '\\'));
+    let plain = !name.is_empty() && !name.chars().any(|c| c.is_whitespace() || c.is_control() || matches!(c, '[' | ']' | ',' | '"' | '\\'));
     if plain {
         name.to_owned()
     } else {
@@ -308,9 +296,7 @@ pub fn read(g: &Global, args: &ReadArgs) -> Result<(), CliError> {
         eprintln!("({count} event{}, watermark {watermark})", if count == 1 { "" } else { "s" });
     }
     match args.after {
-        Some(after) if !args.backward && after > watermark.get() => {
-            note(g, &format!("--after {after} is past the tip, {watermark}: no event follows it yet"))
-        }
+        Some(after) if !args.backward && after > watermark.get() => note(g, &format!("--after {after} is past the tip, {watermark}: no event follows it yet")),
         _ => {}
     }
     Ok(())
@@ -349,8 +335,7 @@ pub fn subscribe(g: &Global, args: &SubscribeArgs) -> Result<(), CliError> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let query = args.query.query()?;
     let mut client = connect(g, false)?;
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .map_err(|e| CliError::other(format!("installing the Ctrl-C handler: {e}")))?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(|e| CliError::other(format!("installing the Ctrl-C handler: {e}")))?;
     let signal_handle = signals.handle();
     if args.after > 0 {
         let tip = client.stats().map_err(|e| CliError::client("stats failed", e))?.event_count;
@@ -359,8 +344,7 @@ pub fn subscribe(g: &Global, args: &SubscribeArgs) -> Result<(), CliError> {
             note(g, &format!("--after {after} is past the current tip, {tip}: the subscription skips the events up to {after} and shows those after it as the store reaches them (caught up at {after} meanwhile)"));
         }
     }
-    let (stream, cancel) =
-        client.subscribe(query, Position(args.after)).map_err(|e| CliError::client("subscribe failed", e))?;
+    let (stream, cancel) = client.subscribe(query, Position(args.after)).map_err(|e| CliError::client("subscribe failed", e))?;
     let watcher = std::thread::spawn(move || {
         if signals.forever().next().is_some() {
             cancel.cancel();
@@ -419,10 +403,7 @@ pub fn stats(g: &Global) -> Result<(), CliError> {
             format!("events                {}", s.event_count),
             format!("segments              {}", s.segment_count),
             format!("disk                  {} ({})", s.disk_bytes, indicatif::BinaryBytes(s.disk_bytes)),
-            format!(
-                "uptime                {}",
-                indicatif::HumanDuration(std::time::Duration::from_secs(s.uptime_seconds))
-            ),
+            format!("uptime                {}", indicatif::HumanDuration(std::time::Duration::from_secs(s.uptime_seconds))),
             format!("active connections    {} (max {cap})", s.active_connections),
             format!("active subscriptions  {}", s.active_subscriptions),
             format!("connections refused   {}", s.connections_refused),
@@ -442,8 +423,7 @@ fn progress(len: u64, what: &str) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    let template =
-        format!("{{elapsed_precise}} [{{wide_bar}}] {{human_pos}}/{{human_len}} {what} ({{per_sec}}, eta {{eta}})");
+    let template = format!("{{elapsed_precise}} [{{wide_bar}}] {{human_pos}}/{{human_len}} {what} ({{per_sec}}, eta {{eta}})");
     if let Ok(style) = ProgressStyle::with_template(&template) {
         bar.set_style(style.progress_chars("=> "));
     }
@@ -652,9 +632,7 @@ impl ExportSink {
                 let file = out.into_inner().map_err(|e| failed("writing", e.into_error()))?;
                 file.sync_all().map_err(|e| failed("syncing", e))?;
                 drop(file);
-                std::fs::rename(&partial, &path).map_err(|e| {
-                    CliError::other(format!("renaming {} to {}: {e}", partial.display(), path.display()))
-                })?;
+                std::fs::rename(&partial, &path).map_err(|e| CliError::other(format!("renaming {} to {}: {e}", partial.display(), path.display())))?;
                 // Make the rename itself durable (best effort: not every file system can).
                 let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
                 if let Ok(d) = File::open(dir) {
@@ -1006,7 +984,9 @@ impl Imported {
             .to_string()
         } else {
             match (self.first, self.last) {
-                (Some(a), Some(b)) => format!("imported {} in {count} batch{} (positions {a}..={b})", events_word(self.done), if count == 1 { "" } else { "es" }),
+                (Some(a), Some(b)) => {
+                    format!("imported {} in {count} batch{} (positions {a}..={b})", events_word(self.done), if count == 1 { "" } else { "es" })
+                }
                 _ => "imported 0 events".to_owned(),
             }
         }

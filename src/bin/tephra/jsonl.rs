@@ -130,10 +130,7 @@ mod tests {
             let line = event_line(Some(3), &e);
             assert_eq!(parse_event(&line).unwrap(), e, "{line}");
         }
-        assert_eq!(
-            event_line(Some(7), &ev("T", &["z", "a"], b"hi")),
-            r#"{"position":7,"type":"T","tags":["a","z"],"payload":"hi"}"#
-        );
+        assert_eq!(event_line(Some(7), &ev("T", &["z", "a"], b"hi")), r#"{"position":7,"type":"T","tags":["a","z"],"payload":"hi"}"#);
         assert_eq!(event_line(None, &ev("T", &[], &[0xff])), r#"{"type":"T","tags":[],"payload_base64":"/w=="}"#);
     }
 

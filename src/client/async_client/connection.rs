@@ -160,13 +160,7 @@ impl Shared {
     /// `first_id` is the first request id after the Hello's.
     pub(super) fn new(max_inflight: usize, max_frame_len: u32, first_id: u64) -> Shared {
         Shared {
-            state: Mutex::new(State {
-                pending: HashMap::new(),
-                failure: None,
-                unattributed: None,
-                cancels: Vec::new(),
-                driver_waker: None,
-            }),
+            state: Mutex::new(State { pending: HashMap::new(), failure: None, unattributed: None, cancels: Vec::new(), driver_waker: None }),
             inflight: Arc::new(async_lock::Semaphore::new(max_inflight)),
             next_id: AtomicU64::new(first_id),
             max_frame_len,
@@ -354,17 +348,7 @@ pub(super) fn new_connection<S>(
     let shared = Arc::new(Shared::new(max_inflight, max_frame_len, first_id));
     let (tx, rx) = flume::bounded(queue_depth);
     let handle = ConnHandle { shared: Arc::clone(&shared), tx };
-    let conn = Connection {
-        io,
-        shared,
-        rx: Some(rx.into_stream()),
-        decoder,
-        out: Vec::new(),
-        out_pos: 0,
-        needs_flush: false,
-        closing: false,
-        finished: false,
-    };
+    let conn = Connection { io, shared, rx: Some(rx.into_stream()), decoder, out: Vec::new(), out_pos: 0, needs_flush: false, closing: false, finished: false };
     (handle, conn)
 }
 
@@ -466,12 +450,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             }
             if self.out_pos < self.out.len() {
                 match Pin::new(&mut self.io).poll_write(cx, &self.out[self.out_pos..]) {
-                    Poll::Ready(Ok(0)) => {
-                        return Poll::Ready(Err(Failure::Io(
-                            io::ErrorKind::WriteZero,
-                            "the socket took no bytes".into(),
-                        )))
-                    }
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(Failure::Io(io::ErrorKind::WriteZero, "the socket took no bytes".into()))),
                     Poll::Ready(Ok(n)) => {
                         self.out_pos += n;
                         self.needs_flush = true;

@@ -85,8 +85,7 @@ impl<C> TlsConnector<C> {
     /// # Errors
     /// `InvalidInput` when `server_name` is neither a valid DNS name nor an IP address.
     pub fn new(inner: C, server_name: &str, config: Arc<rustls::ClientConfig>) -> io::Result<TlsConnector<C>> {
-        let server_name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let server_name = rustls::pki_types::ServerName::try_from(server_name.to_owned()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         Ok(TlsConnector { inner, server_name, tls: futures_rustls::TlsConnector::from(config) })
     }
 }

@@ -145,10 +145,7 @@ struct Inner {
 
 impl std::fmt::Debug for AsyncClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncClient")
-            .field("server_version", &self.inner.server_version)
-            .field("sockets", &self.socket_count())
-            .finish()
+        f.debug_struct("AsyncClient").field("server_version", &self.inner.server_version).field("sockets", &self.socket_count()).finish()
     }
 }
 
@@ -216,10 +213,7 @@ async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
 }
 
 /// Opens one socket and performs its Hello.
-async fn open_socket<C: Connector>(
-    connector: &C,
-    config: &AsyncClientConfig,
-) -> io::Result<(C::Stream, FrameDecoder, String)> {
+async fn open_socket<C: Connector>(connector: &C, config: &AsyncClientConfig) -> io::Result<(C::Stream, FrameDecoder, String)> {
     let mut io = connector.connect().await?;
     let hello = Request::hello(HELLO_ID, config.auth_token.as_deref());
     let sent = async {
@@ -261,15 +255,9 @@ impl AsyncClient {
     /// is; `PermissionDenied` when the server answers `UNAUTHENTICATED` (a missing or
     /// refused token); `UnexpectedEof` when it closes without answering (for example at its
     /// connection cap); `InvalidData` for any other refusal or a malformed answer.
-    pub async fn connect_with<C: Connector>(
-        connector: C,
-        config: AsyncClientConfig,
-    ) -> io::Result<(AsyncClient, Driver<C::Stream>)> {
+    pub async fn connect_with<C: Connector>(connector: C, config: AsyncClientConfig) -> io::Result<(AsyncClient, Driver<C::Stream>)> {
         if config.max_inflight_requests == 0 || config.request_queue_depth == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "max_inflight_requests and request_queue_depth must be at least 1",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "max_inflight_requests and request_queue_depth must be at least 1"));
         }
         let opened = join_all((0..=config.bulk_connections).map(|_| open_socket(&connector, &config)).collect()).await;
         let mut handles = Vec::with_capacity(opened.len());
@@ -280,14 +268,7 @@ impl AsyncClient {
             if server_version.is_empty() {
                 server_version = version;
             }
-            let (handle, conn) = new_connection(
-                io,
-                decoder,
-                config.max_inflight_requests,
-                config.request_queue_depth,
-                config.max_frame_len,
-                HELLO_ID + 1,
-            );
+            let (handle, conn) = new_connection(io, decoder, config.max_inflight_requests, config.request_queue_depth, config.max_frame_len, HELLO_ID + 1);
             handles.push(handle);
             connections.push(Some(conn));
         }
@@ -371,8 +352,7 @@ impl AsyncClient {
     }
 
     fn start_read(&self, query: &Query, cursor: Position, limit: Option<u64>, reverse: bool) -> AsyncReadStream {
-        let read =
-            proto::ReadRequest { query: Some(convert::query_to_proto(query)), after: cursor.get(), limit, reverse };
+        let read = proto::ReadRequest { query: Some(convert::query_to_proto(query)), after: cursor.get(), limit, reverse };
         AsyncReadStream::new(self.bulk().clone(), read)
     }
 
@@ -395,11 +375,7 @@ impl AsyncClient {
     ///
     /// # Errors
     /// The first error of the read.
-    pub fn read_all(
-        &self,
-        query: Query,
-        after: Position,
-    ) -> impl Future<Output = Result<(Vec<SequencedEvent>, Position), ClientError>> + Send + 'static {
+    pub fn read_all(&self, query: Query, after: Position) -> impl Future<Output = Result<(Vec<SequencedEvent>, Position), ClientError>> + Send + 'static {
         self.read(query, after, None).collect_all()
     }
 
@@ -407,11 +383,7 @@ impl AsyncClient {
     ///
     /// # Errors
     /// The first error of the read.
-    pub fn read_all_back(
-        &self,
-        query: Query,
-        before: Position,
-    ) -> impl Future<Output = Result<(Vec<SequencedEvent>, Position), ClientError>> + Send + 'static {
+    pub fn read_all_back(&self, query: Query, before: Position) -> impl Future<Output = Result<(Vec<SequencedEvent>, Position), ClientError>> + Send + 'static {
         self.read_back(query, before, None).collect_all()
     }
 
@@ -444,10 +416,7 @@ mod tests {
     #[test]
     fn defaults_match_the_reference() {
         let c = AsyncClientConfig::default();
-        assert_eq!(
-            (c.auth_token, c.bulk_connections, c.max_inflight_requests, c.max_frame_len, c.request_queue_depth),
-            (None, 4, 1024, 16 * 1024 * 1024, 256)
-        );
+        assert_eq!((c.auth_token, c.bulk_connections, c.max_inflight_requests, c.max_frame_len, c.request_queue_depth), (None, 4, 1024, 16 * 1024 * 1024, 256));
         let c = AsyncClientConfig { auth_token: Some("secret".into()), ..AsyncClientConfig::default() };
         assert!(!format!("{c:?}").contains("secret"));
     }

@@ -146,11 +146,7 @@ pub struct AsyncReadStream {
 
 impl AsyncReadStream {
     pub(super) fn new(conn: ConnHandle, read: proto::ReadRequest) -> AsyncReadStream {
-        AsyncReadStream {
-            core: Core::new(conn, request::Kind::Read(read)),
-            batch: Vec::new().into_iter(),
-            watermark: None,
-        }
+        AsyncReadStream { core: Core::new(conn, request::Kind::Read(read)), batch: Vec::new().into_iter(), watermark: None }
     }
 
     /// The read's watermark (the durable tip it was pinned to) once the stream has ended
@@ -266,9 +262,7 @@ impl Stream for AsyncSubscribeStream {
             };
             match item {
                 Ok(response::Kind::ReadEvents(b)) => this.batch = b.events.into_iter(),
-                Ok(response::Kind::CaughtUp(c)) => {
-                    return Poll::Ready(Some(Ok(SubEvent::CaughtUp(Position(c.watermark)))))
-                }
+                Ok(response::Kind::CaughtUp(c)) => return Poll::Ready(Some(Ok(SubEvent::CaughtUp(Position(c.watermark))))),
                 Ok(other) => {
                     this.core.abort();
                     return Poll::Ready(Some(Err(unexpected(&other, "read_events or caught_up"))));

@@ -116,7 +116,8 @@ pub(super) fn open<W: AsyncWrite + Unpin + 'static>(settings: &crate::config::Se
         room.close();
         out
     });
-    let lanes = Lanes { control: ctl_tx, bulk: bulk_tx, bulk_room, max_frame_len: settings.server.max_frame_len, abandoned: Rc::new(Cell::new(false)), abandon_tx };
+    let lanes =
+        Lanes { control: ctl_tx, bulk: bulk_tx, bulk_room, max_frame_len: settings.server.max_frame_len, abandoned: Rc::new(Cell::new(false)), abandon_tx };
     (lanes, abandon_rx, egress_task)
 }
 
@@ -204,7 +205,13 @@ struct LaneRoom {
 
 impl LaneRoom {
     fn new(bytes: u64) -> LaneRoom {
-        LaneRoom { free: Cell::new(bytes), queue: RefCell::new(Default::default()), next_ticket: Cell::new(0), closed: Cell::new(false), changed: event_listener::Event::new() }
+        LaneRoom {
+            free: Cell::new(bytes),
+            queue: RefCell::new(Default::default()),
+            next_ticket: Cell::new(0),
+            closed: Cell::new(false),
+            changed: event_listener::Event::new(),
+        }
     }
 
     /// Takes `n` bytes of room once every earlier caller has had theirs; `false` once the

@@ -32,7 +32,8 @@ struct Parsed {
 }
 
 fn segments(data: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(data).unwrap().filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "log")).collect();
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir(data).unwrap().filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "log")).collect();
     v.sort();
     v
 }
@@ -198,10 +199,17 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
         let want_pos = if complete { format!("positions=Some(({}, {}))", head + 1, head + n) } else { "positions=None".into() };
         let line = out.lines().find(|l| l.contains("recovered with rollback")).unwrap_or("").to_string();
         if !line.contains(&format!("from={start}")) || !line.contains(&format!("to={end}")) || !line.contains(&want_pos) || !line.contains(&name(&file)) {
-            return Err(s.fail(format!("torn tail: {label}"), vec![format!("expected a rollback of {}[{start}, {end}) {want_pos}, server said:\n{out}", name(&file))]));
+            return Err(
+                s.fail(format!("torn tail: {label}"), vec![format!("expected a rollback of {}[{start}, {end}) {want_pos}, server said:\n{out}", name(&file))])
+            );
         }
         let c = s.check(&mut srv, "torn", &mut rng).map_err(|v| s.fail(format!("torn tail: {label}"), v))?;
-        lines.push(format!("torn tail ({label}): rolled back {}[{start}, {end}) {want_pos}; {} events intact, next append at {}", name(&file), c.recovered_head, c.recovered_head + 1));
+        lines.push(format!(
+            "torn tail ({label}): rolled back {}[{start}, {end}) {want_pos}; {} events intact, next append at {}",
+            name(&file),
+            c.recovered_head,
+            c.recovered_head + 1
+        ));
         if i == 0 {
             // Negative controls: the checker must bite. Claim the rolled-back batch was
             // acknowledged (a lost ack), then forget a sent batch (a phantom).
@@ -254,12 +262,16 @@ pub fn corruption(binary: &Path, seed: u64, run_dir: &Path) -> Result<Vec<String
                 _ => std::fs::remove_file(f).unwrap(),
             }
         }
-        let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail("index damage".into(), vec![format!("the server refused a store whose index files were damaged: {e}")]))?;
+        let mut srv = s
+            .spec
+            .start_ok(&s.data, None)
+            .map_err(|e| s.fail("index damage".into(), vec![format!("the server refused a store whose index files were damaged: {e}")]))?;
         let c = s.check(&mut srv, "index damage", &mut rng).map_err(|v| s.fail("index damage".into(), v))?;
         // One file per sealed segment once the store has opened (the base store was killed, so
         // the last sealing may never have finished: count the segments, not the files).
         let sealed_segments = segments(&s.data).len() - 1;
-        let rebuilt = std::fs::read_dir(&ix).map(|d| d.filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "tix"))).count()).unwrap_or(0);
+        let rebuilt =
+            std::fs::read_dir(&ix).map(|d| d.filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "tix"))).count()).unwrap_or(0);
         if rebuilt != sealed_segments {
             return Err(s.fail("index damage".into(), vec![format!("{rebuilt} index files after the rebuild for {sealed_segments} sealed segments")]));
         }

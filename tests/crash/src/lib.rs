@@ -81,7 +81,15 @@ impl Site {
 
     /// A workload/check context for a server at `addr`.
     pub fn ctx(&self, addr: std::net::SocketAddr, tag: &str, errors_expected: Option<u32>) -> Ctx {
-        Ctx { seed: self.seed, addr, witness_dir: self.witness.clone(), next_seq: self.next_seq.clone(), tag: tag.to_string(), errors_expected, acks_after_errors: false }
+        Ctx {
+            seed: self.seed,
+            addr,
+            witness_dir: self.witness.clone(),
+            next_seq: self.next_seq.clone(),
+            tag: tag.to_string(),
+            errors_expected,
+            acks_after_errors: false,
+        }
     }
 
     /// Checks every invariant against `srv`, remembering what it saw. When the server stops
@@ -339,7 +347,10 @@ fn recover_and_continue(s: &mut Site, at: &str, rng: &mut Rng) -> Result<String,
     let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail(at.to_string(), vec![e]))?;
     s.check(&mut srv, &format!("{at}-r2"), rng).map_err(|v| s.fail(format!("{at}: second check"), v))?;
     let rolled = if out.contains("rollback") { ", torn tail rolled back" } else { "" };
-    Ok(format!("recovered {} events ({} acknowledged batches verified, in-doubt present/absent {}/{}){rolled}", c.recovered_head, c.acked_batches, c.doubtful_present, c.doubtful_absent))
+    Ok(format!(
+        "recovered {} events ({} acknowledged batches verified, in-doubt present/absent {}/{}){rolled}",
+        c.recovered_head, c.acked_batches, c.doubtful_present, c.doubtful_absent
+    ))
 }
 
 /// Phase 2: every crash site armed once with `abort`.
@@ -422,7 +433,10 @@ fn fail_stop(s: &mut Site, arm: &str, rng: &mut Rng, expect_zero_acks: bool, log
     let fail = |s: &Site, v: String| s.fail(at.clone(), vec![v]);
     let srv = s.spec.start_ok(&s.data, Some(arm)).map_err(|e| fail(s, e))?;
     // What was there before the armed run (a fault may stop the writer before any ack).
-    let base_head = workload::connect_timeout(srv.addr()).and_then(|mut c| c.stats().map_err(|e| e.to_string())).map_err(|e| fail(s, format!("stats before the fault: {e}")))?.event_count;
+    let base_head = workload::connect_timeout(srv.addr())
+        .and_then(|mut c| c.stats().map_err(|e| e.to_string()))
+        .map_err(|e| fail(s, format!("stats before the fault: {e}")))?
+        .event_count;
     let mut ctx = s.ctx(srv.addr(), "fault", Some(2));
     // Only a failed rollover leaves the writer accepting appends after it.
     ctx.acks_after_errors = logged == "rollover failed";
@@ -452,7 +466,11 @@ fn fail_stop(s: &mut Site, arm: &str, rng: &mut Rng, expect_zero_acks: bool, log
         Ok((evs, wm)) => {
             let want = o.max_acked.max(base_head);
             if wm.get() != want || evs.len() as u64 != want {
-                v.push(format!("after the fault a full read returned {} events (watermark {wm}); {base_head} were there before, the highest acknowledged position is {}", evs.len(), o.max_acked));
+                v.push(format!(
+                    "after the fault a full read returned {} events (watermark {wm}); {base_head} were there before, the highest acknowledged position is {}",
+                    evs.len(),
+                    o.max_acked
+                ));
             }
         }
         Err(e) => v.push(format!("reads are not served after the fault: {e}")),
@@ -586,10 +604,21 @@ fn retry_on_hang(name: &str, f: impl Fn() -> Result<Vec<String>, Failure>) -> Re
 /// appends probe events: run it on a copy.
 pub fn verify(binary: &Path, seed: u64, root: &Path) -> Result<Vec<String>, Failure> {
     let spec = ServerSpec { binary: binary.to_owned(), segment_size: 256 * 1024, log_path: root.join("verify-server.log") };
-    let mut s = Site { root: root.to_owned(), data: root.join("data"), witness: root.join("witness"), spec, next_seq: Arc::new(AtomicU64::new(u64::MAX / 2)), prev: Vec::new(), seed };
+    let mut s = Site {
+        root: root.to_owned(),
+        data: root.join("data"),
+        witness: root.join("witness"),
+        spec,
+        next_seq: Arc::new(AtomicU64::new(u64::MAX / 2)),
+        prev: Vec::new(),
+        seed,
+    };
     let mut srv = s.spec.start_ok(&s.data, None).map_err(|e| s.fail("verify".into(), vec![e]))?;
     let c = s.check(&mut srv, "verify", &mut Rng::new(seed)).map_err(|v| s.fail("verify".into(), v))?;
-    Ok(vec![format!("{} events, {} acknowledged batches verified, in-flight present/absent {}/{}", c.recovered_head, c.acked_batches, c.doubtful_present, c.doubtful_absent)])
+    Ok(vec![format!(
+        "{} events, {} acknowledged batches verified, in-flight present/absent {}/{}",
+        c.recovered_head, c.acked_batches, c.doubtful_present, c.doubtful_absent
+    )])
 }
 
 /// A liveness reproducer: `cycles` times, start the server on a small store, then within 3 s

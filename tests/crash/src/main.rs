@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 use tephra_crash::workload::Workload;
-use tephra_crash::{SoakOpts, Failure};
+use tephra_crash::{Failure, SoakOpts};
 
 fn usage(msg: &str) -> ExitCode {
     eprintln!("{msg}\nusage: tephra-crash <soak|points|faults|corruption|ci|liveness|verify> [--server PATH] [--seed S] [--cycles N] [--workload LIST] [--round R] [--segment-size BYTES] [--kill-ms LO-HI] [--run-dir DIR]");
@@ -94,7 +94,11 @@ fn main() -> ExitCode {
     };
     let hangs = tephra_crash::hangs();
     if !hangs.is_empty() {
-        println!("LIVENESS: {} time(s) the server stopped answering for {} s (restarted and checked; not a durability violation):", hangs.len(), tephra_crash::workload::ANSWER_TIMEOUT.as_secs());
+        println!(
+            "LIVENESS: {} time(s) the server stopped answering for {} s (restarted and checked; not a durability violation):",
+            hangs.len(),
+            tephra_crash::workload::ANSWER_TIMEOUT.as_secs()
+        );
         for h in &hangs {
             println!("  - {h}");
         }

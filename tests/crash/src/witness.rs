@@ -158,7 +158,8 @@ impl Record {
     /// Reads every `*.wit` file in `dir`.
     pub fn load(dir: &Path) -> std::io::Result<Record> {
         let mut r = Record::default();
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "wit")).collect();
+        let mut files: Vec<PathBuf> =
+            std::fs::read_dir(dir)?.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "wit")).collect();
         files.sort();
         for f in files {
             let text = std::fs::read_to_string(&f)?;

@@ -236,7 +236,8 @@ fn writer(ctx: Ctx, id: usize, conditional: bool, mut rng: Rng, stop: Arc<Atomic
                 last_pos = r.last.get();
                 let mut o = outcome.lock().unwrap();
                 if errors > 0 && !ctx.acks_after_errors {
-                    o.violations.push(format!("append seq {seq} acknowledged at {}..={} after this writer had an error answer (fail-stop broken)", r.first, r.last));
+                    o.violations
+                        .push(format!("append seq {seq} acknowledged at {}..={} after this writer had an error answer (fail-stop broken)", r.first, r.last));
                 }
                 o.acks += 1;
                 o.max_acked = o.max_acked.max(r.last.get());

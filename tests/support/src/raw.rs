@@ -82,9 +82,7 @@ pub fn frame_level_error(addr: SocketAddr, provoke: impl Fn(&mut RawConn)) -> pr
         match raw.recv() {
             Some(r) => {
                 assert_eq!(r.request_id, 0, "frame-level errors are unattributed: {r:?}");
-                let Some(proto::response::Kind::Error(e)) = r.kind else {
-                    panic!("expected an error frame, got {r:?}")
-                };
+                let Some(proto::response::Kind::Error(e)) = r.kind else { panic!("expected an error frame, got {r:?}") };
                 raw.expect_closed();
                 return e;
             }

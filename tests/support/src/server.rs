@@ -263,12 +263,7 @@ pub fn run_to_exit(binary: &Path, args: &[&str], extra_env: &[(&str, &str)], con
         if Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!(
-                "{} {args:?} was still running after {timeout:?}; stdout:\n{}\nstderr:\n{}",
-                binary.display(),
-                t_out.join().unwrap(),
-                t_err.join().unwrap()
-            );
+            panic!("{} {args:?} was still running after {timeout:?}; stdout:\n{}\nstderr:\n{}", binary.display(), t_out.join().unwrap(), t_err.join().unwrap());
         }
         std::thread::sleep(Duration::from_millis(10));
     };

@@ -71,4 +71,3 @@ pub fn tls_server_at_its_connection_cap(binary: &Path) -> (Server, PathBuf, temp
     let held = tephra::client::Client::connect_tls_with(srv.addr, "localhost", config, None).expect("the one connection");
     (srv, cert, certs, held)
 }
-
