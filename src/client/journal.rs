@@ -257,7 +257,7 @@ impl FromStr for JournalRef {
 
 /// Why a journal call got no answer this client can use. An answer with no verdict (`NOT_LEADER`,
 /// `UNSERVED`, `BUSY`) and a lost answer are outcomes, not errors.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum JournalError {
     /// No server is configured.
     #[error("no server is configured")]
