@@ -24,7 +24,7 @@
 //! The decisions (how an answer maps to an outcome, how an ambiguous write is settled) are
 //! pure functions of the answers, so they are tested without a server.
 //!
-//! Source: docs/journals.md §8 (and §6 for the wire, §2 for the verdicts).
+//! Source: docs/journals.md §8; the wire is docs/journals.md §6, the verdicts docs/journals.md §2.
 
 use std::fmt;
 use std::io;
