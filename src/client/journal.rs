@@ -566,6 +566,9 @@ pub enum WriterOutcome {
         duplicate: bool,
         /// Settled after an ambiguous answer.
         resolved: bool,
+        /// The view after the write; `None` when it was settled by [`Journals::resolve`],
+        /// which learns no view.
+        state: Option<View>,
     },
     /// The writer does not lead (never claimed, or superseded): nothing was sent.
     NotOwner,
@@ -1256,7 +1259,8 @@ impl Journals {
         let call = Call::Read(wire::JournalRead { tenant: id.tenant, journal: id.journal, from_seq: from, limit, wait_ms });
         let timeout = self.config.read_timeout + Duration::from_millis(wait_ms);
         let n = self.config.servers.len().max(1);
-        let mut last = ReadOutcome::Unserved;
+        // The last answer that was no page (unserved or lost), and how many said unknown.
+        let mut last = None;
         let mut unknown = 0;
         let mut unreachable = None;
         for _ in 0..n {
@@ -1264,10 +1268,14 @@ impl Journals {
                 Exchange::Answer(r) => match decode_read(&r)? {
                     o @ (ReadOutcome::Page { .. } | ReadOutcome::Truncated { .. }) => return Ok(o),
                     ReadOutcome::UnknownJournal => unknown += 1,
-                    o => last = o,
+                    o => last = Some(o),
                 },
-                Exchange::Lost { .. } => last = ReadOutcome::Ambiguous,
-                Exchange::Unreachable(why) => unreachable = Some(why),
+                Exchange::Lost { .. } => last = Some(ReadOutcome::Ambiguous),
+                // Connecting tries every server: none takes a connection.
+                Exchange::Unreachable(why) => {
+                    unreachable = Some(why);
+                    break;
+                }
             }
             if n > 1 {
                 self.next_server();
@@ -1276,9 +1284,10 @@ impl Journals {
         if unknown == n {
             return Ok(ReadOutcome::UnknownJournal);
         }
-        match unreachable {
-            Some(why) if unknown == 0 && last == ReadOutcome::Unserved => Err(JournalError::Unreachable(why)),
-            _ => Ok(last),
+        match (last, unreachable) {
+            (Some(o), _) => Ok(o),
+            (None, Some(why)) if unknown == 0 => Err(JournalError::Unreachable(why)),
+            (None, _) => Ok(ReadOutcome::Unserved),
         }
     }
 
@@ -1429,7 +1438,7 @@ impl JournalWriter {
         Ok(match answer {
             WriteOutcome::Written { seq, count, duplicate, state } => {
                 self.next_seq = Some(state.next_seq.max(seq + u64::from(count)));
-                WriterOutcome::Written { seq, count, duplicate, resolved: false }
+                WriterOutcome::Written { seq, count, duplicate, resolved: false, state: Some(state) }
             }
             WriteOutcome::Refused { state } => {
                 if self.saw(&state) {
@@ -1454,7 +1463,7 @@ impl JournalWriter {
             WriteOutcome::Ambiguous => match self.journals.resolve(self.id, self.leader, seq, records) {
                 Resolution::Written { seq, count } => {
                     self.next_seq = Some(seq + u64::from(count));
-                    WriterOutcome::Written { seq, count, duplicate: false, resolved: true }
+                    WriterOutcome::Written { seq, count, duplicate: false, resolved: true, state: None }
                 }
                 Resolution::NotWritten { state } => {
                     if !self.saw(&state) {

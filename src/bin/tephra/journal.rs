@@ -412,7 +412,13 @@ fn not_leader(message: &str) -> Answer {
 /// The answer of a writer session's write.
 pub fn writer_answer(o: &WriterOutcome) -> Answer {
     match o {
-        WriterOutcome::Written { seq, count, duplicate, resolved } => written(*seq, *count, *duplicate, *resolved),
+        WriterOutcome::Written { seq, count, duplicate, resolved, state } => {
+            let a = written(*seq, *count, *duplicate, *resolved);
+            match state {
+                Some(state) => a.set("state", state_json(state)),
+                None => a,
+            }
+        }
         WriterOutcome::NotOwner => Answer::new("not_owner", "not owner: this uuid does not lead the journal; nothing was sent"),
         WriterOutcome::Superseded { state } => Answer::with_state("superseded", "superseded", state),
         WriterOutcome::Refused { state } => Answer::with_state("refused", "refused", state),
@@ -971,7 +977,11 @@ mod tests {
         let none = write_answer(&WriteOutcome::WrongMode { state: v(None, 7, 3) });
         assert_eq!(none.text, "wrong mode leader=none next_seq=7 first_seq=3");
         assert_eq!(none.json["state"]["leader"], Value::Null);
-        let a = writer_answer(&WriterOutcome::Written { seq: 4, count: 1, duplicate: false, resolved: true });
+        let a = writer_answer(&WriterOutcome::Written { seq: 4, count: 1, duplicate: false, resolved: true, state: None });
+        assert!(a.json.get("state").is_none());
+        let a = writer_answer(&WriterOutcome::Written { seq: 4, count: 1, duplicate: false, resolved: false, state: Some(s) });
+        assert_eq!((a.text.as_str(), a.json["state"]["next_seq"].as_u64()), ("written seq=4 count=1", Some(2)));
+        let a = writer_answer(&WriterOutcome::Written { seq: 4, count: 1, duplicate: false, resolved: true, state: None });
         assert_eq!((a.outcome, a.text.as_str()), ("accepted", "written seq=4 count=1 resolved"));
         assert_eq!(a.json["resolved"], true);
         let a = writer_answer(&WriterOutcome::Superseded { state: s });
