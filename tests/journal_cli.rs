@@ -278,3 +278,33 @@ fn an_ambiguous_write_is_settled_by_resolve() {
     assert!(matches!(j.set_leader(id, LeaderUuid(0xb), Some(me)), Ok(tephra::client::journal::SetLeaderOutcome::Won { .. })));
     assert!(matches!(j.resolve(id, me, 1, &[b"r1"]), Resolution::NotWritten { .. }));
 }
+
+/// The writer session: it claims, writes at the tail, stops once another leader supersedes it
+/// (sending nothing more), and a new claim draws a fresh uuid and takes the lead back.
+#[test]
+#[ignore = "needs the journal sequencer"]
+fn a_writer_session_claims_writes_and_stops_once_superseded() {
+    use tephra::client::journal::{ClaimOutcome, JournalWriter, SetLeaderOutcome, WriterOutcome};
+    let srv = server();
+    let mut j = Journals::new(JournalsConfig::new([srv.addr.to_string()]));
+    j.create("acme", "orders", tephra::journal::Mode::Single, tephra::journal::StoreDurability::Ordered).unwrap();
+    let id = j.resolve_name(&"acme/orders".parse::<JournalRef>().unwrap()).unwrap();
+    let mut w = JournalWriter::with_fresh_leader(Journals::new(JournalsConfig::new([srv.addr.to_string()])), id);
+    assert_eq!(w.write(&[b"too early"]).unwrap(), WriterOutcome::NotOwner);
+    assert!(matches!(w.claim().unwrap(), ClaimOutcome::Won { .. }));
+    // A second claim under the same uuid finds itself leading.
+    assert!(matches!(w.claim().unwrap(), ClaimOutcome::Owned { .. }));
+    assert!(matches!(w.write(&[b"r0", b"r1"]).unwrap(), WriterOutcome::Written { seq: 0, count: 2, .. }));
+    assert!(matches!(w.write(&[b"r2"]).unwrap(), WriterOutcome::Written { seq: 2, count: 1, .. }));
+    let first = w.leader();
+    let other = LeaderUuid(0xb);
+    assert!(matches!(j.set_leader(id, other, Some(first)).unwrap(), SetLeaderOutcome::Won { .. }));
+    match w.write(&[b"r3"]).unwrap() {
+        WriterOutcome::Superseded { state } => assert_eq!((state.leader, state.next_seq), (Some(other), 3)),
+        o => panic!("{o:?}"),
+    }
+    assert_eq!(w.write(&[b"r3"]).unwrap(), WriterOutcome::NotOwner);
+    assert!(matches!(w.claim().unwrap(), ClaimOutcome::Won { .. }));
+    assert_ne!(w.leader(), first, "a claim after a supersession draws a fresh uuid");
+    assert!(matches!(w.write(&[b"r3"]).unwrap(), WriterOutcome::Written { seq: 3, count: 1, .. }));
+}
