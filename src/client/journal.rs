@@ -947,8 +947,9 @@ enum Exchange {
     Answer(JournalResponse),
     /// No server could be reached; nothing was sent.
     Unreachable(String),
-    /// Sent; no answer (a transport error or a timeout).
-    Lost { server: String, error: String },
+    /// Sent; no answer (a transport error or a timeout). `stale`: the connection had carried
+    /// answers before, so it may have gone stale.
+    Lost { server: String, error: String, stale: bool },
 }
 
 /// The host of `HOST:PORT` or `[V6]:PORT`.
@@ -966,6 +967,9 @@ fn host_of(addr: &str) -> &str {
 pub struct Journals {
     config: JournalsConfig,
     conn: Option<Client>,
+    /// Whether `conn` has carried an answer: a connection that has may have gone stale since
+    /// (the server restarted), so a read-only call that loses its answer on it asks again.
+    answered: bool,
     /// The server `conn` talks to, or the next to try.
     current: usize,
 }
@@ -979,7 +983,7 @@ impl fmt::Debug for Journals {
 impl Journals {
     /// A handle; it connects on the first call.
     pub fn new(config: JournalsConfig) -> Journals {
-        Journals { config, conn: None, current: 0 }
+        Journals { config, conn: None, answered: false, current: 0 }
     }
 
     /// The configuration.
@@ -1020,6 +1024,7 @@ impl Journals {
                     Ok(c) => {
                         self.current = i;
                         self.conn = Some(c);
+                        self.answered = false;
                         break;
                     }
                     Err(e) => failures.push(format!("{addr}: {e}")),
@@ -1043,6 +1048,7 @@ impl Journals {
     /// Sends `call` and waits up to `timeout` for its answer.
     fn exchange(&mut self, call: Call, timeout: Duration) -> Result<Exchange, JournalError> {
         let server = self.server().unwrap_or_default().to_owned();
+        let stale = self.conn.is_some() && self.answered;
         let client = match self.connection() {
             Ok(c) => c,
             Err(JournalError::Unreachable(why)) => return Ok(Exchange::Unreachable(why)),
@@ -1061,20 +1067,36 @@ impl Journals {
             }
             Err(e) => {
                 self.next_server();
-                return Ok(Exchange::Lost { server, error: e.to_string() });
+                return Ok(Exchange::Lost { server, error: e.to_string(), stale });
             }
         };
         match client.recv(id) {
-            Ok(response::Kind::Journal(r)) => Ok(Exchange::Answer(r)),
+            Ok(response::Kind::Journal(r)) => {
+                self.answered = true;
+                Ok(Exchange::Answer(r))
+            }
             Ok(other) => {
                 self.conn = None;
                 Err(JournalError::Malformed(ClientError::unexpected(&other, "journal").to_string()))
             }
-            Err(ClientError::Server { code, message, .. }) => Err(JournalError::Server { code, message }),
+            // A server may close after an error frame: the next call connects afresh.
+            Err(ClientError::Server { code, message, .. }) => {
+                self.conn = None;
+                Err(JournalError::Server { code, message })
+            }
             Err(e) => {
                 self.next_server();
-                Ok(Exchange::Lost { server, error: e.to_string() })
+                Ok(Exchange::Lost { server, error: e.to_string(), stale })
             }
+        }
+    }
+
+    /// [`exchange`](Self::exchange) for a call that changes nothing: an answer lost on a
+    /// connection that may have gone stale is asked for once more, on a new connection.
+    fn ask(&mut self, call: Call, timeout: Duration) -> Result<Exchange, JournalError> {
+        match self.exchange(call.clone(), timeout)? {
+            Exchange::Lost { stale: true, .. } => self.exchange(call, timeout),
+            other => Ok(other),
         }
     }
 
@@ -1157,10 +1179,10 @@ impl Journals {
     /// [`decode_list`].
     pub fn list(&mut self, tenant: Option<&str>) -> Result<ListOutcome, JournalError> {
         let call = Call::List(wire::JournalList { tenant_name: tenant.unwrap_or_default().to_owned() });
-        match self.exchange(call, self.config.read_timeout)? {
+        match self.ask(call, self.config.read_timeout)? {
             Exchange::Answer(r) => decode_list(&r),
             Exchange::Unreachable(why) => Err(JournalError::Unreachable(why)),
-            Exchange::Lost { server, error } => Err(JournalError::NoAnswer { server, error }),
+            Exchange::Lost { server, error, .. } => Err(JournalError::NoAnswer { server, error }),
         }
     }
 
@@ -1264,7 +1286,7 @@ impl Journals {
         let mut unknown = 0;
         let mut unreachable = None;
         for _ in 0..n {
-            match self.exchange(call.clone(), timeout)? {
+            match self.ask(call.clone(), timeout)? {
                 Exchange::Answer(r) => match decode_read(&r)? {
                     o @ (ReadOutcome::Page { .. } | ReadOutcome::Truncated { .. }) => return Ok(o),
                     ReadOutcome::UnknownJournal => unknown += 1,
