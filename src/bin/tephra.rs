@@ -6,6 +6,8 @@
 
 #[path = "tephra/commands.rs"]
 mod commands;
+#[path = "tephra/journal.rs"]
+mod journal;
 #[path = "tephra/jsonl.rs"]
 mod jsonl;
 
@@ -139,6 +141,10 @@ enum Command {
     /// Append the events of a JSON-lines file (or stdin) in batches, in order.
     #[command(override_usage = "tephra import [OPTIONS] [FILE]")]
     Import(commands::ImportArgs),
+    /// Journals: create, list, write, read, tail, set-leader, truncate (exit codes: see
+    /// `tephra journal --help`).
+    #[command(override_usage = "tephra journal [OPTIONS] <COMMAND>")]
+    Journal(journal::JournalArgs),
 }
 
 /// A failure: what to print and which exit code to use.
@@ -386,6 +392,7 @@ fn main() -> ExitCode {
         Command::Stats => commands::stats(&cli.global),
         Command::Export(a) => commands::export(&cli.global, a),
         Command::Import(a) => commands::import(&cli.global, a),
+        Command::Journal(a) => journal::run(&cli.global, a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -48,6 +48,7 @@
 //! ```
 
 pub mod async_client;
+pub mod journal;
 mod stream;
 pub mod tls;
 mod transport;
