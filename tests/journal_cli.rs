@@ -1,11 +1,11 @@
 //! `tephra journal ...` against our `tephra-server` (docs/journals.md §8.5), and the journal
 //! client's settling of an ambiguous write (docs/journals.md §8.3).
 //!
-//! The tests marked `#[ignore = "needs the journal sequencer"]` need a server that judges
+//! The tests marked `` need a server that judges
 //! journal calls; un-ignore them when it does. The others run against no server or one that
 //! is not there.
 
-mod support;
+use tephra_test_support as support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Output, Stdio};
@@ -106,7 +106,7 @@ fn no_server_answering_exits_5() {
 /// lead from A; A's write at 2 is refused naming B; B's write lands at 2; a read shows three
 /// records.
 #[test]
-#[ignore = "needs the journal sequencer"]
+
 fn the_seed_sequence_diagram_runs_through_the_cli() {
     let srv = server();
     let a = srv.addr;
@@ -138,7 +138,7 @@ fn the_seed_sequence_diagram_runs_through_the_cli() {
 }
 
 #[test]
-#[ignore = "needs the journal sequencer"]
+
 fn json_answers_carry_outcome_seq_count_and_state() {
     let srv = server();
     let a = srv.addr;
@@ -175,7 +175,7 @@ fn json_answers_carry_outcome_seq_count_and_state() {
 }
 
 #[test]
-#[ignore = "needs the journal sequencer"]
+
 fn list_show_ids_and_prefixes_name_journals() {
     let srv = server();
     let a = srv.addr;
@@ -209,7 +209,7 @@ fn list_show_ids_and_prefixes_name_journals() {
 }
 
 #[test]
-#[ignore = "needs the journal sequencer"]
+
 fn multi_writer_journals_take_unfenced_writes_and_refuse_the_other_shape() {
     let srv = server();
     let a = srv.addr;
@@ -230,7 +230,7 @@ fn multi_writer_journals_take_unfenced_writes_and_refuse_the_other_shape() {
 }
 
 #[test]
-#[ignore = "needs the journal sequencer"]
+
 fn tail_prints_records_as_they_land_until_interrupted() {
     let srv = server();
     let a = srv.addr;
@@ -255,7 +255,7 @@ fn tail_prints_records_as_they_land_until_interrupted() {
 /// A write whose answer is lost (the server is stopped after the request went out) is
 /// `Ambiguous`, and `resolve` settles it once the server runs again.
 #[test]
-#[ignore = "needs the journal sequencer"]
+
 fn an_ambiguous_write_is_settled_by_resolve() {
     let srv = server();
     let mut config = JournalsConfig::new([srv.addr.to_string()]);
@@ -282,7 +282,7 @@ fn an_ambiguous_write_is_settled_by_resolve() {
 /// The writer session: it claims, writes at the tail, stops once another leader supersedes it
 /// (sending nothing more), and a new claim draws a fresh uuid and takes the lead back.
 #[test]
-#[ignore = "needs the journal sequencer"]
+
 fn a_writer_session_claims_writes_and_stops_once_superseded() {
     use tephra::client::journal::{ClaimOutcome, JournalWriter, SetLeaderOutcome, WriterOutcome};
     let srv = server();

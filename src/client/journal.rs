@@ -662,9 +662,7 @@ fn common(r: &JournalResponse, call: &'static str) -> JournalError {
 pub fn decode_write(r: &JournalResponse) -> Result<WriteOutcome, JournalError> {
     use JournalOutcome as O;
     Ok(match JournalOutcome::try_from(r.outcome) {
-        Ok(o @ (O::Accepted | O::Duplicate)) => {
-            WriteOutcome::Written { seq: r.seq, count: r.count, duplicate: o == O::Duplicate, state: state_of(r)? }
-        }
+        Ok(o @ (O::Accepted | O::Duplicate)) => WriteOutcome::Written { seq: r.seq, count: r.count, duplicate: o == O::Duplicate, state: state_of(r)? },
         Ok(O::Refused) => WriteOutcome::Refused { state: state_of(r)? },
         Ok(O::Truncated) => WriteOutcome::Truncated { state: state_of(r)? },
         Ok(O::WrongMode) => WriteOutcome::WrongMode { state: state_of(r)? },
@@ -843,9 +841,7 @@ pub fn judge_resend(seq: Seq, me: LeaderUuid, answer: &WriteOutcome) -> Option<R
         WriteOutcome::Written { seq, count, .. } => Some(Resolution::Written { seq: *seq, count: *count }),
         WriteOutcome::WrongMode { state } => Some(Resolution::NotWritten { state: *state }),
         WriteOutcome::Truncated { state } => Some(Resolution::Truncated { state: *state }),
-        WriteOutcome::Refused { state } if state.leader != Some(me) || state.next_seq > seq => {
-            Some(Resolution::NotWritten { state: *state })
-        }
+        WriteOutcome::Refused { state } if state.leader != Some(me) || state.next_seq > seq => Some(Resolution::NotWritten { state: *state }),
         _ => None,
     }
 }
@@ -1140,7 +1136,10 @@ impl Journals {
     pub fn create(&mut self, tenant: &str, journal: &str, mode: Mode, durability: StoreDurability) -> Result<CreateOutcome, JournalError> {
         for (name, which) in [(tenant, "tenant"), (journal, "journal")] {
             if !valid_name(name) {
-                return Err(NameError::Malformed(format!("the {which} name {name:?} is not 1 to 64 ASCII letters, digits, '.', '_' or '-' (not starting with '.' or '-')")).into());
+                return Err(NameError::Malformed(format!(
+                    "the {which} name {name:?} is not 1 to 64 ASCII letters, digits, '.', '_' or '-' (not starting with '.' or '-')"
+                ))
+                .into());
             }
         }
         let call = Call::Create(wire::JournalCreate {
@@ -1260,14 +1259,7 @@ impl Journals {
         let backoff = self.config.retry_backoff;
         let call = Self::write_call(id, Some(leader), seq, records);
         let this = std::cell::RefCell::new(self);
-        settle(
-            seq,
-            leader,
-            budget,
-            || this.borrow_mut().read(id, seq, 1, 0),
-            || this.borrow_mut().write(call.clone()),
-            || std::thread::sleep(backoff),
-        )
+        settle(seq, leader, budget, || this.borrow_mut().read(id, seq, 1, 0), || this.borrow_mut().write(call.clone()), || std::thread::sleep(backoff))
     }
 
     /// Reads up to `limit` records (0: a full page) from `from`, waiting up to `wait_ms` at
@@ -1320,12 +1312,7 @@ impl Journals {
     /// # Errors
     /// As [`write_single`](Self::write_single).
     pub fn set_leader(&mut self, id: JournalId, new: LeaderUuid, old: Option<LeaderUuid>) -> Result<SetLeaderOutcome, JournalError> {
-        let call = Call::SetLeader(wire::JournalSetLeader {
-            tenant: id.tenant,
-            journal: id.journal,
-            new: leader_to_wire(Some(new)),
-            old: leader_to_wire(old),
-        });
+        let call = Call::SetLeader(wire::JournalSetLeader { tenant: id.tenant, journal: id.journal, new: leader_to_wire(Some(new)), old: leader_to_wire(old) });
         match self.changing(call, |_| false)? {
             Some(r) => decode_set_leader(&r),
             None => Ok(SetLeaderOutcome::Ambiguous),
@@ -1599,8 +1586,21 @@ mod tests {
         let whole: JournalRef = "id:0000000000000001/FFFFFFFFFFFFFFFF".parse().unwrap();
         assert_eq!(whole.whole_id(), Some(JournalId { tenant: 1, journal: u64::MAX }));
         for bad in [
-            "acme", "acme/", "/orders", "acme/or/ders", "acme/.x", "-a/b", "a b/c", "paros://acme", "id:", "id:12",
-            "id:/1", "id:1/", "id:xyz/1", "id:1/00000000000000001", "tephra://acme/orders",
+            "acme",
+            "acme/",
+            "/orders",
+            "acme/or/ders",
+            "acme/.x",
+            "-a/b",
+            "a b/c",
+            "paros://acme",
+            "id:",
+            "id:12",
+            "id:/1",
+            "id:1/",
+            "id:xyz/1",
+            "id:1/00000000000000001",
+            "tephra://acme/orders",
         ] {
             assert!(matches!(bad.parse::<JournalRef>(), Err(NameError::Malformed(_))), "{bad}");
         }

@@ -16,9 +16,8 @@ use base64::Engine as _;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{json, Map, Value};
 use tephra::client::journal::{
-    fresh_leader, parse_leader, ClaimOutcome, CreateOutcome, DeleteOutcome, JournalError, JournalInfo, JournalRef,
-    JournalWriter, Journals, JournalsConfig, JournalsTls, ListOutcome, NameError, ReadOutcome,
-    SetLeaderOutcome, TruncateOutcome, WriteOutcome, WriterOutcome,
+    fresh_leader, parse_leader, ClaimOutcome, CreateOutcome, DeleteOutcome, JournalError, JournalInfo, JournalRef, JournalWriter, Journals, JournalsConfig,
+    JournalsTls, ListOutcome, NameError, ReadOutcome, SetLeaderOutcome, TruncateOutcome, WriteOutcome, WriterOutcome,
 };
 use tephra::client::tls;
 use tephra::journal::{JournalId, LeaderUuid, Mode, Seq, StoreDurability, View};
@@ -58,8 +57,8 @@ const TAIL_WAIT_MS: u64 = 1_000;
 pub fn exit_for(outcome: &str) -> u8 {
     match outcome {
         "accepted" | "duplicate" | "leader" | "owned" | "trimmed" | "created" | "deleted" | "listed" | "found" | "page" => EXIT_OK,
-        "refused" | "lost" | "superseded" | "not_written" | "not_owner" | "truncated" | "wrong_mode" | "too_large"
-        | "name_taken" | "unknown_journal" | "unknown_tenant" => EXIT_NOT_DONE,
+        "refused" | "lost" | "superseded" | "not_written" | "not_owner" | "truncated" | "wrong_mode" | "too_large" | "name_taken" | "unknown_journal"
+        | "unknown_tenant" => EXIT_NOT_DONE,
         "invalid_name" => EXIT_USAGE,
         "ambiguous" | "unresolved" => EXIT_AMBIGUOUS,
         "busy" | "unserved" | "not_leader" => EXIT_NO_SERVER,
@@ -381,10 +380,7 @@ fn written(seq: Seq, count: u32, duplicate: bool, resolved: bool) -> Answer {
     if resolved {
         text.push_str(" resolved");
     }
-    let mut a = Answer::new(if duplicate { "duplicate" } else { "accepted" }, text)
-        .set("seq", seq)
-        .set("count", count)
-        .set("duplicate", duplicate);
+    let mut a = Answer::new(if duplicate { "duplicate" } else { "accepted" }, text).set("seq", seq).set("count", count).set("duplicate", duplicate);
     if resolved {
         a = a.set("resolved", true);
     }
@@ -392,9 +388,7 @@ fn written(seq: Seq, count: u32, duplicate: bool, resolved: bool) -> Answer {
 }
 
 fn too_large(max_records: u64, max_bytes: u64) -> Answer {
-    Answer::new("too_large", format!("too large max_records={max_records} max_bytes={max_bytes}"))
-        .set("max_records", max_records)
-        .set("max_bytes", max_bytes)
+    Answer::new("too_large", format!("too large max_records={max_records} max_bytes={max_bytes}")).set("max_records", max_records).set("max_bytes", max_bytes)
 }
 
 fn unknown_journal() -> Answer {
@@ -429,10 +423,9 @@ pub fn writer_answer(o: &WriterOutcome) -> Answer {
         WriterOutcome::UnknownJournal => unknown_journal(),
         WriterOutcome::Busy => busy(),
         WriterOutcome::NotLeader { message } => not_leader(message),
-        WriterOutcome::Ambiguous => Answer::new(
-            "ambiguous",
-            "ambiguous: no answer came back, and reading back and sending again did not settle whether the write is in the journal",
-        ),
+        WriterOutcome::Ambiguous => {
+            Answer::new("ambiguous", "ambiguous: no answer came back, and reading back and sending again did not settle whether the write is in the journal")
+        }
     }
 }
 
@@ -476,13 +469,11 @@ pub fn truncate_answer(o: &TruncateOutcome) -> Answer {
 /// The answer to a create of `name`.
 pub fn create_answer(name: &str, mode: Mode, store: StoreDurability, o: &CreateOutcome) -> Answer {
     match o {
-        CreateOutcome::Created { id } => {
-            Answer::new("created", format!("created {name} id={id} mode={} store={}", mode_name(mode), store_name(store)))
-                .set("journal", name)
-                .set("id", id.to_string())
-                .set("mode", mode_name(mode))
-                .set("store", store_name(store))
-        }
+        CreateOutcome::Created { id } => Answer::new("created", format!("created {name} id={id} mode={} store={}", mode_name(mode), store_name(store)))
+            .set("journal", name)
+            .set("id", id.to_string())
+            .set("mode", mode_name(mode))
+            .set("store", store_name(store)),
         CreateOutcome::NameTaken { id } => Answer::new("name_taken", format!("name taken: {name} is id={id}")).set("journal", name).set("id", id.to_string()),
         CreateOutcome::InvalidName { message } => Answer::new("invalid_name", format!("invalid name: {message}")).set("message", message.as_str()),
         CreateOutcome::Ambiguous => Answer::new("ambiguous", "ambiguous: no answer came back; create again to learn whether it exists"),
@@ -960,7 +951,10 @@ mod tests {
         let s = v(Some(0xb), 2, 0);
         let a = write_answer(&WriteOutcome::Written { seq: 0, count: 2, duplicate: false, state: v(Some(0xa), 2, 0) });
         assert_eq!(a.text, "written seq=0 count=2");
-        assert_eq!(Value::Object(a.json.clone()), json!({"outcome": "accepted", "seq": 0, "count": 2, "duplicate": false, "state": {"leader": "a", "next_seq": 2, "first_seq": 0}}));
+        assert_eq!(
+            Value::Object(a.json.clone()),
+            json!({"outcome": "accepted", "seq": 0, "count": 2, "duplicate": false, "state": {"leader": "a", "next_seq": 2, "first_seq": 0}})
+        );
         assert_eq!(a.exit(), 0);
         let a = write_answer(&WriteOutcome::Written { seq: 0, count: 2, duplicate: true, state: s });
         assert_eq!((a.outcome, a.text.as_str()), ("duplicate", "written seq=0 count=2 duplicate"));
@@ -1005,10 +999,27 @@ mod tests {
     #[test]
     fn exit_codes_follow_the_table() {
         for (o, code) in [
-            ("accepted", 0), ("duplicate", 0), ("leader", 0), ("trimmed", 0), ("created", 0), ("page", 0),
-            ("refused", 3), ("lost", 3), ("superseded", 3), ("truncated", 3), ("wrong_mode", 3), ("unknown_journal", 3),
-            ("name_taken", 3), ("too_large", 3), ("not_written", 3),
-            ("ambiguous", 4), ("busy", 5), ("unserved", 5), ("not_leader", 5), ("invalid_name", 2), ("something_new", 1),
+            ("accepted", 0),
+            ("duplicate", 0),
+            ("leader", 0),
+            ("trimmed", 0),
+            ("created", 0),
+            ("page", 0),
+            ("refused", 3),
+            ("lost", 3),
+            ("superseded", 3),
+            ("truncated", 3),
+            ("wrong_mode", 3),
+            ("unknown_journal", 3),
+            ("name_taken", 3),
+            ("too_large", 3),
+            ("not_written", 3),
+            ("ambiguous", 4),
+            ("busy", 5),
+            ("unserved", 5),
+            ("not_leader", 5),
+            ("invalid_name", 2),
+            ("something_new", 1),
         ] {
             assert_eq!(exit_for(o), code, "{o}");
         }
