@@ -7,6 +7,9 @@
 # Extra arguments go to the workspace `cargo test` only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Style and lints first: they take seconds and fail before the long build.
+cargo fmt --all --check
+cargo clippy --release --workspace --all-targets -- -D warnings
 ref="$(scripts/install-reference.sh)"
 export TEPHRA_REFERENCE_SERVER="$ref"
 # The crash harness (tests/crash/tests/crash_ci.rs) needs tephra-server built with the crash-points

@@ -262,7 +262,7 @@ fn an_ambiguous_write_is_settled_by_resolve() {
     config.request_timeout = Duration::from_millis(500);
     config.read_timeout = Duration::from_millis(500);
     let mut j = Journals::new(config);
-    assert!(matches!(j.create("acme", "orders", tephra::journal::Mode::Single, tephra::journal::StoreDurability::Ordered), Ok(_)));
+    assert!(j.create("acme", "orders", tephra::journal::Mode::Single, tephra::journal::StoreDurability::Ordered).is_ok());
     let id = j.resolve_name(&"acme/orders".parse::<JournalRef>().unwrap()).unwrap();
     let me = LeaderUuid(0xa);
     assert!(matches!(j.set_leader(id, me, None), Ok(tephra::client::journal::SetLeaderOutcome::Won { .. })));

@@ -56,7 +56,7 @@ impl Journals {
                 }
                 let leader = match uuid(&w.leader) {
                     Ok(u) => u,
-                    Err(r) => return r,
+                    Err(r) => return *r,
                 };
                 let bytes: u64 = w.records.iter().map(|r| r.len() as u64).sum();
                 if w.records.len() as u64 > self.limits.max_batch_records || bytes > self.limits.max_batch_bytes {
@@ -78,7 +78,7 @@ impl Journals {
                 }
                 let (new, old) = match (uuid(&s.new), uuid(&s.old)) {
                     (Ok(n), Ok(o)) => (n.unwrap_or(LeaderUuid::NONE), o),
-                    (Err(r), _) | (_, Err(r)) => return r,
+                    (Err(r), _) | (_, Err(r)) => return *r,
                 };
                 self.command(&Command::SetLeader { journal: id, new, old }, false).await
             }
@@ -89,7 +89,7 @@ impl Journals {
                 }
                 let leader = match uuid(&t.leader) {
                     Ok(u) => u,
-                    Err(r) => return r,
+                    Err(r) => return *r,
                 };
                 self.command(&Command::Truncate { journal: id, leader, up_to: t.up_to }, false).await
             }
@@ -218,11 +218,11 @@ impl Journals {
 
 /// A uuid off the wire: empty is none, 16 bytes big-endian is one (0 reads as none), any
 /// other length is `INVALID`.
-fn uuid(bytes: &[u8]) -> Result<Option<LeaderUuid>, JournalResponse> {
+fn uuid(bytes: &[u8]) -> Result<Option<LeaderUuid>, Box<JournalResponse>> {
     match bytes.len() {
         0 => Ok(None),
         16 => Ok(LeaderUuid(u128::from_be_bytes(bytes.try_into().unwrap())).set()),
-        n => Err(invalid(&format!("a leader uuid is 16 bytes (or empty for none), got {n}"))),
+        n => Err(Box::new(invalid(&format!("a leader uuid is 16 bytes (or empty for none), got {n}")))),
     }
 }
 
