@@ -47,17 +47,11 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind, for decoding.
+    const ALL: [Kind; 7] = [Kind::Write, Kind::SetLeader, Kind::Truncate, Kind::Noop, Kind::CreateTenant, Kind::CreateJournal, Kind::DeleteJournal];
+
     fn from_u8(b: u8) -> Option<Kind> {
-        Some(match b {
-            1 => Kind::Write,
-            2 => Kind::SetLeader,
-            3 => Kind::Truncate,
-            4 => Kind::Noop,
-            16 => Kind::CreateTenant,
-            17 => Kind::CreateJournal,
-            18 => Kind::DeleteJournal,
-            _ => return None,
-        })
+        Kind::ALL.into_iter().find(|k| *k as u8 == b)
     }
 }
 

@@ -13,7 +13,7 @@ use crate::journal::model::{JournalId, LeaderUuid, Mode, StoreDurability};
 use crate::journal::sequencer::{invalid, outcome, unavailable, wire_view, Call, Published, Sequencer};
 use crate::journal::store::{StoreError, DEFAULT_SEGMENT_SIZE};
 use crate::journal::valid_name;
-use crate::proto::{journal_request, JournalDurability, JournalMode, JournalOutcome, JournalRead, JournalRequest, JournalResponse};
+use crate::proto::{journal_request, JournalCreate, JournalDurability, JournalMode, JournalOutcome, JournalRead, JournalRequest, JournalResponse};
 
 /// The node's journals as a shard sees them: the way to the sequencer, the published durable
 /// state, and the limits.
@@ -47,95 +47,73 @@ impl Journals {
         let Some(call) = req.call else {
             return invalid("a journal request names no call");
         };
-        match call {
-            journal_request::Call::Read(r) => self.read(r).await,
+        if let journal_request::Call::Read(r) = call {
+            return self.read(r).await;
+        }
+        match self.prepare(call) {
+            Ok((call, rx, admission)) => self.send(call, rx, admission).await,
+            Err(refused) => *refused,
+        }
+    }
+
+    /// Checks a call that goes through the sequencer (ids, uuids, limits, names) and builds
+    /// it, with the receiver of its answer and whether admission applies (writes only).
+    fn prepare(&self, call: journal_request::Call) -> Result<(Call, flume::Receiver<JournalResponse>, bool), Box<JournalResponse>> {
+        let (reply, rx) = flume::bounded(1);
+        let (cmd, admission) = match call {
+            journal_request::Call::Read(_) => unreachable!("reads are served by the shard"),
             journal_request::Call::Write(w) => {
-                let id = JournalId { tenant: w.tenant, journal: w.journal };
-                if !id.is_set() {
-                    return outcome(JournalOutcome::UnknownJournal);
-                }
-                let leader = match uuid(&w.leader) {
-                    Ok(u) => u,
-                    Err(r) => return *r,
-                };
+                let id = known(w.tenant, w.journal)?;
+                let leader = uuid(&w.leader)?;
                 let bytes: u64 = w.records.iter().map(|r| r.len() as u64).sum();
                 if w.records.len() as u64 > self.limits.max_batch_records || bytes > self.limits.max_batch_bytes {
-                    return JournalResponse {
+                    return Err(Box::new(JournalResponse {
                         outcome: JournalOutcome::TooLarge as i32,
                         max_records: self.limits.max_batch_records,
                         max_bytes: self.limits.max_batch_bytes,
                         ..Default::default()
-                    };
+                    }));
                 }
                 let records: Vec<&[u8]> = w.records.iter().map(Vec::as_slice).collect();
                 let seq = if leader.is_some() { w.seq } else { 0 };
-                self.command(&Command::Write { journal: id, leader, seq, records }, true).await
+                (encode(&Command::Write { journal: id, leader, seq, records }), true)
             }
             journal_request::Call::SetLeader(s) => {
-                let id = JournalId { tenant: s.tenant, journal: s.journal };
-                if !id.is_set() {
-                    return outcome(JournalOutcome::UnknownJournal);
-                }
-                let (new, old) = match (uuid(&s.new), uuid(&s.old)) {
-                    (Ok(n), Ok(o)) => (n.unwrap_or(LeaderUuid::NONE), o),
-                    (Err(r), _) | (_, Err(r)) => return *r,
-                };
-                self.command(&Command::SetLeader { journal: id, new, old }, false).await
+                let journal = known(s.tenant, s.journal)?;
+                let new = uuid(&s.new)?.unwrap_or(LeaderUuid::NONE);
+                (encode(&Command::SetLeader { journal, new, old: uuid(&s.old)? }), false)
             }
             journal_request::Call::Truncate(t) => {
-                let id = JournalId { tenant: t.tenant, journal: t.journal };
-                if !id.is_set() {
-                    return outcome(JournalOutcome::UnknownJournal);
-                }
-                let leader = match uuid(&t.leader) {
-                    Ok(u) => u,
-                    Err(r) => return *r,
-                };
-                self.command(&Command::Truncate { journal: id, leader, up_to: t.up_to }, false).await
+                let journal = known(t.tenant, t.journal)?;
+                (encode(&Command::Truncate { journal, leader: uuid(&t.leader)?, up_to: t.up_to }), false)
             }
-            journal_request::Call::Delete(d) => {
-                let id = JournalId { tenant: d.tenant, journal: d.journal };
-                if !id.is_set() {
-                    return outcome(JournalOutcome::UnknownJournal);
-                }
-                self.command(&Command::DeleteJournal { journal: id }, false).await
-            }
-            journal_request::Call::Create(c) => {
-                if !valid_name(&c.tenant_name) || !valid_name(&c.journal_name) {
-                    return JournalResponse {
-                        outcome: JournalOutcome::InvalidName as i32,
-                        message: "a name is 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'".into(),
-                        ..Default::default()
-                    };
-                }
-                let mode = match JournalMode::try_from(c.mode) {
-                    Ok(JournalMode::Single) => Mode::Single,
-                    Ok(JournalMode::Multi) => Mode::Multi,
-                    Err(_) => return invalid("unknown journal mode"),
-                };
-                let durability = match JournalDurability::try_from(c.durability) {
-                    Ok(JournalDurability::Ordered) => StoreDurability::Ordered,
-                    Ok(JournalDurability::Batched) => StoreDurability::Batched,
-                    Err(_) => return invalid("unknown store durability"),
-                };
-                let (reply, rx) = flume::bounded(1);
-                let call =
-                    Call::Create { tenant: c.tenant_name, journal: c.journal_name, mode, durability, tenant_id: random_id(), journal_id: random_id(), reply };
-                self.send(call, rx, false).await
-            }
-            journal_request::Call::List(l) => {
-                let (reply, rx) = flume::bounded(1);
-                self.send(Call::List { tenant: l.tenant_name, reply }, rx, false).await
-            }
-        }
+            journal_request::Call::Delete(d) => (encode(&Command::DeleteJournal { journal: known(d.tenant, d.journal)? }), false),
+            journal_request::Call::Create(c) => return Ok((self.create(c, reply)?, rx, false)),
+            journal_request::Call::List(l) => return Ok((Call::List { tenant: l.tenant_name, reply }, rx, false)),
+        };
+        Ok((Call::Command { payload: cmd, reply }, rx, admission))
     }
 
-    /// Encodes `cmd` here, off the sequencer, and has it judged.
-    async fn command(&self, cmd: &Command<'_>, admission: bool) -> JournalResponse {
-        let mut payload = Vec::with_capacity(cmd.encoded_len());
-        cmd.encode(EntryId::default(), &mut payload);
-        let (reply, rx) = flume::bounded(1);
-        self.send(Call::Command { payload, reply }, rx, admission).await
+    /// Checks a create's names, mode and durability, and draws its ids.
+    fn create(&self, c: JournalCreate, reply: flume::Sender<JournalResponse>) -> Result<Call, Box<JournalResponse>> {
+        if !valid_name(&c.tenant_name) || !valid_name(&c.journal_name) {
+            return Err(Box::new(JournalResponse {
+                outcome: JournalOutcome::InvalidName as i32,
+                message: "a name is 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'".into(),
+                ..Default::default()
+            }));
+        }
+        let mode = match JournalMode::try_from(c.mode) {
+            Ok(JournalMode::Single) => Mode::Single,
+            Ok(JournalMode::Multi) => Mode::Multi,
+            Err(_) => return Err(Box::new(invalid("unknown journal mode"))),
+        };
+        let durability = match JournalDurability::try_from(c.durability) {
+            Ok(JournalDurability::Ordered) => StoreDurability::Ordered,
+            Ok(JournalDurability::Batched) => StoreDurability::Batched,
+            Err(_) => return Err(Box::new(invalid("unknown store durability"))),
+        };
+        Ok(Call::Create { tenant: c.tenant_name, journal: c.journal_name, mode, durability, tenant_id: random_id(), journal_id: random_id(), reply })
     }
 
     /// Queues a call for the sequencer (answering `BUSY` when the admission queue is full and
@@ -213,6 +191,23 @@ impl Journals {
             }
             futures_lite::future::or(listener, shards::sleep(deadline - now)).await;
         }
+    }
+}
+
+/// A command encoded here, on the connection's shard, so the sequencer does not have to.
+fn encode(cmd: &Command<'_>) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(cmd.encoded_len());
+    cmd.encode(EntryId::default(), &mut payload);
+    payload
+}
+
+/// The journal id of a call, or `UNKNOWN_JOURNAL` when either half is 0.
+fn known(tenant: u64, journal: u64) -> Result<JournalId, Box<JournalResponse>> {
+    let id = JournalId { tenant, journal };
+    if id.is_set() {
+        Ok(id)
+    } else {
+        Err(Box::new(outcome(JournalOutcome::UnknownJournal)))
     }
 }
 
