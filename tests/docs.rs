@@ -314,6 +314,18 @@ fn with_addr(command: &str, addr: &str) -> String {
 
 #[test]
 fn the_readme_first_session_runs_against_a_real_server() {
+    run_readme_session("## A first session", true);
+}
+
+#[test]
+fn the_readme_journal_session_runs_against_a_real_server() {
+    run_readme_session("## Journals", false);
+}
+
+/// Starts the server of the README's first `sh` block on a fresh directory and runs the
+/// `console` block after `heading`, command by command, checking each output and exit code;
+/// with `stop`, also checks that SIGTERM ends the server with exit code 0.
+fn run_readme_session(heading: &str, stop: bool) {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_tephra")).parent().unwrap().to_path_buf();
     let setup = block_after(&readme, "## A first session", "sh");
@@ -321,7 +333,7 @@ fn the_readme_first_session_runs_against_a_real_server() {
     assert!(setup.iter().any(|l| l.starts_with("cargo build --release --bin tephra-server --bin tephra")), "{setup:?}");
     let server = Server::start(server_line, &bin);
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let steps = session_steps(&block_after(&readme, "## A first session", "console"));
+    let steps = session_steps(&block_after(&readme, heading, "console"));
     assert!(steps.len() >= 5, "the session has {} commands", steps.len());
     for step in &steps {
         let line = with_addr(&step.command, &server.addr);
@@ -333,6 +345,9 @@ fn the_readme_first_session_runs_against_a_real_server() {
         let actual: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().chain(String::from_utf8_lossy(&out.stderr).lines()).map(str::to_owned).collect();
         assert_eq!(out.status.code(), Some(step.exit), "exit code of `{line}`; output:\n{}", actual.join("\n"));
         assert!(lines_match(&step.expected, &actual), "`{line}` printed\n{}\nwhere the README shows\n{}", actual.join("\n"), step.expected.join("\n"));
+    }
+    if !stop {
+        return;
     }
     // "Stop the server with Ctrl-C or SIGTERM: ... then exits 0."
     let mut server = server;
