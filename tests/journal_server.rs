@@ -2,135 +2,22 @@
 //! seed's sequence diagram, reads and tail waits, limits, bad input, and a restart that keeps
 //! every acknowledged write.
 
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::journal::leader_of;
+use support::{JournalConn as Conn, Server};
 use tephra::proto::*;
+use tephra_test_support as support;
 
-fn server_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
-}
-
-/// A server process on `127.0.0.1:0` over `data`, killed on drop.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Server {
-    fn start(data: &Path, env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(server_bin());
-        cmd.args(["-b", "127.0.0.1:0", "-d"]).arg(data).env("NO_COLOR", "1").env_remove("TEPHRA_LOG").stdout(Stdio::piped()).stderr(Stdio::inherit());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("start tephra-server");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some(at) = line.find("tephra server listening addr=") {
-                    let addr = line[at + "tephra server listening addr=".len()..].trim().trim_matches('"').to_owned();
-                    let _ = tx.send(addr);
-                }
-            }
-        });
-        let addr = rx.recv_timeout(Duration::from_secs(30)).expect("server listening").parse().unwrap();
-        Server { child, addr }
-    }
-
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Conn {
-    s: TcpStream,
-    next: u64,
-}
-
-impl Conn {
-    fn open(addr: SocketAddr) -> Conn {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write_frame(&mut s, &Request::hello(1, None), DEFAULT_MAX_FRAME_LEN).unwrap();
-        let ack: Response = read_message(&mut s, DEFAULT_MAX_FRAME_LEN).unwrap().unwrap();
-        assert!(matches!(ack.kind, Some(response::Kind::HelloAck(_))), "{ack:?}");
-        Conn { s, next: 2 }
-    }
-
-    fn call(&mut self, call: journal_request::Call) -> JournalResponse {
-        let id = self.next;
-        self.next += 1;
-        let req = Request::new(id, request::Kind::Journal(JournalRequest { call: Some(call) }));
-        write_frame(&mut self.s, &req, DEFAULT_MAX_FRAME_LEN).unwrap();
-        let resp: Response = read_message(&mut self.s, DEFAULT_MAX_FRAME_LEN).unwrap().unwrap();
-        assert_eq!(resp.request_id, id);
-        match resp.kind {
-            Some(response::Kind::Journal(j)) => j,
-            other => panic!("expected a journal response, got {other:?}"),
-        }
-    }
-
-    fn create(&mut self, tenant: &str, journal: &str, mode: JournalMode) -> (u64, u64) {
-        let r = self.call(journal_request::Call::Create(JournalCreate {
-            tenant_name: tenant.into(),
-            journal_name: journal.into(),
-            mode: mode as i32,
-            durability: JournalDurability::Ordered as i32,
-        }));
-        assert_eq!(r.outcome(), JournalOutcome::Created, "{r:?}");
-        (r.tenant, r.journal)
-    }
-
-    fn write(&mut self, j: (u64, u64), leader: u128, seq: u64, records: &[&[u8]]) -> JournalResponse {
-        let leader = if leader == 0 { vec![] } else { leader.to_be_bytes().to_vec() };
-        self.call(journal_request::Call::Write(JournalWrite { tenant: j.0, journal: j.1, leader, seq, records: records.iter().map(|r| r.to_vec()).collect() }))
-    }
-
-    fn set_leader(&mut self, j: (u64, u64), new: u128, old: u128) -> JournalResponse {
-        let old = if old == 0 { vec![] } else { old.to_be_bytes().to_vec() };
-        self.call(journal_request::Call::SetLeader(JournalSetLeader { tenant: j.0, journal: j.1, new: new.to_be_bytes().to_vec(), old }))
-    }
-
-    fn read(&mut self, j: (u64, u64), from: u64, limit: u64, wait_ms: u64) -> JournalResponse {
-        self.call(journal_request::Call::Read(JournalRead { tenant: j.0, journal: j.1, from_seq: from, limit, wait_ms }))
-    }
-}
-
-fn leader_of(r: &JournalResponse) -> u128 {
-    let l = &r.state.as_ref().unwrap().leader;
-    if l.is_empty() {
-        0
-    } else {
-        u128::from_be_bytes(l.as_slice().try_into().unwrap())
-    }
-}
-
-fn scratch() -> tempfile::TempDir {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/target");
-    std::fs::create_dir_all(root).unwrap();
-    tempfile::tempdir_in(root).unwrap()
+fn server_bin() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
 }
 
 #[test]
 fn the_seeds_sequence_diagram_over_the_wire_and_after_a_kill() {
-    let dir = scratch();
-    let data = dir.path().join("data");
-    let server = Server::start(&data, &[]);
+    let mut server = Server::start(&server_bin(), &[]);
     let mut c = Conn::open(server.addr);
-    let j = c.create("acme", "orders", JournalMode::Single);
+    let j = c.create("acme", "orders", JournalMode::Single, JournalDurability::Ordered);
     let (a, b) = (0xa, 0xb);
     let r = c.set_leader(j, a, 0);
     assert_eq!((r.outcome(), leader_of(&r), r.state.as_ref().unwrap().next_seq), (JournalOutcome::Leader, a, 0));
@@ -151,7 +38,7 @@ fn the_seeds_sequence_diagram_over_the_wire_and_after_a_kill() {
 
     // SIGKILL, restart: every acknowledged call is there.
     server.kill();
-    let server = Server::start(&data, &[]);
+    server.restart(&server_bin(), &[]);
     let mut c = Conn::open(server.addr);
     let r = c.read(j, 1, 0, 0);
     assert_eq!(r.records, vec![b"r1".to_vec(), b"r2'".to_vec()]);
@@ -164,10 +51,9 @@ fn the_seeds_sequence_diagram_over_the_wire_and_after_a_kill() {
 
 #[test]
 fn a_read_at_the_tail_waits_and_wakes_on_a_write() {
-    let dir = scratch();
-    let server = Server::start(&dir.path().join("data"), &[]);
+    let server = Server::start(&server_bin(), &[]);
     let mut c = Conn::open(server.addr);
-    let j = c.create("acme", "events", JournalMode::Multi);
+    let j = c.create("acme", "events", JournalMode::Multi, JournalDurability::Batched);
     // Nothing there, no wait: an empty page at once.
     let r = c.read(j, 0, 0, 0);
     assert_eq!((r.outcome(), r.records.len()), (JournalOutcome::Page, 0));
@@ -191,10 +77,9 @@ fn a_read_at_the_tail_waits_and_wakes_on_a_write() {
 
 #[test]
 fn bad_input_gets_a_clear_answer_and_moves_nothing() {
-    let dir = scratch();
-    let server = Server::start(&dir.path().join("data"), &[("PAROS_MAX_BATCH_RECORDS", "2"), ("PAROS_MAX_BATCH_BYTES", "100")]);
+    let server = Server::start(&server_bin(), &[("PAROS_MAX_BATCH_RECORDS", "2"), ("PAROS_MAX_BATCH_BYTES", "100")]);
     let mut c = Conn::open(server.addr);
-    let j = c.create("acme", "orders", JournalMode::Single);
+    let j = c.create("acme", "orders", JournalMode::Single, JournalDurability::Ordered);
     c.set_leader(j, 7, 0);
     // Zero halves and unknown ids.
     assert_eq!(c.write((0, j.1), 7, 0, &[b"x"]).outcome(), JournalOutcome::UnknownJournal);

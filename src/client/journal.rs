@@ -1494,7 +1494,7 @@ impl JournalWriter {
 /// answer (docs/journals.md §6). [`Journals`] is the usual way in; this is for callers that
 /// hold a connection of their own.
 impl Client {
-    /// One journal call: `call` at field 16 of a request, its answer at field 16 of the
+    /// One journal call: `call` at field 20 of a request, its answer at field 20 of the
     /// response.
     ///
     /// # Errors

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use crate::log::aligned::{AlignedBuf, BLOCK};
-use crate::log::record::{frame_data, frame_marker, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
+use crate::log::record::{find_marker, frame_control, frame_data, frame_marker, read_record, Record, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
 use crate::log::segment::{create_segment, Segment, SegmentConfig};
 use crate::log::LogError;
 use crate::log::{open_log, OpenOutcome};
@@ -22,6 +22,14 @@ use super::held::Loc;
 
 /// The directory, under the data directory, that holds the journal command log.
 pub const JOURNALS_DIR: &str = "journals";
+
+/// Kind byte of the control record an `ordered` commit writes right before its commit marker,
+/// after the batch's records are durable: "the marker that follows proves its batch". The
+/// event log's walk skips it as a control record that commits nothing (docs/journals.md §3).
+pub const ORDERED_MARK: u8 = 0x10;
+
+/// Bytes of the [`ORDERED_MARK`] control record: its head and one kind byte.
+const ORDERED_MARK_LEN: usize = RECORD_HEAD + 1;
 
 /// Default size of one command-log segment: 64 MiB, so that truncation gives disk back in
 /// pieces no larger than that.
@@ -202,6 +210,9 @@ impl JournalStore {
             Ok(())
         })
         .map_err(|e| failed.take().unwrap_or(StoreError::Log(e)))?;
+        if let OpenOutcome::RolledBack { segment, bytes: (from, to), .. } = &recovered.outcome {
+            refuse_damaged_ordered_batch(segment, *from, *to)?;
+        }
         recovered.apply()?;
         let segments = Arc::new(Segments::default());
         for s in &recovered.segments {
@@ -240,7 +251,7 @@ impl JournalStore {
 
     /// Whether a command of `len` payload bytes fits the open batch without a rollover.
     pub fn fits(&self, len: usize) -> bool {
-        self.active.end() + (RECORD_HEAD + len + MARKER_LEN) as u64 <= self.active.limit
+        self.active.end() + (RECORD_HEAD + len + ORDERED_MARK_LEN + MARKER_LEN) as u64 <= self.active.limit
     }
 
     /// Stages one command payload in the open batch; returns its position and the file offset
@@ -251,7 +262,7 @@ impl JournalStore {
     /// commits and calls [`JournalStore::roll_over`] first when [`JournalStore::fits`] is false.
     pub fn stage(&mut self, payload: &[u8]) -> Result<(u64, u64), StoreError> {
         let max = (self.cfg.capacity() as usize).min(LENGTH_MASK as usize);
-        if payload.len() + RECORD_HEAD + MARKER_LEN > max {
+        if payload.len() + RECORD_HEAD + ORDERED_MARK_LEN + MARKER_LEN > max {
             return Err(StoreError::TooLarge { len: payload.len(), segment_size: self.active.limit });
         }
         debug_assert!(self.fits(payload.len()));
@@ -297,11 +308,13 @@ impl JournalStore {
     fn write_and_sync(&mut self, ordered: bool) -> Result<(), StoreError> {
         let stop = |what, path: &Path, source| StoreError::Stopped { what, path: path.to_owned(), source };
         let path = self.active.path.clone();
+        let mut marker = Vec::with_capacity(ORDERED_MARK_LEN + MARKER_LEN);
         if ordered {
             self.active.write_out().map_err(|e| stop("write", &path, e))?;
             sync(&self.active.file).map_err(|e| stop("fdatasync", &path, e))?;
+            crate::fault::crash_point("journal_between_syncs");
+            frame_control(&[ORDERED_MARK], &mut marker);
         }
-        let mut marker = Vec::with_capacity(MARKER_LEN);
         frame_marker(self.next_position - 1, &mut marker);
         self.active.buf.extend_from_slice(&marker);
         self.active.write_out().map_err(|e| stop("write", &path, e))?;
@@ -325,6 +338,37 @@ impl JournalStore {
         self.segments.insert(seg);
         Ok(())
     }
+}
+
+/// Refuses a rolled-back tail that holds an `ordered` batch's commit marker: that marker was
+/// written only after the batch's records were durable, so damage before it is corruption of
+/// an acknowledged batch, never a torn tail (docs/journals.md §3). A tail torn between the two
+/// syncs holds records and no marker, and is rolled back.
+fn refuse_damaged_ordered_batch(segment: &Path, from: u64, to: u64) -> Result<(), StoreError> {
+    let io = |source| StoreError::Log(LogError::Io { path: segment.to_owned(), source });
+    let file = File::open(segment).map_err(io)?;
+    // The discarded range ends at the last non-zero byte, which may cut a marker's trailing
+    // zero bytes off: read a marker's length past it (within the file).
+    let end = (to + MARKER_LEN as u64).min(file.metadata().map_err(io)?.len());
+    let mut buf = vec![0u8; (end - from) as usize];
+    file.read_exact_at(&mut buf, from).map_err(io)?;
+    let mut at = 0;
+    while let Some((m, _, end)) = find_marker(&buf, at) {
+        let proven =
+            m >= ORDERED_MARK_LEN && buf[m - 1] == ORDERED_MARK && matches!(read_record(&buf, m - ORDERED_MARK_LEN), Ok((Record::OtherControl, e)) if e == m);
+        if proven {
+            return Err(StoreError::Log(LogError::Corrupt {
+                path: segment.to_owned(),
+                offset: from,
+                detail: format!(
+                    "damage at byte {from} lies before the commit marker at byte {} of a batch committed in ordered mode, whose records were durable before the marker was written: refusing to roll back an acknowledged batch",
+                    from + m as u64
+                ),
+            }));
+        }
+        at = end;
+    }
+    Ok(())
 }
 
 /// `fdatasync`, behind the fault-injection site `journal_sync` (tests make it fail).

@@ -39,16 +39,23 @@ pub fn frame_data(payload: &[u8], out: &mut Vec<u8>) {
 
 /// Appends the 17-byte commit marker closing a batch whose last position is `highest`.
 pub fn frame_marker(highest: u64, out: &mut Vec<u8>) {
-    let len = (MARKER_PAYLOAD as u32 | CONTROL_FLAG).to_le_bytes();
     let mut payload = [0u8; MARKER_PAYLOAD];
     payload[0] = BATCH_COMMIT;
     payload[1..].copy_from_slice(&highest.to_le_bytes());
+    frame_control(&payload, out);
+}
+
+/// Appends one framed control record (bit 30 set) holding `payload`, whose first byte is its
+/// kind. A walk skips control records of kinds other than [`BATCH_COMMIT`]: they commit nothing.
+pub fn frame_control(payload: &[u8], out: &mut Vec<u8>) {
+    debug_assert!(!payload.is_empty() && payload.len() <= LENGTH_MASK as usize);
+    let len = (payload.len() as u32 | CONTROL_FLAG).to_le_bytes();
     let mut h = crc32fast::Hasher::new();
     h.update(&len);
-    h.update(&payload);
+    h.update(payload);
     out.extend_from_slice(&len);
     out.extend_from_slice(&h.finalize().to_le_bytes());
-    out.extend_from_slice(&payload);
+    out.extend_from_slice(payload);
 }
 
 /// The payload length declared by the record head at the start of `head` (bits 0..=29 of its

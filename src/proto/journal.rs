@@ -1,5 +1,5 @@
 //! The journal messages: our own request and response kinds on protocol v1 (same listener,
-//! framing, Hello, TLS and tokens), at field 16 of `Request` and `Response`, a number the
+//! framing, Hello, TLS and tokens), at field 20 of `Request` and `Response`, a number the
 //! reference does not use (it answers such a request `BAD_REQUEST`, as it answers any request
 //! without a kind it knows). A DCB client's bytes do not change.
 //!
@@ -9,7 +9,7 @@
 //! Conventions: a leader uuid travels as `bytes`, empty for "none" or exactly 16 bytes
 //! big-endian (any other length is answered `INVALID`); ids and seqs are `uint64`.
 
-/// Field 16 of `Request`: one journal call.
+/// Field 20 of `Request`: one journal call.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct JournalRequest {
     /// Fields 1-7: the call. `None` is answered `INVALID`.
@@ -158,7 +158,7 @@ pub struct JournalList {
     pub tenant_name: ::prost::alloc::string::String,
 }
 
-/// Field 16 of `Response`: the answer to one [`JournalRequest`]. Which fields are set
+/// Field 20 of `Response`: the answer to one [`JournalRequest`]. Which fields are set
 /// depends on `outcome` (docs/journals.md §6).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct JournalResponse {

@@ -318,9 +318,9 @@ pub struct Request {
     /// Field 1: chosen by the client, echoed on every response frame; 0 is reserved.
     #[prost(uint64, tag = "1")]
     pub request_id: u64,
-    /// Fields 2-7 (protocol v1) and 16 (journals, ours): what to do. `None` (no kind) is
+    /// Fields 2-7 (protocol v1) and 20 (journals, ours): what to do. `None` (no kind) is
     /// answered with `BAD_REQUEST`.
-    #[prost(oneof = "request::Kind", tags = "2, 3, 4, 5, 6, 7, 16")]
+    #[prost(oneof = "request::Kind", tags = "2, 3, 4, 5, 6, 7, 20")]
     pub kind: ::core::option::Option<request::Kind>,
 }
 
@@ -347,8 +347,8 @@ pub mod request {
         /// Field 7.
         #[prost(message, tag = "7")]
         Hello(super::Hello),
-        /// Field 16: a journal call (ours, not in the reference's schema).
-        #[prost(message, tag = "16")]
+        /// Field 20: a journal call (ours, not in the reference's schema).
+        #[prost(message, tag = "20")]
         Journal(super::JournalRequest),
     }
 }
@@ -359,8 +359,8 @@ pub struct Response {
     /// Field 1: the request's id; 0 means "unattributed" and is then omitted on the wire.
     #[prost(uint64, tag = "1")]
     pub request_id: u64,
-    /// Fields 2-8 (protocol v1) and 16 (journals, ours): the payload.
-    #[prost(oneof = "response::Kind", tags = "2, 3, 4, 5, 6, 7, 8, 16")]
+    /// Fields 2-8 (protocol v1) and 20 (journals, ours): the payload.
+    #[prost(oneof = "response::Kind", tags = "2, 3, 4, 5, 6, 7, 8, 20")]
     pub kind: ::core::option::Option<response::Kind>,
 }
 
@@ -390,8 +390,8 @@ pub mod response {
         /// Field 8.
         #[prost(message, tag = "8")]
         HelloAck(super::HelloAck),
-        /// Field 16: the answer to a journal call (ours).
-        #[prost(message, tag = "16")]
+        /// Field 20: the answer to a journal call (ours).
+        #[prost(message, tag = "20")]
         Journal(super::JournalResponse),
     }
 }

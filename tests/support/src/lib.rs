@@ -8,12 +8,14 @@
 #![warn(missing_docs)]
 
 pub mod events;
+pub mod journal;
 pub mod process;
 pub mod raw;
 pub mod server;
 pub mod tls;
 
 pub use events::ev;
+pub use journal::JournalConn;
 pub use process::{parse_listening, scratch_dir, Launch, Process, Readiness};
 pub use raw::{frame_level_error, RawConn};
 pub use server::{crash_points_binary, reference_binary, run_to_exit, stats_until, Exited, Server};
