@@ -75,3 +75,13 @@ fn unparsable_and_below_floor_values_are_refused() {
     assert!(e.contains("min_wait_ms"), "{e}");
     assert!(resolve(&[("PAROS_MAX_WAIT_MS", "0")]).is_ok(), "a cap of 0 means reads never wait");
 }
+
+#[test]
+fn the_journal_segment_size_has_the_event_logs_bounds() {
+    assert_eq!(resolve(&[]).unwrap().journal.segment_size, 64 << 20);
+    assert_eq!(resolve(&[("TEPHRA__JOURNAL__SEGMENT_SIZE", "65536")]).unwrap().journal.segment_size, 65536);
+    for bad in ["64", "0", "99999999999"] {
+        let e = resolve(&[("TEPHRA__JOURNAL__SEGMENT_SIZE", bad)]).unwrap_err().to_string();
+        assert!(e.contains("journal.segment_size"), "{bad}: {e}");
+    }
+}

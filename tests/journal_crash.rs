@@ -93,3 +93,45 @@ fn a_crash_between_the_two_syncs_of_ordered_loses_only_the_unanswered_write() {
     assert_eq!(support::journal::leader_of(&r), 7);
     assert_eq!(c.write(j, 7, 0, &[b"again"]).outcome(), JournalOutcome::Accepted);
 }
+
+#[test]
+fn a_rollover_that_finds_no_room_refuses_the_call_and_the_journal_goes_on() {
+    let Some(crash_bin) = support::crash_points_binary() else { return };
+    // The event log's first segment and the journal log's first one take the first two
+    // preallocations; the third, the journal log's first rollover, finds no room.
+    let env = [("TEPHRA__JOURNAL__SEGMENT_SIZE", "65536"), ("TEPHRA_CRASH_POINT", "segment_extend:enospc:2:1")];
+    let mut server = Server::start(&crash_bin, &env);
+    let mut c = Conn::open(server.addr);
+    let j = c.create("acme", "events", JournalMode::Multi, JournalDurability::Batched);
+    let record = vec![b'x'; 8 * 1024];
+    let (mut accepted, mut refused) = (0u64, 0);
+    for _ in 0..20 {
+        let r = c.write(j, 0, 0, &[&record]);
+        match r.outcome() {
+            JournalOutcome::Accepted => {
+                assert_eq!(r.seq, accepted, "dense seqs");
+                accepted += 1;
+            }
+            JournalOutcome::Unavailable => {
+                assert!(r.message.contains("No space left"), "{}", r.message);
+                refused += 1;
+            }
+            other => panic!("unexpected {other:?}: {r:?}"),
+        }
+    }
+    assert_eq!(refused, 1, "only the call that met the full disk is refused");
+    assert_eq!(accepted, 19);
+    let check = |c: &mut Conn| {
+        let mut from = 0;
+        while from < accepted {
+            let r = c.read(j, from, 0, 0);
+            assert!(!r.records.is_empty() && r.records.iter().all(|x| *x == record));
+            from += r.records.len() as u64;
+        }
+        assert_eq!(c.read(j, 0, 0, 0).state.unwrap().next_seq, accepted);
+    };
+    check(&mut c);
+    server.kill();
+    server.restart(&server_bin(), &[("TEPHRA__JOURNAL__SEGMENT_SIZE", "65536")]);
+    check(&mut Conn::open(server.addr));
+}

@@ -134,6 +134,10 @@ pub struct JournalSettings {
     /// `journal.admission_rounds`: writes judged but not yet durable beyond which a new write
     /// is answered `BUSY` before it is logged. Default 256. At least 1.
     pub admission_rounds: u64,
+    /// `journal.segment_size`: bytes of each segment of the journal command log under
+    /// `journals/`, reserved when it is created; truncation gives disk back a segment at a
+    /// time. Default 67,108,864 (64 MiB). Within the bounds of `segment.size`.
+    pub segment_size: u64,
 }
 
 impl Default for JournalSettings {
@@ -146,6 +150,7 @@ impl Default for JournalSettings {
             max_wait_ms: 1_000,
             min_wait_ms: 0,
             admission_rounds: 256,
+            segment_size: 64 * 1024 * 1024,
         }
     }
 }

@@ -66,6 +66,12 @@ impl Settings {
         at_least_one("journal.max_read_records", j.max_read_records)?;
         at_least_one("journal.max_read_bytes", j.max_read_bytes)?;
         at_least_one("journal.admission_rounds", j.admission_rounds)?;
+        if !segment_size_fits(j.segment_size) {
+            return Err(ConfigError::invalid(format!(
+                "journal.segment_size must be between {MIN_SEGMENT_SIZE} and {MAX_SEGMENT_SIZE} bytes, got {}",
+                j.segment_size
+            )));
+        }
         if j.min_wait_ms > j.max_wait_ms {
             return Err(ConfigError::invalid(format!("journal.min_wait_ms ({}) must not be above journal.max_wait_ms ({})", j.min_wait_ms, j.max_wait_ms)));
         }

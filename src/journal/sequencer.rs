@@ -214,11 +214,12 @@ impl Sequencer {
         let Ok((_, cmd)) = decode(payload) else {
             return invalid("the journal command did not decode");
         };
+        if let Err(e) = self.make_room(payload.len()) {
+            return unavailable(&e.to_string());
+        }
         let answer = self.directory.apply(&cmd);
         if moved(&answer) {
-            if let Err(e) = self.stage(payload, &cmd, &answer) {
-                return unavailable(&e.to_string());
-            }
+            self.stage(payload, &cmd, &answer);
         }
         let mut resp = respond(&answer);
         if resp.state.is_none() {
@@ -232,22 +233,26 @@ impl Sequencer {
             Some((id, _)) => id,
             None => {
                 let cmd = Command::CreateTenant { tenant: tenant_id, name: tenant };
+                let payload = match self.encode_with_room(&cmd) {
+                    Ok(p) => p,
+                    Err(e) => return unavailable(&e.to_string()),
+                };
                 let answer = self.directory.apply(&cmd);
                 if !matches!(answer, Answer::TenantCreated { .. }) {
                     return respond(&answer);
                 }
-                if let Err(e) = self.stage_command(&cmd, &answer) {
-                    return unavailable(&e.to_string());
-                }
+                self.stage(&payload, &cmd, &answer);
                 tenant_id
             }
         };
         let cmd = Command::CreateJournal { journal: JournalId { tenant: tid, journal: journal_id }, name: journal, mode, durability };
+        let payload = match self.encode_with_room(&cmd) {
+            Ok(p) => p,
+            Err(e) => return unavailable(&e.to_string()),
+        };
         let answer = self.directory.apply(&cmd);
         if moved(&answer) {
-            if let Err(e) = self.stage_command(&cmd, &answer) {
-                return unavailable(&e.to_string());
-            }
+            self.stage(&payload, &cmd, &answer);
         }
         respond(&answer)
     }
@@ -279,20 +284,40 @@ impl Sequencer {
         JournalResponse { outcome: JournalOutcome::Listed as i32, journals, ..Default::default() }
     }
 
-    fn stage_command(&mut self, cmd: &Command<'_>, answer: &Answer) -> Result<(), StoreError> {
-        let mut payload = Vec::with_capacity(cmd.encoded_len());
-        cmd.encode(EntryId::default(), &mut payload);
-        self.stage(&payload, cmd, answer)
+    /// Makes room in the open batch for a command of `len` bytes before it is judged, so that
+    /// a command whose verdict moved the state can always be staged: committing what is open
+    /// and starting a new segment when the active one is full. A call that cannot get room is
+    /// answered unavailable and judged not at all, so the pending state never runs ahead of
+    /// the log (a full disk at a rollover refuses calls until there is room again).
+    ///
+    /// # Errors
+    /// [`StoreError::TooLarge`] for a command no segment can hold, or the rollover's error.
+    fn make_room(&mut self, len: usize) -> Result<(), StoreError> {
+        self.store.check_len(len)?;
+        if !self.store.fits(len) {
+            self.commit();
+            if let Some(why) = self.published.stopped() {
+                return Err(StoreError::Stopped { what: "earlier write", path: std::path::PathBuf::new(), source: std::io::Error::other(why) });
+            }
+            self.store
+                .roll_over()
+                .inspect_err(|e| tracing::error!(error = %e, "journal log: cannot start a new segment; journal calls are refused until it can"))?;
+        }
+        Ok(())
     }
 
-    /// Stages a command that moved the state, committing first when the active segment is
-    /// full.
-    fn stage(&mut self, payload: &[u8], cmd: &Command<'_>, answer: &Answer) -> Result<(), StoreError> {
-        if !self.store.fits(payload.len()) {
-            self.commit();
-            self.store.roll_over()?;
-        }
-        let (_, offset) = self.store.stage(payload)?;
+    /// Encodes a command the sequencer makes itself and makes room for it.
+    fn encode_with_room(&mut self, cmd: &Command<'_>) -> Result<Vec<u8>, StoreError> {
+        let mut payload = Vec::with_capacity(cmd.encoded_len());
+        cmd.encode(EntryId::default(), &mut payload);
+        self.make_room(payload.len())?;
+        Ok(payload)
+    }
+
+    /// Stages a command whose verdict moved the state; [`Sequencer::make_room`] made room for
+    /// it before it was judged.
+    fn stage(&mut self, payload: &[u8], cmd: &Command<'_>, answer: &Answer) {
+        let (_, offset) = self.store.stage(payload);
         let segment = self.store.active_base();
         note_held(&mut self.held, &self.directory, cmd, answer, segment, offset, payload);
         let target = cmd.target();
@@ -305,7 +330,6 @@ impl Sequencer {
         if durability != Some(StoreDurability::Batched) {
             self.ordered = true;
         }
-        Ok(())
     }
 
     /// Commits the open batch, publishes what it changed, and sends every answer waiting for

@@ -31,10 +31,6 @@ pub const ORDERED_MARK: u8 = 0x10;
 /// Bytes of the [`ORDERED_MARK`] control record: its head and one kind byte.
 const ORDERED_MARK_LEN: usize = RECORD_HEAD + 1;
 
-/// Default size of one command-log segment: 64 MiB, so that truncation gives disk back in
-/// pieces no larger than that.
-pub const DEFAULT_SEGMENT_SIZE: u64 = 64 * 1024 * 1024;
-
 /// Why the command log failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -257,15 +253,11 @@ impl JournalStore {
     /// Stages one command payload in the open batch; returns its position and the file offset
     /// of its payload in the active segment (whose base is [`JournalStore::active_base`]).
     ///
-    /// # Errors
-    /// [`StoreError::TooLarge`] when the command cannot fit even an empty segment. The caller
-    /// commits and calls [`JournalStore::roll_over`] first when [`JournalStore::fits`] is false.
-    pub fn stage(&mut self, payload: &[u8]) -> Result<(u64, u64), StoreError> {
-        let max = (self.cfg.capacity() as usize).min(LENGTH_MASK as usize);
-        if payload.len() + RECORD_HEAD + ORDERED_MARK_LEN + MARKER_LEN > max {
-            return Err(StoreError::TooLarge { len: payload.len(), segment_size: self.active.limit });
-        }
-        debug_assert!(self.fits(payload.len()));
+    /// # Panics
+    /// When it does not fit ([`JournalStore::fits`]): the caller commits and calls
+    /// [`JournalStore::roll_over`] first.
+    pub fn stage(&mut self, payload: &[u8]) -> (u64, u64) {
+        assert!(self.fits(payload.len()), "staged a command without room for it");
         let offset = self.active.end() + RECORD_HEAD as u64;
         let mut framed = Vec::with_capacity(RECORD_HEAD + payload.len());
         frame_data(payload, &mut framed);
@@ -276,7 +268,19 @@ impl JournalStore {
         let position = self.next_position;
         self.next_position += 1;
         self.staged += 1;
-        Ok((position, offset))
+        (position, offset)
+    }
+
+    /// Checks that a command of `len` payload bytes fits an empty segment.
+    ///
+    /// # Errors
+    /// [`StoreError::TooLarge`] when it does not.
+    pub fn check_len(&self, len: usize) -> Result<(), StoreError> {
+        let max = (self.cfg.capacity() as usize).min(LENGTH_MASK as usize);
+        if len + RECORD_HEAD + ORDERED_MARK_LEN + MARKER_LEN > max {
+            return Err(StoreError::TooLarge { len, segment_size: self.active.limit });
+        }
+        Ok(())
     }
 
     /// The base position of the segment being written.

@@ -11,7 +11,7 @@ use crate::config::JournalSettings;
 use crate::journal::command::{Command, EntryId};
 use crate::journal::model::{JournalId, LeaderUuid, Mode, StoreDurability};
 use crate::journal::sequencer::{invalid, outcome, unavailable, wire_view, Call, Published, Sequencer};
-use crate::journal::store::{StoreError, DEFAULT_SEGMENT_SIZE};
+use crate::journal::store::StoreError;
 use crate::journal::valid_name;
 use crate::proto::{journal_request, JournalCreate, JournalDurability, JournalMode, JournalOutcome, JournalRead, JournalRequest, JournalResponse};
 
@@ -31,7 +31,7 @@ impl Journals {
     /// [`StoreError`] when the command log refuses to open; an I/O error as
     /// [`StoreError::Log`] when the thread cannot start.
     pub fn start(data_dir: &std::path::Path, limits: JournalSettings) -> Result<Journals, StoreError> {
-        let sequencer = Sequencer::open(data_dir, DEFAULT_SEGMENT_SIZE)?;
+        let sequencer = Sequencer::open(data_dir, limits.segment_size)?;
         let published = sequencer.published();
         // The queue holds the admission limit: a full queue answers `BUSY`, the write in no log.
         let (calls, rx) = flume::bounded(limits.admission_rounds.min(1 << 20) as usize);
