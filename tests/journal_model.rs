@@ -252,6 +252,7 @@ proptest! {
             prop_assert_eq!(got, want, "call {:?}", call);
             prop_assert_eq!(j.view(), m.view());
             prop_assert_eq!(j.term, m.term);
+            j.check_marks();
             if let (Outcome::Accepted { seq, .. }, Call::Write { leader: Some(l), .. }) = (got, call) {
                 accepted.push((l.0, seq, recs));
             }

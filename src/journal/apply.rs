@@ -101,7 +101,7 @@ pub enum Outcome {
 /// When the transition breaks an invariant ([`JournalState::check_transition`]): a bug,
 /// never a consequence of the call.
 pub fn apply(state: &mut JournalState, call: &Call) -> Outcome {
-    let before = state.clone();
+    let before = state.summary();
     let outcome = judge(state, call);
     state.check_transition(&before);
     outcome

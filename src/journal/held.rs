@@ -89,6 +89,12 @@ impl Held {
         Some(Page { from, locs })
     }
 
+    /// The records from `seq` (at least [`Held::first`]) to the end, with their seqs.
+    pub fn from(&self, seq: Seq) -> impl Iterator<Item = (Seq, Loc)> + '_ {
+        let skip = seq.saturating_sub(self.first) as usize;
+        self.locs.iter().enumerate().skip(skip).map(move |(i, l)| (self.first + i as u64, *l))
+    }
+
     /// The segments holding records of this journal, with how many records each holds.
     pub fn segments(&self) -> BTreeMap<u64, u64> {
         let mut m = BTreeMap::new();

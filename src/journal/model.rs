@@ -143,18 +143,37 @@ impl JournalState {
         self.batches.get(i).filter(|b| b.seq == seq)
     }
 
-    /// Checks the invariants of one state on its own.
+    /// The scalar part of the state, what [`JournalState::check_transition`] compares against.
+    pub fn summary(&self) -> Summary {
+        Summary { mode: self.mode, durability: self.durability, leader: self.leader, term: self.term, first_seq: self.first_seq, next_seq: self.next_seq }
+    }
+
+    /// Checks the invariants of one state on its own, in constant time: the batch marks are
+    /// checked at their ends (the oldest and the newest), which are the only ones a transition
+    /// touches. [`JournalState::check_marks`] walks them all.
     ///
     /// # Panics
     /// When `first_seq > next_seq`, when a leader exists without a term (or a term without a
     /// leader), when the unset uuid leads, or when a batch mark lies outside
-    /// `[first_seq, next_seq)` or out of order. Each is a bug in [`super::apply()`], never
-    /// bad input, so the sequencer stops rather than answer from a broken state.
+    /// `[first_seq, next_seq)`. Each is a bug in [`super::apply()`], never bad input, so the
+    /// sequencer stops rather than answer from a broken state.
     pub fn check(&self) {
         assert!(self.first_seq <= self.next_seq, "first_seq {} > next_seq {}", self.first_seq, self.next_seq);
         assert_eq!(self.leader.is_some(), self.term > 0, "leader {:?} with term {}", self.leader, self.term);
         assert!(self.leader != Some(LeaderUuid::NONE), "the unset uuid leads");
         assert!(self.mode == Mode::Single || (self.leader.is_none() && self.batches.is_empty()), "a multi-writer journal has a leader or batch marks");
+        if let (Some(first), Some(last)) = (self.batches.front(), self.batches.back()) {
+            assert!(first.seq >= self.first_seq, "batch mark {first:?} below first_seq {}", self.first_seq);
+            assert!(last.count > 0 && last.seq + u64::from(last.count) <= self.next_seq, "batch mark {last:?} past next_seq {}", self.next_seq);
+        }
+    }
+
+    /// Walks every batch mark: in order, not overlapping, none empty, inside
+    /// `[first_seq, next_seq)`.
+    ///
+    /// # Panics
+    /// On the first mark that breaks one of those.
+    pub fn check_marks(&self) {
         let mut end = self.first_seq;
         for b in &self.batches {
             assert!(b.seq >= end && b.count > 0, "batch mark {b:?} overlaps or is empty");
@@ -163,12 +182,12 @@ impl JournalState {
         assert!(end <= self.next_seq, "batch marks end at {end} past next_seq {}", self.next_seq);
     }
 
-    /// Checks one transition from `before` to `self`: both states are valid and nothing went
+    /// Checks one transition from `before` to `self`: the state is valid and nothing went
     /// backwards (term, `first_seq`, `next_seq`), and the mode and durability did not change.
     ///
     /// # Panics
     /// As [`JournalState::check`], and when the transition lowers or changes what must not be.
-    pub fn check_transition(&self, before: &JournalState) {
+    pub fn check_transition(&self, before: &Summary) {
         self.check();
         assert_eq!(self.mode, before.mode, "the writer mode changed");
         assert_eq!(self.durability, before.durability, "the store durability changed");
@@ -177,6 +196,23 @@ impl JournalState {
         assert!(self.next_seq >= before.next_seq, "next_seq went back from {} to {}", before.next_seq, self.next_seq);
         assert!(self.term == before.term || self.leader != before.leader, "a new term kept its leader");
     }
+}
+
+/// The scalar part of a [`JournalState`]: what a transition must not lower or change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Summary {
+    /// The writer mode.
+    pub mode: Mode,
+    /// The store durability.
+    pub durability: StoreDurability,
+    /// The leader.
+    pub leader: Option<LeaderUuid>,
+    /// The term.
+    pub term: u64,
+    /// The first seq held.
+    pub first_seq: Seq,
+    /// The next seq.
+    pub next_seq: Seq,
 }
 
 /// The records of one write, borrowed: each record is an opaque byte string.

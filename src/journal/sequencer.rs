@@ -92,18 +92,23 @@ impl Published {
         self.stopped.read().unwrap().clone()
     }
 
-    fn set(&self, id: JournalId, view: View, held: Held) {
-        let mut map = self.journals.write().unwrap();
-        match map.get(&id) {
-            Some(s) => {
-                let mut st = s.state.lock().unwrap();
-                st.view = view;
-                st.held = held;
-                st.deleted = false;
-            }
-            None => {
-                map.insert(id, Arc::new(Shown { state: Mutex::new(ShownState { view, held, deleted: false }), tail: event_listener::Event::new() }));
-            }
+    /// Publishes a journal's durable view and brings its shown records up to `held`: the
+    /// records past the shown end are added and those below `first_seq` dropped, so each
+    /// commit costs what it changed, not what the journal holds.
+    fn set(&self, id: JournalId, view: View, held: &Held) {
+        let shown = {
+            let mut map = self.journals.write().unwrap();
+            Arc::clone(map.entry(id).or_insert_with(|| {
+                Arc::new(Shown { state: Mutex::new(ShownState { view, held: Held::default(), deleted: false }), tail: event_listener::Event::new() })
+            }))
+        };
+        let mut st = shown.state.lock().unwrap();
+        st.view = view;
+        st.deleted = false;
+        st.held.trim(held.first());
+        let end = st.held.end();
+        for (seq, loc) in held.from(end) {
+            st.held.push(seq, loc);
         }
     }
 }
@@ -153,7 +158,7 @@ impl Sequencer {
         let published = Arc::new(Published { journals: RwLock::new(HashMap::new()), segments: store.segments(), stopped: RwLock::new(None) });
         for t in directory.tenants().map(|(id, _)| id).collect::<Vec<_>>() {
             for (id, e) in directory.journals_of(t) {
-                published.set(id, e.state.view(), held.get(&id).cloned().unwrap_or_default());
+                published.set(id, e.state.view(), held.get(&id).unwrap_or(&Held::default()));
             }
         }
         Ok(Sequencer { directory, held, store, published, waiting: Vec::new(), changes: Vec::new(), ordered: false })
@@ -360,8 +365,8 @@ impl Sequencer {
             match change {
                 Change::Journal(id) => {
                     let Some(e) = self.directory.journal(id) else { continue };
-                    let held = self.held.get(&id).cloned().unwrap_or_default();
-                    self.published.set(id, e.state.view(), held);
+                    let empty = Held::default();
+                    self.published.set(id, e.state.view(), self.held.get(&id).unwrap_or(&empty));
                     if let Some(s) = self.published.journal(id) {
                         s.tail.notify(usize::MAX);
                     }

@@ -810,7 +810,9 @@ fn step(g: &Global, j: &mut Journals, id: JournalId, from: Seq, limit: u64, wait
 fn read(g: &Global, j: &mut Journals, a: &ReadArgs) -> Result<(), CliError> {
     let id = resolve(g, j, &a.journal)?;
     let mut from = a.from.unwrap_or(0);
-    let mut left = a.limit;
+    // `--limit 0` asks for one full page, as the wire's limit 0 does (docs/journals.md §7).
+    let one_page = a.limit == Some(0);
+    let mut left = a.limit.filter(|&l| l != 0);
     let mut waited = false;
     let mut records_json = Vec::new();
     let mut gaps = Vec::new();
@@ -838,6 +840,9 @@ fn read(g: &Global, j: &mut Journals, a: &ReadArgs) -> Result<(), CliError> {
                 from = at + records.len() as u64;
                 if let Some(l) = left.as_mut() {
                     *l = l.saturating_sub(records.len() as u64);
+                }
+                if one_page {
+                    break;
                 }
                 if from >= state.next_seq {
                     // At the tail: wait there once (--wait-ms), then stop.
