@@ -954,18 +954,27 @@ impl Subscription {
         }
     }
 
+    /// The outcome when a wait would end now, or else a listener for the next change. It
+    /// listens, then re-checks: a publish between the two cannot be missed.
+    fn settled_or_listen(&self) -> Result<WaitOutcome, event_listener::EventListener> {
+        if let Some(o) = self.settled() {
+            return Ok(o);
+        }
+        let l = self.shared.changed.listen();
+        match self.settled() {
+            Some(o) => Ok(o),
+            None => Err(l),
+        }
+    }
+
     /// Blocks until the watermark passes the cursor, `timeout` elapses or the store closes.
     pub fn wait_timeout(&self, timeout: Duration) -> WaitOutcome {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            if let Some(o) = self.settled() {
-                return o;
-            }
-            // Listen, then re-check: a publish between the two cannot be missed.
-            let l = self.shared.changed.listen();
-            if let Some(o) = self.settled() {
-                return o;
-            }
+            let l = match self.settled_or_listen() {
+                Ok(o) => return o,
+                Err(l) => l,
+            };
             if l.wait_deadline(deadline).is_none() && std::time::Instant::now() >= deadline {
                 return WaitOutcome::TimedOut;
             }
@@ -976,14 +985,10 @@ impl Subscription {
     /// store closes.
     pub async fn wait(&self) -> WaitOutcome {
         loop {
-            if let Some(o) = self.settled() {
-                return o;
+            match self.settled_or_listen() {
+                Ok(o) => return o,
+                Err(l) => l.await,
             }
-            let l = self.shared.changed.listen();
-            if let Some(o) = self.settled() {
-                return o;
-            }
-            l.await;
         }
     }
 }

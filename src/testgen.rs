@@ -1,5 +1,6 @@
-//! Shared proptest strategies for the unit tests of the index and the condition verdict: a few
-//! types and tags so random events and queries collide often.
+//! Shared fixtures for the unit tests: proptest strategies for the index and the condition
+//! verdict (a few types and tags so random events and queries collide often), and scratch
+//! directories for the log and the writer.
 
 use crate::event::Event;
 use crate::model::{EventType, Query, QueryItem, Tags};
@@ -25,4 +26,12 @@ pub fn item() -> impl Strategy<Value = QueryItem> {
 /// A random query: `All`, none, or one to three items over [`TYPES`] and [`TAGS`].
 pub fn query() -> impl Strategy<Value = Query> {
     prop_oneof![1 => Just(Query::All), 1 => Just(Query::none()), 6 => proptest::collection::vec(item(), 1..=3).prop_map(Query::items)]
+}
+
+/// A scratch directory on the disk the build uses (segments and group commits write with
+/// O_DIRECT, which a tmpfs `/tmp` may refuse).
+pub fn scratch() -> tempfile::TempDir {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/target");
+    std::fs::create_dir_all(root).unwrap();
+    tempfile::tempdir_in(root).unwrap()
 }

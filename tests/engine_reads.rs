@@ -45,6 +45,21 @@ fn positions(r: Reads) -> Vec<u64> {
     r.collect_owned().unwrap().into_iter().map(|(p, _)| p.get()).collect()
 }
 
+/// The positions of pages of at most 7 taken by `read` until one is empty, each page starting
+/// from the last position of the one before (`start` for the first).
+fn pages_of_7(start: Position, mut read: impl FnMut(Position) -> Vec<u64>) -> Vec<u64> {
+    let mut got = Vec::new();
+    let mut from = start;
+    loop {
+        let page = read(from);
+        assert!(page.len() <= 7);
+        let Some(&last) = page.last() else { break };
+        got.extend(page);
+        from = Position(last);
+    }
+    got
+}
+
 /// A store of `n` random events in small segments (appended in batches of 1..=4).
 fn populated(d: &std::path::Path, rng: &mut Rng, n: u64) -> (Store, Vec<Event>) {
     let s = Store::open(d, cfg(2048)).unwrap();
@@ -81,26 +96,10 @@ fn pagination_tiles_without_gap_or_duplicate_in_both_directions() {
         rev.reverse();
         assert_eq!(positions(h.read_back(q.clone(), Position::MAX, None)), rev, "round {round} {q:?}");
         // Pages of 7, forward: the next `after` is the last position received.
-        let mut got = Vec::new();
-        let mut after = Position::ZERO;
-        loop {
-            let page = positions(h.read(q.clone(), after, Some(7)));
-            assert!(page.len() <= 7);
-            let Some(&last) = page.last() else { break };
-            got.extend(page);
-            after = Position(last);
-        }
+        let got = pages_of_7(Position::ZERO, |after| positions(h.read(q.clone(), after, Some(7))));
         assert_eq!(got, want, "forward pages, round {round} {q:?}");
         // Pages of 7, backward: the next `before` is the oldest position received.
-        let mut got = Vec::new();
-        let mut before = Position::MAX;
-        loop {
-            let page = positions(h.read_back(q.clone(), before, Some(7)));
-            assert!(page.len() <= 7);
-            let Some(&oldest) = page.last() else { break };
-            got.extend(page);
-            before = Position(oldest);
-        }
+        let got = pages_of_7(Position::MAX, |before| positions(h.read_back(q.clone(), before, Some(7))));
         assert_eq!(got, rev, "backward pages, round {round} {q:?}");
         // Arbitrary bounds and limits.
         let after = rng.below(head + 3);

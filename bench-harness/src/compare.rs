@@ -286,19 +286,21 @@ fn summarize_cells(cfg_contenders: &[Contender], cells: &[Cell], runs: &[Run]) -
         .collect()
 }
 
-/// One fresh-server run. When the server cannot start, the run has no latency and its
-/// `notes` say why.
-fn one_run(cfg: &CompareConfig, who: &Contender, round: usize, cell: Cell, seq: usize, stop: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Run {
-    let data = cfg.dir.join(format!("run-{seq:03}-{}-{}x{}", who.name, cell.connections, cell.batch));
+/// The data directory `<dir>/<run>` (emptied first) and the spec of a `who` server on it,
+/// logging to `<out>/logs/<run>.log`.
+fn fresh_server(cfg: &CompareConfig, who: &Contender, run: &str) -> (PathBuf, ServerSpec) {
+    let data = cfg.dir.join(run);
     let _ = std::fs::remove_dir_all(&data);
     let mut env = vec![("TEPHRA__SEGMENT__SIZE".to_owned(), cfg.segment_size.to_string())];
     env.extend(cfg.server_env.iter().cloned());
-    let spec = ServerSpec {
-        binary: who.binary.clone(),
-        data_dir: data.clone(),
-        env,
-        log_file: cfg.out.join("logs").join(format!("run-{seq:03}-{}-{}x{}.log", who.name, cell.connections, cell.batch)),
-    };
+    let spec = ServerSpec { binary: who.binary.clone(), data_dir: data.clone(), env, log_file: cfg.out.join("logs").join(format!("{run}.log")) };
+    (data, spec)
+}
+
+/// One fresh-server run. When the server cannot start, the run has no latency and its
+/// `notes` say why.
+fn one_run(cfg: &CompareConfig, who: &Contender, round: usize, cell: Cell, seq: usize, stop: &AtomicBool, progress: &mut dyn FnMut(&str)) -> Run {
+    let (data, spec) = fresh_server(cfg, who, &format!("run-{seq:03}-{}-{}x{}", who.name, cell.connections, cell.batch));
     let mut notes = Vec::new();
     let acfg = AppendConfig {
         addr: String::new(),
@@ -389,16 +391,7 @@ fn one_read_run(
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&str),
 ) -> ReadRun {
-    let data = cfg.dir.join(format!("run-{seq:03}-{}-read", who.name));
-    let _ = std::fs::remove_dir_all(&data);
-    let mut env = vec![("TEPHRA__SEGMENT__SIZE".to_owned(), cfg.segment_size.to_string())];
-    env.extend(cfg.server_env.iter().cloned());
-    let spec = ServerSpec {
-        binary: who.binary.clone(),
-        data_dir: data.clone(),
-        env,
-        log_file: cfg.out.join("logs").join(format!("run-{seq:03}-{}-read.log", who.name)),
-    };
+    let (data, spec) = fresh_server(cfg, who, &format!("run-{seq:03}-{}-read", who.name));
     let mut run = ReadRun { server: who.name.clone(), round, report: None, stored_events: None, notes: Vec::new() };
     let mut server = match ServerProcess::start(&spec) {
         Ok(s) => s,
@@ -758,11 +751,7 @@ pub fn chart_data(r: &CompareReport) -> ChartData {
 /// # Errors
 /// Creating or writing a file fails.
 pub fn write_outputs(r: &CompareReport, out: &Path) -> Result<Vec<PathBuf>, String> {
-    std::fs::create_dir_all(out).map_err(|e| format!("create {}: {e}", out.display()))?;
-    let json = out.join("compare.json");
-    std::fs::write(&json, serde_json::to_string_pretty(r).map_err(|e| e.to_string())?).map_err(|e| format!("write {}: {e}", json.display()))?;
-    let md = out.join("compare.md");
-    std::fs::write(&md, render_markdown(r)).map_err(|e| format!("write {}: {e}", md.display()))?;
+    let (json, md) = crate::report::write_json_and_markdown(r, render_markdown(r), out, "compare")?;
     let svg = out.join("compare.svg");
     chart::write_svg(&chart_data(r), &svg)?;
     Ok(vec![json, md, svg])

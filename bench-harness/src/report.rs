@@ -1,7 +1,24 @@
-//! Human-readable rendering of a [`crate::fsync::ProbeReport`].
+//! Human-readable rendering of a [`crate::fsync::ProbeReport`], and the JSON and Markdown
+//! files every report is written to.
 
 use crate::fsync::{human_bytes, Budget, ProbeReport, RowResult, EVENT_BYTES};
+use serde::Serialize;
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Writes `r` as `<stem>.json` and `markdown` as `<stem>.md` into `out` (created if needed);
+/// returns the two paths.
+///
+/// # Errors
+/// Creating the directory or writing a file fails.
+pub fn write_json_and_markdown(r: &impl Serialize, markdown: String, out: &Path, stem: &str) -> Result<(PathBuf, PathBuf), String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("create {}: {e}", out.display()))?;
+    let json = out.join(format!("{stem}.json"));
+    std::fs::write(&json, serde_json::to_string_pretty(r).map_err(|e| e.to_string())?).map_err(|e| format!("write {}: {e}", json.display()))?;
+    let md = out.join(format!("{stem}.md"));
+    std::fs::write(&md, markdown).map_err(|e| format!("write {}: {e}", md.display()))?;
+    Ok((json, md))
+}
 
 /// Formats a non-negative number with thousands separators and no decimals.
 pub fn thousands(x: f64) -> String {

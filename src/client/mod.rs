@@ -771,20 +771,13 @@ mod tests {
 
     #[test]
     fn connect_errors_map_as_documented() {
-        let denied = ClientError::Server {
-            code: ErrorCode::Unauthenticated,
-            message: "invalid or missing auth token".into(),
-            retryable: false,
-            conflict_position: None,
-        };
-        assert_eq!(denied.into_connect_error().kind(), io::ErrorKind::PermissionDenied);
-        let version = ClientError::Server {
-            code: ErrorCode::BadRequest,
-            message: "unsupported protocol version 1: this server speaks 2".into(),
-            retryable: false,
-            conflict_position: None,
-        };
-        assert_eq!(version.into_connect_error().kind(), io::ErrorKind::InvalidData);
+        for (code, message, kind) in [
+            (ErrorCode::Unauthenticated, "invalid or missing auth token", io::ErrorKind::PermissionDenied),
+            (ErrorCode::BadRequest, "unsupported protocol version 1: this server speaks 2", io::ErrorKind::InvalidData),
+        ] {
+            let refused = ClientError::Server { code, message: message.into(), retryable: false, conflict_position: None };
+            assert_eq!(refused.into_connect_error().kind(), kind, "{message}");
+        }
         assert_eq!(ClientError::UnexpectedEof.into_connect_error().kind(), io::ErrorKind::UnexpectedEof);
         let io = ClientError::Io(io::Error::from(io::ErrorKind::ConnectionRefused));
         assert_eq!(io.into_connect_error().kind(), io::ErrorKind::ConnectionRefused);

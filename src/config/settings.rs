@@ -206,14 +206,16 @@ pub struct WriterSettings {
     pub condition_force_scan: bool,
 }
 
+/// The writer's own defaults ([`crate::writer::WriterConfig::default`]).
 impl Default for WriterSettings {
     fn default() -> Self {
+        let w = crate::writer::WriterConfig::default();
         WriterSettings {
-            queue_capacity: 16_384,
-            max_batch_records: 2_048,
-            max_batch_bytes: 8 * 1024 * 1024,
-            tips_window: 1_000_000,
-            condition_force_scan: false,
+            queue_capacity: w.queue_capacity,
+            max_batch_records: w.max_batch_records,
+            max_batch_bytes: w.max_batch_bytes,
+            tips_window: w.tips_window,
+            condition_force_scan: w.condition_force_scan,
         }
     }
 }

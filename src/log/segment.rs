@@ -439,14 +439,7 @@ impl Segment {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A scratch directory on the disk the build uses (spares are written with O_DIRECT, which
-    /// a tmpfs `/tmp` may refuse).
-    fn scratch() -> tempfile::TempDir {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/target");
-        std::fs::create_dir_all(root).unwrap();
-        tempfile::tempdir_in(root).unwrap()
-    }
+    use crate::testgen::scratch;
 
     /// What the writer does with a spare at a rollover: claim it, write the header (with the
     /// first commit's records, none here) and sync, then name it.

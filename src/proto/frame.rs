@@ -133,22 +133,11 @@ pub async fn write_frame_async<M: Message, W: AsyncWrite + Unpin + ?Sized>(write
 pub fn read_frame<R: Read + ?Sized>(reader: &mut R, max_frame_len: u32) -> Result<Option<Vec<u8>>, FrameError> {
     let mut prefix = [0u8; PREFIX_LEN];
     let got = read_full(reader, &mut prefix)?;
-    if got == 0 {
+    let Some(mut body) = body_for_prefix(&prefix, got, max_frame_len)? else {
         return Ok(None);
-    }
-    if got < PREFIX_LEN {
-        return Err(FrameError::Torn { buffered: got });
-    }
-    let len = u32::from_be_bytes(prefix);
-    if len > max_frame_len {
-        return Err(FrameError::TooLong { len: u64::from(len), max: max_frame_len });
-    }
-    let mut body = vec![0u8; len as usize];
+    };
     let got = read_full(reader, &mut body)?;
-    if got < body.len() {
-        return Err(FrameError::Torn { buffered: PREFIX_LEN + got });
-    }
-    Ok(Some(body))
+    checked_body(body, got).map(Some)
 }
 
 /// Reads one frame with [`read_frame`] and decodes it as `M`.
@@ -169,22 +158,11 @@ pub fn read_message<M: Message + Default, R: Read + ?Sized>(reader: &mut R, max_
 pub async fn read_frame_async<R: AsyncRead + Unpin + ?Sized>(reader: &mut R, max_frame_len: u32) -> Result<Option<Vec<u8>>, FrameError> {
     let mut prefix = [0u8; PREFIX_LEN];
     let got = read_full_async(reader, &mut prefix).await?;
-    if got == 0 {
+    let Some(mut body) = body_for_prefix(&prefix, got, max_frame_len)? else {
         return Ok(None);
-    }
-    if got < PREFIX_LEN {
-        return Err(FrameError::Torn { buffered: got });
-    }
-    let len = u32::from_be_bytes(prefix);
-    if len > max_frame_len {
-        return Err(FrameError::TooLong { len: u64::from(len), max: max_frame_len });
-    }
-    let mut body = vec![0u8; len as usize];
+    };
     let got = read_full_async(reader, &mut body).await?;
-    if got < body.len() {
-        return Err(FrameError::Torn { buffered: PREFIX_LEN + got });
-    }
-    Ok(Some(body))
+    checked_body(body, got).map(Some)
 }
 
 /// Async twin of [`read_message`].
@@ -196,6 +174,36 @@ pub async fn read_message_async<M: Message + Default, R: AsyncRead + Unpin + ?Si
         Some(body) => Ok(Some(M::decode(body.as_slice())?)),
         None => Ok(None),
     }
+}
+
+/// The zeroed body buffer a length prefix announces, after `got` bytes of the prefix were
+/// read: `None` on EOF before the prefix (a clean close).
+///
+/// # Errors
+/// [`FrameError::Torn`] on a short prefix, [`FrameError::TooLong`] past `max_frame_len`.
+fn body_for_prefix(prefix: &[u8; PREFIX_LEN], got: usize, max_frame_len: u32) -> Result<Option<Vec<u8>>, FrameError> {
+    if got == 0 {
+        return Ok(None);
+    }
+    if got < PREFIX_LEN {
+        return Err(FrameError::Torn { buffered: got });
+    }
+    let len = u32::from_be_bytes(*prefix);
+    if len > max_frame_len {
+        return Err(FrameError::TooLong { len: u64::from(len), max: max_frame_len });
+    }
+    Ok(Some(vec![0u8; len as usize]))
+}
+
+/// `body` once `got` of its bytes were read.
+///
+/// # Errors
+/// [`FrameError::Torn`] when fewer than all of them came.
+fn checked_body(body: Vec<u8>, got: usize) -> Result<Vec<u8>, FrameError> {
+    if got < body.len() {
+        return Err(FrameError::Torn { buffered: PREFIX_LEN + got });
+    }
+    Ok(body)
 }
 
 /// Fills `buf` unless EOF comes first; returns how many bytes were read.

@@ -1251,14 +1251,7 @@ mod tests {
     use super::*;
     use crate::model::{EventType, Position, Query, QueryItem, Tags};
     use crate::store::{Store, StoreConfig};
-
-    /// A scratch directory on the disk the build uses (group commit writes with O_DIRECT,
-    /// which a tmpfs `/tmp` may refuse).
-    fn scratch() -> tempfile::TempDir {
-        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/target");
-        std::fs::create_dir_all(root).unwrap();
-        tempfile::tempdir_in(root).unwrap()
-    }
+    use crate::testgen::scratch;
 
     /// A new store of `size`-byte segments in `dir` and its writer, committer started, driven
     /// step by step by the test (the store is kept for its lock).

@@ -966,11 +966,7 @@ pub fn render_markdown(r: &IndexReport) -> String {
 /// # Errors
 /// Writing fails.
 pub fn write_outputs(r: &IndexReport, out: &Path) -> Result<Vec<PathBuf>, String> {
-    std::fs::create_dir_all(out).map_err(|e| format!("create {}: {e}", out.display()))?;
-    let json = out.join("index.json");
-    std::fs::write(&json, serde_json::to_string_pretty(r).map_err(|e| e.to_string())?).map_err(|e| format!("write {}: {e}", json.display()))?;
-    let md = out.join("index.md");
-    std::fs::write(&md, render_markdown(r)).map_err(|e| format!("write {}: {e}", md.display()))?;
+    let (json, md) = crate::report::write_json_and_markdown(r, render_markdown(r), out, "index")?;
     Ok(vec![json, md])
 }
 

@@ -78,6 +78,53 @@ impl Core {
         }
     }
 
+    /// The next item of a read or a subscription: the next event of `batch`, which
+    /// `ReadEvents` frames refill. Any other frame goes to `frame`: `Ok(Some(item))` is the next
+    /// item, `Ok(None)` ends the request and the stream, and `Err(kind)` is a frame the stream
+    /// cannot accept (it cancels the request; the error says `wanted`). An error is the last
+    /// item.
+    fn poll_event<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        batch: &mut std::vec::IntoIter<proto::SequencedEvent>,
+        event: fn(SequencedEvent) -> T,
+        wanted: &str,
+        mut frame: impl FnMut(response::Kind) -> Result<Option<T>, Box<response::Kind>>,
+    ) -> Poll<Option<Result<T, ClientError>>> {
+        loop {
+            if let Some(se) = batch.next() {
+                return Poll::Ready(Some(SequencedEvent::from_proto(se).map(event)));
+            }
+            let item = match self.poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(item)) => item,
+            };
+            let kind = match item {
+                Ok(response::Kind::ReadEvents(b)) => {
+                    *batch = b.events.into_iter();
+                    continue;
+                }
+                Ok(kind) => kind,
+                Err(e) => {
+                    self.end();
+                    return Poll::Ready(Some(Err(e)));
+                }
+            };
+            return match frame(kind) {
+                Ok(Some(item)) => Poll::Ready(Some(Ok(item))),
+                Ok(None) => {
+                    self.end();
+                    Poll::Ready(None)
+                }
+                Err(other) => {
+                    self.abort();
+                    Poll::Ready(Some(Err(unexpected(&other, wanted))))
+                }
+            };
+        }
+    }
+
     /// Marks the request finished: its id is released and no cancel will be sent.
     fn end(&mut self) {
         self.phase = Phase::Done;
@@ -181,32 +228,20 @@ impl Stream for AsyncReadStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        loop {
-            if let Some(se) = this.batch.next() {
-                return Poll::Ready(Some(SequencedEvent::from_proto(se)));
-            }
-            let item = match this.core.poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Ready(Some(item)) => item,
-            };
-            match item {
-                Ok(response::Kind::ReadEvents(b)) => this.batch = b.events.into_iter(),
-                Ok(response::Kind::ReadEnd(end)) => {
-                    this.watermark = Some(Position(end.watermark));
-                    this.core.end();
-                    return Poll::Ready(None);
+        let watermark = &mut this.watermark;
+        this.core.poll_event(
+            cx,
+            &mut this.batch,
+            |e| e,
+            "read_events or read_end",
+            |kind| match kind {
+                response::Kind::ReadEnd(end) => {
+                    *watermark = Some(Position(end.watermark));
+                    Ok(None)
                 }
-                Ok(other) => {
-                    this.core.abort();
-                    return Poll::Ready(Some(Err(unexpected(&other, "read_events or read_end"))));
-                }
-                Err(e) => {
-                    this.core.end();
-                    return Poll::Ready(Some(Err(e)));
-                }
-            }
-        }
+                other => Err(Box::new(other)),
+            },
+        )
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -251,27 +286,9 @@ impl Stream for AsyncSubscribeStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        loop {
-            if let Some(se) = this.batch.next() {
-                return Poll::Ready(Some(SequencedEvent::from_proto(se).map(SubEvent::Event)));
-            }
-            let item = match this.core.poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Ready(Some(item)) => item,
-            };
-            match item {
-                Ok(response::Kind::ReadEvents(b)) => this.batch = b.events.into_iter(),
-                Ok(response::Kind::CaughtUp(c)) => return Poll::Ready(Some(Ok(SubEvent::CaughtUp(Position(c.watermark))))),
-                Ok(other) => {
-                    this.core.abort();
-                    return Poll::Ready(Some(Err(unexpected(&other, "read_events or caught_up"))));
-                }
-                Err(e) => {
-                    this.core.end();
-                    return Poll::Ready(Some(Err(e)));
-                }
-            }
-        }
+        this.core.poll_event(cx, &mut this.batch, SubEvent::Event, "read_events or caught_up", |kind| match kind {
+            response::Kind::CaughtUp(c) => Ok(Some(SubEvent::CaughtUp(Position(c.watermark)))),
+            other => Err(Box::new(other)),
+        })
     }
 }
