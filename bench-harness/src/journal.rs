@@ -161,6 +161,9 @@ pub struct Run {
     pub seen_before_ack: u64,
     /// Set when the run failed: why.
     pub failed: Option<String>,
+    /// Records acknowledged per 100 ms since the start of the run (warm-up included): shows
+    /// a rate that drifts as the journals grow.
+    pub timeline_records: Vec<u64>,
 }
 
 /// Medians over rounds of one workload on one system.
@@ -305,6 +308,7 @@ fn summarise(workload: String, system: System, round: usize, clock: &Clock, tall
         check: "-".into(),
         seen_before_ack: 0,
         failed: None,
+        timeline_records: all.timeline,
     }
 }
 
@@ -422,6 +426,7 @@ fn run_ours(cfg: &JournalBenchConfig, w: Workload, round: usize, addr: &str, sto
                 check: "-".into(),
                 seen_before_ack: 0,
                 failed: None,
+                timeline_records: r.timeline_events,
             });
         }
     };
@@ -605,6 +610,7 @@ fn failed_run(w: Workload, cfg: &JournalBenchConfig, system: System, round: usiz
         check: "-".into(),
         seen_before_ack: 0,
         failed: Some(why),
+        timeline_records: Vec::new(),
     }
 }
 
@@ -806,8 +812,8 @@ pub fn render(cfg: &JournalBenchConfig, r: &JournalReport) -> String {
         s,
         "\nThe tail row's p50/p99 are the delay from a write's ack (seen by its writer) to the reader holding the record (ours: a read waiting at the tail; etcd: a watch); its records/s is the one writer's rate, closed loop. A record the reader held before its writer saw the ack counts as 0 (etcd notifies its watchers before the writer's answer is back, so its p50 is often 0)."
     );
-    let _ = writeln!(s, "\n## Every run\n\n| round | system | workload | records/s | writes/s | p50 | p99 | max | acked | check | seen before ack | errors |");
-    let _ = writeln!(s, "|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|");
+    let _ = writeln!(s, "\n## Every run\n\n| round | system | workload | records/s | writes/s | p50 | p99 | max | first s → last s | acked | check | seen before ack | errors |");
+    let _ = writeln!(s, "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---|---:|---|");
     for run in &r.runs {
         let errors = if let Some(f) = &run.failed {
             format!("FAILED: {}", f.replace('\n', " ").replace('|', "/"))
@@ -818,7 +824,7 @@ pub fn render(cfg: &JournalBenchConfig, r: &JournalReport) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {errors} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {errors} |",
             run.round,
             run.system,
             run.workload,
@@ -827,12 +833,26 @@ pub fn render(cfg: &JournalBenchConfig, r: &JournalReport) -> String {
             run.latency.map_or("-".into(), |l| fmt_us(l.p50_us)),
             run.latency.map_or("-".into(), |l| fmt_us(l.p99_us)),
             run.latency.map_or("-".into(), |l| fmt_us(l.max_us)),
+            drift(&run.timeline_records, r.warmup_seconds, r.duration_seconds).map_or("-".into(), |(a, b)| format!("{} → {}", thousands(a), thousands(b))),
             run.records_acked_total,
             run.check,
             if run.workload == Workload::Tail.label(r.writers) { run.seen_before_ack.to_string() } else { "-".into() },
         );
     }
     s
+}
+
+/// Records per second in the first and in the last full second of the window, from a
+/// timeline of 100 ms buckets; `None` for a window under 2 s or a timeline that stops short.
+pub fn drift(timeline: &[u64], warmup_seconds: f64, duration_seconds: f64) -> Option<(f64, f64)> {
+    let per_s = (Duration::from_secs(1).as_millis() / append::TIMELINE_BUCKET.as_millis()) as usize;
+    let first = (warmup_seconds * per_s as f64).ceil() as usize;
+    let end = ((warmup_seconds + duration_seconds) * per_s as f64).floor() as usize;
+    if duration_seconds < 2.0 || end > timeline.len() || end < first + 2 * per_s {
+        return None;
+    }
+    let sum = |a: usize| timeline[a..a + per_s].iter().sum::<u64>() as f64;
+    Some((sum(first), sum(end - per_s)))
 }
 
 /// True when `p` lies on a RAM-backed filesystem (tmpfs, ramfs), where a sync is nearly free.
