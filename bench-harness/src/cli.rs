@@ -41,6 +41,70 @@ pub enum Command {
     /// selective and type-only reads and conditional appends naming a rare tag on our
     /// server, the reference and a full-scan baseline, checking every result.
     Index(IndexArgs),
+    /// The journal API on our server against a one-member etcd 3.4, side by side: fenced
+    /// single-writer journals (1 and 64 records per write), one multi-writer journal, a tail
+    /// reader's delay, and our DCB server's conditional append rate (docs/benchmarks.md §7).
+    Journal(JournalArgs),
+}
+
+/// Options of `tephra-bench journal`.
+#[derive(Debug, Args)]
+pub struct JournalArgs {
+    /// Our `tephra-server` [default: `tephra-server` next to this binary, or $TEPHRA_SERVER].
+    #[arg(long, value_name = "PATH")]
+    pub ours: Option<PathBuf>,
+    /// The etcd binary, or `none` for ours only [default: $ETCD_BIN, else /usr/bin/etcd, else
+    /// etcd on PATH; ours only, with a warning, when there is none (scripts/install-etcd.sh)].
+    #[arg(long, value_name = "PATH|none")]
+    pub etcd: Option<String>,
+    /// Scratch directory for the data directories (one disk for both, never a tmpfs; one
+    /// fresh directory per run, removed after it) [default: target/bench-journal/data].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Where journal.md, journal.json and the servers' logs go [default: target/bench-journal].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Short settings: 2 rounds × 3 s after 1 s of warm-up.
+    #[arg(long)]
+    pub quick: bool,
+    /// Rounds; each runs every workload on both systems, alternating which goes first
+    /// [default: 3, quick: 2].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub rounds: Option<u64>,
+    /// Measured seconds per run [default: 10, quick: 3].
+    #[arg(long, value_name = "S", value_parser = parse_seconds)]
+    pub duration: Option<f64>,
+    /// Warm-up seconds per run [default: 2, quick: 1].
+    #[arg(long, value_name = "S", value_parser = parse_nonneg_seconds)]
+    pub warmup: Option<f64>,
+    /// Writers, and journals of the single-writer workloads.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub writers: u64,
+    /// Bytes per record.
+    #[arg(long, value_name = "BYTES", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub record_size: u64,
+    /// Records per fenced write of the single-writer workloads, comma separated.
+    #[arg(long, value_name = "LIST", default_value = "1,64")]
+    pub batches: String,
+    /// The journals' store durability: ordered (the default: records, fdatasync, marker,
+    /// fdatasync) or batched (one fdatasync per group commit).
+    #[arg(long, value_name = "ordered|batched", default_value = "ordered")]
+    pub store_durability: String,
+    /// Skip the multi-writer workload.
+    #[arg(long)]
+    pub no_multi: bool,
+    /// Skip the tail-reader workload.
+    #[arg(long)]
+    pub no_tail: bool,
+    /// Skip our DCB server's conditional append workload.
+    #[arg(long)]
+    pub no_dcb: bool,
+    /// Pause between runs, ms (after the data directory is removed and synced).
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub settle_ms: u64,
+    /// Print the JSON report on stdout instead of the markdown table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `tephra-bench index`.

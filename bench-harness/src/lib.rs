@@ -13,6 +13,8 @@
 //! - `index prepare` / `index run` ([`index`]): the index issue's benchmark on a large
 //!   prepared log: opening the store, selective and type-only reads, conditional appends
 //!   naming a rare tag, on our server, the reference and a full-scan baseline.
+//! - `journal` ([`journal`]): the journal API on our server against a one-member etcd 3.4
+//!   ([`etcd`] starts it and speaks its JSON gateway), side by side.
 
 #![deny(missing_docs)]
 
@@ -20,8 +22,10 @@ pub mod append;
 pub mod chart;
 pub mod cli;
 pub mod compare;
+pub mod etcd;
 pub mod fsync;
 pub mod index;
+pub mod journal;
 pub mod logcapture;
 pub mod machine;
 pub mod metrics;

@@ -13,10 +13,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tephra_bench::cli::{
-    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs, ReadArgs, EXIT_ROW_FAILED, EXIT_USAGE,
+    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs, JournalArgs, ReadArgs, EXIT_ROW_FAILED, EXIT_USAGE,
 };
 use tephra_bench::fsync::{self, Budget, ProbeConfig};
-use tephra_bench::{append, compare, logcapture, machine, read, report, server, signals, workload};
+use tephra_bench::{append, compare, etcd, journal, logcapture, machine, read, report, server, signals, workload};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -29,6 +29,7 @@ fn main() -> ExitCode {
             IndexCommand::Prepare(a) => run_index_prepare(a),
             IndexCommand::Run(a) => run_index_run(a),
         },
+        Command::Journal(args) => run_journal(args),
     };
     ExitCode::from(code as u8)
 }
@@ -520,6 +521,90 @@ fn run_fsync(args: FsyncArgs) -> i32 {
     if fsync::interrupted() {
         signals::interrupted_exit_code()
     } else if failed {
+        EXIT_ROW_FAILED
+    } else {
+        0
+    }
+}
+
+fn run_journal(args: JournalArgs) -> i32 {
+    let usage = |msg: String| {
+        eprintln!("tephra-bench journal: error: {msg}");
+        EXIT_USAGE
+    };
+    let ours = match args.ours.clone().or_else(server::default_ours) {
+        Some(p) if p.is_file() => p,
+        Some(p) => return usage(format!("our server {} does not exist (cargo build --release --bin tephra-server)", p.display())),
+        None => return usage("our server not found next to tephra-bench; build it (cargo build --release --bin tephra-server) or pass --ours".into()),
+    };
+    let etcd = match args.etcd.as_deref() {
+        Some("none") => None,
+        Some(p) if std::path::Path::new(p).is_file() => Some(PathBuf::from(p)),
+        Some(p) => return usage(format!("--etcd {p} does not exist (scripts/install-etcd.sh)")),
+        None => {
+            let found = etcd::default_etcd();
+            if found.is_none() {
+                eprintln!("\n*** tephra-bench journal: etcd not found ($ETCD_BIN, /usr/bin/etcd, PATH): measuring ours only; scripts/install-etcd.sh installs it ***\n");
+            }
+            found
+        }
+    };
+    let batches: Result<Vec<usize>, _> = args.batches.split(',').filter(|b| !b.trim().is_empty()).map(|b| b.trim().parse::<usize>()).collect();
+    let batches = match batches {
+        Ok(b) if b.iter().all(|&x| (1..=1024).contains(&x)) => b,
+        _ => return usage(format!("--batches {:?}: a comma separated list of 1..=1024", args.batches)),
+    };
+    let durability = match args.store_durability.as_str() {
+        "ordered" => tephra::journal::StoreDurability::Ordered,
+        "batched" => tephra::journal::StoreDurability::Batched,
+        other => return usage(format!("--store-durability {other:?}: ordered or batched")),
+    };
+    let target = target_dir();
+    let dir = args.dir.clone().unwrap_or_else(|| target.join("bench-journal").join("data"));
+    let out = args.out.clone().unwrap_or_else(|| target.join("bench-journal"));
+    for (what, d) in [("--dir", &dir), ("--out", &out)] {
+        if let Err(e) = std::fs::create_dir_all(d) {
+            return usage(format!("{what} {}: {e}", d.display()));
+        }
+    }
+    if journal::on_tmpfs(&dir) {
+        eprintln!("tephra-bench journal: warning: {} is on a RAM-backed filesystem: syncs are nearly free there and the numbers mean nothing", dir.display());
+    }
+    let (rounds, duration, warmup) = if args.quick { (2, 3.0, 1.0) } else { (3, 10.0, 2.0) };
+    let cfg = journal::JournalBenchConfig {
+        ours,
+        etcd,
+        dir,
+        out: out.clone(),
+        writers: args.writers as usize,
+        record_size: args.record_size as usize,
+        batches,
+        multi: !args.no_multi,
+        tail: !args.no_tail,
+        dcb: !args.no_dcb,
+        rounds: args.rounds.map_or(rounds, |r| r as usize),
+        warmup: Duration::from_secs_f64(args.warmup.unwrap_or(warmup)),
+        duration: Duration::from_secs_f64(args.duration.unwrap_or(duration)),
+        settle: Duration::from_millis(args.settle_ms),
+        durability,
+    };
+    signals::install();
+    let rep = match journal::run(&cfg, &signals::STOP) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tephra-bench journal: error: {e}");
+            return EXIT_ROW_FAILED;
+        }
+    };
+    if args.json {
+        print_json("journal", &rep);
+    } else {
+        write_stdout(&rep.table);
+    }
+    eprintln!("tephra-bench journal: results in {}", out.display());
+    if rep.interrupted {
+        signals::interrupted_exit_code()
+    } else if rep.runs.iter().any(|r| r.failed.is_some()) {
         EXIT_ROW_FAILED
     } else {
         0
