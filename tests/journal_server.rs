@@ -113,3 +113,23 @@ fn bad_input_gets_a_clear_answer_and_moves_nothing() {
     let s = r.state.unwrap();
     assert_eq!((s.next_seq, s.first_seq), (0, 0));
 }
+
+#[test]
+fn a_page_never_outgrows_the_frame_limit() {
+    // A page limit far above the frame limit: pages are cut to fit the frame instead.
+    let env = [("PAROS_MAX_READ_BYTES", "100000000"), ("TEPHRA__SERVER__MAX_FRAME_LEN", "65536")];
+    let server = Server::start(&server_bin(), &env);
+    let mut c = Conn::open(server.addr);
+    let j = c.create("acme", "big", JournalMode::Multi, JournalDurability::Batched);
+    let record = vec![7u8; 20_000];
+    for _ in 0..5 {
+        assert_eq!(c.write(j, 0, 0, &[&record]).outcome(), JournalOutcome::Accepted);
+    }
+    let mut from = 0;
+    while from < 5 {
+        let r = c.read(j, from, 0, 0);
+        assert_eq!(r.outcome(), JournalOutcome::Page);
+        assert!(!r.records.is_empty() && r.records.len() < 5, "a page of {} records", r.records.len());
+        from += r.records.len() as u64;
+    }
+}

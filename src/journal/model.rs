@@ -145,7 +145,7 @@ impl JournalState {
 
     /// The scalar part of the state, what [`JournalState::check_transition`] compares against.
     pub fn summary(&self) -> Summary {
-        Summary { mode: self.mode, durability: self.durability, leader: self.leader, term: self.term, first_seq: self.first_seq, next_seq: self.next_seq }
+        (self.mode, self.durability, self.leader, self.term, self.first_seq, self.next_seq)
     }
 
     /// Checks the invariants of one state on its own, in constant time: the batch marks are
@@ -189,31 +189,19 @@ impl JournalState {
     /// As [`JournalState::check`], and when the transition lowers or changes what must not be.
     pub fn check_transition(&self, before: &Summary) {
         self.check();
-        assert_eq!(self.mode, before.mode, "the writer mode changed");
-        assert_eq!(self.durability, before.durability, "the store durability changed");
-        assert!(self.term >= before.term, "term went back from {} to {}", before.term, self.term);
-        assert!(self.first_seq >= before.first_seq, "first_seq went back from {} to {}", before.first_seq, self.first_seq);
-        assert!(self.next_seq >= before.next_seq, "next_seq went back from {} to {}", before.next_seq, self.next_seq);
-        assert!(self.term == before.term || self.leader != before.leader, "a new term kept its leader");
+        let &(mode, durability, leader, term, first_seq, next_seq) = before;
+        assert_eq!(self.mode, mode, "the writer mode changed");
+        assert_eq!(self.durability, durability, "the store durability changed");
+        assert!(self.term >= term, "term went back from {term} to {}", self.term);
+        assert!(self.first_seq >= first_seq, "first_seq went back from {first_seq} to {}", self.first_seq);
+        assert!(self.next_seq >= next_seq, "next_seq went back from {next_seq} to {}", self.next_seq);
+        assert!(self.term == term || self.leader != leader, "a new term kept its leader");
     }
 }
 
-/// The scalar part of a [`JournalState`]: what a transition must not lower or change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Summary {
-    /// The writer mode.
-    pub mode: Mode,
-    /// The store durability.
-    pub durability: StoreDurability,
-    /// The leader.
-    pub leader: Option<LeaderUuid>,
-    /// The term.
-    pub term: u64,
-    /// The first seq held.
-    pub first_seq: Seq,
-    /// The next seq.
-    pub next_seq: Seq,
-}
+/// The scalar part of a [`JournalState`], what a transition must not lower or change: mode,
+/// store durability, leader, term, `first_seq`, `next_seq`.
+pub type Summary = (Mode, StoreDurability, Option<LeaderUuid>, u64, Seq, Seq);
 
 /// The records of one write, borrowed: each record is an opaque byte string.
 #[derive(Clone, Copy, Debug)]

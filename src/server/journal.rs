@@ -21,7 +21,15 @@ pub struct Journals {
     calls: flume::Sender<Call>,
     published: Arc<Published>,
     limits: JournalSettings,
+    /// The most record bytes a page may carry so that its frame fits `server.max_frame_len`.
+    page_bytes: u64,
 }
+
+/// Bytes a page's frame may need beyond its records' bytes: the response's head and state,
+/// and per record its field tag and length.
+const PAGE_OVERHEAD: u64 = 256;
+/// Per record, its field tag and length varint.
+const PER_RECORD_OVERHEAD: u64 = 6;
 
 impl Journals {
     /// Opens the command log under `data_dir`, replays it, and starts the sequencer on its own
@@ -30,7 +38,9 @@ impl Journals {
     /// # Errors
     /// [`StoreError`] when the command log refuses to open; an I/O error as
     /// [`StoreError::Log`] when the thread cannot start.
-    pub fn start(data_dir: &std::path::Path, limits: JournalSettings) -> Result<Journals, StoreError> {
+    /// A page's record bytes are capped below `max_frame_len` too, so that no page is too
+    /// large to send (docs/journals.md §7).
+    pub fn start(data_dir: &std::path::Path, limits: JournalSettings, max_frame_len: u32) -> Result<Journals, StoreError> {
         let sequencer = Sequencer::open(data_dir, limits.segment_size)?;
         let published = sequencer.published();
         // The queue holds the admission limit: a full queue answers `BUSY`, the write in no log.
@@ -39,7 +49,9 @@ impl Journals {
             .name("tephra-journal".into())
             .spawn(move || sequencer.run(rx))
             .map_err(|source| StoreError::Log(crate::log::LogError::Io { path: data_dir.to_owned(), source }))?;
-        Ok(Journals { calls, published, limits })
+        let framed = u64::from(max_frame_len).saturating_sub(PAGE_OVERHEAD + PER_RECORD_OVERHEAD * limits.max_read_records).max(1);
+        let page_bytes = limits.max_read_bytes.min(framed);
+        Ok(Journals { calls, published, limits, page_bytes })
     }
 
     /// Serves one journal call.
@@ -161,7 +173,7 @@ impl Journals {
             let listener = shown.tail.listen();
             let (view, page, deleted) = {
                 let st = shown.state.lock().unwrap();
-                (st.view, st.held.page(r.from_seq, max_records, self.limits.max_read_bytes), st.deleted)
+                (st.view, st.held.page(r.from_seq, max_records, self.page_bytes), st.deleted)
             };
             if deleted {
                 return outcome(JournalOutcome::UnknownJournal);

@@ -132,7 +132,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     let n = shard_count(&ctx);
     let writer = start_writer(opened.writer)?;
     if opened.follower.is_none() {
-        let journals = journal::Journals::start(&ctx.settings.data_dir, ctx.settings.journal.clone()).map_err(|e| {
+        let journals = journal::Journals::start(&ctx.settings.data_dir, ctx.settings.journal.clone(), ctx.settings.server.max_frame_len).map_err(|e| {
             ctx.shutdown();
             StartError::Journals(e)
         })?;
