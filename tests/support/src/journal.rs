@@ -22,12 +22,23 @@ impl JournalConn {
     /// # Panics
     /// If the connection or the Hello fails.
     pub fn open(addr: SocketAddr) -> JournalConn {
-        let mut stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        write_frame(&mut stream, &Request::hello(1, None), DEFAULT_MAX_FRAME_LEN).unwrap();
-        let ack: Response = read_message(&mut stream, DEFAULT_MAX_FRAME_LEN).unwrap().expect("a HelloAck");
-        assert!(matches!(ack.kind, Some(response::Kind::HelloAck(_))), "{ack:?}");
-        JournalConn { stream, next: 2 }
+        JournalConn::try_open(addr).expect("a journal connection")
+    }
+
+    /// [`JournalConn::open`] that reports a failed connect or Hello instead of panicking.
+    ///
+    /// # Errors
+    /// The transport's error, or `InvalidData` when the answer to the Hello is not a HelloAck.
+    pub fn try_open(addr: SocketAddr) -> std::io::Result<JournalConn> {
+        let other = |e: FrameError| std::io::Error::other(e.to_string());
+        let mut stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+        write_frame(&mut stream, &Request::hello(1, None), DEFAULT_MAX_FRAME_LEN).map_err(other)?;
+        let ack: Option<Response> = read_message(&mut stream, DEFAULT_MAX_FRAME_LEN).map_err(other)?;
+        match ack {
+            Some(Response { kind: Some(response::Kind::HelloAck(_)), .. }) => Ok(JournalConn { stream, next: 2 }),
+            other => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("expected a HelloAck, got {other:?}"))),
+        }
     }
 
     /// Sends one call and returns its answer.
