@@ -133,3 +133,33 @@ fn a_page_never_outgrows_the_frame_limit() {
         from += r.records.len() as u64;
     }
 }
+
+#[test]
+fn metrics_count_journal_calls_by_kind_and_outcome() {
+    let server = Server::start(&server_bin(), &[("TEPHRA__METRICS__BIND", "127.0.0.1:0")]);
+    let mut c = Conn::open(server.addr);
+    let j = c.create("acme", "m", JournalMode::Single, JournalDurability::Ordered);
+    c.set_leader(j, 1, 0);
+    c.write(j, 1, 0, &[b"a"]);
+    c.write(j, 2, 1, &[b"b"]); // refused: 2 does not lead
+    c.read(j, 0, 0, 0);
+    let log = server.log();
+    let line = log.lines().find(|l| l.contains("metrics_addr=")).expect("a metrics_addr line");
+    let addr = line[line.find("metrics_addr=").unwrap() + "metrics_addr=".len()..].split_whitespace().next().unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut body = String::new();
+    std::io::Read::read_to_string(&mut s, &mut body).unwrap();
+    for want in [
+        "tephra_journal_calls_total{call=\"write\",outcome=\"Accepted\"} 1",
+        "tephra_journal_calls_total{call=\"write\",outcome=\"Refused\"} 1",
+        "tephra_journal_calls_total{call=\"set_leader\",outcome=\"Leader\"} 1",
+        "tephra_journal_calls_total{call=\"read\",outcome=\"Page\"} 1",
+        "tephra_journal_calls_total{call=\"create\",outcome=\"Created\"} 1",
+        "tephra_journal_waiting_reads 0",
+        "tephra_journal_write_latency_seconds_count 2",
+    ] {
+        assert!(body.contains(want), "no `{want}` in:\n{body}");
+    }
+    assert!(body.contains("tephra_journal_commit_commands_count"), "{body}");
+}

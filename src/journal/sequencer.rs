@@ -79,6 +79,8 @@ pub struct Published {
     /// The command log's segments, for reading records.
     pub segments: Arc<Segments>,
     stopped: RwLock<Option<String>>,
+    /// Commands per group commit of the journal log.
+    pub commit_commands: Mutex<hdrhistogram::Histogram<u64>>,
 }
 
 impl Published {
@@ -155,7 +157,12 @@ impl Sequencer {
         if let crate::log::OpenOutcome::RolledBack { segment, bytes, .. } = &outcome {
             tracing::warn!(segment = %segment.display(), from = bytes.0, to = bytes.1, "journal log: rolled back a torn tail that was never acknowledged");
         }
-        let published = Arc::new(Published { journals: RwLock::new(HashMap::new()), segments: store.segments(), stopped: RwLock::new(None) });
+        let published = Arc::new(Published {
+            journals: RwLock::new(HashMap::new()),
+            segments: store.segments(),
+            stopped: RwLock::new(None),
+            commit_commands: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 1 << 20, 2).expect("bounds")),
+        });
         for t in directory.tenants().map(|(id, _)| id).collect::<Vec<_>>() {
             for (id, e) in directory.journals_of(t) {
                 published.set(id, e.state.view(), held.get(&id).unwrap_or(&Held::default()));
@@ -341,7 +348,8 @@ impl Sequencer {
     /// it; on a failed write or sync the sequencer stops (fail-stop) and those calls are
     /// answered unavailable.
     fn commit(&mut self) {
-        if self.store.staged() > 0 {
+        let staged = self.store.staged();
+        if staged > 0 {
             if let Err(e) = self.store.commit(self.ordered) {
                 let why = e.to_string();
                 tracing::error!(error = %why, "journal log stopped: calls are refused until the server restarts");
@@ -353,6 +361,9 @@ impl Sequencer {
                 return;
             }
             self.publish();
+            if let Ok(mut h) = self.published.commit_commands.lock() {
+                let _ = h.record(staged);
+            }
         }
         self.ordered = false;
         for (reply, answer) in self.waiting.drain(..) {

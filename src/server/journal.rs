@@ -4,7 +4,8 @@
 //!
 //! Source: docs/journals.md §6-§7.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::JournalSettings;
@@ -15,9 +16,26 @@ use crate::journal::store::StoreError;
 use crate::journal::valid_name;
 use crate::proto::{journal_request, JournalCreate, JournalDurability, JournalMode, JournalOutcome, JournalRead, JournalRequest, JournalResponse};
 
+/// What `/metrics` shows of the journal calls (docs/journals.md §6).
+pub struct JournalMetrics {
+    /// Calls answered, by call kind ([`CALL_KINDS`]) and outcome (the wire number, 0..=23).
+    pub calls: [[AtomicU64; OUTCOMES]; CALL_KINDS.len()],
+    /// Reads waiting at a tail right now.
+    pub waiting_reads: AtomicU64,
+    /// Write latency, request to answer, in µs.
+    pub write_latency: Mutex<hdrhistogram::Histogram<u64>>,
+}
+
+/// The call kinds as `/metrics` labels them, in the order of [`JournalMetrics::calls`].
+pub const CALL_KINDS: [&str; 7] = ["write", "read", "truncate", "set_leader", "create", "delete", "list"];
+/// Outcome numbers counted (`JOURNAL_OUTCOME` 0..=23).
+const OUTCOMES: usize = 24;
+
 /// The node's journals as a shard sees them: the way to the sequencer, the published durable
 /// state, and the limits.
 pub struct Journals {
+    /// Counters for `/metrics`.
+    pub metrics: JournalMetrics,
     calls: flume::Sender<Call>,
     published: Arc<Published>,
     limits: JournalSettings,
@@ -51,7 +69,17 @@ impl Journals {
             .map_err(|source| StoreError::Log(crate::log::LogError::Io { path: data_dir.to_owned(), source }))?;
         let framed = u64::from(max_frame_len).saturating_sub(PAGE_OVERHEAD + PER_RECORD_OVERHEAD * limits.max_read_records).max(1);
         let page_bytes = limits.max_read_bytes.min(framed);
-        Ok(Journals { calls, published, limits, page_bytes })
+        let metrics = JournalMetrics {
+            calls: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            waiting_reads: AtomicU64::new(0),
+            write_latency: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).expect("bounds")),
+        };
+        Ok(Journals { calls, published, limits, page_bytes, metrics })
+    }
+
+    /// Commands per group commit of the journal log, for `/metrics`.
+    pub fn commit_commands(&self) -> &Mutex<hdrhistogram::Histogram<u64>> {
+        &self.published.commit_commands
     }
 
     /// Serves one journal call.
@@ -59,13 +87,32 @@ impl Journals {
         let Some(call) = req.call else {
             return invalid("a journal request names no call");
         };
-        if let journal_request::Call::Read(r) = call {
-            return self.read(r).await;
+        let kind = match &call {
+            journal_request::Call::Write(_) => 0,
+            journal_request::Call::Read(_) => 1,
+            journal_request::Call::Truncate(_) => 2,
+            journal_request::Call::SetLeader(_) => 3,
+            journal_request::Call::Create(_) => 4,
+            journal_request::Call::Delete(_) => 5,
+            journal_request::Call::List(_) => 6,
+        };
+        let started = Instant::now();
+        let resp = match call {
+            journal_request::Call::Read(r) => self.read(r).await,
+            call => match self.prepare(call) {
+                Ok((call, rx, admission)) => self.send(call, rx, admission).await,
+                Err(refused) => *refused,
+            },
+        };
+        if let Some(c) = self.metrics.calls[kind].get(resp.outcome as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
         }
-        match self.prepare(call) {
-            Ok((call, rx, admission)) => self.send(call, rx, admission).await,
-            Err(refused) => *refused,
+        if kind == 0 {
+            if let Ok(mut h) = self.metrics.write_latency.lock() {
+                let _ = h.record(started.elapsed().as_micros().max(1) as u64);
+            }
         }
+        resp
     }
 
     /// Checks a call that goes through the sequencer (ids, uuids, limits, names) and builds
@@ -201,7 +248,9 @@ impl Journals {
             if now >= deadline {
                 return JournalResponse { outcome: JournalOutcome::Page as i32, from_seq: r.from_seq, state: Some(wire_view(view)), ..Default::default() };
             }
+            self.metrics.waiting_reads.fetch_add(1, Ordering::Relaxed);
             futures_lite::future::or(listener, shards::sleep(deadline - now)).await;
+            self.metrics.waiting_reads.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }

@@ -172,5 +172,31 @@ pub fn render(ctx: &Context) -> String {
     if let Ok(h) = ctx.append_latency.lock() {
         histogram(&mut out, "tephra_append_latency_seconds", "Append latency from request to durable ack.", &h, 1e6, &us);
     }
+    if let Some(j) = ctx.journals.get() {
+        journal_metrics(&mut out, j, &us);
+    }
     out
+}
+
+/// The journal calls: answered by kind and outcome, reads waiting at a tail, write latency,
+/// and records per group commit of the journal log (docs/journals.md §6).
+fn journal_metrics(out: &mut String, j: &super::journal::Journals, us: &[u64]) {
+    let name = "tephra_journal_calls_total";
+    let _ = writeln!(out, "# HELP {name} Journal calls answered, by call and outcome.\n# TYPE {name} counter");
+    for (kind, row) in super::journal::CALL_KINDS.iter().zip(&j.metrics.calls) {
+        for (n, c) in row.iter().enumerate() {
+            let v = c.load(Ordering::Relaxed);
+            if v > 0 {
+                let outcome = crate::proto::JournalOutcome::try_from(n as i32).map_or_else(|_| n.to_string(), |o| format!("{o:?}"));
+                let _ = writeln!(out, "{name}{{call=\"{kind}\",outcome=\"{outcome}\"}} {v}");
+            }
+        }
+    }
+    metric(out, "tephra_journal_waiting_reads", "gauge", "Journal reads waiting at a tail.", j.metrics.waiting_reads.load(Ordering::Relaxed));
+    if let Ok(h) = j.metrics.write_latency.lock() {
+        histogram(out, "tephra_journal_write_latency_seconds", "Journal write latency from request to answer.", &h, 1e6, us);
+    }
+    if let Ok(h) = j.commit_commands().lock() {
+        histogram(out, "tephra_journal_commit_commands", "Journal commands per group commit.", &h, 1.0, &[1, 4, 16, 64, 256, 1024, 4096]);
+    }
 }
