@@ -752,7 +752,10 @@ fn long_scanning_reads_do_not_hold_up_appends_on_their_shard() {
     assert!(lat.len() >= 10, "the appender made {} appends in {reads_took:?}", lat.len());
     // The test means something only if the scans kept the shard busy for a while.
     assert!(reads_took >= Duration::from_millis(200), "the reads took only {reads_took:?}");
-    assert!(worst < reads_took / 4, "an append waited {worst:?} while the reads took {reads_took:?}");
+    // Behind the pile of scans an ack waits about as long as the reads take (the ratio was
+    // 1.0); served in bounded steps it waits a few percent of it. A third leaves room for a
+    // loaded two-core machine (CI saw 0.28 once) and still fails that regression.
+    assert!(worst < reads_took / 3, "an append waited {worst:?} while the reads took {reads_took:?}");
 }
 
 /// An append whose condition has `items` single-tag items `z0`, `z1`, ... plus `extra`, after
