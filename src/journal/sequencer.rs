@@ -151,7 +151,7 @@ impl Sequencer {
             let (_, cmd) =
                 decode(r.payload).map_err(|source| StoreError::Command { segment: data_dir.join(super::store::JOURNALS_DIR), position: r.position, source })?;
             let answer = directory.apply(&cmd);
-            note_held(&mut held, &directory, &cmd, &answer, r.segment, r.offset, r.payload);
+            note_held(&mut held, &cmd, &answer, r.segment, r.offset, r.payload);
             Ok(())
         })?;
         if let crate::log::OpenOutcome::RolledBack { segment, bytes, .. } = &outcome {
@@ -331,7 +331,7 @@ impl Sequencer {
     fn stage(&mut self, payload: &[u8], cmd: &Command<'_>, answer: &Answer) {
         let (_, offset) = self.store.stage(payload);
         let segment = self.store.active_base();
-        note_held(&mut self.held, &self.directory, cmd, answer, segment, offset, payload);
+        note_held(&mut self.held, cmd, answer, segment, offset, payload);
         let target = cmd.target();
         match answer {
             Answer::Deleted { .. } => self.changes.push(Change::Deleted(target)),
@@ -395,7 +395,7 @@ impl Sequencer {
 
 /// Records where an accepted write's records lie, trims held records after a truncation, and
 /// forgets a deleted journal.
-fn note_held(held: &mut HashMap<JournalId, Held>, directory: &Directory, cmd: &Command<'_>, answer: &Answer, segment: u64, offset: u64, payload: &[u8]) {
+fn note_held(held: &mut HashMap<JournalId, Held>, cmd: &Command<'_>, answer: &Answer, segment: u64, offset: u64, payload: &[u8]) {
     match (cmd, answer) {
         (Command::Write { journal, records, .. }, Answer::Journal(Outcome::Accepted { seq, .. })) => {
             let h = held.entry(*journal).or_default();
@@ -412,7 +412,6 @@ fn note_held(held: &mut HashMap<JournalId, Held>, directory: &Directory, cmd: &C
         }
         _ => {}
     }
-    let _ = directory;
 }
 
 /// Whether a verdict changed the state (only those are logged on a single node).

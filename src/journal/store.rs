@@ -162,8 +162,6 @@ pub struct JournalStore {
     next_position: u64,
     /// Commands staged in the open batch.
     staged: u64,
-    /// Position of the first staged command.
-    first_staged: u64,
     failed: Option<String>,
 }
 
@@ -216,17 +214,7 @@ impl JournalStore {
         }
         let last = recovered.segments.last().expect("open_log leaves an active segment").clone();
         let active = Active::open(&last, recovered.active_end, segment_size)?;
-        let store = JournalStore {
-            dir,
-            cfg,
-            _lock: recovered.lock,
-            segments,
-            active,
-            next_position: recovered.next_position,
-            staged: 0,
-            first_staged: recovered.next_position,
-            failed: None,
-        };
+        let store = JournalStore { dir, cfg, _lock: recovered.lock, segments, active, next_position: recovered.next_position, staged: 0, failed: None };
         Ok((store, recovered.outcome))
     }
 
@@ -262,9 +250,6 @@ impl JournalStore {
         let mut framed = Vec::with_capacity(RECORD_HEAD + payload.len());
         frame_data(payload, &mut framed);
         self.active.buf.extend_from_slice(&framed);
-        if self.staged == 0 {
-            self.first_staged = self.next_position;
-        }
         let position = self.next_position;
         self.next_position += 1;
         self.staged += 1;
@@ -325,7 +310,6 @@ impl JournalStore {
         sync(&self.active.file).map_err(|e| stop("fdatasync", &path, e))?;
         self.active.settle();
         self.staged = 0;
-        self.first_staged = self.next_position;
         Ok(())
     }
 
