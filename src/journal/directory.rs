@@ -130,6 +130,36 @@ impl Directory {
     ///
     /// # Panics
     /// As [`super::apply()`]: only on a broken invariant, a bug.
+    /// Every journal, in id order.
+    pub fn entries(&self) -> impl Iterator<Item = (JournalId, &Entry)> {
+        self.journals.iter().map(|(id, e)| (*id, e))
+    }
+
+    /// Rebuilds a directory from its parts, as a checkpoint holds them (docs/journals.md §4.4):
+    /// the tenants `(id, name)` and the journals `(id, entry)`.
+    ///
+    /// # Errors
+    /// A sentence naming the first inconsistency: an id of 0, an invalid or repeated name, a
+    /// repeated id, a journal of an unknown tenant, or a state that breaks its invariants
+    /// ([`JournalState::validate`]).
+    pub fn restore(tenants: Vec<(u64, String)>, journals: Vec<(JournalId, Entry)>) -> Result<Directory, String> {
+        let mut d = Directory::new();
+        for (id, name) in tenants {
+            if !matches!(d.create_tenant(id, &name), Answer::TenantCreated { .. }) {
+                return Err(format!("tenant {id:016x} ({name:?}) has id 0, an invalid name, or an id or name already used"));
+            }
+        }
+        for (id, entry) in journals {
+            let Entry { name, state } = entry;
+            state.validate().map_err(|e| format!("journal {id}: {e}"))?;
+            if !matches!(d.create_journal(id, &name, state.mode, state.durability), Answer::JournalCreated { .. }) {
+                return Err(format!("journal {id} ({name:?}) has an unknown tenant, a zero id, an invalid name, or an id or name already used"));
+            }
+            d.journals.get_mut(&id).expect("just created").state = state;
+        }
+        Ok(d)
+    }
+
     pub fn apply(&mut self, command: &Command<'_>) -> Answer {
         match command {
             Command::CreateTenant { tenant, name } => self.create_tenant(*tenant, name),

@@ -3,7 +3,7 @@
 //!
 //! Source: docs/journals.md §4.3.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use super::model::{JournalId, Seq};
 
@@ -61,8 +61,14 @@ impl Held {
     /// Drops every record below `first_seq` (never raises past the end: a journal truncated
     /// to its tail keeps `first == end`).
     pub fn trim(&mut self, first_seq: Seq) {
-        while self.first < first_seq && !self.locs.is_empty() {
-            self.locs.pop_front();
+        self.trim_with(first_seq, |_| {});
+    }
+
+    /// [`Held::trim`], handing each dropped record's location to `dropped`.
+    pub fn trim_with(&mut self, first_seq: Seq, mut dropped: impl FnMut(Loc)) {
+        while self.first < first_seq {
+            let Some(loc) = self.locs.pop_front() else { break };
+            dropped(loc);
             self.first += 1;
         }
         if self.locs.is_empty() {
@@ -103,6 +109,90 @@ impl Held {
         }
         m
     }
+
+    /// How many records are held.
+    pub fn len(&self) -> u64 {
+        self.locs.len() as u64
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.locs.is_empty()
+    }
+}
+
+/// Every journal's held records and, per segment, how many of them it holds: what the
+/// sequencer needs to read pages and to know which segments can go (docs/journals.md §4.3).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holdings {
+    journals: HashMap<JournalId, Held>,
+    live: Liveness,
+    records: u64,
+    /// Set when a segment may have lost its last held record (see [`Holdings::take_freed`]).
+    freed: bool,
+}
+
+impl Holdings {
+    /// The held records of `journal`, if it ever held any.
+    pub fn get(&self, journal: JournalId) -> Option<&Held> {
+        self.journals.get(&journal)
+    }
+
+    /// Every journal that holds (or held) records, with its held records.
+    pub fn iter(&self) -> impl Iterator<Item = (JournalId, &Held)> {
+        self.journals.iter().map(|(id, h)| (*id, h))
+    }
+
+    /// Records held, all journals together.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Adds the record `seq` of `journal` at `loc` (see [`Held::push`]).
+    pub fn push(&mut self, journal: JournalId, seq: Seq, loc: Loc) {
+        self.journals.entry(journal).or_default().push(seq, loc);
+        self.live.add(loc.segment, journal, 1);
+        self.records += 1;
+    }
+
+    /// Drops the records of `journal` below `first_seq` (see [`Held::trim`]).
+    pub fn trim(&mut self, journal: JournalId, first_seq: Seq) {
+        let Self { journals, live, records, freed } = self;
+        journals.entry(journal).or_default().trim_with(first_seq, |loc| {
+            *freed |= live.remove(loc.segment, journal, 1);
+            *records -= 1;
+        });
+    }
+
+    /// Forgets `journal` and its records (it was deleted).
+    pub fn remove(&mut self, journal: JournalId) {
+        let Some(held) = self.journals.remove(&journal) else { return };
+        for (segment, n) in held.segments() {
+            self.freed |= self.live.remove(segment, journal, n);
+            self.records -= n;
+        }
+    }
+
+    /// Whether `segment` holds a held record.
+    pub fn is_live(&self, segment: u64) -> bool {
+        self.live.is_live(segment)
+    }
+
+    /// Whether a segment lost its last held record since the last call (and clears it).
+    pub fn take_freed(&mut self) -> bool {
+        std::mem::take(&mut self.freed)
+    }
+
+    /// Notes that segments may be free without a record having gone (a rollover sealed one,
+    /// or the log was just opened).
+    pub fn note_maybe_freed(&mut self) {
+        self.freed = true;
+    }
+
+    /// Every segment that holds a held record.
+    pub fn live_segments(&self) -> impl Iterator<Item = u64> + '_ {
+        self.live.live.keys().copied()
+    }
 }
 
 /// For each command-log segment, how many held records of each journal it holds: a segment
@@ -118,11 +208,12 @@ impl Liveness {
         *self.live.entry(segment).or_default().entry(journal).or_insert(0) += n;
     }
 
-    /// Counts `n` fewer (records trimmed or the journal deleted).
+    /// Counts `n` fewer (records trimmed or the journal deleted); true when `segment` then
+    /// holds none.
     ///
     /// # Panics
     /// When more are removed than were added: a bug in the caller.
-    pub fn remove(&mut self, segment: u64, journal: JournalId, n: u64) {
+    pub fn remove(&mut self, segment: u64, journal: JournalId, n: u64) -> bool {
         let seg = self.live.get_mut(&segment).expect("removing records of a segment never added");
         let c = seg.get_mut(&journal).expect("removing records of a journal never added");
         *c = c.checked_sub(n).expect("removing more records than were added");
@@ -131,7 +222,9 @@ impl Liveness {
         }
         if seg.is_empty() {
             self.live.remove(&segment);
+            return true;
         }
+        false
     }
 
     /// Whether `segment` holds any held record.
@@ -191,9 +284,28 @@ mod tests {
         l.add(1, b, 1);
         l.add(2, a, 1);
         assert_eq!(l.records_in(1), 4);
-        l.remove(1, a, 3);
+        assert!(!l.remove(1, a, 3));
         assert!(l.is_live(1));
-        l.remove(1, b, 1);
+        assert!(l.remove(1, b, 1));
         assert!(!l.is_live(1) && l.is_live(2));
+    }
+
+    #[test]
+    fn holdings_free_a_segment_when_its_last_record_goes() {
+        let (a, b) = (JournalId { tenant: 1, journal: 1 }, JournalId { tenant: 1, journal: 2 });
+        let mut h = Holdings::default();
+        h.push(a, 0, loc(1, 1));
+        h.push(a, 1, loc(2, 1));
+        h.push(b, 0, loc(1, 1));
+        assert_eq!(h.records(), 3);
+        h.trim(a, 1);
+        assert!(!h.take_freed() && h.is_live(1));
+        h.remove(b);
+        assert!(h.take_freed() && !h.is_live(1) && h.is_live(2));
+        assert!(!h.take_freed());
+        assert_eq!((h.records(), h.live_segments().collect::<Vec<_>>()), (1, vec![2]));
+        h.trim(a, 2);
+        assert!(h.take_freed() && h.live_segments().next().is_none());
+        assert_eq!(h.get(a).map(|x| (x.first(), x.end())), Some((2, 2)));
     }
 }

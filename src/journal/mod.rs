@@ -6,12 +6,14 @@
 //! | [`model`] | ids, seqs, the leader uuid, modes, the per-journal state and its invariants |
 //! | [`mod@apply`] | the pure verdict `apply(state, call) -> outcome`, judged in log order |
 //! | [`command`] | the command-log record layout of every command |
+//! | [`checkpoint`] | the whole state at one command, so old segments can go |
 //! | [`directory`] | tenants, journal names, and every journal's state as one state machine |
 //!
 //! Everything here is sans-IO: the command log, the sequencer and the wire live at the
 //! edges. Source: `docs/journals.md`.
 
 pub mod apply;
+pub mod checkpoint;
 pub mod command;
 pub mod directory;
 pub mod held;

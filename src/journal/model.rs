@@ -173,6 +173,35 @@ impl JournalState {
     ///
     /// # Panics
     /// On the first mark that breaks one of those.
+    /// Every invariant of [`JournalState::check`] and [`JournalState::check_marks`], as a
+    /// verdict rather than a panic: for state read back from disk (a checkpoint), where a
+    /// violation is damage to refuse, not a bug.
+    ///
+    /// # Errors
+    /// A sentence naming the first invariant that does not hold.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.first_seq > self.next_seq {
+            return Err(format!("first_seq {} > next_seq {}", self.first_seq, self.next_seq));
+        }
+        if self.leader.is_some() != (self.term > 0) || self.leader == Some(LeaderUuid::NONE) {
+            return Err(format!("leader {:?} with term {}", self.leader, self.term));
+        }
+        if self.mode == Mode::Multi && (self.leader.is_some() || !self.batches.is_empty()) {
+            return Err("a multi-writer journal has a leader or batch marks".into());
+        }
+        let mut end = self.first_seq;
+        for b in &self.batches {
+            if b.seq < end || b.count == 0 {
+                return Err(format!("batch mark {b:?} overlaps the one before it, lies below first_seq or is empty"));
+            }
+            end = b.seq + u64::from(b.count);
+        }
+        if end > self.next_seq {
+            return Err(format!("batch marks end at {end} past next_seq {}", self.next_seq));
+        }
+        Ok(())
+    }
+
     pub fn check_marks(&self) {
         let mut end = self.first_seq;
         for b in &self.batches {

@@ -7,14 +7,16 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::proto::{JournalDurability, JournalInfo, JournalMode, JournalOutcome, JournalResponse, JournalView};
 
 use super::apply::Outcome;
+use super::checkpoint::{self, Checkpoint, CheckpointError};
 use super::command::{decode, Command, EntryId};
 use super::directory::{Answer, Directory};
-use super::held::{Held, Loc};
+use super::held::{Held, Holdings, Loc};
 use super::model::{JournalId, LeaderUuid, Mode, StoreDurability, View};
 use super::store::{JournalStore, Segments, StoreError};
 
@@ -81,6 +83,19 @@ pub struct Published {
     stopped: RwLock<Option<String>>,
     /// Commands per group commit of the journal log.
     pub commit_commands: Mutex<hdrhistogram::Histogram<u64>>,
+    /// Segment files and their reclamation.
+    pub disk: DiskStats,
+}
+
+/// The command log's segment files and how they are given back (docs/journals.md §4.4).
+#[derive(Debug, Default)]
+pub struct DiskStats {
+    /// Segment files of the command log now.
+    pub segments: AtomicU64,
+    /// Checkpoints written since start.
+    pub checkpoints: AtomicU64,
+    /// Segment files deleted since start.
+    pub segments_deleted: AtomicU64,
 }
 
 impl Published {
@@ -127,7 +142,7 @@ enum Change {
 /// and the command log.
 pub struct Sequencer {
     directory: Directory,
-    held: HashMap<JournalId, Held>,
+    holdings: Holdings,
     store: JournalStore,
     published: Arc<Published>,
     /// Answers waiting for the open batch to be durable.
@@ -140,20 +155,28 @@ pub struct Sequencer {
 const MAX_GROUP: usize = 4096;
 
 impl Sequencer {
-    /// Opens the command log under `data_dir` and replays it.
+    /// Opens the command log under `data_dir`: loads its checkpoint, if any, and replays the
+    /// commands after it.
     ///
     /// # Errors
-    /// [`StoreError`] from the log's recovery, or a command that does not decode.
+    /// [`StoreError`] from the log's recovery, a command that does not decode, a damaged
+    /// checkpoint, or one naming a segment that is missing.
     pub fn open(data_dir: &Path, segment_size: u64) -> Result<Sequencer, StoreError> {
-        let mut directory = Directory::new();
-        let mut held: HashMap<JournalId, Held> = HashMap::new();
-        let (store, outcome) = JournalStore::open(data_dir, segment_size, |r| {
+        let Checkpoint { position: covered, mut directory, mut holdings } = JournalStore::read_checkpoint(data_dir)?.unwrap_or_default();
+        let (store, outcome) = JournalStore::open(data_dir, segment_size, covered, |r| {
             let (_, cmd) =
                 decode(r.payload).map_err(|source| StoreError::Command { segment: data_dir.join(super::store::JOURNALS_DIR), position: r.position, source })?;
             let answer = directory.apply(&cmd);
-            note_held(&mut held, &cmd, &answer, r.segment, r.offset, r.payload);
+            note_held(&mut holdings, &cmd, &answer, r.segment, r.offset, r.payload);
             Ok(())
         })?;
+        let bases = store.segments().bases();
+        if let Some(missing) = holdings.live_segments().find(|s| bases.binary_search(s).is_err()) {
+            let path = data_dir.join(super::store::JOURNALS_DIR).join(super::store::CHECKPOINT_FILE);
+            let source = CheckpointError::Body(format!("held records lie in the segment at position {missing}, whose file is missing"));
+            return Err(StoreError::Checkpoint { path, source });
+        }
+        holdings.note_maybe_freed();
         if let crate::log::OpenOutcome::RolledBack { segment, bytes, .. } = &outcome {
             tracing::warn!(segment = %segment.display(), from = bytes.0, to = bytes.1, "journal log: rolled back a torn tail that was never acknowledged");
         }
@@ -162,13 +185,14 @@ impl Sequencer {
             segments: store.segments(),
             stopped: RwLock::new(None),
             commit_commands: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 1 << 20, 2).expect("bounds")),
+            disk: DiskStats { segments: AtomicU64::new(bases.len() as u64), ..DiskStats::default() },
         });
         for t in directory.tenants().map(|(id, _)| id).collect::<Vec<_>>() {
             for (id, e) in directory.journals_of(t) {
-                published.set(id, e.state.view(), held.get(&id).unwrap_or(&Held::default()));
+                published.set(id, e.state.view(), holdings.get(id).unwrap_or(&Held::default()));
             }
         }
-        Ok(Sequencer { directory, held, store, published, waiting: Vec::new(), changes: Vec::new(), ordered: false })
+        Ok(Sequencer { directory, holdings, store, published, waiting: Vec::new(), changes: Vec::new(), ordered: false })
     }
 
     /// What readers see.
@@ -185,6 +209,39 @@ impl Sequencer {
                 self.judge(call);
             }
             self.commit();
+            self.reclaim();
+        }
+    }
+
+    /// Gives disk back once the batch is durable: when a segment lost its last held record
+    /// (or a rollover sealed one), and the sealed segments holding none add up to at least
+    /// what a checkpoint costs to write, writes a checkpoint of the whole state at the last
+    /// command and deletes them (docs/journals.md §4.4). A failure leaves the segments in
+    /// place and is retried at the next freed segment or rollover.
+    fn reclaim(&mut self) {
+        if self.store.staged() > 0 || self.published.stopped().is_some() || !self.holdings.take_freed() {
+            return;
+        }
+        let free: Vec<u64> = self.store.sealed().into_iter().filter(|&b| !self.holdings.is_live(b)).collect();
+        let cost = checkpoint::encoded_len_estimate(&self.directory, &self.holdings) as u64;
+        if free.is_empty() || (free.len() as u64).saturating_mul(self.store.segment_size()) < cost {
+            return;
+        }
+        let bytes = checkpoint::encode(self.store.last_position(), &self.directory, &self.holdings);
+        let disk = &self.published.disk;
+        match self.store.write_checkpoint(&bytes) {
+            Ok(()) => disk.checkpoints.fetch_add(1, Ordering::Relaxed),
+            Err(e) => return tracing::warn!(error = %e, "journal log: checkpoint failed; no segment deleted"),
+        };
+        let result = self.store.delete_segments(&free);
+        let left = self.store.segments().bases().len() as u64;
+        disk.segments_deleted.fetch_add(disk.segments.load(Ordering::Relaxed).saturating_sub(left), Ordering::Relaxed);
+        disk.segments.store(left, Ordering::Relaxed);
+        match result {
+            Ok(()) => {
+                tracing::info!(deleted = free.len(), position = self.store.last_position(), checkpoint_bytes = bytes.len(), "journal log: segments given back")
+            }
+            Err(e) => tracing::warn!(error = %e, "journal log: deleting a segment failed"),
         }
     }
 
@@ -314,6 +371,8 @@ impl Sequencer {
             self.store
                 .roll_over()
                 .inspect_err(|e| tracing::error!(error = %e, "journal log: cannot start a new segment; journal calls are refused until it can"))?;
+            self.holdings.note_maybe_freed();
+            self.published.disk.segments.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -331,7 +390,7 @@ impl Sequencer {
     fn stage(&mut self, payload: &[u8], cmd: &Command<'_>, answer: &Answer) {
         let (_, offset) = self.store.stage(payload);
         let segment = self.store.active_base();
-        note_held(&mut self.held, cmd, answer, segment, offset, payload);
+        note_held(&mut self.holdings, cmd, answer, segment, offset, payload);
         let target = cmd.target();
         match answer {
             Answer::Deleted { .. } => self.changes.push(Change::Deleted(target)),
@@ -377,7 +436,7 @@ impl Sequencer {
                 Change::Journal(id) => {
                     let Some(e) = self.directory.journal(id) else { continue };
                     let empty = Held::default();
-                    self.published.set(id, e.state.view(), self.held.get(&id).unwrap_or(&empty));
+                    self.published.set(id, e.state.view(), self.holdings.get(id).unwrap_or(&empty));
                     if let Some(s) = self.published.journal(id) {
                         s.tail.notify(usize::MAX);
                     }
@@ -395,20 +454,19 @@ impl Sequencer {
 
 /// Records where an accepted write's records lie, trims held records after a truncation, and
 /// forgets a deleted journal.
-fn note_held(held: &mut HashMap<JournalId, Held>, cmd: &Command<'_>, answer: &Answer, segment: u64, offset: u64, payload: &[u8]) {
+fn note_held(held: &mut Holdings, cmd: &Command<'_>, answer: &Answer, segment: u64, offset: u64, payload: &[u8]) {
     match (cmd, answer) {
         (Command::Write { journal, records, .. }, Answer::Journal(Outcome::Accepted { seq, .. })) => {
-            let h = held.entry(*journal).or_default();
             for (i, r) in records.iter().enumerate() {
                 let at = r.as_ptr() as usize - payload.as_ptr() as usize;
-                h.push(seq + i as u64, Loc { segment, offset: offset + at as u64, len: r.len() as u32 });
+                held.push(*journal, seq + i as u64, Loc { segment, offset: offset + at as u64, len: r.len() as u32 });
             }
         }
         (Command::Truncate { journal, .. }, Answer::Journal(Outcome::Trimmed(view))) => {
-            held.entry(*journal).or_default().trim(view.first_seq);
+            held.trim(*journal, view.first_seq);
         }
         (Command::DeleteJournal { journal }, Answer::Deleted { .. }) => {
-            held.remove(journal);
+            held.remove(*journal);
         }
         _ => {}
     }

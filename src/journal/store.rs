@@ -14,10 +14,11 @@ use std::sync::{Arc, RwLock};
 
 use crate::log::aligned::{AlignedBuf, BLOCK};
 use crate::log::record::{find_marker, frame_control, frame_data, frame_marker, read_record, Record, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
-use crate::log::segment::{create_segment, Segment, SegmentConfig};
+use crate::log::segment::{create_segment, sync_dir, Segment, SegmentConfig};
 use crate::log::LogError;
-use crate::log::{open_log, OpenOutcome};
+use crate::log::{open_log_covered, OpenOutcome};
 
+use super::checkpoint::{self, Checkpoint, CheckpointError};
 use super::held::Loc;
 
 /// The directory, under the data directory, that holds the journal command log.
@@ -27,6 +28,12 @@ pub const JOURNALS_DIR: &str = "journals";
 /// after the batch's records are durable: "the marker that follows proves its batch". The
 /// event log's walk skips it as a control record that commits nothing (docs/journals.md §3).
 pub const ORDERED_MARK: u8 = 0x10;
+
+/// The checkpoint file in the journals directory (docs/journals.md §4.4).
+pub const CHECKPOINT_FILE: &str = "checkpoint";
+
+/// Where a checkpoint is written before it is renamed over [`CHECKPOINT_FILE`].
+const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 
 /// Bytes of the [`ORDERED_MARK`] control record: its head and one kind byte.
 const ORDERED_MARK_LEN: usize = RECORD_HEAD + 1;
@@ -54,6 +61,25 @@ pub enum StoreError {
         /// `write` or `fdatasync`.
         what: &'static str,
         /// The segment file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The checkpoint file is damaged or inconsistent: the server refuses to start rather
+    /// than replay a log whose early segments may be gone.
+    #[error("journal checkpoint {}: {source}", path.display())]
+    Checkpoint {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// What was wrong.
+        source: CheckpointError,
+    },
+    /// Reading, writing or syncing the checkpoint, or deleting a segment, failed.
+    #[error("journal checkpoint: {what} {}: {source}", path.display())]
+    CheckpointIo {
+        /// What was being done.
+        what: &'static str,
+        /// The file or directory.
         path: PathBuf,
         /// The error.
         source: std::io::Error,
@@ -93,6 +119,15 @@ impl Segments {
 
     fn insert(&self, seg: Arc<Segment>) {
         self.by_base.write().unwrap().insert(seg.base, seg);
+    }
+
+    /// The base positions of every segment, ascending.
+    pub fn bases(&self) -> Vec<u64> {
+        self.by_base.read().unwrap().keys().copied().collect()
+    }
+
+    fn remove(&self, base: u64) -> Option<Arc<Segment>> {
+        self.by_base.write().unwrap().remove(&base)
     }
 }
 
@@ -178,24 +213,44 @@ pub struct Replayed<'a> {
 }
 
 impl JournalStore {
+    /// Reads the checkpoint of the command log in `data_dir/journals`, if there is one.
+    ///
+    /// # Errors
+    /// [`StoreError::Checkpoint`] for a damaged or inconsistent file, [`StoreError::CheckpointIo`]
+    /// when it cannot be read.
+    pub fn read_checkpoint(data_dir: &Path) -> Result<Option<Checkpoint>, StoreError> {
+        let path = data_dir.join(JOURNALS_DIR).join(CHECKPOINT_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => checkpoint::decode(&bytes).map(Some).map_err(|source| StoreError::Checkpoint { path, source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(StoreError::CheckpointIo { what: "reading", path, source }),
+        }
+    }
+
     /// Opens (creating when missing) the command log in `data_dir/journals`, recovering it,
-    /// and hands every committed command, in order, to `replay`.
+    /// and hands every committed command after position `covered` (what a checkpoint holds),
+    /// in order, to `replay`.
     ///
     /// # Errors
     /// [`StoreError::Log`] for what the event log refuses (damage followed by committed
-    /// batches, a segment chain with a gap, a held lock, I/O), or what `replay` returns.
+    /// batches, a segment chain with a gap not covered, a held lock, I/O), or what `replay`
+    /// returns.
     pub fn open(
         data_dir: &Path,
         segment_size: u64,
+        covered: u64,
         mut replay: impl FnMut(Replayed<'_>) -> Result<(), StoreError>,
     ) -> Result<(JournalStore, OpenOutcome), StoreError> {
         let dir = data_dir.join(JOURNALS_DIR);
         let cfg = SegmentConfig::new(segment_size);
         let mut failed = None;
-        let mut recovered = open_log(&dir, &cfg, |walked| {
+        let mut recovered = open_log_covered(&dir, &cfg, covered, |walked| {
             let seg = walked.segment;
             for (i, (&off, payload)) in walked.offsets.iter().zip(walked.payloads()).enumerate() {
                 let r = Replayed { position: seg.base + i as u64, segment: seg.base, offset: u64::from(off) + RECORD_HEAD as u64, payload };
+                if r.position <= covered {
+                    continue;
+                }
                 if let Err(e) = replay(r) {
                     failed = Some(e);
                     return Err(LogError::Corrupt { path: seg.path.clone(), offset: u64::from(off), detail: "a journal command could not be replayed".into() });
@@ -208,6 +263,12 @@ impl JournalStore {
             refuse_damaged_ordered_batch(segment, *from, *to)?;
         }
         recovered.apply()?;
+        let tmp = dir.join(CHECKPOINT_TMP);
+        match std::fs::remove_file(&tmp) {
+            Ok(()) => tracing::warn!(path = %tmp.display(), "removed a checkpoint whose writing never finished"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(StoreError::CheckpointIo { what: "removing", path: tmp, source }),
+        }
         let segments = Arc::new(Segments::default());
         for s in &recovered.segments {
             segments.insert(Arc::clone(s));
@@ -311,6 +372,68 @@ impl JournalStore {
         self.active.settle();
         self.staged = 0;
         Ok(())
+    }
+
+    /// The position of the last command staged or committed (0 before the first).
+    pub fn last_position(&self) -> u64 {
+        self.next_position - 1
+    }
+
+    /// The bytes each segment file takes.
+    pub fn segment_size(&self) -> u64 {
+        self.cfg.segment_size
+    }
+
+    /// The base positions of the sealed segments (all but the one being written).
+    pub fn sealed(&self) -> Vec<u64> {
+        self.segments.bases().into_iter().filter(|&b| b != self.active.base).collect()
+    }
+
+    /// Writes `bytes` as the checkpoint, durably: to a temporary file, synced, renamed over
+    /// the old one, and the directory synced. On an error the old checkpoint stands (or the
+    /// new one; both are valid), and no segment may be deleted on the new one's account.
+    ///
+    /// # Errors
+    /// [`StoreError::CheckpointIo`] naming the step that failed.
+    pub fn write_checkpoint(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        fn io<'p>(what: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> StoreError + 'p {
+            move |source| StoreError::CheckpointIo { what, path: path.to_owned(), source }
+        }
+        let tmp = self.dir.join(CHECKPOINT_TMP);
+        let path = self.dir.join(CHECKPOINT_FILE);
+        let file = File::create(&tmp).map_err(io("creating", &tmp))?;
+        crate::fault::io_point("journal_checkpoint_write").and_then(|()| file.write_all_at(bytes, 0)).map_err(io("writing", &tmp))?;
+        file.sync_all().map_err(io("syncing", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io("renaming over", &path))?;
+        self.sync_dir()?;
+        crate::fault::crash_point("journal_after_checkpoint");
+        Ok(())
+    }
+
+    /// Deletes the sealed segments `bases`, which a durable checkpoint covers and which hold
+    /// no held record, and syncs the directory. Readers holding a segment's handle can still
+    /// read it until they drop it.
+    ///
+    /// # Errors
+    /// [`StoreError::CheckpointIo`] for a removal or the directory sync that failed (the
+    /// segments not yet removed stay, and a later checkpoint retries them).
+    pub fn delete_segments(&mut self, bases: &[u64]) -> Result<(), StoreError> {
+        for &base in bases {
+            assert_ne!(base, self.active.base, "the segment being written is never deleted");
+            let Some(seg) = self.segments.remove(base) else { continue };
+            if let Err(source) = std::fs::remove_file(&seg.path) {
+                self.segments.insert(seg.clone());
+                return Err(StoreError::CheckpointIo { what: "deleting", path: seg.path.clone(), source });
+            }
+        }
+        self.sync_dir()
+    }
+
+    fn sync_dir(&self) -> Result<(), StoreError> {
+        sync_dir(&self.dir).map_err(|e| match e {
+            LogError::Io { path, source } => StoreError::CheckpointIo { what: "syncing", path, source },
+            other => StoreError::Log(other),
+        })
     }
 
     /// Starts a new segment at the next position (the open batch must be committed).

@@ -13,7 +13,7 @@ pub mod record;
 pub mod segment;
 
 mod open;
-pub use open::{open_log, OpenOutcome, Recovered, WalkedSegment, KEEP_DISCARDED_MAX, RECOVERED_DIR};
+pub use open::{open_log, open_log_covered, OpenOutcome, Recovered, WalkedSegment, KEEP_DISCARDED_MAX, RECOVERED_DIR};
 
 use std::path::PathBuf;
 

@@ -174,7 +174,24 @@ impl WalkedSegment<'_> {
 /// # Errors
 /// Any [`LogError`]: a lock held elsewhere, an unusable header anywhere, a gap, or corruption
 /// that is not a torn tail (refused with the file and byte offset), or what `on_segment` returns.
-pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(WalkedSegment<'_>) -> Result<(), LogError>) -> Result<Recovered, LogError> {
+pub fn open_log(dir: &Path, cfg: &SegmentConfig, on_segment: impl FnMut(WalkedSegment<'_>) -> Result<(), LogError>) -> Result<Recovered, LogError> {
+    open_log_covered(dir, cfg, 0, on_segment)
+}
+
+/// [`open_log`] for a log whose state up to position `covered` is held elsewhere (the
+/// journals' checkpoint, docs/journals.md §4.4), so segments holding only positions up to it
+/// may have been deleted: a gap in the chain is accepted when every missing position is at
+/// most `covered`, and refused as with [`open_log`] otherwise.
+///
+/// # Errors
+/// As [`open_log`], and [`LogError::Corrupt`] when the log ends before `covered` (the
+/// checkpoint claims commands the log does not hold).
+pub fn open_log_covered(
+    dir: &Path,
+    cfg: &SegmentConfig,
+    covered: u64,
+    mut on_segment: impl FnMut(WalkedSegment<'_>) -> Result<(), LogError>,
+) -> Result<Recovered, LogError> {
     cfg.validate()?;
     ensure_dir(dir)?;
     let lock = DirLock::acquire(dir)?;
@@ -191,6 +208,9 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
     let mut prev_end = 0usize;
     for (i, (base, path)) in listed.into_iter().enumerate() {
         crate::fault::crash_point("recovery_midway");
+        if base > expected && base <= covered.saturating_add(1) {
+            expected = base;
+        }
         check_follows(&path, base, expected, segments.last().map(|s| &*s.path), prev_end)?;
         // Every segment is read whole, the active one too: a clean open must see that every
         // byte after the last commit marker is zero, to the end of the file. Reading only up to
@@ -227,6 +247,11 @@ pub fn open_log(dir: &Path, cfg: &SegmentConfig, mut on_segment: impl FnMut(Walk
         expected = base + count;
         prev_end = w.committed_end;
         segments.push(Arc::new(seg));
+    }
+    if expected <= covered {
+        let path = segments.last().map_or_else(|| dir.to_owned(), |s| s.path.clone());
+        let detail = format!("the log ends at position {} but the checkpoint covers positions up to {covered}: the log lost committed commands", expected - 1);
+        return Err(LogError::Corrupt { path, offset: 0, detail });
     }
     tracing::info!(dir = %dir.display(), head = expected - 1, segments = segments.len(), ?outcome, took_ms = progress.started.elapsed().as_millis() as u64, "log opened");
     let to_remove = if fresh { Vec::new() } else { trailing.clone() };

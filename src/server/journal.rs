@@ -82,6 +82,11 @@ impl Journals {
         &self.published.commit_commands
     }
 
+    /// The command log's segment files and their reclamation, for `/metrics`.
+    pub fn disk(&self) -> &crate::journal::sequencer::DiskStats {
+        &self.published.disk
+    }
+
     /// Serves one journal call.
     pub async fn serve(&self, req: JournalRequest) -> JournalResponse {
         let Some(call) = req.call else {
@@ -230,11 +235,24 @@ impl Journals {
             }
             if let Some(page) = page {
                 let mut records = Vec::with_capacity(page.locs.len());
+                let mut failed = None;
                 for loc in page.locs {
                     match self.published.segments.read(loc) {
                         Ok(b) => records.push(b),
-                        Err(e) => return unavailable(&format!("reading a journal record failed: {e}")),
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
                     }
+                }
+                if let Some(e) = failed {
+                    // A truncation or deletion published after the page was taken may have
+                    // let its segment go: judge the read again against the new state.
+                    let st = shown.state.lock().unwrap();
+                    if st.deleted || r.from_seq < st.view.first_seq {
+                        continue;
+                    }
+                    return unavailable(&format!("reading a journal record failed: {e}"));
                 }
                 return JournalResponse {
                     outcome: JournalOutcome::Page as i32,

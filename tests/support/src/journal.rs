@@ -94,6 +94,16 @@ impl JournalConn {
         self.call(journal_request::Call::SetLeader(JournalSetLeader { tenant: j.0, journal: j.1, new: new.to_be_bytes().to_vec(), old: uuid_bytes(old) }))
     }
 
+    /// `Truncate(up_to)`: fenced by `leader`, or multi-writer with `leader` 0.
+    pub fn truncate(&mut self, j: Ids, leader: u128, up_to: u64) -> JournalResponse {
+        self.call(journal_request::Call::Truncate(JournalTruncate { tenant: j.0, journal: j.1, up_to, leader: uuid_bytes(leader) }))
+    }
+
+    /// Deletes the journal.
+    pub fn delete(&mut self, j: Ids) -> JournalResponse {
+        self.call(journal_request::Call::Delete(JournalDelete { tenant: j.0, journal: j.1 }))
+    }
+
     /// `Read(from, limit, wait_ms)`.
     pub fn read(&mut self, j: Ids, from: u64, limit: u64, wait_ms: u64) -> JournalResponse {
         self.call(journal_request::Call::Read(JournalRead { tenant: j.0, journal: j.1, from_seq: from, limit, wait_ms }))

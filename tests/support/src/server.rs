@@ -154,6 +154,22 @@ impl Server {
         assert!(self.process.signal(signal), "kill({}, {signal}) failed", self.pid());
     }
 
+    /// The `/metrics` page, from the address the server logged (`metrics_addr=`); the server
+    /// must have been started with `TEPHRA__METRICS__BIND`.
+    ///
+    /// # Panics
+    /// When the server logged no metrics address or the page cannot be fetched.
+    pub fn metrics(&self) -> String {
+        let log = self.log();
+        let line = log.lines().find(|l| l.contains("metrics_addr=")).expect("a metrics_addr line");
+        let addr = line[line.find("metrics_addr=").unwrap() + "metrics_addr=".len()..].split_whitespace().next().unwrap();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut body = String::new();
+        std::io::Read::read_to_string(&mut s, &mut body).unwrap();
+        body
+    }
+
     /// SIGKILL and reap.
     pub fn kill(&mut self) -> ExitStatus {
         self.process.kill()
