@@ -79,6 +79,7 @@ fn bad_arguments_exit_2_before_anything_is_sent() {
         (&["write", "acme/orders", "r0", "--multi", "--seq", "1"], "cannot be used with"),
         (&["write", "acme/orders"], "required"),
         (&["create", "id:1/2"], "by name, not by id"),
+        (&["list", "café"], "is not a tenant name"),
     ] {
         let o = journal(addr, args);
         assert_code(&o, 2);

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use crate::log::aligned::{AlignedBuf, BLOCK};
-use crate::log::record::{find_marker, frame_control, frame_data, frame_marker, read_record, Record, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
+use crate::log::record::{data_head, find_marker, frame_control, frame_marker, read_record, Record, LENGTH_MASK, MARKER_LEN, RECORD_HEAD};
 use crate::log::segment::{create_segment, sync_dir, Segment, SegmentConfig};
 use crate::log::LogError;
 use crate::log::{open_log_covered, OpenOutcome};
@@ -308,9 +308,8 @@ impl JournalStore {
     pub fn stage(&mut self, payload: &[u8]) -> (u64, u64) {
         assert!(self.fits(payload.len()), "staged a command without room for it");
         let offset = self.active.end() + RECORD_HEAD as u64;
-        let mut framed = Vec::with_capacity(RECORD_HEAD + payload.len());
-        frame_data(payload, &mut framed);
-        self.active.buf.extend_from_slice(&framed);
+        self.active.buf.extend_from_slice(&data_head(payload));
+        self.active.buf.extend_from_slice(payload);
         let position = self.next_position;
         self.next_position += 1;
         self.staged += 1;

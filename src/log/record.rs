@@ -27,14 +27,22 @@ pub const MARKER_LEN: usize = RECORD_HEAD + MARKER_PAYLOAD;
 
 /// Appends one framed data record holding `payload` (non-empty, at most [`LENGTH_MASK`] bytes).
 pub fn frame_data(payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&data_head(payload));
+    out.extend_from_slice(payload);
+}
+
+/// The head (`len(4) crc(4)`) of the data record holding `payload` (non-empty, at most
+/// [`LENGTH_MASK`] bytes), for a caller that lays the payload out itself.
+pub fn data_head(payload: &[u8]) -> [u8; RECORD_HEAD] {
     debug_assert!(!payload.is_empty() && payload.len() <= LENGTH_MASK as usize);
     let len = (payload.len() as u32).to_le_bytes();
     let mut h = crc32fast::Hasher::new();
     h.update(&len);
     h.update(payload);
-    out.extend_from_slice(&len);
-    out.extend_from_slice(&h.finalize().to_le_bytes());
-    out.extend_from_slice(payload);
+    let mut head = [0u8; RECORD_HEAD];
+    head[..4].copy_from_slice(&len);
+    head[4..].copy_from_slice(&h.finalize().to_le_bytes());
+    head
 }
 
 /// Appends the 17-byte commit marker closing a batch whose last position is `highest`.

@@ -660,6 +660,10 @@ fn create(g: &Global, j: &mut Journals, a: &CreateArgs) -> Result<(), CliError> 
 }
 
 fn list(g: &Global, j: &mut Journals, a: &ListArgs) -> Result<(), CliError> {
+    if let Some(t) = a.tenant.as_deref().filter(|t| !tephra::journal::valid_name(t)) {
+        let message = format!("{t:?} is not a tenant name: 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'");
+        return Err(CliError { code: EXIT_USAGE, message, wire: None, details: None });
+    }
     match j.list(a.tenant.as_deref()).map_err(failed)? {
         ListOutcome::UnknownTenant => {
             let t = a.tenant.clone().unwrap_or_default();
