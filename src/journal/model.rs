@@ -82,7 +82,7 @@ pub enum StoreDurability {
 
 /// What a client sees of a journal: the leader and the two positions. Every refusal carries
 /// the view it was judged against.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct View {
     /// The current leader uuid, `None` before the first `SetLeader` (and always in a
     /// multi-writer journal).
@@ -95,7 +95,7 @@ pub struct View {
 
 /// An accepted single-writer batch, kept while its first record is held, so that an exact
 /// retry can be recognised ("the log is the dedup table": no session table, nothing expires).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BatchMark {
     /// The seq of the batch's first record.
     pub seq: Seq,
@@ -108,7 +108,7 @@ pub struct BatchMark {
 }
 
 /// The state of one journal, as every node holds it after applying the same commands.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct JournalState {
     /// The writer mode (fixed).
     pub mode: Mode,

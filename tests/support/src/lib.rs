@@ -1,7 +1,8 @@
 //! What the integration tests (`tests/*.rs`), the crash harness (`tests/crash`) and the bench
 //! harness (`bench-harness`) share: launching a server binary (ours or the reference) and
 //! waiting for it to listen ([`process`]), a server under test with a watchdog ([`Server`]),
-//! events built from plain values ([`ev`]), raw-frame connections ([`RawConn`]) and TLS
+//! events built from plain values ([`ev`]), raw-frame connections ([`RawConn`]), a
+//! linearizability checker ([`linearizable`]) and TLS
 //! certificates ([`tls`]).
 //!
 //! An integration test uses it as `use tephra_test_support as support;`.
@@ -9,6 +10,7 @@
 
 pub mod events;
 pub mod journal;
+pub mod linearizable;
 pub mod process;
 pub mod raw;
 pub mod server;
