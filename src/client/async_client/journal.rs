@@ -37,8 +37,8 @@ use futures_lite::future;
 use super::AsyncClient;
 use crate::client::journal::calls::{self, Exchange, Policy, Session, Transport};
 use crate::client::journal::{
-    fresh_leader, not_a_journal_answer, over_frame_cap, ClaimOutcome, CreateOutcome, DeleteOutcome, JournalError, JournalInfo, JournalRef,
-    JournalsConfig, ListOutcome, ReadOutcome, Resolution, SetLeaderOutcome, TruncateOutcome, WriteOutcome, WriterOutcome,
+    fresh_leader, not_a_journal_answer, over_frame_cap, ClaimOutcome, CreateOutcome, DeleteOutcome, JournalError, JournalInfo, JournalRef, JournalsConfig,
+    ListOutcome, ReadOutcome, Resolution, SetLeaderOutcome, TruncateOutcome, WriteOutcome, WriterOutcome,
 };
 use crate::client::ClientError;
 use crate::journal::{JournalId, LeaderUuid, Mode, Seq, StoreDurability};
@@ -297,7 +297,9 @@ impl<S: Sleep> Transport for &AsyncJournals<S> {
             None => lost(format!("no answer within {} ms", timeout.as_millis())),
             Some(Err(ClientError::Frame(FrameError::TooLong { len, max }))) => Err(over_frame_cap(len, max)),
             // An error frame, before the call (the socket ended on it) or as its answer.
-            Some(Err(ClientError::Server { code, message, .. }) | Ok(Err(ClientError::Server { code, message, .. }))) => Err(JournalError::Server { code, message }),
+            Some(Err(ClientError::Server { code, message, .. }) | Ok(Err(ClientError::Server { code, message, .. }))) => {
+                Err(JournalError::Server { code, message })
+            }
             Some(Err(e)) => Ok(Exchange::Unreachable(e.to_string())),
             Some(Ok(Ok(response::Kind::Journal(r)))) => Ok(Exchange::Answer(r)),
             Some(Ok(Ok(other))) => Err(not_a_journal_answer(&other)),
