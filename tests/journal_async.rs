@@ -5,9 +5,8 @@
 //! journals and names, the write limits, and ambiguous writes settled by `resolve`: answers
 //! and requests lost on purpose by a stream that cuts them, and a server killed and restarted.
 
-use std::future::Future;
 use std::io;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -15,10 +14,10 @@ use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use async_executor::LocalExecutor;
-use async_io::{Async, Timer};
+use async_io::Timer;
 use futures_lite::{future, AsyncRead, AsyncWrite};
 use support::Server;
-use tephra::client::async_client::{AsyncClient, AsyncClientConfig, AsyncJournalWriter, AsyncJournals, AsyncJournalsConfig, Driver, Sleep};
+use tephra::client::async_client::{AsyncClient, AsyncClientConfig, AsyncJournalWriter, AsyncJournals, AsyncJournalsConfig, Connector, Sleep, TcpConnector};
 use tephra::client::journal::{
     write_call, ClaimOutcome, CreateOutcome, DeleteOutcome, JournalError, JournalRef, ListOutcome, NameError, ReadOutcome, Resolution, SetLeaderOutcome,
     TruncateOutcome, WriteOutcome, WriterOutcome,
@@ -39,25 +38,31 @@ async fn timer(d: Duration) {
     Timer::after(d).await;
 }
 
-/// Runs `body` on a fresh single-threaded executor (async-io's reactor), failing the test
-/// after 60 s.
-fn run<T, F: Future<Output = T>>(body: impl FnOnce(&'static LocalExecutor<'static>) -> F) -> T {
-    let ex: &'static LocalExecutor<'static> = Box::leak(Box::new(LocalExecutor::new()));
-    let fut = body(ex);
-    async_io::block_on(ex.run(future::or(fut, async {
+/// Runs `body` on an executor of its own over async-io's reactor, failing the test after
+/// 60 s. The executor, and every task left on it (the clients' drivers), goes at the end.
+fn run<T>(body: impl AsyncFnOnce(&LocalExecutor<'static>) -> T) -> T {
+    let ex = LocalExecutor::new();
+    let limit = async {
         Timer::after(Duration::from_secs(60)).await;
         panic!("test timed out");
-    })))
+    };
+    async_io::block_on(ex.run(future::or(body(&ex), limit)))
 }
 
-/// A client over plain TCP with `bulk` bulk sockets; its driver is spawned on `ex`.
+/// Starts a server with `env` and runs `body` with its address, as [`run`] does.
+fn with_server<T>(env: &[(&str, &str)], body: impl AsyncFnOnce(&LocalExecutor<'static>, SocketAddr) -> T) -> T {
+    let server = Server::start(&server_bin(), env);
+    run(async |ex| body(ex, server.addr).await)
+}
+
+fn config(bulk_connections: usize) -> AsyncClientConfig {
+    AsyncClientConfig { bulk_connections, ..AsyncClientConfig::default() }
+}
+
+/// A client over plain TCP (the library's async-io connector) with `bulk` bulk sockets; its
+/// driver is spawned on `ex`.
 async fn client(ex: &LocalExecutor<'static>, addr: SocketAddr, bulk: usize) -> AsyncClient {
-    let connect = move || async move {
-        let s = Async::<TcpStream>::connect(addr).await?;
-        s.get_ref().set_nodelay(true)?;
-        Ok(s)
-    };
-    let (client, driver) = AsyncClient::connect_with(connect, AsyncClientConfig { bulk_connections: bulk, ..AsyncClientConfig::default() }).await.unwrap();
+    let (client, driver) = AsyncClient::connect_with(TcpConnector::new(addr).unwrap(), config(bulk)).await.unwrap();
     ex.spawn(driver).detach();
     client
 }
@@ -204,43 +209,64 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Cut<S> {
 async fn cut_client(ex: &LocalExecutor<'static>, addr: SocketAddr) -> (AsyncClient, Arm) {
     let arm = Arm::default();
     let for_stream = arm.clone();
+    let tcp = TcpConnector::new(addr).unwrap();
     let connect = move || {
-        let arm = for_stream.clone();
-        async move {
-            let io = Async::<TcpStream>::connect(addr).await?;
-            io.get_ref().set_nodelay(true)?;
-            Ok(Cut { io, arm, prefix: Vec::new(), body_left: 0, dropping: false })
-        }
+        let (tcp, arm) = (tcp.clone(), for_stream.clone());
+        async move { Ok(Cut { io: tcp.connect().await?, arm, prefix: Vec::new(), body_left: 0, dropping: false }) }
     };
-    let (client, driver): (AsyncClient, Driver<_>) =
-        AsyncClient::connect_with(connect, AsyncClientConfig { bulk_connections: 0, ..AsyncClientConfig::default() }).await.unwrap();
+    let (client, driver) = AsyncClient::connect_with(connect, config(0)).await.unwrap();
     ex.spawn(driver).detach();
     (client, arm)
+}
+
+/// A handle on a fresh single-writer journal `acme/orders` that A leads.
+async fn led_by_a(ex: &LocalExecutor<'static>, addr: SocketAddr) -> (AsyncJournals<impl Sleep + Clone + 'static>, JournalId) {
+    let j = handle(client(ex, addr, 1).await);
+    let id = create(&j, "orders", Mode::Single).await;
+    assert_eq!(j.set_leader(id, A, None).await.unwrap(), SetLeaderOutcome::Won { state: view(Some(A), 0, 0) });
+    (j, id)
+}
+
+/// Gives `j` a new client through a [`Cut`] armed with `lose` (`LOSE_ANSWER` or
+/// `LOSE_REQUEST`), and sends the write `call` through it: `Ambiguous`, and the client is dead.
+async fn lose_a_write<S: Sleep>(
+    ex: &LocalExecutor<'static>,
+    addr: SocketAddr,
+    j: &mut AsyncJournals<S>,
+    lose: u8,
+    write: impl AsyncFnOnce(&AsyncJournals<S>) -> WriteOutcome,
+) {
+    let (cut, arm) = cut_client(ex, addr).await;
+    j.set_client(cut);
+    arm.set(lose);
+    assert_eq!(write(j).await, WriteOutcome::Ambiguous);
 }
 
 // ---------------------------------------------------------------------------------------
 // The tests.
 
+/// A glommio socket to `addr` (the stream of the glommio test's connector).
+// A user's glommio socket, which the runtime boundary (clippy.toml) otherwise keeps inside the
+// shards crate (its listener side only).
+#[allow(clippy::disallowed_types)]
+async fn glommio_tcp(addr: SocketAddr) -> io::Result<glommio::net::TcpStream> {
+    let s = glommio::net::TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
 /// The seed's sequence diagram through the async API, on a glommio executor of the test's
-/// own (with glommio's timer as the sleep): claims, writes, a duplicate retry, a refused stale
-/// leader, the superseded writer stopping, a truncate, and a read waiting at the tail that a
-/// write wakes.
+/// own (started by the shards crate, with its timer as the sleep): claims, writes, a
+/// duplicate retry, a refused stale leader, the superseded writer stopping, a truncate, and a
+/// read waiting at the tail that a write wakes.
 #[test]
-// A user's glommio executor, which the runtime boundary (clippy.toml) otherwise keeps inside
-// the shards crate.
-#[allow(clippy::disallowed_types, clippy::disallowed_methods)]
 fn the_seeds_sequence_diagram_on_glommio() {
     let server = Server::start(&server_bin(), &[]);
     let addr = server.addr;
-    let ex = glommio::LocalExecutorBuilder::default().spawn(move || async move {
-        let connect = move || async move {
-            let s = glommio::net::TcpStream::connect(addr).await?;
-            s.set_nodelay(true)?;
-            Ok::<_, io::Error>(s)
-        };
-        let (client, driver) = AsyncClient::connect_with(connect, AsyncClientConfig { bulk_connections: 1, ..AsyncClientConfig::default() }).await.unwrap();
-        glommio::spawn_local(driver).detach();
-        let j = AsyncJournals::new(client, glommio::timer::sleep, AsyncJournalsConfig::default());
+    let ex = shards::spawn_executor("journal-async-test", None, move || async move {
+        let (client, driver) = AsyncClient::connect_with(move || glommio_tcp(addr), config(1)).await.unwrap();
+        shards::spawn(driver).detach();
+        let j = AsyncJournals::new(client, shards::sleep, AsyncJournalsConfig::default());
         let id = create(&j, "orders", Mode::Single).await;
         assert_eq!(j.resolve_name(&"acme/orders".parse().unwrap()).await.unwrap(), id);
 
@@ -278,7 +304,7 @@ fn the_seeds_sequence_diagram_on_glommio() {
         // socket while the write goes on the control socket.
         let started = Instant::now();
         let (read, written) = future::zip(j.read(id, 3, 0, 1000), async {
-            glommio::timer::sleep(Duration::from_millis(100)).await;
+            shards::sleep(Duration::from_millis(100)).await;
             b.write(&[b"r3"]).await.unwrap()
         })
         .await;
@@ -293,16 +319,14 @@ fn the_seeds_sequence_diagram_on_glommio() {
         assert_eq!(claimed, ClaimOutcome::Won { state: view(Some(a.leader()), 4, 1) });
         assert!(matches!(a.write(&[b"r4"]).await.unwrap(), WriterOutcome::Written { seq: 4, .. }));
     });
-    ex.unwrap().join().unwrap();
+    ex.unwrap().join().expect("the glommio executor ran the test to its end");
 }
 
 /// Many writers on one multi-writer journal: every write is accepted once, at dense seqs, and
 /// each acknowledged seq holds the record written; the single-writer calls get `WrongMode`.
 #[test]
 fn many_writers_on_a_multi_writer_journal() {
-    let server = Server::start(&server_bin(), &[]);
-    let addr = server.addr;
-    run(|ex| async move {
+    with_server(&[], async |ex, addr| {
         let j = handle(client(ex, addr, 2).await);
         let id = create(&j, "events", Mode::Multi).await;
         let tasks: Vec<_> = (0..64u32)
@@ -339,9 +363,7 @@ fn many_writers_on_a_multi_writer_journal() {
 /// Unknown journals and names, the write limits, and the directory calls.
 #[test]
 fn unknown_journals_limits_and_the_directory() {
-    let server = Server::start(&server_bin(), &[("PAROS_MAX_BATCH_RECORDS", "2"), ("PAROS_MAX_BATCH_BYTES", "100")]);
-    let addr = server.addr;
-    run(|ex| async move {
+    with_server(&[("PAROS_MAX_BATCH_RECORDS", "2"), ("PAROS_MAX_BATCH_BYTES", "100")], async |ex, addr| {
         let j = handle(client(ex, addr, 1).await);
         let id = create(&j, "orders", Mode::Single).await;
         assert_eq!(j.set_leader(id, A, None).await.unwrap(), SetLeaderOutcome::Won { state: view(Some(A), 0, 0) });
@@ -395,18 +417,12 @@ fn unknown_journals_limits_and_the_directory() {
 /// is not reconnected: its next call fails with nothing sent.
 #[test]
 fn ambiguous_writes_are_settled_by_resolve() {
-    let server = Server::start(&server_bin(), &[]);
-    let addr = server.addr;
-    run(|ex| async move {
-        let good = handle(client(ex, addr, 1).await);
-        let id = create(&good, "orders", Mode::Single).await;
-        good.set_leader(id, A, None).await.unwrap();
+    with_server(&[], async |ex, addr| {
+        let (good, id) = led_by_a(ex, addr).await;
 
         // The request reached the server; its answer is lost.
-        let (cut, arm) = cut_client(ex, addr).await;
-        let mut j = handle(cut);
-        arm.set(LOSE_ANSWER);
-        assert_eq!(j.write_single(id, A, 0, &[b"r0", b"r1"]).await.unwrap(), WriteOutcome::Ambiguous);
+        let mut j = good.clone();
+        lose_a_write(ex, addr, &mut j, LOSE_ANSWER, async |j| j.write_single(id, A, 0, &[b"r0", b"r1"]).await.unwrap()).await;
         assert!(matches!(j.read(id, 0, 0, 0).await, Err(JournalError::Unreachable(_))), "the dead socket sends nothing");
         assert_eq!(j.resolve(id, A, 0, &[b"r0", b"r1"]).await, Resolution::Unresolved, "nothing answers on the dead socket");
         j.set_client(good.client().clone());
@@ -417,10 +433,7 @@ fn ambiguous_writes_are_settled_by_resolve() {
         );
 
         // The request never reached the server, and B leads before it is settled.
-        let (cut, arm) = cut_client(ex, addr).await;
-        j.set_client(cut);
-        arm.set(LOSE_REQUEST);
-        assert_eq!(j.write_single(id, A, 2, &[b"r2"]).await.unwrap(), WriteOutcome::Ambiguous);
+        lose_a_write(ex, addr, &mut j, LOSE_REQUEST, async |j| j.write_single(id, A, 2, &[b"r2"]).await.unwrap()).await;
         assert_eq!(good.set_leader(id, B, Some(A)).await.unwrap(), SetLeaderOutcome::Won { state: view(Some(B), 2, 0) });
         j.set_client(good.client().clone());
         assert_eq!(j.resolve(id, A, 2, &[b"r2"]).await, Resolution::NotWritten { state: view(Some(B), 2, 0) });
@@ -429,10 +442,7 @@ fn ambiguous_writes_are_settled_by_resolve() {
         // A multi-writer write whose answer is lost stays ambiguous: the library never sends
         // it again (it would land twice).
         let multi = create(&good, "events", Mode::Multi).await;
-        let (cut, arm) = cut_client(ex, addr).await;
-        j.set_client(cut);
-        arm.set(LOSE_ANSWER);
-        assert_eq!(j.write_multi(multi, &[b"m"]).await.unwrap(), WriteOutcome::Ambiguous);
+        lose_a_write(ex, addr, &mut j, LOSE_ANSWER, async |j| j.write_multi(multi, &[b"m"]).await.unwrap()).await;
         assert_eq!(records(good.read(multi, 0, 0, 0).await.unwrap()), [b"m".to_vec()], "sent once");
     });
 }
@@ -443,9 +453,7 @@ fn ambiguous_writes_are_settled_by_resolve() {
 /// tail.
 #[test]
 fn a_writer_session_settles_its_lost_answers() {
-    let server = Server::start(&server_bin(), &[]);
-    let addr = server.addr;
-    run(|ex| async move {
+    with_server(&[], async |ex, addr| {
         let good = handle(client(ex, addr, 1).await);
         let id = create(&good, "orders", Mode::Single).await;
         let (cut, arm) = cut_client(ex, addr).await;
@@ -477,24 +485,16 @@ fn a_writer_session_settles_its_lost_answers() {
 fn a_write_settled_across_a_killed_and_restarted_server() {
     let mut server = Server::start(&server_bin(), &[]);
     let addr = server.addr;
-    let (id, j) = run(|ex| async move {
-        let j = handle(client(ex, addr, 1).await);
-        let id = create(&j, "orders", Mode::Single).await;
-        j.set_leader(id, A, None).await.unwrap();
-        let (cut, arm) = cut_client(ex, addr).await;
-        let mut cut = handle(cut);
-        arm.set(LOSE_ANSWER);
-        assert_eq!(cut.write_single(id, A, 0, &[b"r0"]).await.unwrap(), WriteOutcome::Ambiguous);
-        let (lost, arm) = cut_client(ex, addr).await;
-        cut.set_client(lost);
-        arm.set(LOSE_REQUEST);
-        assert_eq!(cut.write_single(id, A, 1, &[b"r1"]).await.unwrap(), WriteOutcome::Ambiguous);
-        (id, cut)
+    let (id, j) = run(async |ex| {
+        let (mut j, id) = led_by_a(ex, addr).await;
+        lose_a_write(ex, addr, &mut j, LOSE_ANSWER, async |j| j.write_single(id, A, 0, &[b"r0"]).await.unwrap()).await;
+        lose_a_write(ex, addr, &mut j, LOSE_REQUEST, async |j| j.write_single(id, A, 1, &[b"r1"]).await.unwrap()).await;
+        (id, j)
     });
     server.kill();
     server.restart(&server_bin(), &[]);
     let restarted = server.addr;
-    run(|ex| async move {
+    run(async |ex| {
         let mut j = j;
         j.set_client(client(ex, restarted, 1).await);
         assert_eq!(j.resolve(id, A, 0, &[b"r0"]).await, Resolution::Written { seq: 0, count: 1 });

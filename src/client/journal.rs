@@ -35,6 +35,7 @@ use std::time::Duration;
 use futures_lite::future::block_on;
 
 use self::calls::{Exchange, Policy, Session, Transport};
+use super::async_client::AsyncJournalsConfig;
 use super::{Client, ClientError};
 use crate::journal::{valid_name, JournalId, LeaderUuid, Mode, Seq, StoreDurability, View};
 use crate::proto::journal::{self as wire, journal_request::Call, JournalOutcome, JournalResponse};
@@ -1283,16 +1284,7 @@ impl Journals {
 /// one poll of `block_on`.
 impl Transport for Journals {
     fn policy(&self) -> Policy {
-        let c = &self.config;
-        Policy {
-            request_timeout: c.request_timeout,
-            read_timeout: c.read_timeout,
-            retry_budget: c.retry_budget,
-            retry_backoff: c.retry_backoff,
-            busy_backoff: c.busy_backoff,
-            redirect_limit: c.redirect_limit,
-            servers: c.servers.len(),
-        }
+        Policy { timing: AsyncJournalsConfig::from(&self.config), redirect_limit: self.config.redirect_limit, servers: self.config.servers.len() }
     }
 
     async fn exchange(&mut self, call: Call, timeout: Duration) -> Result<Exchange, JournalError> {
@@ -1315,20 +1307,24 @@ impl Transport for Journals {
 /// under its uuid, writes at the tail (it keeps `next_seq`), settles lost answers with
 /// [`Journals::resolve`], and stops writing once another leader supersedes it, until it is
 /// claimed again. A claim after a supersession draws a fresh uuid: a uuid leads one term.
+///
+/// `J` is the handle it writes through: [`Journals`] (blocking `claim` and `write`), or an
+/// [`AsyncJournals`](crate::client::async_client::AsyncJournals) (the same calls, async:
+/// [`AsyncJournalWriter`](crate::client::async_client::AsyncJournalWriter)).
 #[derive(Debug)]
-pub struct JournalWriter {
-    journals: Journals,
+pub struct JournalWriter<J = Journals> {
+    journals: J,
     session: Session,
 }
 
-impl JournalWriter {
+impl<J> JournalWriter<J> {
     /// A writer on `id` that will claim under `leader` (not 0: the unset uuid never leads).
-    pub fn new(journals: Journals, id: JournalId, leader: LeaderUuid) -> JournalWriter {
+    pub fn new(journals: J, id: JournalId, leader: LeaderUuid) -> JournalWriter<J> {
         JournalWriter { journals, session: Session::new(id, leader) }
     }
 
     /// A writer under a [`fresh_leader`].
-    pub fn with_fresh_leader(journals: Journals, id: JournalId) -> JournalWriter {
+    pub fn with_fresh_leader(journals: J, id: JournalId) -> JournalWriter<J> {
         JournalWriter::new(journals, id, fresh_leader())
     }
 
@@ -1347,13 +1343,14 @@ impl JournalWriter {
         self.session.next_seq
     }
 
-    /// The handle, for calls outside the session (reads).
-    pub fn journals(&mut self) -> &mut Journals {
+    /// The handle, for calls outside the session (reads), or to give an async handle a new
+    /// client.
+    pub fn journals(&mut self) -> &mut J {
         &mut self.journals
     }
 
     /// The handle back.
-    pub fn into_journals(self) -> Journals {
+    pub fn into_journals(self) -> J {
         self.journals
     }
 
@@ -1363,13 +1360,21 @@ impl JournalWriter {
         self.session.next_seq = Some(next_seq);
     }
 
+    /// The session's state and its handle, for the calls of [`calls`].
+    pub(crate) fn parts(&mut self) -> (&mut J, &mut Session) {
+        (&mut self.journals, &mut self.session)
+    }
+}
+
+impl JournalWriter<Journals> {
     /// Claims the journal: a read, then `SetLeader(mine, the leader read)`. A read that
     /// already names my uuid is `Owned`. After a supersession, a fresh uuid is drawn first.
     ///
     /// # Errors
     /// As [`Journals::read`] and [`Journals::set_leader`].
     pub fn claim(&mut self) -> Result<ClaimOutcome, JournalError> {
-        block_on(calls::claim(&mut self.journals, &mut self.session))
+        let (journals, session) = self.parts();
+        block_on(calls::claim(journals, session))
     }
 
     /// Writes `records` at the tail. Nothing is sent while the writer does not lead.
@@ -1377,7 +1382,8 @@ impl JournalWriter {
     /// # Errors
     /// As [`Journals::write_single`].
     pub fn write(&mut self, records: &[impl AsRef<[u8]>]) -> Result<WriterOutcome, JournalError> {
-        block_on(calls::write_at_tail(&mut self.journals, &mut self.session, records))
+        let (journals, session) = self.parts();
+        block_on(calls::write_at_tail(journals, session, records))
     }
 }
 

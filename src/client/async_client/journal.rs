@@ -35,9 +35,9 @@ use std::time::Duration;
 use futures_lite::future;
 
 use super::AsyncClient;
-use crate::client::journal::calls::{self, Exchange, Policy, Session, Transport};
+use crate::client::journal::calls::{self, Exchange, Policy, Transport};
 use crate::client::journal::{
-    fresh_leader, not_a_journal_answer, over_frame_cap, ClaimOutcome, CreateOutcome, DeleteOutcome, JournalError, JournalInfo, JournalRef, JournalsConfig,
+    not_a_journal_answer, over_frame_cap, ClaimOutcome, CreateOutcome, DeleteOutcome, JournalError, JournalInfo, JournalRef, JournalWriter, JournalsConfig,
     ListOutcome, ReadOutcome, Resolution, SetLeaderOutcome, TruncateOutcome, WriteOutcome, WriterOutcome,
 };
 use crate::client::ClientError;
@@ -271,16 +271,7 @@ impl<S: Sleep> AsyncJournals<S> {
 /// The async transport: one server, no reconnects, the caller's sleep.
 impl<S: Sleep> Transport for &AsyncJournals<S> {
     fn policy(&self) -> Policy {
-        let c = &self.config;
-        Policy {
-            request_timeout: c.request_timeout,
-            read_timeout: c.read_timeout,
-            retry_budget: c.retry_budget,
-            retry_backoff: c.retry_backoff,
-            busy_backoff: c.busy_backoff,
-            redirect_limit: 0,
-            servers: 1,
-        }
+        Policy { timing: self.config.clone(), redirect_limit: 0, servers: 1 }
     }
 
     async fn exchange(&mut self, call: Call, timeout: Duration) -> Result<Exchange, JournalError> {
@@ -314,60 +305,15 @@ impl<S: Sleep> Transport for &AsyncJournals<S> {
     }
 }
 
-/// A single-writer session on one journal over an [`AsyncJournals`] (docs/journals.md §8.4),
-/// as [`JournalWriter`](crate::client::journal::JournalWriter): it claims the journal under
-/// its uuid, writes at the tail (it keeps `next_seq`), settles lost answers with
-/// [`AsyncJournals::resolve`], and stops writing once another leader supersedes it, until it
-/// is claimed again. A claim after a supersession draws a fresh uuid: a uuid leads one term.
-#[derive(Debug)]
-pub struct AsyncJournalWriter<S> {
-    journals: AsyncJournals<S>,
-    session: Session,
-}
+/// A single-writer session on one journal over an [`AsyncJournals`] (docs/journals.md
+/// §8.4): [`JournalWriter`] with async [`claim`](JournalWriter::claim) and
+/// [`write`](JournalWriter::write). It claims the journal under its uuid, writes at the tail
+/// (it keeps `next_seq`), settles lost answers with [`AsyncJournals::resolve`], and stops
+/// writing once another leader supersedes it, until it is claimed again. A claim after a
+/// supersession draws a fresh uuid: a uuid leads one term.
+pub type AsyncJournalWriter<S> = JournalWriter<AsyncJournals<S>>;
 
-impl<S: Sleep> AsyncJournalWriter<S> {
-    /// A writer on `id` that will claim under `leader` (not 0: the unset uuid never leads).
-    pub fn new(journals: AsyncJournals<S>, id: JournalId, leader: LeaderUuid) -> AsyncJournalWriter<S> {
-        AsyncJournalWriter { journals, session: Session::new(id, leader) }
-    }
-
-    /// A writer under a [`fresh_leader`].
-    pub fn with_fresh_leader(journals: AsyncJournals<S>, id: JournalId) -> AsyncJournalWriter<S> {
-        AsyncJournalWriter::new(journals, id, fresh_leader())
-    }
-
-    /// The uuid it claims and writes under.
-    pub fn leader(&self) -> LeaderUuid {
-        self.session.leader
-    }
-
-    /// The journal.
-    pub fn id(&self) -> JournalId {
-        self.session.id
-    }
-
-    /// The seq of its next write, while it believes it leads.
-    pub fn next_seq(&self) -> Option<Seq> {
-        self.session.next_seq
-    }
-
-    /// The handle, for calls outside the session (reads), or to hand it a new client with
-    /// [`AsyncJournals::set_client`].
-    pub fn journals(&mut self) -> &mut AsyncJournals<S> {
-        &mut self.journals
-    }
-
-    /// The handle back.
-    pub fn into_journals(self) -> AsyncJournals<S> {
-        self.journals
-    }
-
-    /// Takes the lead as if a claim had won, writing next at `next_seq` (a caller that knows
-    /// it leads). The journal still judges every write.
-    pub fn assume_owned(&mut self, next_seq: Seq) {
-        self.session.next_seq = Some(next_seq);
-    }
-
+impl<S: Sleep> JournalWriter<AsyncJournals<S>> {
     /// Claims the journal: a read, then `SetLeader(mine, the leader read)`. A read that
     /// already names my uuid is `Owned` (an earlier claim of mine won and its answer was
     /// lost); no read served is `Unread`, with nothing sent. After a supersession, a fresh
@@ -376,7 +322,8 @@ impl<S: Sleep> AsyncJournalWriter<S> {
     /// # Errors
     /// As [`AsyncJournals::read`] and [`AsyncJournals::set_leader`].
     pub async fn claim(&mut self) -> Result<ClaimOutcome, JournalError> {
-        calls::claim(&mut &self.journals, &mut self.session).await
+        let (journals, session) = self.parts();
+        calls::claim(&mut &*journals, session).await
     }
 
     /// Writes `records` at the tail. Nothing is sent while the writer does not lead
@@ -387,7 +334,8 @@ impl<S: Sleep> AsyncJournalWriter<S> {
     /// # Errors
     /// As [`AsyncJournals::write_single`].
     pub async fn write(&mut self, records: &[impl AsRef<[u8]>]) -> Result<WriterOutcome, JournalError> {
-        calls::write_at_tail(&mut &self.journals, &mut self.session, records).await
+        let (journals, session) = self.parts();
+        calls::write_at_tail(&mut &*journals, session, records).await
     }
 }
 

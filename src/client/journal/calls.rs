@@ -17,22 +17,15 @@ use super::{
     fresh_leader, judge_read_back, judge_resend, list_call, read_call, set_leader_call, truncate_call, write_call, ClaimOutcome, CreateOutcome, DeleteOutcome,
     JournalError, JournalInfo, JournalRef, ListOutcome, NameError, ReadOutcome, Resolution, SetLeaderOutcome, TruncateOutcome, WriteOutcome, WriterOutcome,
 };
+use crate::client::async_client::AsyncJournalsConfig;
 use crate::journal::{JournalId, LeaderUuid, Mode, Seq, StoreDurability, View};
 use crate::proto::journal::{journal_request::Call, JournalOutcome, JournalResponse};
 
 /// The numbers a client's calls run by (docs/journals.md §8.2), from its configuration.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Policy {
-    /// How long a call that changes a journal may take in all, re-sends included.
-    pub request_timeout: Duration,
-    /// How long a read or list may take beyond its `wait_ms`.
-    pub read_timeout: Duration,
-    /// How many times an ambiguous single-writer write is sent again.
-    pub retry_budget: u32,
-    /// The pause between those re-sends.
-    pub retry_backoff: Duration,
-    /// The pause before a write answered `BUSY` is sent again.
-    pub busy_backoff: Duration,
+    /// The timeouts, the retry budget and the pauses.
+    pub timing: AsyncJournalsConfig,
     /// How many servers a call asks after `NOT_LEADER`.
     pub redirect_limit: u32,
     /// How many servers the client knows (at least 1 is asked).
@@ -99,7 +92,7 @@ async fn ask<T: Transport>(t: &mut T, call: Call, timeout: Duration) -> Result<E
 /// request timeout. Returns the last answer, `None` when it was lost.
 async fn changing<T: Transport>(t: &mut T, call: Call, busy: fn(&JournalResponse) -> bool) -> Result<Option<JournalResponse>, JournalError> {
     let policy = t.policy();
-    let deadline = Instant::now() + policy.request_timeout;
+    let deadline = Instant::now() + policy.timing.request_timeout;
     let mut redirects = 0;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -114,13 +107,13 @@ async fn changing<T: Transport>(t: &mut T, call: Call, busy: fn(&JournalResponse
                 } else {
                     busy(&r)
                 };
-                if !again || Instant::now() + policy.busy_backoff >= deadline {
+                if !again || Instant::now() + policy.timing.busy_backoff >= deadline {
                     return Ok(Some(r));
                 }
                 if not_leader {
                     t.next_server();
                 }
-                t.pause(policy.busy_backoff).await;
+                t.pause(policy.timing.busy_backoff).await;
             }
         }
     }
@@ -153,7 +146,7 @@ pub(crate) async fn delete<T: Transport>(t: &mut T, id: JournalId) -> Result<Del
 
 /// `Journals::list`.
 pub(crate) async fn list<T: Transport>(t: &mut T, tenant: Option<&str>) -> Result<ListOutcome, JournalError> {
-    let timeout = t.policy().read_timeout;
+    let timeout = t.policy().timing.read_timeout;
     match ask(t, list_call(tenant), timeout).await? {
         Exchange::Answer(r) => decode_list(&r),
         Exchange::Unreachable(why) => Err(JournalError::Unreachable(why)),
@@ -193,7 +186,7 @@ pub(crate) async fn write<T: Transport>(t: &mut T, call: Call) -> Result<WriteOu
 pub(crate) async fn read<T: Transport>(t: &mut T, id: JournalId, from: Seq, limit: u64, wait_ms: u64) -> Result<ReadOutcome, JournalError> {
     let call = read_call(id, from, limit, wait_ms);
     let policy = t.policy();
-    let timeout = policy.read_timeout + Duration::from_millis(wait_ms);
+    let timeout = policy.timing.read_timeout + Duration::from_millis(wait_ms);
     let n = policy.servers.max(1);
     // The last answer that was no page (unserved or lost), and how many said unknown.
     let mut last = None;
@@ -301,8 +294,8 @@ impl<T: Transport> Attempts for Resending<'_, T> {
 pub(crate) async fn resolve<T: Transport>(t: &mut T, id: JournalId, leader: LeaderUuid, seq: Seq, records: &[impl AsRef<[u8]>]) -> Resolution {
     let policy = t.policy();
     let call = write_call(id, Some(leader), seq, records);
-    let mut moves = Resending { t, id, seq, call, backoff: policy.retry_backoff };
-    settle_over(seq, leader, policy.retry_budget, &mut moves).await
+    let mut moves = Resending { t, id, seq, call, backoff: policy.timing.retry_backoff };
+    settle_over(seq, leader, policy.timing.retry_budget, &mut moves).await
 }
 
 // ---------------------------------------------------------------------------------------
