@@ -24,6 +24,10 @@
 //! The decisions (how an answer maps to an outcome, how an ambiguous write is settled) are
 //! pure functions of the answers, so they are tested without a server.
 //!
+//! The calls themselves (what is sent again and when, settling, the writer session) are
+//! written once, in `calls`, over a transport: [`Journals`] runs them blocking, and the async
+//! client's [`AsyncJournals`](crate::client::async_client::AsyncJournals) awaits them.
+//!
 //! Source: docs/journals.md §8; the wire is docs/journals.md §6, the verdicts docs/journals.md §2.
 
 use std::fmt;

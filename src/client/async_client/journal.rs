@@ -1,32 +1,6 @@
 //! Journal calls on an [`AsyncClient`], with the typed outcomes of the blocking client
-//! (docs/journals.md §8).
-//!
-//! [`AsyncJournals`] makes the same calls as [`Journals`](crate::client::journal::Journals)
-//! and answers with the same outcomes, decided by the same code: the calls' loops live in one
-//! place (re-sending after `BUSY`, settling an ambiguous write, claiming) and both clients run
-//! them. [`AsyncJournalWriter`] is the writer session of
-//! [`JournalWriter`](crate::client::journal::JournalWriter).
-//!
-//! Where it differs from the blocking client:
-//! - It talks to the one server its [`AsyncClient`] is connected to, so there are no redirects:
-//!   `NOT_LEADER` is answered as it comes.
-//! - The client never reconnects: once its socket has failed, every call fails with
-//!   [`JournalError::Unreachable`] (nothing was sent), and [`AsyncJournals::resolve`] answers
-//!   `Unresolved`, until you connect a new client and hand it over with
-//!   [`AsyncJournals::set_client`].
-//! - It brings no timer: you give it your runtime's [`Sleep`], used for the pause after
-//!   `BUSY`, the pause between re-sends while settling, and the timeout of each exchange.
-//!
-//! ```ignore
-//! use std::time::Duration;
-//! use tephra::client::async_client::{AsyncClient, AsyncJournals, AsyncJournalsConfig};
-//!
-//! // On glommio: its timer. On async-io: `|d| async move { async_io::Timer::after(d).await; }`.
-//! let sleep = |d: Duration| glommio::timer::sleep(d);
-//! let journals = AsyncJournals::new(client, sleep, AsyncJournalsConfig::default());
-//! let id = journals.resolve_name(&"acme/orders".parse()?).await?;
-//! let written = journals.write_multi(id, &[b"hello"]).await?;
-//! ```
+//! (docs/journals.md §8): [`AsyncJournals`] and [`AsyncJournalWriter`], over the calls of
+//! `client/journal/calls.rs`, which the blocking client runs too.
 
 use std::fmt;
 use std::future::Future;
@@ -78,7 +52,7 @@ where
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AsyncJournalsConfig {
     /// How long a call that changes a journal may take in all, its re-sends after `BUSY`
-    /// included; its answer not come by then, it is `Ambiguous`. Default 5 s.
+    /// included; a call whose answer has not come by then is `Ambiguous`. Default 5 s.
     pub request_timeout: Duration,
     /// How long a read or a list may take beyond its `wait_ms`. Default 5 s.
     pub read_timeout: Duration,
@@ -110,8 +84,31 @@ impl From<&JournalsConfig> for AsyncJournalsConfig {
     }
 }
 
-/// An async handle on the journals of the server an [`AsyncClient`] is connected to. See the
-/// [module docs](self).
+/// An async handle on the journals of the server an [`AsyncClient`] is connected to
+/// (docs/journals.md §8).
+///
+/// It makes the same calls as the blocking [`Journals`](crate::client::journal::Journals)
+/// and answers with the same outcomes, decided by the same code (the re-sends after `BUSY`,
+/// the settling of an ambiguous write, the claim). Where it differs:
+/// - It talks to the one server its [`AsyncClient`] is connected to, so there are no
+///   redirects: `NOT_LEADER` is answered as it comes.
+/// - The client never reconnects: once its socket has failed, every call fails with
+///   [`JournalError::Unreachable`] (nothing was sent), and [`resolve`](Self::resolve)
+///   answers `Unresolved`, until you connect a new client and hand it over with
+///   [`set_client`](Self::set_client).
+/// - It brings no timer: you give it your runtime's [`Sleep`], used for the pause after
+///   `BUSY`, the pause between re-sends while settling, and the timeout of each exchange.
+///
+/// ```ignore
+/// use std::time::Duration;
+/// use tephra::client::async_client::{AsyncClient, AsyncJournals, AsyncJournalsConfig};
+///
+/// // async-io's timer; on glommio `glommio::timer::sleep`, on tokio `tokio::time::sleep`.
+/// let sleep = |d: Duration| async move { async_io::Timer::after(d).await; };
+/// let journals = AsyncJournals::new(client, sleep, AsyncJournalsConfig::default());
+/// let id = journals.resolve_name(&"acme/orders".parse()?).await?;
+/// let written = journals.write_multi(id, &[b"hello"]).await?;
+/// ```
 ///
 /// Every method takes `&self`, so calls can run concurrently (a read waiting at a tail while
 /// writes go on: reads travel on the client's bulk sockets, other calls on its control

@@ -23,6 +23,11 @@
 //! - Responses are buffered per request without bound: a stream that is not polled keeps
 //!   receiving. Drop streams you no longer read.
 //!
+//! # Journals
+//! [`AsyncClient::journal_call`] sends one journal call; [`AsyncJournals`] and
+//! [`AsyncJournalWriter`] make the journal calls with the typed outcomes of the blocking
+//! client (docs/journals.md §8).
+//!
 //! # Failures
 //! No retries and no reconnects. When a socket fails, every request pending on it fails
 //! with the reason, and so does every later request on it: the last id-0 error the server
