@@ -24,18 +24,28 @@
 //! The decisions (how an answer maps to an outcome, how an ambiguous write is settled) are
 //! pure functions of the answers, so they are tested without a server.
 //!
+//! The calls themselves (what is sent again and when, settling, the writer session) are
+//! written once, in `calls`, over a transport: [`Journals`] runs them blocking, and the async
+//! client's [`AsyncJournals`](crate::client::async_client::AsyncJournals) awaits them.
+//!
 //! Source: docs/journals.md §8; the wire is docs/journals.md §6, the verdicts docs/journals.md §2.
 
 use std::fmt;
 use std::io;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use futures_lite::future::block_on;
+
+use self::calls::{Exchange, Policy, Session, Transport};
+use super::async_client::AsyncJournalsConfig;
 use super::{Client, ClientError};
 use crate::journal::{valid_name, JournalId, LeaderUuid, Mode, Seq, StoreDurability, View};
 use crate::proto::journal::{self as wire, journal_request::Call, JournalOutcome, JournalResponse};
 use crate::proto::{request, response, ErrorCode};
+
+pub(crate) mod calls;
 
 // ---------------------------------------------------------------------------------------
 // Leader uuids.
@@ -849,31 +859,128 @@ pub fn judge_resend(seq: Seq, me: LeaderUuid, answer: &WriteOutcome) -> Option<R
 /// Settles an ambiguous single-writer write at `seq` under `me` (docs/journals.md §8.3):
 /// one read-back ([`judge_read_back`]), then up to `budget` identical re-sends
 /// ([`judge_resend`]) with `pause` between them. The calls are the caller's (a server, or a
-/// script in tests); an error from one counts as no answer.
+/// script in tests); an error from one counts as no answer. Both clients settle through the
+/// same steps.
 pub fn settle(
     seq: Seq,
     me: LeaderUuid,
     budget: u32,
     read_back: impl FnOnce() -> Result<ReadOutcome, JournalError>,
-    mut resend: impl FnMut() -> Result<WriteOutcome, JournalError>,
-    mut pause: impl FnMut(),
+    resend: impl FnMut() -> Result<WriteOutcome, JournalError>,
+    pause: impl FnMut(),
 ) -> Resolution {
-    if let Ok(read) = read_back() {
-        if let Some(r) = judge_read_back(seq, me, &read) {
-            return r;
+    let mut moves = Scripted { read_back: Some(read_back), resend, pause };
+    futures_lite::future::block_on(calls::settle_over(seq, me, budget, &mut moves))
+}
+
+/// The moves of [`settle`], from the caller's closures.
+struct Scripted<R, W, P> {
+    read_back: Option<R>,
+    resend: W,
+    pause: P,
+}
+
+impl<R, W, P> calls::Attempts for Scripted<R, W, P>
+where
+    R: FnOnce() -> Result<ReadOutcome, JournalError>,
+    W: FnMut() -> Result<WriteOutcome, JournalError>,
+    P: FnMut(),
+{
+    async fn read_back(&mut self) -> Result<ReadOutcome, JournalError> {
+        match self.read_back.take() {
+            Some(read_back) => read_back(),
+            None => Err(JournalError::Malformed("a second read-back while settling".into())),
         }
     }
-    for attempt in 0..budget {
-        if attempt > 0 {
-            pause();
-        }
-        if let Ok(answer) = resend() {
-            if let Some(r) = judge_resend(seq, me, &answer) {
-                return r;
-            }
-        }
+
+    async fn resend(&mut self) -> Result<WriteOutcome, JournalError> {
+        (self.resend)()
     }
-    Resolution::Unresolved
+
+    async fn pause(&mut self) {
+        (self.pause)()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The calls on the wire.
+
+/// The checked name of a create: 1 to 64 ASCII letters, digits, `.`, `_` or `-`, not starting
+/// with `.` or `-` ([`valid_name`]).
+fn checked_name<'a>(name: &'a str, which: &str) -> Result<&'a str, NameError> {
+    if valid_name(name) {
+        return Ok(name);
+    }
+    Err(NameError::Malformed(format!("the {which} name {name:?} is not 1 to 64 ASCII letters, digits, '.', '_' or '-' (not starting with '.' or '-')")))
+}
+
+/// The call that creates `tenant/journal` (docs/journals.md §5), for
+/// [`Client::journal_call`] and [`AsyncClient::journal_call`](crate::client::AsyncClient::journal_call).
+///
+/// # Errors
+/// [`NameError::Malformed`] for a name that breaks the name rules.
+pub fn create_call(tenant: &str, journal: &str, mode: Mode, durability: StoreDurability) -> Result<Call, JournalError> {
+    Ok(Call::Create(wire::JournalCreate {
+        tenant_name: checked_name(tenant, "tenant")?.to_owned(),
+        journal_name: checked_name(journal, "journal")?.to_owned(),
+        mode: match mode {
+            Mode::Single => wire::JournalMode::Single,
+            Mode::Multi => wire::JournalMode::Multi,
+        } as i32,
+        durability: match durability {
+            StoreDurability::Ordered => wire::JournalDurability::Ordered,
+            StoreDurability::Batched => wire::JournalDurability::Batched,
+        } as i32,
+    }))
+}
+
+/// The call that deletes `id`.
+pub fn delete_call(id: JournalId) -> Call {
+    Call::Delete(wire::JournalDelete { tenant: id.tenant, journal: id.journal })
+}
+
+/// The call that lists the journals of the tenant named `tenant`, or of every tenant.
+pub fn list_call(tenant: Option<&str>) -> Call {
+    Call::List(wire::JournalList { tenant_name: tenant.unwrap_or_default().to_owned() })
+}
+
+/// The call that writes `records` to `id`: at `seq` under `leader` for a single-writer
+/// journal, with no leader (and seq 0) for a multi-writer one (docs/journals.md §2.2).
+pub fn write_call(id: JournalId, leader: Option<LeaderUuid>, seq: Seq, records: &[impl AsRef<[u8]>]) -> Call {
+    Call::Write(wire::JournalWrite {
+        tenant: id.tenant,
+        journal: id.journal,
+        leader: leader_to_wire(leader),
+        seq,
+        records: records.iter().map(|r| r.as_ref().to_vec()).collect(),
+    })
+}
+
+/// The call that reads up to `limit` records (0: a full page) of `id` from `from`, waiting up
+/// to `wait_ms` milliseconds at the tail (docs/journals.md §2 and §7).
+pub fn read_call(id: JournalId, from: Seq, limit: u64, wait_ms: u64) -> Call {
+    Call::Read(wire::JournalRead { tenant: id.tenant, journal: id.journal, from_seq: from, limit, wait_ms })
+}
+
+/// The call `SetLeader(new, old)` on `id` (docs/journals.md §2.3).
+pub fn set_leader_call(id: JournalId, new: LeaderUuid, old: Option<LeaderUuid>) -> Call {
+    Call::SetLeader(wire::JournalSetLeader { tenant: id.tenant, journal: id.journal, new: leader_to_wire(Some(new)), old: leader_to_wire(old) })
+}
+
+/// The call `Truncate(up_to)` on `id`, fenced by `leader` in a single-writer journal
+/// (docs/journals.md §2.4).
+pub fn truncate_call(id: JournalId, up_to: Seq, leader: Option<LeaderUuid>) -> Call {
+    Call::Truncate(wire::JournalTruncate { tenant: id.tenant, journal: id.journal, up_to, leader: leader_to_wire(leader) })
+}
+
+/// The error for a journal call whose request is over this client's frame cap: it never left.
+pub(crate) fn over_frame_cap(len: u64, max: u32) -> JournalError {
+    JournalError::Invalid(format!("the request is {len} bytes, over this client's frame cap of {max}"))
+}
+
+/// The error for an answer to a journal call that is not a journal answer.
+pub(crate) fn not_a_journal_answer(kind: &response::Kind) -> JournalError {
+    JournalError::Malformed(ClientError::unexpected(kind, "journal").to_string())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -935,17 +1042,6 @@ impl JournalsConfig {
             redirect_limit: 8,
         }
     }
-}
-
-/// What one exchange with a server came to.
-enum Exchange {
-    /// The server's journal answer.
-    Answer(JournalResponse),
-    /// No server could be reached; nothing was sent.
-    Unreachable(String),
-    /// Sent; no answer (a transport error or a timeout). `stale`: the connection had carried
-    /// answers before, so it may have gone stale.
-    Lost { server: String, error: String, stale: bool },
 }
 
 /// The host of `HOST:PORT` or `[V6]:PORT`.
@@ -1034,7 +1130,7 @@ impl Journals {
     }
 
     /// Drops the connection and moves to the next server.
-    fn next_server(&mut self) {
+    fn move_on(&mut self) {
         self.conn = None;
         if !self.config.servers.is_empty() {
             self.current = (self.current + 1) % self.config.servers.len();
@@ -1042,7 +1138,7 @@ impl Journals {
     }
 
     /// Sends `call` and waits up to `timeout` for its answer.
-    fn exchange(&mut self, call: Call, timeout: Duration) -> Result<Exchange, JournalError> {
+    fn exchange_now(&mut self, call: Call, timeout: Duration) -> Result<Exchange, JournalError> {
         let server = self.server().unwrap_or_default().to_owned();
         let stale = self.conn.is_some() && self.answered;
         let client = match self.connection() {
@@ -1058,11 +1154,9 @@ impl Journals {
                 return Err(JournalError::Server { code, message });
             }
             // A frame over this client's cap never left; anything else may have.
-            Err(ClientError::Frame(crate::proto::FrameError::TooLong { len, max })) => {
-                return Err(JournalError::Invalid(format!("the request is {len} bytes, over this client's frame cap of {max}")));
-            }
+            Err(ClientError::Frame(crate::proto::FrameError::TooLong { len, max })) => return Err(over_frame_cap(len, max)),
             Err(e) => {
-                self.next_server();
+                self.move_on();
                 return Ok(Exchange::Lost { server, error: e.to_string(), stale });
             }
         };
@@ -1073,7 +1167,7 @@ impl Journals {
             }
             Ok(other) => {
                 self.conn = None;
-                Err(JournalError::Malformed(ClientError::unexpected(&other, "journal").to_string()))
+                Err(not_a_journal_answer(&other))
             }
             // A server may close after an error frame: the next call connects afresh.
             Err(ClientError::Server { code, message, .. }) => {
@@ -1081,48 +1175,8 @@ impl Journals {
                 Err(JournalError::Server { code, message })
             }
             Err(e) => {
-                self.next_server();
+                self.move_on();
                 Ok(Exchange::Lost { server, error: e.to_string(), stale })
-            }
-        }
-    }
-
-    /// [`exchange`](Self::exchange) for a call that changes nothing: an answer lost on a
-    /// connection that may have gone stale is asked for once more, on a new connection.
-    fn ask(&mut self, call: Call, timeout: Duration) -> Result<Exchange, JournalError> {
-        match self.exchange(call.clone(), timeout)? {
-            Exchange::Lost { stale: true, .. } => self.exchange(call, timeout),
-            other => Ok(other),
-        }
-    }
-
-    /// Sends a call that changes a journal, following `NOT_LEADER` to the next server (up to
-    /// the redirect limit) and re-sending after `BUSY` (`busy` says which answers are busy)
-    /// until the request timeout. Returns the last answer, `None` when it was lost.
-    fn changing(&mut self, call: Call, busy: impl Fn(&JournalResponse) -> bool) -> Result<Option<JournalResponse>, JournalError> {
-        let deadline = Instant::now() + self.config.request_timeout;
-        let mut redirects = 0;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.exchange(call.clone(), left)? {
-                Exchange::Unreachable(why) => return Err(JournalError::Unreachable(why)),
-                Exchange::Lost { .. } => return Ok(None),
-                Exchange::Answer(r) => {
-                    let not_leader = r.outcome == JournalOutcome::NotLeader as i32;
-                    let again = if not_leader {
-                        redirects += 1;
-                        redirects < self.config.redirect_limit && self.config.servers.len() > 1
-                    } else {
-                        busy(&r)
-                    };
-                    if !again || Instant::now() + self.config.busy_backoff >= deadline {
-                        return Ok(Some(r));
-                    }
-                    if not_leader {
-                        self.next_server();
-                    }
-                    std::thread::sleep(self.config.busy_backoff);
-                }
             }
         }
     }
@@ -1134,30 +1188,7 @@ impl Journals {
     /// [`NameError::Malformed`] (nothing sent) for a name that breaks the name rules; no
     /// server reachable; `INVALID`, `UNAVAILABLE` or an answer that is not a create's.
     pub fn create(&mut self, tenant: &str, journal: &str, mode: Mode, durability: StoreDurability) -> Result<CreateOutcome, JournalError> {
-        for (name, which) in [(tenant, "tenant"), (journal, "journal")] {
-            if !valid_name(name) {
-                return Err(NameError::Malformed(format!(
-                    "the {which} name {name:?} is not 1 to 64 ASCII letters, digits, '.', '_' or '-' (not starting with '.' or '-')"
-                ))
-                .into());
-            }
-        }
-        let call = Call::Create(wire::JournalCreate {
-            tenant_name: tenant.to_owned(),
-            journal_name: journal.to_owned(),
-            mode: match mode {
-                Mode::Single => wire::JournalMode::Single,
-                Mode::Multi => wire::JournalMode::Multi,
-            } as i32,
-            durability: match durability {
-                StoreDurability::Ordered => wire::JournalDurability::Ordered,
-                StoreDurability::Batched => wire::JournalDurability::Batched,
-            } as i32,
-        });
-        match self.changing(call, |_| false)? {
-            Some(r) => decode_create(&r),
-            None => Ok(CreateOutcome::Ambiguous),
-        }
+        block_on(calls::create(self, tenant, journal, mode, durability))
     }
 
     /// Deletes a journal and frees its disk.
@@ -1165,10 +1196,7 @@ impl Journals {
     /// # Errors
     /// As [`create`](Self::create).
     pub fn delete(&mut self, id: JournalId) -> Result<DeleteOutcome, JournalError> {
-        match self.changing(Call::Delete(wire::JournalDelete { tenant: id.tenant, journal: id.journal }), |_| false)? {
-            Some(r) => decode_delete(&r),
-            None => Ok(DeleteOutcome::Ambiguous),
-        }
+        block_on(calls::delete(self, id))
     }
 
     /// Lists the journals of the tenant named `tenant`, or of every tenant for `None`.
@@ -1177,12 +1205,7 @@ impl Journals {
     /// No server reachable; [`JournalError::NoAnswer`] when the answer was lost; as
     /// [`decode_list`].
     pub fn list(&mut self, tenant: Option<&str>) -> Result<ListOutcome, JournalError> {
-        let call = Call::List(wire::JournalList { tenant_name: tenant.unwrap_or_default().to_owned() });
-        match self.ask(call, self.config.read_timeout)? {
-            Exchange::Answer(r) => decode_list(&r),
-            Exchange::Unreachable(why) => Err(JournalError::Unreachable(why)),
-            Exchange::Lost { server, error, .. } => Err(JournalError::NoAnswer { server, error }),
-        }
+        block_on(calls::list(self, tenant))
     }
 
     /// The journal `name` names, with its mode, durability and view, found by a list (docs/journals.md §8.1).
@@ -1191,14 +1214,7 @@ impl Journals {
     /// [`NameError::Unknown`] (an unknown tenant included), [`NameError::Ambiguous`] for id
     /// prefixes that match several journals, and as [`list`](Self::list).
     pub fn show(&mut self, name: &JournalRef) -> Result<JournalInfo, JournalError> {
-        let tenant = match name {
-            JournalRef::Named { tenant, .. } => Some(tenant.as_str()),
-            JournalRef::Ids { .. } => None,
-        };
-        match self.list(tenant)? {
-            ListOutcome::UnknownTenant => Err(NameError::Unknown(name.to_string()).into()),
-            ListOutcome::Listed(all) => Ok(find_named(name, &all)?.clone()),
-        }
+        block_on(calls::show(self, name))
     }
 
     /// The id `name` names: taken as it is when both halves are given whole in hex, else
@@ -1207,28 +1223,7 @@ impl Journals {
     /// # Errors
     /// As [`show`](Self::show).
     pub fn resolve_name(&mut self, name: &JournalRef) -> Result<JournalId, JournalError> {
-        match name.whole_id() {
-            Some(id) => Ok(id),
-            None => Ok(self.show(name)?.id),
-        }
-    }
-
-    fn write_call(id: JournalId, leader: Option<LeaderUuid>, seq: Seq, records: &[impl AsRef<[u8]>]) -> Call {
-        Call::Write(wire::JournalWrite {
-            tenant: id.tenant,
-            journal: id.journal,
-            leader: leader_to_wire(leader),
-            seq,
-            records: records.iter().map(|r| r.as_ref().to_vec()).collect(),
-        })
-    }
-
-    fn write(&mut self, call: Call) -> Result<WriteOutcome, JournalError> {
-        let busy = JournalOutcome::Busy as i32;
-        match self.changing(call, |r| r.outcome == busy)? {
-            Some(r) => decode_write(&r),
-            None => Ok(WriteOutcome::Ambiguous),
-        }
+        block_on(calls::resolve_name(self, name))
     }
 
     /// A single-writer write of `records` at `seq` under `leader` (docs/journals.md §2.2). A
@@ -1238,7 +1233,7 @@ impl Journals {
     /// # Errors
     /// As [`create`](Self::create) (without the name check).
     pub fn write_single(&mut self, id: JournalId, leader: LeaderUuid, seq: Seq, records: &[impl AsRef<[u8]>]) -> Result<WriteOutcome, JournalError> {
-        self.write(Self::write_call(id, Some(leader), seq, records))
+        block_on(calls::write(self, write_call(id, Some(leader), seq, records)))
     }
 
     /// A multi-writer write: no uuid, no position; the journal puts it at its tail. It is never
@@ -1248,18 +1243,14 @@ impl Journals {
     /// # Errors
     /// As [`write_single`](Self::write_single).
     pub fn write_multi(&mut self, id: JournalId, records: &[impl AsRef<[u8]>]) -> Result<WriteOutcome, JournalError> {
-        self.write(Self::write_call(id, None, 0, records))
+        block_on(calls::write(self, write_call(id, None, 0, records)))
     }
 
     /// Settles an ambiguous single-writer write (docs/journals.md §8.3): reads the position
     /// back, then sends the identical write again up to the retry budget, as [`settle`] says.
     /// Never fails: a call that fails counts as no answer.
     pub fn resolve(&mut self, id: JournalId, leader: LeaderUuid, seq: Seq, records: &[impl AsRef<[u8]>]) -> Resolution {
-        let budget = self.config.retry_budget;
-        let backoff = self.config.retry_backoff;
-        let call = Self::write_call(id, Some(leader), seq, records);
-        let this = std::cell::RefCell::new(self);
-        settle(seq, leader, budget, || this.borrow_mut().read(id, seq, 1, 0), || this.borrow_mut().write(call.clone()), || std::thread::sleep(backoff))
+        block_on(calls::resolve(self, id, leader, seq, records))
     }
 
     /// Reads up to `limit` records (0: a full page) from `from`, waiting up to `wait_ms` at
@@ -1270,39 +1261,7 @@ impl Journals {
     /// # Errors
     /// No server reachable; `INVALID`, `UNAVAILABLE` or an answer that is not a read's.
     pub fn read(&mut self, id: JournalId, from: Seq, limit: u64, wait_ms: u64) -> Result<ReadOutcome, JournalError> {
-        let call = Call::Read(wire::JournalRead { tenant: id.tenant, journal: id.journal, from_seq: from, limit, wait_ms });
-        let timeout = self.config.read_timeout + Duration::from_millis(wait_ms);
-        let n = self.config.servers.len().max(1);
-        // The last answer that was no page (unserved or lost), and how many said unknown.
-        let mut last = None;
-        let mut unknown = 0;
-        let mut unreachable = None;
-        for _ in 0..n {
-            match self.ask(call.clone(), timeout)? {
-                Exchange::Answer(r) => match decode_read(&r)? {
-                    o @ (ReadOutcome::Page { .. } | ReadOutcome::Truncated { .. }) => return Ok(o),
-                    ReadOutcome::UnknownJournal => unknown += 1,
-                    o => last = Some(o),
-                },
-                Exchange::Lost { .. } => last = Some(ReadOutcome::Ambiguous),
-                // Connecting tries every server: none takes a connection.
-                Exchange::Unreachable(why) => {
-                    unreachable = Some(why);
-                    break;
-                }
-            }
-            if n > 1 {
-                self.next_server();
-            }
-        }
-        if unknown == n {
-            return Ok(ReadOutcome::UnknownJournal);
-        }
-        match (last, unreachable) {
-            (Some(o), _) => Ok(o),
-            (None, Some(why)) if unknown == 0 => Err(JournalError::Unreachable(why)),
-            (None, _) => Ok(ReadOutcome::Unserved),
-        }
+        block_on(calls::read(self, id, from, limit, wait_ms))
     }
 
     /// `SetLeader(new, old)`: a compare-and-set; `old` is `None` on a journal that never had
@@ -1312,11 +1271,7 @@ impl Journals {
     /// # Errors
     /// As [`write_single`](Self::write_single).
     pub fn set_leader(&mut self, id: JournalId, new: LeaderUuid, old: Option<LeaderUuid>) -> Result<SetLeaderOutcome, JournalError> {
-        let call = Call::SetLeader(wire::JournalSetLeader { tenant: id.tenant, journal: id.journal, new: leader_to_wire(Some(new)), old: leader_to_wire(old) });
-        match self.changing(call, |_| false)? {
-            Some(r) => decode_set_leader(&r),
-            None => Ok(SetLeaderOutcome::Ambiguous),
-        }
+        block_on(calls::set_leader(self, id, new, old))
     }
 
     /// `Truncate(up_to)`: fenced by `leader` in a single-writer journal, `None` in a
@@ -1325,11 +1280,27 @@ impl Journals {
     /// # Errors
     /// As [`write_single`](Self::write_single).
     pub fn truncate(&mut self, id: JournalId, up_to: Seq, leader: Option<LeaderUuid>) -> Result<TruncateOutcome, JournalError> {
-        let call = Call::Truncate(wire::JournalTruncate { tenant: id.tenant, journal: id.journal, up_to, leader: leader_to_wire(leader) });
-        match self.changing(call, |_| false)? {
-            Some(r) => decode_truncate(&r),
-            None => Ok(TruncateOutcome::Ambiguous),
-        }
+        block_on(calls::truncate(self, id, up_to, leader))
+    }
+}
+
+/// The blocking transport: each exchange blocks the thread, so the calls' futures complete in
+/// one poll of `block_on`.
+impl Transport for Journals {
+    fn policy(&self) -> Policy {
+        Policy { timing: AsyncJournalsConfig::from(&self.config), redirect_limit: self.config.redirect_limit, servers: self.config.servers.len() }
+    }
+
+    async fn exchange(&mut self, call: Call, timeout: Duration) -> Result<Exchange, JournalError> {
+        self.exchange_now(call, timeout)
+    }
+
+    fn next_server(&mut self) {
+        self.move_on()
+    }
+
+    async fn pause(&mut self, duration: Duration) {
+        std::thread::sleep(duration)
     }
 }
 
@@ -1340,101 +1311,74 @@ impl Journals {
 /// under its uuid, writes at the tail (it keeps `next_seq`), settles lost answers with
 /// [`Journals::resolve`], and stops writing once another leader supersedes it, until it is
 /// claimed again. A claim after a supersession draws a fresh uuid: a uuid leads one term.
+///
+/// `J` is the handle it writes through: [`Journals`] (blocking `claim` and `write`), or an
+/// [`AsyncJournals`](crate::client::async_client::AsyncJournals) (the same calls, async:
+/// [`AsyncJournalWriter`](crate::client::async_client::AsyncJournalWriter)).
 #[derive(Debug)]
-pub struct JournalWriter {
-    journals: Journals,
-    id: JournalId,
-    leader: LeaderUuid,
-    /// `Some(next_seq)` while the writer believes it leads.
-    next_seq: Option<Seq>,
-    /// Superseded since the last claim: the next claim draws a fresh uuid.
-    superseded: bool,
+pub struct JournalWriter<J = Journals> {
+    journals: J,
+    session: Session,
 }
 
-impl JournalWriter {
+impl<J> JournalWriter<J> {
     /// A writer on `id` that will claim under `leader` (not 0: the unset uuid never leads).
-    pub fn new(journals: Journals, id: JournalId, leader: LeaderUuid) -> JournalWriter {
-        JournalWriter { journals, id, leader, next_seq: None, superseded: false }
+    pub fn new(journals: J, id: JournalId, leader: LeaderUuid) -> JournalWriter<J> {
+        JournalWriter { journals, session: Session::new(id, leader) }
     }
 
     /// A writer under a [`fresh_leader`].
-    pub fn with_fresh_leader(journals: Journals, id: JournalId) -> JournalWriter {
+    pub fn with_fresh_leader(journals: J, id: JournalId) -> JournalWriter<J> {
         JournalWriter::new(journals, id, fresh_leader())
     }
 
     /// The uuid it claims and writes under.
     pub fn leader(&self) -> LeaderUuid {
-        self.leader
+        self.session.leader
     }
 
     /// The journal.
     pub fn id(&self) -> JournalId {
-        self.id
+        self.session.id
     }
 
     /// The seq of its next write, while it believes it leads.
     pub fn next_seq(&self) -> Option<Seq> {
-        self.next_seq
+        self.session.next_seq
     }
 
-    /// The handle, for calls outside the session (reads).
-    pub fn journals(&mut self) -> &mut Journals {
+    /// The handle, for calls outside the session (reads), or to give an async handle a new
+    /// client.
+    pub fn journals(&mut self) -> &mut J {
         &mut self.journals
     }
 
     /// The handle back.
-    pub fn into_journals(self) -> Journals {
+    pub fn into_journals(self) -> J {
         self.journals
     }
 
     /// Takes the lead as if a claim had won, writing next at `next_seq` (a caller that knows
     /// it leads, as `tephra journal write --no-claim`). The journal still judges every write.
     pub fn assume_owned(&mut self, next_seq: Seq) {
-        self.next_seq = Some(next_seq);
+        self.session.next_seq = Some(next_seq);
     }
 
+    /// The session's state and its handle, for the calls of [`calls`].
+    pub(crate) fn parts(&mut self) -> (&mut J, &mut Session) {
+        (&mut self.journals, &mut self.session)
+    }
+}
+
+impl JournalWriter<Journals> {
     /// Claims the journal: a read, then `SetLeader(mine, the leader read)`. A read that
     /// already names my uuid is `Owned`. After a supersession, a fresh uuid is drawn first.
     ///
     /// # Errors
     /// As [`Journals::read`] and [`Journals::set_leader`].
     pub fn claim(&mut self) -> Result<ClaimOutcome, JournalError> {
-        if self.superseded {
-            self.leader = fresh_leader();
-            self.superseded = false;
-        }
-        let state = match self.journals.read(self.id, 0, 1, 0)? {
-            ReadOutcome::Page { state, .. } | ReadOutcome::Truncated { state } => state,
-            ReadOutcome::UnknownJournal => return Ok(ClaimOutcome::UnknownJournal),
-            ReadOutcome::Unserved | ReadOutcome::Ambiguous => return Ok(ClaimOutcome::Unread),
-        };
-        if state.leader == Some(self.leader) {
-            self.next_seq = Some(state.next_seq);
-            return Ok(ClaimOutcome::Owned { state });
-        }
-        Ok(match self.journals.set_leader(self.id, self.leader, state.leader)? {
-            SetLeaderOutcome::Won { state } => {
-                self.next_seq = Some(state.next_seq);
-                ClaimOutcome::Won { state }
-            }
-            SetLeaderOutcome::Lost { state } => {
-                self.next_seq = None;
-                ClaimOutcome::Lost { state }
-            }
-            SetLeaderOutcome::WrongMode => ClaimOutcome::WrongMode,
-            SetLeaderOutcome::UnknownJournal => ClaimOutcome::UnknownJournal,
-            SetLeaderOutcome::NotLeader { .. } | SetLeaderOutcome::Ambiguous => ClaimOutcome::Ambiguous,
-        })
-    }
-
-    /// Notes a view: another uuid leading ends the session.
-    fn saw(&mut self, state: &View) -> bool {
-        if state.leader != Some(self.leader) {
-            self.next_seq = None;
-            self.superseded = true;
-            return true;
-        }
-        false
+        let (journals, session) = self.parts();
+        block_on(calls::claim(journals, session))
     }
 
     /// Writes `records` at the tail. Nothing is sent while the writer does not lead.
@@ -1442,51 +1386,8 @@ impl JournalWriter {
     /// # Errors
     /// As [`Journals::write_single`].
     pub fn write(&mut self, records: &[impl AsRef<[u8]>]) -> Result<WriterOutcome, JournalError> {
-        let Some(seq) = self.next_seq else { return Ok(WriterOutcome::NotOwner) };
-        let answer = self.journals.write_single(self.id, self.leader, seq, records)?;
-        Ok(match answer {
-            WriteOutcome::Written { seq, count, duplicate, state } => {
-                self.next_seq = Some(state.next_seq.max(seq + u64::from(count)));
-                WriterOutcome::Written { seq, count, duplicate, resolved: false, state: Some(state) }
-            }
-            WriteOutcome::Refused { state } => {
-                if self.saw(&state) {
-                    WriterOutcome::Superseded { state }
-                } else {
-                    self.next_seq = Some(state.next_seq);
-                    WriterOutcome::Refused { state }
-                }
-            }
-            WriteOutcome::Truncated { state } => {
-                self.next_seq = Some(state.next_seq);
-                WriterOutcome::Truncated { state }
-            }
-            WriteOutcome::WrongMode { state } => {
-                self.next_seq = None;
-                WriterOutcome::WrongMode { state }
-            }
-            WriteOutcome::TooLarge { max_records, max_bytes } => WriterOutcome::TooLarge { max_records, max_bytes },
-            WriteOutcome::UnknownJournal => WriterOutcome::UnknownJournal,
-            WriteOutcome::Busy => WriterOutcome::Busy,
-            WriteOutcome::NotLeader { message } => WriterOutcome::NotLeader { message },
-            WriteOutcome::Ambiguous => match self.journals.resolve(self.id, self.leader, seq, records) {
-                Resolution::Written { seq, count } => {
-                    self.next_seq = Some(seq + u64::from(count));
-                    WriterOutcome::Written { seq, count, duplicate: false, resolved: true, state: None }
-                }
-                Resolution::NotWritten { state } => {
-                    if !self.saw(&state) {
-                        self.next_seq = Some(state.next_seq);
-                    }
-                    WriterOutcome::NotWritten { state }
-                }
-                Resolution::Truncated { state } => {
-                    self.next_seq = Some(state.next_seq);
-                    WriterOutcome::Truncated { state }
-                }
-                Resolution::Unresolved => WriterOutcome::Ambiguous,
-            },
-        })
+        let (journals, session) = self.parts();
+        block_on(calls::write_at_tail(journals, session, records))
     }
 }
 

@@ -322,16 +322,25 @@ impl ConnHandle {
     /// [`call`](Self::call) with a frame already encoded (by [`prepare`](Self::prepare) or
     /// [`prepare_append`](Self::prepare_append)).
     pub(super) fn call_prepared(&self, prepared: Result<(u64, Vec<u8>), ClientError>) -> impl Future<Output = Delivery> + Send + 'static {
+        let staged = self.call_staged(prepared);
+        async move { staged.await? }
+    }
+
+    /// [`call_prepared`](Self::call_prepared) in two stages. The outer error is a request
+    /// that never left: its frame did not encode, or the socket had failed before it was
+    /// queued. The inner result is its answer, or why none came once it was queued (it may
+    /// have reached the server).
+    pub(super) fn call_staged(&self, prepared: Result<(u64, Vec<u8>), ClientError>) -> impl Future<Output = Result<Delivery, ClientError>> + Send + 'static {
         let conn = self.clone();
         async move {
             let (id, frame) = prepared?;
             let shared = Arc::clone(&conn.shared);
             let flight = conn.submit(id, frame).await?;
             let slot = Arc::clone(&flight.registration.slot);
-            match std::future::poll_fn(|cx| slot.poll_next(cx)).await {
+            Ok(match std::future::poll_fn(|cx| slot.poll_next(cx)).await {
                 Some(item) => item,
                 None => Err(shared.gone_error()),
-            }
+            })
         }
     }
 }

@@ -23,6 +23,11 @@
 //! - Responses are buffered per request without bound: a stream that is not polled keeps
 //!   receiving. Drop streams you no longer read.
 //!
+//! # Journals
+//! [`AsyncClient::journal_call`] sends one journal call; [`AsyncJournals`] and
+//! [`AsyncJournalWriter`] make the journal calls with the typed outcomes of the blocking
+//! client (docs/journals.md §8).
+//!
 //! # Failures
 //! No retries and no reconnects. When a socket fails, every request pending on it fails
 //! with the reason, and so does every later request on it: the last id-0 error the server
@@ -54,6 +59,7 @@
 
 mod connection;
 mod connector;
+mod journal;
 mod streams;
 
 use std::future::Future;
@@ -66,16 +72,18 @@ use std::task::{Context, Poll};
 use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use prost::Message;
 
-use self::connection::{new_connection, ConnHandle};
+use self::connection::{new_connection, ConnHandle, Delivery};
 use crate::client::{AppendResult, ClientError, SequencedEvent, Stats};
 use crate::event::Event;
 use crate::model::{AppendCondition, Position, Query};
+use crate::proto::journal::{journal_request::Call, JournalRequest, JournalResponse};
 use crate::proto::{self, convert, request, response, FrameDecoder, FrameError, Request, Response};
 
 pub use self::connection::Connection;
 #[cfg(feature = "async-io")]
 pub use self::connector::TcpConnector;
 pub use self::connector::{Connector, TlsConnector};
+pub use self::journal::{AsyncJournalWriter, AsyncJournals, AsyncJournalsConfig, Sleep};
 pub use self::streams::{AsyncReadStream, AsyncSubscribeStream};
 
 /// The request id of every socket's Hello; requests count up from the next one.
@@ -349,6 +357,37 @@ impl AsyncClient {
                 other => Err(ClientError::unexpected(&other, "stats")),
             }
         }
+    }
+
+    /// One journal call (docs/journals.md §6): `call` at field 20 of a request, its answer at
+    /// field 20 of the response. A read goes on the next bulk socket, every other call on the
+    /// control socket: the server answers one connection's journal calls in order, and a read
+    /// may wait at the tail up to its `wait_ms`. [`AsyncJournals`] is the usual way in, with
+    /// typed outcomes; build calls with [`write_call`](crate::client::journal::write_call) and
+    /// its siblings.
+    ///
+    /// # Errors
+    /// [`ClientError::Frame`] when the request is over the frame cap (nothing sent); an error
+    /// frame (a server that does not serve journal calls answers `BAD_REQUEST`); an answer of
+    /// another kind; the socket's failure.
+    pub fn journal_call(&self, call: Call) -> impl Future<Output = Result<JournalResponse, ClientError>> + Send + 'static {
+        let staged = self.journal_staged(call);
+        async move {
+            match staged.await?? {
+                response::Kind::Journal(r) => Ok(r),
+                other => Err(ClientError::unexpected(&other, "journal")),
+            }
+        }
+    }
+
+    /// [`journal_call`](Self::journal_call) in two stages: the outer error is a request that
+    /// never left, the inner result its answer or why none came.
+    fn journal_staged(&self, call: Call) -> impl Future<Output = Result<Delivery, ClientError>> + Send + 'static {
+        let socket = match call {
+            Call::Read(_) => self.bulk(),
+            _ => &self.inner.control,
+        };
+        socket.call_staged(socket.prepare(request::Kind::Journal(JournalRequest { call: Some(call) })))
     }
 
     fn start_read(&self, query: &Query, cursor: Position, limit: Option<u64>, reverse: bool) -> AsyncReadStream {
