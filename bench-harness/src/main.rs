@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tephra_bench::cli::{
-    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs, JournalArgs, ReadArgs, EXIT_ROW_FAILED, EXIT_USAGE,
+    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs, JournalArgs, ReadArgs, RunArgs, RunDefaults, RunPlan,
+    COMPARE_RUN, EXIT_ROW_FAILED, EXIT_USAGE, JOURNAL_RUN,
 };
 use tephra_bench::fsync::{self, Budget, ProbeConfig};
 use tephra_bench::{append, compare, etcd, journal, logcapture, machine, read, report, server, signals, workload};
@@ -85,6 +86,39 @@ fn print_json<T: serde::Serialize>(cmd: &str, v: &T) -> i32 {
     }
 }
 
+/// Prints `rep` on stdout: as JSON with `json`, else as the text `render` makes of it. 0, or
+/// [`EXIT_ROW_FAILED`] when it cannot be serialized.
+fn print_report<T: serde::Serialize>(cmd: &str, json: bool, rep: &T, render: impl FnOnce(&T) -> String) -> i32 {
+    if json {
+        print_json(cmd, rep)
+    } else {
+        write_stdout(&render(rep));
+        0
+    }
+}
+
+/// Writes `rep`'s files into `out` with `write`, prints it ([`print_report`]) and names the
+/// files on stderr: [`print_report`]'s code, or `Err(EXIT_ROW_FAILED)` when the files cannot
+/// be written (nothing is printed then).
+fn publish<T: serde::Serialize>(
+    cmd: &str,
+    json: bool,
+    rep: &T,
+    out: &std::path::Path,
+    write: impl FnOnce(&T, &std::path::Path) -> Result<Vec<PathBuf>, String>,
+    render: impl FnOnce(&T) -> String,
+) -> Result<i32, i32> {
+    let files = write(rep, out).map_err(|e| {
+        eprintln!("tephra-bench {cmd}: error: {e}");
+        EXIT_ROW_FAILED
+    })?;
+    let code = print_report(cmd, json, rep, render);
+    for f in files {
+        eprintln!("wrote {}", f.display());
+    }
+    Ok(code)
+}
+
 fn run_append(args: AppendArgs) -> i32 {
     if let Err(code) = check_addr("append", &args.addr) {
         return code;
@@ -111,12 +145,7 @@ fn run_append(args: AppendArgs) -> i32 {
             return EXIT_ROW_FAILED;
         }
     };
-    let code = if args.json {
-        print_json("append", &rep)
-    } else {
-        write_stdout(&append::render(&rep));
-        0
-    };
+    let code = print_report("append", args.json, &rep, append::render);
     if rep.interrupted {
         signals::interrupted_exit_code()
     } else {
@@ -148,12 +177,7 @@ fn run_read(args: ReadArgs) -> i32 {
             return if signals::stopped() { signals::interrupted_exit_code() } else { EXIT_ROW_FAILED };
         }
     };
-    let code = if args.json {
-        print_json("read", &rep)
-    } else {
-        write_stdout(&read::render(&rep));
-        0
-    };
+    let code = print_report("read", args.json, &rep, read::render);
     if rep.interrupted {
         signals::interrupted_exit_code()
     } else {
@@ -170,6 +194,19 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("target"))
 }
 
+/// `args` with `defaults` filled in, its data and output directories created; a usage error
+/// if one cannot be.
+fn run_plan(cmd: &str, defaults: &RunDefaults, args: &RunArgs) -> Result<RunPlan, i32> {
+    let plan = defaults.plan(args, &target_dir());
+    for (what, d) in [("--dir", &plan.dir), ("--out", &plan.out)] {
+        if let Err(e) = std::fs::create_dir_all(d) {
+            eprintln!("tephra-bench {cmd}: error: {what} {}: {e}", d.display());
+            return Err(EXIT_USAGE);
+        }
+    }
+    Ok(plan)
+}
+
 fn run_compare(args: CompareArgs) -> i32 {
     let usage = |msg: String| {
         eprintln!("tephra-bench compare: error: {msg}");
@@ -182,36 +219,31 @@ fn run_compare(args: CompareArgs) -> i32 {
     if let Err(code) = backend_for("compare", args.load.client, args.load.inflight) {
         return code;
     }
-    let ours = match args.ours.clone().or_else(server::default_ours) {
-        Some(p) if p.is_file() => p,
-        Some(p) => return usage(format!("our server {} does not exist (cargo build --release --bin tephra-server)", p.display())),
-        None => return usage("our server not found next to tephra-bench; build it (cargo build --release --bin tephra-server) or pass --ours".into()),
+    let ours = match our_server("compare", &args.run.ours) {
+        Ok(p) => p,
+        Err(code) => return code,
     };
     let reference = match args.reference.clone().or_else(server::default_reference) {
         Some(p) if p.is_file() => p,
         Some(p) => return usage(format!("reference server {} does not exist (scripts/install-reference.sh)", p.display())),
         None => return usage("reference server not found; run scripts/install-reference.sh or pass --reference / set TEPHRA_REFERENCE_SERVER".into()),
     };
-    let target = target_dir();
-    let dir = args.dir.clone().unwrap_or_else(|| target.join("bench-compare").join("data"));
-    let out = args.out.clone().unwrap_or_else(|| target.join("bench-compare"));
-    for (what, d) in [("--dir", &dir), ("--out", &out)] {
-        if let Err(e) = std::fs::create_dir_all(d) {
-            return usage(format!("{what} {}: {e}", d.display()));
-        }
-    }
+    let plan = match run_plan("compare", &COMPARE_RUN, &args.run) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let out = plan.out.clone();
     if let Err(e) = std::fs::create_dir_all(out.join("logs")) {
         return usage(format!("--out {}: {e}", out.display()));
     }
-    let (rounds, duration, warmup) = if args.quick { (2, 5.0, 2.0) } else { (3, 15.0, 3.0) };
     let cfg = compare::CompareConfig {
         contenders: vec![compare::Contender { name: "ours".into(), binary: ours }, compare::Contender { name: "reference".into(), binary: reference }],
-        dir,
-        out: out.clone(),
+        dir: plan.dir,
+        out: plan.out,
         cells,
-        rounds: args.rounds.map_or(rounds, |r| r as usize),
-        warmup: Duration::from_secs_f64(args.warmup.unwrap_or(warmup)),
-        duration: Duration::from_secs_f64(args.duration.unwrap_or(duration)),
+        rounds: plan.rounds,
+        warmup: plan.warmup,
+        duration: plan.duration,
         event_size: args.load.event_size as usize,
         conditional: !args.load.unconditional,
         inflight: args.load.inflight as usize,
@@ -222,7 +254,7 @@ fn run_compare(args: CompareArgs) -> i32 {
         settle: Duration::from_millis(args.settle_ms),
         keep_data: args.keep_data,
         read: args.read.then(|| {
-            let populate = args.read_populate.unwrap_or(if args.quick { 200_000 } else { 1_000_000 });
+            let populate = args.read_populate.unwrap_or(if args.run.quick { 200_000 } else { 1_000_000 });
             read::ReadConfig {
                 addr: String::new(),
                 populate,
@@ -230,36 +262,20 @@ fn run_compare(args: CompareArgs) -> i32 {
                 // Ten needles whatever the size.
                 needle_every: (populate / 10).max(1),
                 scan_repeats: 3,
-                selective_reads: if args.quick { 20 } else { 100 },
+                selective_reads: if args.run.quick { 20 } else { 100 },
                 subscribers: 8,
-                sub_appends: if args.quick { 100 } else { 300 },
+                sub_appends: if args.run.quick { 100 } else { 300 },
                 sub_batch: 1,
                 sub_timeout: Duration::from_secs(30),
             }
         }),
     };
     signals::install();
-    // Progress must never panic the run (a closed stderr would make eprintln! panic).
-    let mut progress = |what: &str| {
-        let _ = writeln!(std::io::stderr(), "{what}");
+    let rep = compare::run(&cfg, &signals::STOP, &mut progress_line);
+    let code = match publish("compare", args.json, &rep, &out, compare::write_outputs, compare::render_markdown) {
+        Ok(c) => c,
+        Err(c) => return c,
     };
-    let rep = compare::run(&cfg, &signals::STOP, &mut progress);
-    let files = match compare::write_outputs(&rep, &out) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("tephra-bench compare: error: {e}");
-            return EXIT_ROW_FAILED;
-        }
-    };
-    let code = if args.json {
-        print_json("compare", &rep)
-    } else {
-        write_stdout(&compare::render_markdown(&rep));
-        0
-    };
-    for f in files {
-        eprintln!("wrote {}", f.display());
-    }
     let failed = rep.runs.iter().any(|r| r.report.latency.is_none());
     if rep.interrupted {
         signals::interrupted_exit_code()
@@ -438,23 +454,7 @@ fn run_index_run(args: IndexRunArgs) -> i32 {
             return if signals::stopped() { signals::interrupted_exit_code() } else { EXIT_ROW_FAILED };
         }
     };
-    let files = match ixrun::write_outputs(&rep, &out) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("tephra-bench index run: error: {e}");
-            return EXIT_ROW_FAILED;
-        }
-    };
-    let code = if args.json {
-        print_json("index run", &rep)
-    } else {
-        write_stdout(&ixrun::render_markdown(&rep));
-        0
-    };
-    for f in files {
-        eprintln!("wrote {}", f.display());
-    }
-    code
+    publish("index run", args.json, &rep, &out, ixrun::write_outputs, ixrun::render_markdown).unwrap_or_else(|code| code)
 }
 
 fn run_fsync(args: FsyncArgs) -> i32 {
@@ -532,10 +532,9 @@ fn run_journal(args: JournalArgs) -> i32 {
         eprintln!("tephra-bench journal: error: {msg}");
         EXIT_USAGE
     };
-    let ours = match args.ours.clone().or_else(server::default_ours) {
-        Some(p) if p.is_file() => p,
-        Some(p) => return usage(format!("our server {} does not exist (cargo build --release --bin tephra-server)", p.display())),
-        None => return usage("our server not found next to tephra-bench; build it (cargo build --release --bin tephra-server) or pass --ours".into()),
+    let ours = match our_server("journal", &args.run.ours) {
+        Ok(p) => p,
+        Err(code) => return code,
     };
     let etcd = match args.etcd.as_deref() {
         Some("none") => None,
@@ -559,32 +558,31 @@ fn run_journal(args: JournalArgs) -> i32 {
         "batched" => tephra::journal::StoreDurability::Batched,
         other => return usage(format!("--store-durability {other:?}: ordered or batched")),
     };
-    let target = target_dir();
-    let dir = args.dir.clone().unwrap_or_else(|| target.join("bench-journal").join("data"));
-    let out = args.out.clone().unwrap_or_else(|| target.join("bench-journal"));
-    for (what, d) in [("--dir", &dir), ("--out", &out)] {
-        if let Err(e) = std::fs::create_dir_all(d) {
-            return usage(format!("{what} {}: {e}", d.display()));
-        }
+    let plan = match run_plan("journal", &JOURNAL_RUN, &args.run) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    if journal::on_tmpfs(&plan.dir) {
+        eprintln!(
+            "tephra-bench journal: warning: {} is on a RAM-backed filesystem: syncs are nearly free there and the numbers mean nothing",
+            plan.dir.display()
+        );
     }
-    if journal::on_tmpfs(&dir) {
-        eprintln!("tephra-bench journal: warning: {} is on a RAM-backed filesystem: syncs are nearly free there and the numbers mean nothing", dir.display());
-    }
-    let (rounds, duration, warmup) = if args.quick { (2, 3.0, 1.0) } else { (3, 10.0, 2.0) };
+    let out = plan.out.clone();
     let cfg = journal::JournalBenchConfig {
         ours,
         etcd,
-        dir,
-        out: out.clone(),
+        dir: plan.dir,
+        out: plan.out,
         writers: args.writers as usize,
         record_size: args.record_size as usize,
         batches,
         multi: !args.no_multi,
         tail: !args.no_tail,
         dcb: !args.no_dcb,
-        rounds: args.rounds.map_or(rounds, |r| r as usize),
-        warmup: Duration::from_secs_f64(args.warmup.unwrap_or(warmup)),
-        duration: Duration::from_secs_f64(args.duration.unwrap_or(duration)),
+        rounds: plan.rounds,
+        warmup: plan.warmup,
+        duration: plan.duration,
         settle: Duration::from_millis(args.settle_ms),
         durability,
     };
@@ -596,11 +594,8 @@ fn run_journal(args: JournalArgs) -> i32 {
             return EXIT_ROW_FAILED;
         }
     };
-    if args.json {
-        print_json("journal", &rep);
-    } else {
-        write_stdout(&rep.table);
-    }
+    // The exit code does not depend on printing: journal::run has written the files in --out.
+    let _ = print_report("journal", args.json, &rep, |r| r.table.clone());
     eprintln!("tephra-bench journal: results in {}", out.display());
     if rep.interrupted {
         signals::interrupted_exit_code()
