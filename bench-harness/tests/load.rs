@@ -158,6 +158,16 @@ fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// `compare` of `ours` and `reference` with its data in `dir/data`, its results in `dir/out`,
+/// and `more` options.
+fn compare_args(ours: &Path, reference: &Path, dir: &Path, more: &[&str]) -> Vec<String> {
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    let mut args = vec!["compare".to_owned(), "--ours".into(), path(ours), "--reference".into(), path(reference)];
+    args.extend(["--dir".into(), path(&dir.join("data")), "--out".into(), path(&dir.join("out"))]);
+    args.extend(more.iter().map(|a| a.to_string()));
+    args
+}
+
 #[test]
 fn compare_runs_both_servers_and_writes_table_json_and_chart() {
     let Some(ours_bin) = ours() else { return };
@@ -168,35 +178,32 @@ fn compare_runs_both_servers_and_writes_table_json_and_chart() {
     });
     let dir = scratch("compare");
     let out_dir = dir.join("out");
-    let out = run(&[
-        "compare",
-        "--ours",
-        ours_bin.to_str().unwrap(),
-        "--reference",
-        ref_bin.to_str().unwrap(),
-        "--dir",
-        dir.join("data").to_str().unwrap(),
-        "--out",
-        out_dir.to_str().unwrap(),
-        "--matrix",
-        "2x1,2x16",
-        // Quick read-side settings, explicit append settings.
-        "--quick",
-        "--read",
-        "--read-populate",
-        "3000",
-        "--rounds",
-        "2",
-        // Long enough that a window is never empty, even on a loaded machine.
-        "--duration",
-        "1.5",
-        "--warmup",
-        "0.2",
-        "--settle-ms",
-        "0",
-        "--segment-size",
-        "16777216",
-    ]);
+    let args = compare_args(
+        &ours_bin,
+        &ref_bin,
+        &dir,
+        &[
+            "--matrix",
+            "2x1,2x16",
+            // Quick read-side settings, explicit append settings.
+            "--quick",
+            "--read",
+            "--read-populate",
+            "3000",
+            "--rounds",
+            "2",
+            // Long enough that a window is never empty, even on a loaded machine.
+            "--duration",
+            "1.5",
+            "--warmup",
+            "0.2",
+            "--settle-ms",
+            "0",
+            "--segment-size",
+            "16777216",
+        ],
+    );
+    let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, text(&out.stderr));
     assert!(stdout.contains("| 2 × 1 |") && stdout.contains("| 2 × 16 |"), "{stdout}");
@@ -239,32 +246,9 @@ fn compare_runs_both_servers_and_writes_table_json_and_chart() {
 fn compare_stops_its_server_on_sigint() {
     let Some(ours_bin) = ours() else { return };
     let dir = scratch("compare-sigint");
-    let mut child = Command::new(BIN)
-        .args([
-            "compare",
-            "--ours",
-            ours_bin.to_str().unwrap(),
-            "--reference",
-            ours_bin.to_str().unwrap(),
-            "--dir",
-            dir.join("data").to_str().unwrap(),
-            "--out",
-            dir.join("out").to_str().unwrap(),
-            "--matrix",
-            "2x1",
-            "--rounds",
-            "1",
-            "--duration",
-            "30",
-            "--warmup",
-            "0",
-            "--segment-size",
-            "16777216",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let args =
+        compare_args(&ours_bin, &ours_bin, &dir, &["--matrix", "2x1", "--rounds", "1", "--duration", "30", "--warmup", "0", "--segment-size", "16777216"]);
+    let mut child = Command::new(BIN).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     // Keep draining stderr after the pid line.
