@@ -72,6 +72,15 @@ fn seed(addr: SocketAddr, batches: usize, per_batch: usize, payload_len: usize) 
     }
 }
 
+/// A raw connection past its Hello whose request 2 appended one event (tag `k:1`, payload `a`)
+/// and was answered.
+fn connect_after_one_append(addr: SocketAddr) -> RawConn {
+    let mut raw = RawConn::connect_hello(addr);
+    raw.send(&append_req(2, "k:1", b"a"));
+    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::Append(_))));
+    raw
+}
+
 // ---------------------------------------------------------------------------------------------
 // Error paths and close rules
 // ---------------------------------------------------------------------------------------------
@@ -79,10 +88,8 @@ fn seed(addr: SocketAddr, batches: usize, per_batch: usize, payload_len: usize) 
 #[test]
 fn second_hello_and_kindless_requests_are_bad_request_and_the_connection_stays() {
     let srv = start(&[]);
-    let mut raw = RawConn::connect_hello(srv.addr);
-    // Work in flight on the connection first, so the errors do not disturb it.
-    raw.send(&append_req(2, "k:1", b"a"));
-    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::Append(_))));
+    // Work done on the connection first, so the errors do not disturb it.
+    let mut raw = connect_after_one_append(srv.addr);
     for (id, req) in [
         (3, Request::hello(3, None)),
         (4, Request::hello(4, Some("a-token"))),
@@ -111,9 +118,7 @@ fn second_hello_and_kindless_requests_are_bad_request_and_the_connection_stays()
 #[test]
 fn cancels_of_unknown_finished_and_non_stream_ids_do_nothing() {
     let srv = start(&[]);
-    let mut raw = RawConn::connect_hello(srv.addr);
-    raw.send(&append_req(2, "k:1", b"a"));
-    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::Append(_))));
+    let mut raw = connect_after_one_append(srv.addr);
     raw.send(&read_all_req(3, 0));
     let mut got_end = false;
     while !got_end {
