@@ -145,7 +145,7 @@ fn cancels_of_unknown_finished_and_non_stream_ids_do_nothing() {
 
 #[test]
 fn cancel_stops_a_subscription_without_a_terminator() {
-    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let srv = start(&[support::FAST_WAIT_TICK]);
     let mut raw = RawConn::connect_hello(srv.addr);
     raw.send(&subscribe_all_req(2, 0));
     let r = raw.recv().unwrap();
@@ -166,7 +166,7 @@ fn cancel_stops_a_subscription_without_a_terminator() {
 /// first one ending on its own does not make the second uncancellable.
 #[test]
 fn a_cancel_stops_every_subscription_under_its_id() {
-    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let srv = start(&[support::FAST_WAIT_TICK]);
     let mut raw = RawConn::connect_hello(srv.addr);
     for _ in 0..2 {
         raw.send(&subscribe_all_req(2, 0));
@@ -623,7 +623,7 @@ fn a_read_past_the_inflight_and_overflow_budgets_is_rejected() {
 
 #[test]
 fn a_subscription_over_the_cap_is_rejected_and_a_slot_frees_on_cancel() {
-    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__MAX_CONCURRENT", "2"), ("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__MAX_CONCURRENT", "2"), support::FAST_WAIT_TICK]);
     let mut raw = RawConn::connect_hello(srv.addr);
     for id in [2, 3] {
         raw.send(&subscribe_all_req(id, 0));
@@ -1325,7 +1325,7 @@ fn reads_queued_behind_a_client_that_does_not_read_cost_no_cpu() {
 /// slot kept a new subscription out under the cap).
 #[test]
 fn a_cancel_ends_a_subscription_blocked_on_a_client_that_does_not_read() {
-    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let srv = start(&[support::FAST_WAIT_TICK]);
     seed(srv.addr, 80, 64, 4096);
     let mut raw = RawConn::connect_hello(srv.addr);
     raw.send(&subscribe_all_req(2, 0));

@@ -22,9 +22,9 @@
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 use crate::machine::{Contention, MachineFacts};
+use crate::metrics::Latency;
 use glommio::io::{DmaBuffer, DmaFile};
 use glommio::{LocalExecutor, LocalExecutorBuilder, Placement};
-use crate::metrics::Latency;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::fs::{self, OpenOptions};
