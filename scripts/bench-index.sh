@@ -53,11 +53,5 @@ echo "== prepare ($events events)" >&2
 target/release/tephra-bench index prepare --dir "$data" --events "$events" --tags "$tags" \
   --ours target/release/tephra-server --force | tee "$out/prepare.txt"
 
-echo "== run" >&2
-set +e
-target/release/tephra-bench index run --dir "$data" --ours target/release/tephra-server \
-  --reference "$reference" --out "$out" "${run_args[@]}" | tee -i "$out/table.md"
-code=${PIPESTATUS[0]}
-set -e
-echo "results in $out (exit $code)" >&2
-exit "$code"
+bench_run run index run --dir "$data" --ours target/release/tephra-server \
+  --reference "$reference" --out "$out" "${run_args[@]}"

@@ -27,18 +27,8 @@ out="$repo/bench-results/$stamp-journal"
 data="${BENCH_DIR:-$repo/target/bench-journal/data}"
 mkdir -p "$out" "$data"
 
-echo "== machine" >&2
 bench_record_machine "$out" "scratch dir" "$data" "$data"
 
-echo "== fsync probe of $data" >&2
-target/release/tephra-bench fsync --dir "$data" --block-sizes 4k,64k > "$out/fsync.txt" || true
-cat "$out/fsync.txt" >&2
-
-echo "== journal vs etcd" >&2
-set +e
-target/release/tephra-bench journal --etcd "$etcd" --ours target/release/tephra-server \
-  --dir "$data" --out "$out" "$@" | tee -i "$out/table.md"
-code=${PIPESTATUS[0]}
-set -e
-echo "results in $out (exit $code)" >&2
-exit "$code"
+bench_fsync_probe "$data" 4k,64k
+bench_run "journal vs etcd" journal --etcd "$etcd" --ours target/release/tephra-server \
+  --dir "$data" --out "$out" "$@"

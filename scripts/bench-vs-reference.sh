@@ -29,18 +29,8 @@ out="$repo/bench-results/$stamp-$mode"
 data="${BENCH_DIR:-$repo/target/bench-compare/data}"
 mkdir -p "$out" "$data"
 
-echo "== machine" >&2
 bench_record_machine "$out" "scratch dir" "$data" "$data"
 
-echo "== fsync probe of $data" >&2
-target/release/tephra-bench fsync --dir "$data" --block-sizes 4k,64k,1m > "$out/fsync.txt" || true
-cat "$out/fsync.txt" >&2
-
-echo "== compare ($mode)" >&2
-set +e
-target/release/tephra-bench compare --reference "$reference" --ours target/release/tephra-server \
-  --dir "$data" --out "$out" "$@" | tee -i "$out/table.md"
-code=${PIPESTATUS[0]}
-set -e
-echo "results in $out (exit $code)" >&2
-exit "$code"
+bench_fsync_probe "$data" 4k,64k,1m
+bench_run "compare ($mode)" compare --reference "$reference" --ours target/release/tephra-server \
+  --dir "$data" --out "$out" "$@"

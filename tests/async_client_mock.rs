@@ -3,7 +3,7 @@
 //! stray frames, and an id-0 error as the failure reason.
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::Duration;
 
@@ -83,17 +83,22 @@ fn run<T, F: std::future::Future<Output = T>>(body: impl FnOnce(&'static LocalEx
     })))
 }
 
-async fn connect(addr: std::net::SocketAddr, config: AsyncClientConfig) -> (AsyncClient, Driver<Async<TcpStream>>) {
+/// A scripted server on a loopback port: `script` runs on a thread of its own with the
+/// connection's server end once it has answered the Hello (which must carry `token`).
+fn mock_server<T: Send + 'static>(token: Option<&'static str>, script: impl FnOnce(Peer) -> T + Send + 'static) -> (SocketAddr, thread::JoinHandle<T>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    (addr, thread::spawn(move || script(Peer::handshake(&listener, token))))
+}
+
+async fn connect(addr: SocketAddr, config: AsyncClientConfig) -> (AsyncClient, Driver<Async<TcpStream>>) {
     let connector = move || async move { Async::<TcpStream>::connect(addr).await };
     AsyncClient::connect_with(connector, config).await.unwrap()
 }
 
 #[test]
 fn a_thousand_requests_are_all_in_flight_and_answered_out_of_order() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = thread::spawn(move || {
-        let mut peer = Peer::handshake(&listener, Some("tok"));
+    let (addr, server) = mock_server(Some("tok"), |mut peer| {
         // Read all 1,000 before answering any: they must all be in flight at once.
         let ids: Vec<u64> = (0..1000)
             .map(|_| {
@@ -136,10 +141,7 @@ fn a_thousand_requests_are_all_in_flight_and_answered_out_of_order() {
 
 #[test]
 fn max_inflight_requests_bounds_each_socket() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = thread::spawn(move || {
-        let mut peer = Peer::handshake(&listener, None);
+    let (addr, server) = mock_server(None, |mut peer| {
         let mut rounds = Vec::new();
         let mut answered = 0;
         while answered < 25 {
@@ -171,10 +173,7 @@ fn max_inflight_requests_bounds_each_socket() {
 
 #[test]
 fn dropping_a_stream_sends_a_cancel_and_late_frames_are_ignored() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = thread::spawn(move || {
-        let mut peer = Peer::handshake(&listener, None);
+    let (addr, server) = mock_server(None, |mut peer| {
         let sub = peer.recv().unwrap();
         let Some(request::Kind::Subscribe(s)) = &sub.kind else { panic!("{sub:?}") };
         assert_eq!(s.after, 7);
@@ -223,10 +222,7 @@ fn dropping_a_stream_sends_a_cancel_and_late_frames_are_ignored() {
 
 #[test]
 fn an_unattributed_error_fails_every_pending_request() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = thread::spawn(move || {
-        let mut peer = Peer::handshake(&listener, None);
+    let (addr, server) = mock_server(None, |mut peer| {
         let mut seen = 0;
         while seen < 3 {
             peer.recv().unwrap();
@@ -260,10 +256,7 @@ fn an_unattributed_error_fails_every_pending_request() {
 
 #[test]
 fn dropping_the_driver_fails_pending_requests() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = thread::spawn(move || {
-        let mut peer = Peer::handshake(&listener, None);
+    let (addr, server) = mock_server(None, |mut peer| {
         peer.recv();
         let _ = peer.recv();
     });

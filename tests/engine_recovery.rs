@@ -181,27 +181,39 @@ fn assert_rolled_back_then_healthy(dir: &Path, size: u64, committed: &[Event], w
 
 const SIZE: u64 = 8192;
 
-#[test]
-fn torn_tail_zeroed_marker_rolls_back_the_last_batch() {
-    let d = dir();
-    let all = fill(d.path(), SIZE, &[2, 1, 3]);
-    let seg = last_segment(d.path());
-    let b = batches(&seg);
-    let last = b.last().unwrap().clone();
-    patch(&seg, last.marker, &[0u8; MARKER_LEN]);
-    let end = nonzero_end(&seg);
-    assert!(end > last.records[2].0 as u64 && end <= last.marker as u64);
-    let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.start as u64, end), positions: Some((4, 6)) };
-    assert_rolled_back_then_healthy(d.path(), SIZE, &all[..3], want);
-}
-
-/// A store of batches of 2, 1 and 3 events in `SIZE` segments whose last batch's commit
-/// marker is zeroed (a torn tail): the events, the last segment, that batch, and where the
-/// segment's nonzero bytes end.
-fn torn_last_marker(dir: &Path) -> (Vec<Event>, PathBuf, Batch, u64) {
+/// A store of batches of 2, 1 and 3 events in `SIZE` segments: the events, the last segment
+/// and its last batch (positions 4 to 6).
+fn three_batches(dir: &Path) -> (Vec<Event>, PathBuf, Batch) {
     let all = fill(dir, SIZE, &[2, 1, 3]);
     let seg = last_segment(dir);
     let last = batches(&seg).pop().unwrap();
+    (all, seg, last)
+}
+
+/// Tears the last batch of [`three_batches`] with `damage` (given the segment and the batch)
+/// and checks that the open rolls back from the batch's start to where the segment's nonzero
+/// bytes end, reporting `positions`, and that the store is healthy after with the first three
+/// events. Returns the batch and that end, for checks of what the damage left.
+fn assert_torn_last_batch_rolls_back(positions: (u64, u64), damage: impl FnOnce(&Path, &Batch)) -> (Batch, u64) {
+    let d = dir();
+    let (all, seg, last) = three_batches(d.path());
+    damage(&seg, &last);
+    let end = nonzero_end(&seg);
+    let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.start as u64, end), positions: Some(positions) };
+    assert_rolled_back_then_healthy(d.path(), SIZE, &all[..3], want);
+    (last, end)
+}
+
+#[test]
+fn torn_tail_zeroed_marker_rolls_back_the_last_batch() {
+    let (last, end) = assert_torn_last_batch_rolls_back((4, 6), |seg, last| patch(seg, last.marker, &[0u8; MARKER_LEN]));
+    assert!(end > last.records[2].0 as u64 && end <= last.marker as u64);
+}
+
+/// [`three_batches`] with the last batch's commit marker zeroed (a torn tail): the events, the
+/// last segment, that batch, and where the segment's nonzero bytes end.
+fn torn_last_marker(dir: &Path) -> (Vec<Event>, PathBuf, Batch, u64) {
+    let (all, seg, last) = three_batches(dir);
     patch(&seg, last.marker, &[0u8; MARKER_LEN]);
     let end = nonzero_end(&seg);
     (all, seg, last, end)
@@ -250,39 +262,25 @@ fn a_rollback_does_not_copy_the_same_bytes_twice() {
 
 #[test]
 fn torn_tail_half_written_marker_rolls_back() {
-    let d = dir();
-    let all = fill(d.path(), SIZE, &[2, 1, 3]);
-    let seg = last_segment(d.path());
-    let last = batches(&seg).pop().unwrap();
     // The marker's head landed, its payload (kind byte, highest) did not.
-    patch(&seg, last.marker + 8, &[0u8; 9]);
-    let end = nonzero_end(&seg);
+    let (last, end) = assert_torn_last_batch_rolls_back((4, 6), |seg, last| patch(seg, last.marker + 8, &[0u8; 9]));
     assert!(end > last.marker as u64);
-    let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.start as u64, end), positions: Some((4, 6)) };
-    assert_rolled_back_then_healthy(d.path(), SIZE, &all[..3], want);
 }
 
 #[test]
 fn torn_tail_file_truncated_inside_the_last_batch() {
-    let d = dir();
-    let all = fill(d.path(), SIZE, &[2, 1, 3]);
-    let seg = last_segment(d.path());
-    let last = batches(&seg).pop().unwrap();
     // Cut inside the second record of the batch: one complete record is discarded.
-    let cut = last.records[1].0 + 5;
-    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(cut as u64).unwrap();
-    let end = nonzero_end(&seg);
+    let (last, end) = assert_torn_last_batch_rolls_back((4, 4), |seg, last| {
+        let cut = last.records[1].0 + 5;
+        std::fs::OpenOptions::new().write(true).open(seg).unwrap().set_len(cut as u64).unwrap();
+    });
     assert!(end > last.records[1].0 as u64);
-    let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.start as u64, end), positions: Some((4, 4)) };
-    assert_rolled_back_then_healthy(d.path(), SIZE, &all[..3], want);
 }
 
 #[test]
 fn garbage_after_the_last_marker_is_discarded() {
     let d = dir();
-    let all = fill(d.path(), SIZE, &[2, 1, 3]);
-    let seg = last_segment(d.path());
-    let last = batches(&seg).pop().unwrap();
+    let (all, seg, last) = three_batches(d.path());
     let garbage: Vec<u8> = b"garbage!".iter().copied().cycle().take(100).collect();
     patch(&seg, last.end, &garbage);
     let want = OpenOutcome::RolledBack { segment: seg.clone(), bytes: (last.end as u64, last.end as u64 + 100), positions: None };
@@ -387,6 +385,14 @@ fn sealed_store(d: &Path) -> (Vec<Event>, Vec<PathBuf>) {
     (all, segs)
 }
 
+/// Flips the bits `mask` of the byte at `off` in the segment `seg` of a [`sealed_store`],
+/// checks that the open is refused ([`assert_refused`]), and flips them back.
+fn assert_flip_refused(dir: &Path, seg: &Path, off: usize, mask: u8, offset: Option<usize>, what: &str) {
+    flip(seg, off, mask);
+    assert_refused(dir, 512, seg, offset, what);
+    flip(seg, off, mask);
+}
+
 #[test]
 fn a_flipped_byte_in_a_sealed_segment_is_refused() {
     let d = dir();
@@ -398,14 +404,11 @@ fn a_flipped_byte_in_a_sealed_segment_is_refused() {
         recs.push((batch.marker, batch.end));
         for &(rec, end) in &recs {
             for off in rec..end {
-                flip(seg, off, 0x04);
-                assert_refused(d.path(), 512, seg, Some(rec), &format!("sealed flip at {off}"));
-                flip(seg, off, 0x04);
+                assert_flip_refused(d.path(), seg, off, 0x04, Some(rec), &format!("sealed flip at {off}"));
             }
         }
     }
-    let s = Store::open(d.path(), cfg(512)).unwrap();
-    assert_contents(&s.handle(), &all);
+    assert_contents(&Store::open(d.path(), cfg(512)).unwrap().handle(), &all);
 }
 
 /// A sealed segment whose last batch is zeroed whole: refused, naming that segment and where
@@ -513,14 +516,10 @@ fn a_header_bit_flip_is_refused() {
     let (all, segs) = sealed_store(d.path());
     for seg in [&segs[0], &segs[1], segs.last().unwrap()] {
         for byte in 0..HEADER_LEN {
-            let mask = 1u8 << (byte % 8);
-            flip(seg, byte, mask);
-            assert_refused(d.path(), 512, seg, None, &format!("header byte {byte} of {}", seg.display()));
-            flip(seg, byte, mask);
+            assert_flip_refused(d.path(), seg, byte, 1u8 << (byte % 8), None, &format!("header byte {byte} of {}", seg.display()));
         }
     }
-    let s = Store::open(d.path(), cfg(512)).unwrap();
-    assert_contents(&s.handle(), &all);
+    assert_contents(&Store::open(d.path(), cfg(512)).unwrap().handle(), &all);
 }
 
 #[test]
@@ -541,8 +540,7 @@ fn a_base_mismatch_between_name_and_header_is_refused() {
     std::fs::rename(&segs[1], &renamed).unwrap();
     assert_refused(d.path(), 512, &renamed, None, "renamed segment");
     std::fs::rename(&renamed, &segs[1]).unwrap();
-    let s = Store::open(d.path(), cfg(512)).unwrap();
-    assert_contents(&s.handle(), &all);
+    assert_contents(&Store::open(d.path(), cfg(512)).unwrap().handle(), &all);
 }
 
 #[test]
@@ -658,9 +656,7 @@ fn a_committed_record_that_is_not_an_event_is_refused_with_file_and_offset() {
 #[test]
 fn a_marker_disagreeing_with_the_record_count_is_refused() {
     let d = dir();
-    fill(d.path(), SIZE, &[2, 1, 3]);
-    let seg = last_segment(d.path());
-    let last = batches(&seg).pop().unwrap();
+    let (_, seg, last) = three_batches(d.path());
     let mut m = Vec::new();
     tephra::log::record::frame_marker(last.highest + 1, &mut m);
     patch(&seg, last.marker, &m);

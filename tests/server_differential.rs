@@ -996,7 +996,7 @@ fn run_ops(label: &str, env: &[(&str, &str)], next: impl FnMut(u64) -> Option<Op
 fn run_ops_killing(label: &str, env: &[(&str, &str)], kill_at: Option<usize>, mut next: impl FnMut(u64) -> Option<Op>) -> Vec<String> {
     let Some(reference) = reference_binary() else { return Vec::new() };
     let mut env: Vec<(&str, &str)> = env.to_vec();
-    env.push(("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50"));
+    env.push(support::FAST_WAIT_TICK);
     let started = Instant::now();
     let start = |name, bin: PathBuf| {
         let srv = Server::start(&bin, &env);

@@ -138,7 +138,7 @@ fn the_handshake_timeout_reaps_silent_and_partial_first_frames_only() {
 
 #[test]
 fn the_idle_timeout_reaps_silent_connections_but_not_live_subscriptions() {
-    let srv = Server::start(&bin(), &[("TEPHRA__SERVER__TIMEOUTS__IDLE_SECS", "1"), ("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let srv = Server::start(&bin(), &[("TEPHRA__SERVER__TIMEOUTS__IDLE_SECS", "1"), support::FAST_WAIT_TICK]);
     let addr = srv.addr;
     // A subscription that stays live well past the idle timeout.
     let (tx, rx) = mpsc::channel();

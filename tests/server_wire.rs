@@ -72,6 +72,15 @@ fn seed(addr: SocketAddr, batches: usize, per_batch: usize, payload_len: usize) 
     }
 }
 
+/// A raw connection past its Hello whose request 2 appended one event (tag `k:1`, payload `a`)
+/// and was answered.
+fn connect_after_one_append(addr: SocketAddr) -> RawConn {
+    let mut raw = RawConn::connect_hello(addr);
+    raw.send(&append_req(2, "k:1", b"a"));
+    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::Append(_))));
+    raw
+}
+
 // ---------------------------------------------------------------------------------------------
 // Error paths and close rules
 // ---------------------------------------------------------------------------------------------
@@ -79,10 +88,8 @@ fn seed(addr: SocketAddr, batches: usize, per_batch: usize, payload_len: usize) 
 #[test]
 fn second_hello_and_kindless_requests_are_bad_request_and_the_connection_stays() {
     let srv = start(&[]);
-    let mut raw = RawConn::connect_hello(srv.addr);
-    // Work in flight on the connection first, so the errors do not disturb it.
-    raw.send(&append_req(2, "k:1", b"a"));
-    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::Append(_))));
+    // Work done on the connection first, so the errors do not disturb it.
+    let mut raw = connect_after_one_append(srv.addr);
     for (id, req) in [
         (3, Request::hello(3, None)),
         (4, Request::hello(4, Some("a-token"))),
@@ -111,9 +118,7 @@ fn second_hello_and_kindless_requests_are_bad_request_and_the_connection_stays()
 #[test]
 fn cancels_of_unknown_finished_and_non_stream_ids_do_nothing() {
     let srv = start(&[]);
-    let mut raw = RawConn::connect_hello(srv.addr);
-    raw.send(&append_req(2, "k:1", b"a"));
-    assert!(matches!(raw.recv().unwrap().kind, Some(response::Kind::Append(_))));
+    let mut raw = connect_after_one_append(srv.addr);
     raw.send(&read_all_req(3, 0));
     let mut got_end = false;
     while !got_end {
@@ -140,7 +145,7 @@ fn cancels_of_unknown_finished_and_non_stream_ids_do_nothing() {
 
 #[test]
 fn cancel_stops_a_subscription_without_a_terminator() {
-    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let srv = start(&[support::FAST_WAIT_TICK]);
     let mut raw = RawConn::connect_hello(srv.addr);
     raw.send(&subscribe_all_req(2, 0));
     let r = raw.recv().unwrap();
@@ -161,7 +166,7 @@ fn cancel_stops_a_subscription_without_a_terminator() {
 /// first one ending on its own does not make the second uncancellable.
 #[test]
 fn a_cancel_stops_every_subscription_under_its_id() {
-    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let srv = start(&[support::FAST_WAIT_TICK]);
     let mut raw = RawConn::connect_hello(srv.addr);
     for _ in 0..2 {
         raw.send(&subscribe_all_req(2, 0));
@@ -618,7 +623,7 @@ fn a_read_past_the_inflight_and_overflow_budgets_is_rejected() {
 
 #[test]
 fn a_subscription_over_the_cap_is_rejected_and_a_slot_frees_on_cancel() {
-    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__MAX_CONCURRENT", "2"), ("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__MAX_CONCURRENT", "2"), support::FAST_WAIT_TICK]);
     let mut raw = RawConn::connect_hello(srv.addr);
     for id in [2, 3] {
         raw.send(&subscribe_all_req(id, 0));
@@ -1320,7 +1325,7 @@ fn reads_queued_behind_a_client_that_does_not_read_cost_no_cpu() {
 /// slot kept a new subscription out under the cap).
 #[test]
 fn a_cancel_ends_a_subscription_blocked_on_a_client_that_does_not_read() {
-    let srv = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]);
+    let srv = start(&[support::FAST_WAIT_TICK]);
     seed(srv.addr, 80, 64, 4096);
     let mut raw = RawConn::connect_hello(srv.addr);
     raw.send(&subscribe_all_req(2, 0));

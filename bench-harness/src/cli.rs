@@ -1,7 +1,8 @@
 //! Command-line interface of `tephra-bench` (clap derive).
 
-use clap::{Args, Parser, Subcommand};
-use std::path::PathBuf;
+use clap::{Arg, Args, Parser, Subcommand};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Exit code for usage errors and bad environments (e.g. an unusable `--dir`, a server
 /// binary that does not exist).
@@ -49,34 +50,15 @@ pub enum Command {
 
 /// Options of `tephra-bench journal`.
 #[derive(Debug, Args)]
+#[command(mut_args(|a| JOURNAL_RUN.describe(a)))]
 pub struct JournalArgs {
-    /// Our `tephra-server` [default: `tephra-server` next to this binary, or $TEPHRA_SERVER].
-    #[arg(long, value_name = "PATH")]
-    pub ours: Option<PathBuf>,
+    /// Our server, the directories and the rounds.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// The etcd binary, or `none` for ours only [default: $ETCD_BIN, else /usr/bin/etcd, else
     /// etcd on PATH; ours only, with a warning, when there is none (scripts/install-etcd.sh)].
     #[arg(long, value_name = "PATH|none")]
     pub etcd: Option<String>,
-    /// Scratch directory for the data directories (one disk for both, never a tmpfs; one
-    /// fresh directory per run, removed after it) [default: target/bench-journal/data].
-    #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
-    /// Where journal.md, journal.json and the servers' logs go [default: target/bench-journal].
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
-    /// Short settings: 2 rounds × 3 s after 1 s of warm-up.
-    #[arg(long)]
-    pub quick: bool,
-    /// Rounds; each runs every workload on both systems, alternating which goes first
-    /// [default: 3, quick: 2].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100))]
-    pub rounds: Option<u64>,
-    /// Measured seconds per run [default: 10, quick: 3].
-    #[arg(long, value_name = "S", value_parser = parse_seconds)]
-    pub duration: Option<f64>,
-    /// Warm-up seconds per run [default: 2, quick: 1].
-    #[arg(long, value_name = "S", value_parser = parse_nonneg_seconds)]
-    pub warmup: Option<f64>,
     /// Writers, and journals of the single-writer workloads.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub writers: u64,
@@ -105,6 +87,122 @@ pub struct JournalArgs {
     /// Print the JSON report on stdout instead of the markdown table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The options of the subcommands that start the servers themselves and measure them over
+/// rounds (`compare`, `journal`): our server, where data and results go, and how long.
+/// Their defaults are the subcommand's [`RunDefaults`], which also appends them to the help.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Our `tephra-server` [default: `tephra-server` next to this binary, or $TEPHRA_SERVER].
+    #[arg(long, value_name = "PATH")]
+    pub ours: Option<PathBuf>,
+    /// Scratch directory for the servers' data directories (one disk for both, never a tmpfs;
+    /// one fresh directory per run, removed after it).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Where the markdown and JSON reports and the servers' logs go.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Short settings: the `quick` defaults of --rounds, --duration and --warmup.
+    #[arg(long)]
+    pub quick: bool,
+    /// Rounds; each runs every measurement on both systems.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub rounds: Option<u64>,
+    /// Measured seconds per run.
+    #[arg(long, value_name = "S", value_parser = parse_seconds)]
+    pub duration: Option<f64>,
+    /// Warm-up seconds per run.
+    #[arg(long, value_name = "S", value_parser = parse_nonneg_seconds)]
+    pub warmup: Option<f64>,
+}
+
+/// The defaults of one subcommand's [`RunArgs`]: `(normal, --quick)` pairs.
+#[derive(Debug, Clone, Copy)]
+pub struct RunDefaults {
+    /// The subcommand; the directories default to `target/bench-NAME` and `target/bench-NAME/data`.
+    pub name: &'static str,
+    /// In which order a round runs the two systems.
+    pub order: &'static str,
+    /// Rounds.
+    pub rounds: (usize, usize),
+    /// Measured seconds per run.
+    pub duration: (f64, f64),
+    /// Warm-up seconds per run.
+    pub warmup: (f64, f64),
+}
+
+/// The defaults of `tephra-bench journal`.
+pub const JOURNAL_RUN: RunDefaults =
+    RunDefaults { name: "journal", order: "alternating which goes first", rounds: (3, 2), duration: (10.0, 3.0), warmup: (2.0, 1.0) };
+
+/// The defaults of `tephra-bench compare`.
+pub const COMPARE_RUN: RunDefaults = RunDefaults { name: "compare", order: "ours first", rounds: (3, 2), duration: (15.0, 5.0), warmup: (3.0, 2.0) };
+
+/// What [`RunArgs`] come to once the defaults are filled in (the directories are not
+/// created yet).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunPlan {
+    /// Scratch directory for the data directories.
+    pub dir: PathBuf,
+    /// Where the results go.
+    pub out: PathBuf,
+    /// Rounds.
+    pub rounds: usize,
+    /// Measured window per run.
+    pub duration: Duration,
+    /// Warm-up per run.
+    pub warmup: Duration,
+}
+
+impl RunDefaults {
+    /// Appends this subcommand's default to the help of a [`RunArgs`] option (`--quick`: says
+    /// what it sets); other options are returned as they are (for clap's `mut_args`).
+    pub fn describe(&self, a: Arg) -> Arg {
+        let out = self.out_dir(Path::new("target"));
+        let pair = |(normal, quick): (f64, f64)| format!("{normal}, quick: {quick}");
+        let default = match a.get_id().as_str() {
+            "dir" => out.join("data").display().to_string(),
+            "out" => out.display().to_string(),
+            "rounds" => format!("{}, quick: {}", self.rounds.0, self.rounds.1),
+            "duration" => pair(self.duration),
+            "warmup" => pair(self.warmup),
+            "quick" => {
+                let (r, d, w) = (self.rounds.1, self.duration.1, self.warmup.1);
+                return a.help(format!("Short settings: {r} rounds × {d} s after {w} s of warm-up"));
+            }
+            _ => return a,
+        };
+        let help = a.get_help().map(ToString::to_string).unwrap_or_default();
+        let help = help.trim_end_matches('.');
+        let order = if a.get_id() == "rounds" { format!(", {}", self.order) } else { String::new() };
+        a.help(format!("{help}{order} [default: {default}]"))
+    }
+
+    /// `TARGET/bench-NAME`, the default of `--out`.
+    pub fn out_dir(&self, target: &Path) -> PathBuf {
+        target.join(format!("bench-{}", self.name))
+    }
+
+    /// Fills in what `args` leaves out; the directories default below `target`.
+    pub fn plan(&self, args: &RunArgs, target: &Path) -> RunPlan {
+        fn choose<T>(quick: bool, (normal, short): (T, T)) -> T {
+            if quick {
+                short
+            } else {
+                normal
+            }
+        }
+        let pick = |pair| choose(args.quick, pair);
+        RunPlan {
+            dir: args.dir.clone().unwrap_or_else(|| self.out_dir(target).join("data")),
+            out: args.out.clone().unwrap_or_else(|| self.out_dir(target)),
+            rounds: args.rounds.map_or(choose(args.quick, self.rounds), |r| r as usize),
+            duration: Duration::from_secs_f64(args.duration.unwrap_or(pick(self.duration))),
+            warmup: Duration::from_secs_f64(args.warmup.unwrap_or(pick(self.warmup))),
+        }
+    }
 }
 
 /// Options of `tephra-bench index`.
@@ -361,34 +459,15 @@ pub struct ReadArgs {
 
 /// Options of `tephra-bench compare`.
 #[derive(Debug, Args)]
+#[command(mut_args(|a| COMPARE_RUN.describe(a)))]
 pub struct CompareArgs {
-    /// Our `tephra-server` [default: `tephra-server` next to this binary, or $TEPHRA_SERVER].
-    #[arg(long, value_name = "PATH")]
-    pub ours: Option<PathBuf>,
+    /// Our server, the directories and the rounds.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// The reference `tephra-server` [default: $TEPHRA_REFERENCE_SERVER, else
     /// ~/.tephra-reference/bin/tephra-server].
     #[arg(long, value_name = "PATH")]
     pub reference: Option<PathBuf>,
-    /// Scratch directory for the servers' data directories (same disk for both; one
-    /// fresh directory per run, removed after it) [default: target/bench-compare/data].
-    #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
-    /// Where compare.json, compare.md, compare.svg and server logs go
-    /// [default: target/bench-compare].
-    #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
-    /// Short settings that finish in under 3 minutes: 2 rounds × 5 s after 2 s warm-up.
-    #[arg(long)]
-    pub quick: bool,
-    /// Rounds; each runs every cell on both servers, A then B [default: 3, quick: 2].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100))]
-    pub rounds: Option<u64>,
-    /// Measured seconds per run [default: 15, quick: 5].
-    #[arg(long, value_name = "S", value_parser = parse_seconds)]
-    pub duration: Option<f64>,
-    /// Warm-up seconds per run [default: 3, quick: 2].
-    #[arg(long, value_name = "S", value_parser = parse_nonneg_seconds)]
-    pub warmup: Option<f64>,
     /// The matrix, CONNECTIONSxBATCH comma separated.
     #[arg(long, value_name = "LIST", default_value = "16x1,16x64,16x512,64x512")]
     pub matrix: String,
@@ -533,12 +612,47 @@ mod tests {
         let c = Cli::try_parse_from(["tephra-bench", "compare", "--quick", "--server-env", "A=b=c"]).unwrap();
         match c.command {
             Command::Compare(a) => {
-                assert!(a.quick);
+                assert!(a.run.quick);
                 assert_eq!(a.server_env, vec![("A".to_owned(), "b=c".to_owned())]);
             }
             _ => panic!("wrong subcommand"),
         }
         assert!(Cli::try_parse_from(["tephra-bench", "compare", "--server-env", "=x"]).is_err());
+    }
+
+    #[test]
+    fn run_defaults_fill_in_what_is_left_out() {
+        let target = Path::new("/t");
+        let c = Cli::try_parse_from(["tephra-bench", "journal", "--quick", "--warmup", "0"]).unwrap();
+        let Command::Journal(a) = c.command else { panic!("wrong subcommand") };
+        let plan = JOURNAL_RUN.plan(&a.run, target);
+        let want = RunPlan {
+            dir: "/t/bench-journal/data".into(),
+            out: "/t/bench-journal".into(),
+            rounds: 2,
+            duration: Duration::from_secs(3),
+            warmup: Duration::ZERO,
+        };
+        assert_eq!(plan, want);
+        let c = Cli::try_parse_from(["tephra-bench", "compare", "--rounds", "5", "--out", "/o"]).unwrap();
+        let Command::Compare(a) = c.command else { panic!("wrong subcommand") };
+        let plan = COMPARE_RUN.plan(&a.run, target);
+        let want =
+            RunPlan { dir: "/t/bench-compare/data".into(), out: "/o".into(), rounds: 5, duration: Duration::from_secs(15), warmup: Duration::from_secs(3) };
+        assert_eq!(plan, want);
+    }
+
+    #[test]
+    fn help_names_each_subcommands_defaults() {
+        let mut cli = Cli::command();
+        let help = |cmd: &mut clap::Command, name: &str| cmd.find_subcommand_mut(name).unwrap().render_help().to_string();
+        let journal = help(&mut cli, "journal");
+        assert!(journal.contains("Measured seconds per run [default: 10, quick: 3]"), "{journal}");
+        assert!(journal.contains("Short settings: 2 rounds × 3 s after 1 s of warm-up"), "{journal}");
+        assert!(journal.contains("[default: target/bench-journal/data]"), "{journal}");
+        let compare = help(&mut cli, "compare");
+        assert!(compare.contains("Warm-up seconds per run [default: 3, quick: 2]"), "{compare}");
+        assert!(compare.contains("ours first [default: 3, quick: 2]"), "{compare}");
     }
 
     #[test]

@@ -22,6 +22,7 @@
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
 use crate::machine::{Contention, MachineFacts};
+use crate::metrics::Latency;
 use glommio::io::{DmaBuffer, DmaFile};
 use glommio::{LocalExecutor, LocalExecutorBuilder, Placement};
 use hdrhistogram::Histogram;
@@ -185,40 +186,6 @@ pub struct ProbeConfig {
     pub max_row_bytes: u64,
 }
 
-/// Latency percentiles of one histogram, in microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct LatencySummary {
-    /// Smallest sample.
-    pub min_us: u64,
-    /// Median.
-    pub p50_us: u64,
-    /// 99th percentile.
-    pub p99_us: u64,
-    /// 99.9th percentile.
-    pub p999_us: u64,
-    /// Largest sample.
-    pub max_us: u64,
-    /// Arithmetic mean.
-    pub mean_us: f64,
-}
-
-impl LatencySummary {
-    /// Summarizes a histogram; `None` if it is empty.
-    pub fn from_histogram(h: &Histogram<u64>) -> Option<Self> {
-        if h.is_empty() {
-            return None;
-        }
-        Some(Self {
-            min_us: h.min(),
-            p50_us: h.value_at_quantile(0.5),
-            p99_us: h.value_at_quantile(0.99),
-            p999_us: h.value_at_quantile(0.999),
-            max_us: h.max(),
-            mean_us: h.mean(),
-        })
-    }
-}
-
 /// Why a row stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -271,9 +238,9 @@ pub struct RowResult {
     /// Bytes handed to the kernel by the measured writes.
     pub bytes_written: u64,
     /// Latency of one commit (write + fdatasync), µs; `None` if no commit completed.
-    pub commit_latency: Option<LatencySummary>,
+    pub commit_latency: Option<Latency>,
     /// Latency of the fdatasync part alone, µs; `None` if no commit completed.
-    pub fdatasync_latency: Option<LatencySummary>,
+    pub fdatasync_latency: Option<Latency>,
     /// Implied ceiling: 1 / commit p50.
     pub commits_per_s_p50: f64,
     /// Measured: commits / elapsed.
@@ -428,8 +395,8 @@ impl Recorder {
     }
 
     fn finish(self, spec: RowSpec, o_direct: bool, stop: StopReason, error: Option<String>) -> RowResult {
-        let commit_latency = LatencySummary::from_histogram(&self.commit);
-        let fdatasync_latency = LatencySummary::from_histogram(&self.sync);
+        let commit_latency = Latency::from_histogram(&self.commit);
+        let fdatasync_latency = Latency::from_histogram(&self.sync);
         let elapsed_s = (self.end - self.start).as_secs_f64();
         let per_commit_events = spec.payload_bytes as f64 / EVENT_BYTES as f64;
         let commits_per_s_p50 = commit_latency.map(|l| 1e6 / l.p50_us as f64).unwrap_or(0.0);

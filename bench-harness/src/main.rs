@@ -13,10 +13,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tephra_bench::cli::{
-    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs, JournalArgs, ReadArgs, EXIT_ROW_FAILED, EXIT_USAGE,
+    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs, JournalArgs, ReadArgs, RunArgs, RunDefaults, RunPlan,
+    COMPARE_RUN, EXIT_ROW_FAILED, EXIT_USAGE, JOURNAL_RUN,
 };
 use tephra_bench::fsync::{self, Budget, ProbeConfig};
 use tephra_bench::{append, compare, etcd, journal, logcapture, machine, read, report, server, signals, workload};
+
+/// How a subcommand ends: `Ok` with the exit code of a run that went its course, `Err` with
+/// the exit code of one that stopped early (the reason is on stderr by then).
+type Exit = Result<i32, i32>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -30,22 +35,51 @@ fn main() -> ExitCode {
             IndexCommand::Run(a) => run_index_run(a),
         },
         Command::Journal(args) => run_journal(args),
-    };
+    }
+    .unwrap_or_else(|code| code);
     ExitCode::from(code as u8)
+}
+
+/// Prints `msg` as `cmd`'s error on stderr; [`EXIT_USAGE`].
+fn usage(cmd: &str, msg: impl std::fmt::Display) -> i32 {
+    eprintln!("tephra-bench {cmd}: error: {msg}");
+    EXIT_USAGE
+}
+
+/// Prints `e` as the error that ended `cmd`'s run; [`EXIT_ROW_FAILED`].
+fn run_failed(cmd: &str, e: impl std::fmt::Display) -> i32 {
+    eprintln!("tephra-bench {cmd}: error: {e}");
+    EXIT_ROW_FAILED
+}
+
+/// [`run_failed`], or the interrupted exit code when a signal stopped the run.
+fn run_failed_or_stopped(cmd: &str, e: impl std::fmt::Display) -> i32 {
+    let code = run_failed(cmd, e);
+    if signals::stopped() {
+        signals::interrupted_exit_code()
+    } else {
+        code
+    }
+}
+
+/// The exit code of a run that went its course: interrupted by a signal, else
+/// [`EXIT_ROW_FAILED`] when `failed`, else `code`.
+fn finish(interrupted: bool, failed: bool, code: i32) -> Exit {
+    if interrupted {
+        Ok(signals::interrupted_exit_code())
+    } else if failed {
+        Ok(EXIT_ROW_FAILED)
+    } else {
+        Ok(code)
+    }
 }
 
 /// Checks that `addr` names a socket address; a usage error otherwise.
 fn check_addr(cmd: &str, addr: &str) -> Result<(), i32> {
     match addr.to_socket_addrs() {
         Ok(it) if it.len() > 0 => Ok(()),
-        Ok(_) => {
-            eprintln!("tephra-bench {cmd}: error: --addr {addr:?} resolves to no address");
-            Err(EXIT_USAGE)
-        }
-        Err(e) => {
-            eprintln!("tephra-bench {cmd}: error: --addr {addr:?} is not HOST:PORT ({e})");
-            Err(EXIT_USAGE)
-        }
+        Ok(_) => Err(usage(cmd, format!("--addr {addr:?} resolves to no address"))),
+        Err(e) => Err(usage(cmd, format!("--addr {addr:?} is not HOST:PORT ({e})"))),
     }
 }
 
@@ -55,14 +89,15 @@ fn backend_for(cmd: &str, client: append::ClientKind, inflight: u64) -> Result<&
     if inflight as usize <= client.max_inflight() {
         Ok(client.backend())
     } else if client == append::ClientKind::Blocking {
-        eprintln!(
-            "tephra-bench {cmd}: error: --inflight {inflight}: the blocking client keeps one request in flight per \
-             connection; use --client async or raw, or more --connections"
-        );
-        Err(EXIT_USAGE)
+        Err(usage(
+            cmd,
+            format!(
+                "--inflight {inflight}: the blocking client keeps one request in flight per connection; use --client async or raw, \
+                 or more --connections"
+            ),
+        ))
     } else {
-        eprintln!("tephra-bench {cmd}: error: --inflight {inflight}: at most {} (the server's per-connection append budget)", client.max_inflight());
-        Err(EXIT_USAGE)
+        Err(usage(cmd, format!("--inflight {inflight}: at most {} (the server's per-connection append budget)", client.max_inflight())))
     }
 }
 
@@ -85,14 +120,39 @@ fn print_json<T: serde::Serialize>(cmd: &str, v: &T) -> i32 {
     }
 }
 
-fn run_append(args: AppendArgs) -> i32 {
-    if let Err(code) = check_addr("append", &args.addr) {
-        return code;
+/// Prints `rep` on stdout: as JSON with `json`, else as the text `render` makes of it. 0, or
+/// [`EXIT_ROW_FAILED`] when it cannot be serialized.
+fn print_report<T: serde::Serialize>(cmd: &str, json: bool, rep: &T, render: impl FnOnce(&T) -> String) -> i32 {
+    if json {
+        print_json(cmd, rep)
+    } else {
+        write_stdout(&render(rep));
+        0
     }
-    let backend = match backend_for("append", args.load.client, args.load.inflight) {
-        Ok(b) => b,
-        Err(code) => return code,
-    };
+}
+
+/// Writes `rep`'s files into `out` with `write`, prints it ([`print_report`]) and names the
+/// files on stderr: [`print_report`]'s code, or `Err(EXIT_ROW_FAILED)` when the files cannot
+/// be written (nothing is printed then).
+fn publish<T: serde::Serialize>(
+    cmd: &str,
+    json: bool,
+    rep: &T,
+    out: &std::path::Path,
+    write: impl FnOnce(&T, &std::path::Path) -> Result<Vec<PathBuf>, String>,
+    render: impl FnOnce(&T) -> String,
+) -> Result<i32, i32> {
+    let files = write(rep, out).map_err(|e| run_failed(cmd, e))?;
+    let code = print_report(cmd, json, rep, render);
+    for f in files {
+        eprintln!("wrote {}", f.display());
+    }
+    Ok(code)
+}
+
+fn run_append(args: AppendArgs) -> Exit {
+    check_addr("append", &args.addr)?;
+    let backend = backend_for("append", args.load.client, args.load.inflight)?;
     let cfg = append::AppendConfig {
         addr: args.addr.clone(),
         connections: args.connections as usize,
@@ -104,30 +164,13 @@ fn run_append(args: AppendArgs) -> i32 {
         executor_threads: args.load.executor_threads as usize,
     };
     signals::install();
-    let rep = match append::run(&cfg, backend, &signals::STOP) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("tephra-bench append: error: {e}");
-            return EXIT_ROW_FAILED;
-        }
-    };
-    let code = if args.json {
-        print_json("append", &rep)
-    } else {
-        write_stdout(&append::render(&rep));
-        0
-    };
-    if rep.interrupted {
-        signals::interrupted_exit_code()
-    } else {
-        code
-    }
+    let rep = append::run(&cfg, backend, &signals::STOP).map_err(|e| run_failed("append", e))?;
+    let code = print_report("append", args.json, &rep, append::render);
+    finish(rep.interrupted, false, code)
 }
 
-fn run_read(args: ReadArgs) -> i32 {
-    if let Err(code) = check_addr("read", &args.addr) {
-        return code;
-    }
+fn run_read(args: ReadArgs) -> Exit {
+    check_addr("read", &args.addr)?;
     let cfg = read::ReadConfig {
         addr: args.addr.clone(),
         populate: args.populate,
@@ -141,24 +184,9 @@ fn run_read(args: ReadArgs) -> i32 {
         sub_timeout: Duration::from_secs_f64(args.sub_timeout),
     };
     signals::install();
-    let rep = match read::run(&cfg, &signals::STOP) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("tephra-bench read: error: {e}");
-            return if signals::stopped() { signals::interrupted_exit_code() } else { EXIT_ROW_FAILED };
-        }
-    };
-    let code = if args.json {
-        print_json("read", &rep)
-    } else {
-        write_stdout(&read::render(&rep));
-        0
-    };
-    if rep.interrupted {
-        signals::interrupted_exit_code()
-    } else {
-        code
-    }
+    let rep = read::run(&cfg, &signals::STOP).map_err(|e| run_failed_or_stopped("read", e))?;
+    let code = print_report("read", args.json, &rep, read::render);
+    finish(rep.interrupted, false, code)
 }
 
 /// `target/` of the build this binary belongs to (`target/release/tephra-bench`).
@@ -170,48 +198,40 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("target"))
 }
 
-fn run_compare(args: CompareArgs) -> i32 {
-    let usage = |msg: String| {
-        eprintln!("tephra-bench compare: error: {msg}");
-        EXIT_USAGE
-    };
-    let cells = match compare::parse_matrix(&args.matrix) {
-        Ok(c) => c,
-        Err(e) => return usage(format!("--matrix: {e}")),
-    };
-    if let Err(code) = backend_for("compare", args.load.client, args.load.inflight) {
-        return code;
-    }
-    let ours = match args.ours.clone().or_else(server::default_ours) {
-        Some(p) if p.is_file() => p,
-        Some(p) => return usage(format!("our server {} does not exist (cargo build --release --bin tephra-server)", p.display())),
-        None => return usage("our server not found next to tephra-bench; build it (cargo build --release --bin tephra-server) or pass --ours".into()),
-    };
-    let reference = match args.reference.clone().or_else(server::default_reference) {
-        Some(p) if p.is_file() => p,
-        Some(p) => return usage(format!("reference server {} does not exist (scripts/install-reference.sh)", p.display())),
-        None => return usage("reference server not found; run scripts/install-reference.sh or pass --reference / set TEPHRA_REFERENCE_SERVER".into()),
-    };
-    let target = target_dir();
-    let dir = args.dir.clone().unwrap_or_else(|| target.join("bench-compare").join("data"));
-    let out = args.out.clone().unwrap_or_else(|| target.join("bench-compare"));
-    for (what, d) in [("--dir", &dir), ("--out", &out)] {
+/// `args` with `defaults` filled in, its data and output directories created; a usage error
+/// if one cannot be.
+fn run_plan(cmd: &str, defaults: &RunDefaults, args: &RunArgs) -> Result<RunPlan, i32> {
+    let plan = defaults.plan(args, &target_dir());
+    for (what, d) in [("--dir", &plan.dir), ("--out", &plan.out)] {
         if let Err(e) = std::fs::create_dir_all(d) {
-            return usage(format!("{what} {}: {e}", d.display()));
+            return Err(usage(cmd, format!("{what} {}: {e}", d.display())));
         }
     }
+    Ok(plan)
+}
+
+fn run_compare(args: CompareArgs) -> Exit {
+    let cells = compare::parse_matrix(&args.matrix).map_err(|e| usage("compare", format!("--matrix: {e}")))?;
+    backend_for("compare", args.load.client, args.load.inflight)?;
+    let ours = our_server("compare", &args.run.ours)?;
+    let reference = match args.reference.clone().or_else(server::default_reference) {
+        Some(p) if p.is_file() => p,
+        Some(p) => return Err(usage("compare", format!("reference server {} does not exist (scripts/install-reference.sh)", p.display()))),
+        None => return Err(usage("compare", "reference server not found; run scripts/install-reference.sh or pass --reference / set TEPHRA_REFERENCE_SERVER")),
+    };
+    let plan = run_plan("compare", &COMPARE_RUN, &args.run)?;
+    let out = plan.out.clone();
     if let Err(e) = std::fs::create_dir_all(out.join("logs")) {
-        return usage(format!("--out {}: {e}", out.display()));
+        return Err(usage("compare", format!("--out {}: {e}", out.display())));
     }
-    let (rounds, duration, warmup) = if args.quick { (2, 5.0, 2.0) } else { (3, 15.0, 3.0) };
     let cfg = compare::CompareConfig {
         contenders: vec![compare::Contender { name: "ours".into(), binary: ours }, compare::Contender { name: "reference".into(), binary: reference }],
-        dir,
-        out: out.clone(),
+        dir: plan.dir,
+        out: plan.out,
         cells,
-        rounds: args.rounds.map_or(rounds, |r| r as usize),
-        warmup: Duration::from_secs_f64(args.warmup.unwrap_or(warmup)),
-        duration: Duration::from_secs_f64(args.duration.unwrap_or(duration)),
+        rounds: plan.rounds,
+        warmup: plan.warmup,
+        duration: plan.duration,
         event_size: args.load.event_size as usize,
         conditional: !args.load.unconditional,
         inflight: args.load.inflight as usize,
@@ -222,7 +242,7 @@ fn run_compare(args: CompareArgs) -> i32 {
         settle: Duration::from_millis(args.settle_ms),
         keep_data: args.keep_data,
         read: args.read.then(|| {
-            let populate = args.read_populate.unwrap_or(if args.quick { 200_000 } else { 1_000_000 });
+            let populate = args.read_populate.unwrap_or(if args.run.quick { 200_000 } else { 1_000_000 });
             read::ReadConfig {
                 addr: String::new(),
                 populate,
@@ -230,61 +250,42 @@ fn run_compare(args: CompareArgs) -> i32 {
                 // Ten needles whatever the size.
                 needle_every: (populate / 10).max(1),
                 scan_repeats: 3,
-                selective_reads: if args.quick { 20 } else { 100 },
+                selective_reads: if args.run.quick { 20 } else { 100 },
                 subscribers: 8,
-                sub_appends: if args.quick { 100 } else { 300 },
+                sub_appends: if args.run.quick { 100 } else { 300 },
                 sub_batch: 1,
                 sub_timeout: Duration::from_secs(30),
             }
         }),
     };
     signals::install();
-    // Progress must never panic the run (a closed stderr would make eprintln! panic).
-    let mut progress = |what: &str| {
-        let _ = writeln!(std::io::stderr(), "{what}");
-    };
-    let rep = compare::run(&cfg, &signals::STOP, &mut progress);
-    let files = match compare::write_outputs(&rep, &out) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("tephra-bench compare: error: {e}");
-            return EXIT_ROW_FAILED;
-        }
-    };
-    let code = if args.json {
-        print_json("compare", &rep)
-    } else {
-        write_stdout(&compare::render_markdown(&rep));
-        0
-    };
-    for f in files {
-        eprintln!("wrote {}", f.display());
-    }
-    let failed = rep.runs.iter().any(|r| r.report.latency.is_none());
-    if rep.interrupted {
-        signals::interrupted_exit_code()
-    } else if failed || code != 0 {
-        EXIT_ROW_FAILED
-    } else {
-        0
-    }
+    let rep = compare::run(&cfg, &signals::STOP, &mut progress_line);
+    let code = publish("compare", args.json, &rep, &out, compare::write_outputs, compare::render_markdown)?;
+    finish(rep.interrupted, rep.runs.iter().any(|r| r.report.latency.is_none()), code)
 }
 
 /// Our server: `--ours`, else next to this binary / `$TEPHRA_SERVER`; a usage error if missing.
 fn our_server(cmd: &str, ours: &Option<PathBuf>) -> Result<PathBuf, i32> {
     match ours.clone().or_else(server::default_ours) {
         Some(p) if p.is_file() => Ok(p),
-        Some(p) => {
-            eprintln!("tephra-bench {cmd}: error: our server {} does not exist (cargo build --release --bin tephra-server)", p.display());
-            Err(EXIT_USAGE)
-        }
-        None => {
-            eprintln!(
-                "tephra-bench {cmd}: error: our server not found next to tephra-bench; build it \
-                 (cargo build --release --bin tephra-server) or pass --ours"
-            );
-            Err(EXIT_USAGE)
-        }
+        Some(p) => Err(usage(cmd, format!("our server {} does not exist (cargo build --release --bin tephra-server)", p.display()))),
+        None => Err(usage(cmd, "our server not found next to tephra-bench; build it (cargo build --release --bin tephra-server) or pass --ours")),
+    }
+}
+
+/// A second binary given as `PATH|none`: `None` for `none`, PATH when it is a file, a usage
+/// error with `missing(PATH)` when it is not; `fallback()` when the option is not given.
+fn binary_or_none(
+    cmd: &str,
+    given: Option<&str>,
+    missing: impl FnOnce(&str) -> String,
+    fallback: impl FnOnce() -> Result<Option<PathBuf>, i32>,
+) -> Result<Option<PathBuf>, i32> {
+    match given {
+        Some("none") => Ok(None),
+        Some(p) if std::path::Path::new(p).is_file() => Ok(Some(PathBuf::from(p))),
+        Some(p) => Err(usage(cmd, missing(p))),
+        None => fallback(),
     }
 }
 
@@ -293,12 +294,9 @@ fn progress_line(what: &str) {
     let _ = writeln!(std::io::stderr(), "{what}");
 }
 
-fn run_index_prepare(args: IndexPrepareArgs) -> i32 {
+fn run_index_prepare(args: IndexPrepareArgs) -> Exit {
     use tephra_bench::index::{layout::Layout, prepare};
-    let server = match our_server("index prepare", &args.ours) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
+    let server = our_server("index prepare", &args.ours)?;
     let cfg = prepare::PrepareConfig {
         dir: args.dir.clone(),
         layout: Layout {
@@ -318,18 +316,9 @@ fn run_index_prepare(args: IndexPrepareArgs) -> i32 {
         force: args.force,
         start_timeout: Duration::from_secs(900),
     };
-    if let Err(e) = cfg.layout.validate() {
-        eprintln!("tephra-bench index prepare: error: {e}");
-        return EXIT_USAGE;
-    }
+    cfg.layout.validate().map_err(|e| usage("index prepare", e))?;
     signals::install();
-    let prepared = match prepare::run(&cfg, &signals::STOP, &mut progress_line) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("tephra-bench index prepare: error: {e}");
-            return if signals::stopped() { signals::interrupted_exit_code() } else { EXIT_ROW_FAILED };
-        }
-    };
+    let prepared = prepare::run(&cfg, &signals::STOP, &mut progress_line).map_err(|e| run_failed_or_stopped("index prepare", e))?;
     let m = prepared.manifest();
     let verb = match prepared {
         prepare::Prepared::Reused(_) => "reused",
@@ -350,7 +339,7 @@ fn run_index_prepare(args: IndexPrepareArgs) -> i32 {
         "layout": m.layout,
     });
     if args.json {
-        return print_json("index prepare", &summary);
+        return Ok(print_json("index prepare", &summary));
     }
     write_stdout(&format!(
         "{verb} {}: {} events in {} segment files ({:.2} GB); appended at {} events/s \
@@ -367,30 +356,23 @@ fn run_index_prepare(args: IndexPrepareArgs) -> i32 {
         m.created,
         m.description
     ));
-    0
+    Ok(0)
 }
 
-fn run_index_run(args: IndexRunArgs) -> i32 {
+fn run_index_run(args: IndexRunArgs) -> Exit {
     use tephra_bench::index::run::{self as ixrun, Contender, RunConfig, ALWAYS_SCAN};
-    let usage = |msg: String| {
-        eprintln!("tephra-bench index run: error: {msg}");
-        EXIT_USAGE
-    };
-    let ours = match our_server("index run", &args.ours) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let reference = match args.reference.as_deref() {
-        Some("none") => None,
-        Some(p) if std::path::Path::new(p).is_file() => Some(PathBuf::from(p)),
-        Some(p) => return usage(format!("reference server {p} does not exist (scripts/install-reference.sh, or --reference none)")),
-        None => match server::default_reference() {
-            Some(p) => Some(p),
-            None => return usage("reference server not found; run scripts/install-reference.sh, pass --reference PATH, or --reference none".into()),
+    let ours = our_server("index run", &args.ours)?;
+    let reference = binary_or_none(
+        "index run",
+        args.reference.as_deref(),
+        |p| format!("reference server {p} does not exist (scripts/install-reference.sh, or --reference none)"),
+        || {
+            let missing = || usage("index run", "reference server not found; run scripts/install-reference.sh, pass --reference PATH, or --reference none");
+            server::default_reference().map(Some).ok_or_else(missing)
         },
-    };
+    )?;
     if !args.dir.join(tephra_bench::index::layout::MANIFEST_FILE).is_file() {
-        return usage(format!("{} is not prepared (tephra-bench index prepare --dir ...)", args.dir.display()));
+        return Err(usage("index run", format!("{} is not prepared (tephra-bench index prepare --dir ...)", args.dir.display())));
     }
     let work = args.work.clone().unwrap_or_else(|| {
         let mut s = args.dir.clone().into_os_string();
@@ -431,45 +413,14 @@ fn run_index_run(args: IndexRunArgs) -> i32 {
         request_timeout: Duration::from_secs_f64(args.request_timeout),
     };
     signals::install();
-    let rep = match ixrun::run(&cfg, &signals::STOP, &mut progress_line) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("tephra-bench index run: error: {e}");
-            return if signals::stopped() { signals::interrupted_exit_code() } else { EXIT_ROW_FAILED };
-        }
-    };
-    let files = match ixrun::write_outputs(&rep, &out) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("tephra-bench index run: error: {e}");
-            return EXIT_ROW_FAILED;
-        }
-    };
-    let code = if args.json {
-        print_json("index run", &rep)
-    } else {
-        write_stdout(&ixrun::render_markdown(&rep));
-        0
-    };
-    for f in files {
-        eprintln!("wrote {}", f.display());
-    }
-    code
+    let rep = ixrun::run(&cfg, &signals::STOP, &mut progress_line).map_err(|e| run_failed_or_stopped("index run", e))?;
+    publish("index run", args.json, &rep, &out, ixrun::write_outputs, ixrun::render_markdown)
 }
 
-fn run_fsync(args: FsyncArgs) -> i32 {
+fn run_fsync(args: FsyncArgs) -> Exit {
     logcapture::install();
-    if let Err(e) = fsync::preflight(&args.dir) {
-        eprintln!("tephra-bench fsync: error: {e}");
-        return EXIT_USAGE;
-    }
-    let facts = match machine::gather(&args.dir) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("tephra-bench fsync: error: cannot inspect {}: {e}", args.dir.display());
-            return EXIT_USAGE;
-        }
-    };
+    fsync::preflight(&args.dir).map_err(|e| usage("fsync", e))?;
+    let facts = machine::gather(&args.dir).map_err(|e| usage("fsync", format!("cannot inspect {}: {e}", args.dir.display())))?;
     let budget = match (args.seconds, args.commits) {
         (_, Some(n)) => Budget::Commits(n),
         (Some(s), None) => Budget::Seconds(s),
@@ -481,8 +432,7 @@ fn run_fsync(args: FsyncArgs) -> i32 {
     if max_row_bytes > half_free {
         let biggest = args.block_sizes.iter().copied().max().unwrap_or(4096) as u64;
         if half_free < biggest {
-            eprintln!("tephra-bench fsync: error: not enough free space in {} ({} bytes free)", args.dir.display(), facts.fs.free_bytes);
-            return EXIT_USAGE;
+            return Err(usage("fsync", format!("not enough free space in {} ({} bytes free)", args.dir.display(), facts.fs.free_bytes)));
         }
         max_row_bytes = half_free;
     }
@@ -508,105 +458,67 @@ fn run_fsync(args: FsyncArgs) -> i32 {
         for w in &rep.warnings {
             eprintln!("WARNING: {w}");
         }
-        match serde_json::to_string_pretty(&rep) {
-            Ok(s) => println!("{s}"),
-            Err(e) => {
-                eprintln!("tephra-bench fsync: error: cannot serialize result: {e}");
-                return EXIT_ROW_FAILED;
-            }
-        }
+        let json = serde_json::to_string_pretty(&rep).map_err(|e| run_failed("fsync", format!("cannot serialize result: {e}")))?;
+        println!("{json}");
     } else {
         print!("{}", report::render_table(&rep));
     }
-    if fsync::interrupted() {
-        signals::interrupted_exit_code()
-    } else if failed {
-        EXIT_ROW_FAILED
-    } else {
-        0
-    }
+    finish(fsync::interrupted(), failed, 0)
 }
 
-fn run_journal(args: JournalArgs) -> i32 {
-    let usage = |msg: String| {
-        eprintln!("tephra-bench journal: error: {msg}");
-        EXIT_USAGE
-    };
-    let ours = match args.ours.clone().or_else(server::default_ours) {
-        Some(p) if p.is_file() => p,
-        Some(p) => return usage(format!("our server {} does not exist (cargo build --release --bin tephra-server)", p.display())),
-        None => return usage("our server not found next to tephra-bench; build it (cargo build --release --bin tephra-server) or pass --ours".into()),
-    };
-    let etcd = match args.etcd.as_deref() {
-        Some("none") => None,
-        Some(p) if std::path::Path::new(p).is_file() => Some(PathBuf::from(p)),
-        Some(p) => return usage(format!("--etcd {p} does not exist (scripts/install-etcd.sh)")),
-        None => {
+fn run_journal(args: JournalArgs) -> Exit {
+    let ours = our_server("journal", &args.run.ours)?;
+    let etcd = binary_or_none(
+        "journal",
+        args.etcd.as_deref(),
+        |p| format!("--etcd {p} does not exist (scripts/install-etcd.sh)"),
+        || {
             let found = etcd::default_etcd();
             if found.is_none() {
                 eprintln!("\n*** tephra-bench journal: etcd not found ($ETCD_BIN, /usr/bin/etcd, PATH): measuring ours only; scripts/install-etcd.sh installs it ***\n");
             }
-            found
-        }
-    };
+            Ok(found)
+        },
+    )?;
     let batches: Result<Vec<usize>, _> = args.batches.split(',').filter(|b| !b.trim().is_empty()).map(|b| b.trim().parse::<usize>()).collect();
     let batches = match batches {
         Ok(b) if b.iter().all(|&x| (1..=1024).contains(&x)) => b,
-        _ => return usage(format!("--batches {:?}: a comma separated list of 1..=1024", args.batches)),
+        _ => return Err(usage("journal", format!("--batches {:?}: a comma separated list of 1..=1024", args.batches))),
     };
     let durability = match args.store_durability.as_str() {
         "ordered" => tephra::journal::StoreDurability::Ordered,
         "batched" => tephra::journal::StoreDurability::Batched,
-        other => return usage(format!("--store-durability {other:?}: ordered or batched")),
+        other => return Err(usage("journal", format!("--store-durability {other:?}: ordered or batched"))),
     };
-    let target = target_dir();
-    let dir = args.dir.clone().unwrap_or_else(|| target.join("bench-journal").join("data"));
-    let out = args.out.clone().unwrap_or_else(|| target.join("bench-journal"));
-    for (what, d) in [("--dir", &dir), ("--out", &out)] {
-        if let Err(e) = std::fs::create_dir_all(d) {
-            return usage(format!("{what} {}: {e}", d.display()));
-        }
+    let plan = run_plan("journal", &JOURNAL_RUN, &args.run)?;
+    if journal::on_tmpfs(&plan.dir) {
+        eprintln!(
+            "tephra-bench journal: warning: {} is on a RAM-backed filesystem: syncs are nearly free there and the numbers mean nothing",
+            plan.dir.display()
+        );
     }
-    if journal::on_tmpfs(&dir) {
-        eprintln!("tephra-bench journal: warning: {} is on a RAM-backed filesystem: syncs are nearly free there and the numbers mean nothing", dir.display());
-    }
-    let (rounds, duration, warmup) = if args.quick { (2, 3.0, 1.0) } else { (3, 10.0, 2.0) };
+    let out = plan.out.clone();
     let cfg = journal::JournalBenchConfig {
         ours,
         etcd,
-        dir,
-        out: out.clone(),
+        dir: plan.dir,
+        out: plan.out,
         writers: args.writers as usize,
         record_size: args.record_size as usize,
         batches,
         multi: !args.no_multi,
         tail: !args.no_tail,
         dcb: !args.no_dcb,
-        rounds: args.rounds.map_or(rounds, |r| r as usize),
-        warmup: Duration::from_secs_f64(args.warmup.unwrap_or(warmup)),
-        duration: Duration::from_secs_f64(args.duration.unwrap_or(duration)),
+        rounds: plan.rounds,
+        warmup: plan.warmup,
+        duration: plan.duration,
         settle: Duration::from_millis(args.settle_ms),
         durability,
     };
     signals::install();
-    let rep = match journal::run(&cfg, &signals::STOP) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("tephra-bench journal: error: {e}");
-            return EXIT_ROW_FAILED;
-        }
-    };
-    if args.json {
-        print_json("journal", &rep);
-    } else {
-        write_stdout(&rep.table);
-    }
+    let rep = journal::run(&cfg, &signals::STOP).map_err(|e| run_failed("journal", e))?;
+    // The exit code does not depend on printing: journal::run has written the files in --out.
+    let _ = print_report("journal", args.json, &rep, |r| r.table.clone());
     eprintln!("tephra-bench journal: results in {}", out.display());
-    if rep.interrupted {
-        signals::interrupted_exit_code()
-    } else if rep.runs.iter().any(|r| r.failed.is_some()) {
-        EXIT_ROW_FAILED
-    } else {
-        0
-    }
+    finish(rep.interrupted, rep.runs.iter().any(|r| r.failed.is_some()), 0)
 }

@@ -27,6 +27,8 @@ pub struct Latency {
     pub count: u64,
     /// Mean, µs.
     pub mean_us: f64,
+    /// Smallest sample, µs.
+    pub min_us: u64,
     /// Median, µs.
     pub p50_us: u64,
     /// 99th percentile, µs.
@@ -46,6 +48,7 @@ impl Latency {
         Some(Latency {
             count: h.len(),
             mean_us: h.mean(),
+            min_us: h.min(),
             p50_us: h.value_at_quantile(0.50),
             p99_us: h.value_at_quantile(0.99),
             p999_us: h.value_at_quantile(0.999),
@@ -114,7 +117,8 @@ mod tests {
         }
         record_us(&mut h, u64::MAX);
         let l = Latency::from_histogram(&h).unwrap();
-        assert!(l.p50_us <= l.p99_us && l.p99_us <= l.p999_us && l.p999_us <= l.max_us);
+        assert!(l.min_us <= l.p50_us && l.p50_us <= l.p99_us && l.p99_us <= l.p999_us && l.p999_us <= l.max_us);
+        assert_eq!((l.min_us, l.count), (1, 10_001));
         assert!(l.max_us >= MAX_LATENCY_US);
         assert!(Latency::from_histogram(&latency_histogram()).is_none());
     }

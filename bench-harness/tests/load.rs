@@ -28,6 +28,33 @@ fn start(binary: &Path, dir: &Path) -> ServerProcess {
     .expect("server starts")
 }
 
+/// Runs `check` with the address of a fresh `binary` (when there is one: `ours()` and
+/// `reference()` give `None` after a skip notice) in the scratch directory `name`, then stops
+/// the server and removes the directory.
+fn on_server(binary: Option<PathBuf>, name: &str, check: impl FnOnce(&str)) {
+    let Some(binary) = binary else { return };
+    let dir = scratch(name);
+    let server = start(&binary, &dir);
+    check(&server.addr.to_string());
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two tests of `check`: against our server (`$ours`) and against the reference (`$reference`).
+macro_rules! against_both {
+    ($check:ident: $ours:ident, $reference:ident) => {
+        #[test]
+        fn $ours() {
+            on_server(ours(), stringify!($ours), $check);
+        }
+
+        #[test]
+        fn $reference() {
+            on_server(reference(), stringify!($reference), $check);
+        }
+    };
+}
+
 fn stored_events(addr: &str) -> u64 {
     tephra::client::Client::connect(addr).unwrap().stats().unwrap().event_count
 }
@@ -40,11 +67,8 @@ fn check_latency(l: &Value, what: &str) {
     assert!(l["count"].as_u64().unwrap() > 0);
 }
 
-fn append_counts_match(binary: &Path, name: &str) {
-    let dir = scratch(name);
-    let server = start(binary, &dir);
-    let addr = server.addr.to_string();
-    let out = run(&["append", "--addr", &addr, "-c", "4", "-b", "8", "--duration", "1.5", "--warmup", "0.3", "--json"]);
+fn append_counts_match(addr: &str) {
+    let out = run(&["append", "--addr", addr, "-c", "4", "-b", "8", "--duration", "1.5", "--warmup", "0.3", "--json"]);
     let j = json_of(&out);
     let total = j["events_acked_total"].as_u64().unwrap();
     assert!(j["events"].as_u64().unwrap() > 0, "{j}");
@@ -54,21 +78,21 @@ fn append_counts_match(binary: &Path, name: &str) {
     assert!(j["errors"].as_object().unwrap().is_empty(), "{j}");
     assert_eq!(j["conditional"], Value::Bool(true));
     check_latency(&j["latency"], "append");
-    assert_eq!(stored_events(&addr), total, "the store holds exactly the acknowledged events");
+    assert_eq!(stored_events(addr), total, "the store holds exactly the acknowledged events");
 
     // Unconditional, batch 1: more of the same events.
-    let out = run(&["append", "--addr", &addr, "-c", "2", "-b", "1", "--duration", "1.5", "--warmup", "0", "--unconditional", "--json"]);
+    let out = run(&["append", "--addr", addr, "-c", "2", "-b", "1", "--duration", "1.5", "--warmup", "0", "--unconditional", "--json"]);
     let j2 = json_of(&out);
     assert_eq!(j2["conditional"], Value::Bool(false));
     check_latency(&j2["latency"], "append unconditional");
     let total = total + j2["events_acked_total"].as_u64().unwrap();
-    assert_eq!(stored_events(&addr), total);
+    assert_eq!(stored_events(addr), total);
 
     // The pipelined generators, 4 requests in flight per connection.
     let mut total = total;
     for client in ["raw", "async"] {
         let out =
-            run(&["append", "--addr", &addr, "-c", "2", "-b", "16", "--inflight", "4", "--client", client, "--duration", "1.5", "--warmup", "0.2", "--json"]);
+            run(&["append", "--addr", addr, "-c", "2", "-b", "16", "--inflight", "4", "--client", client, "--duration", "1.5", "--warmup", "0.2", "--json"]);
         let j3 = json_of(&out);
         assert_eq!(j3["client"], client);
         assert_eq!(j3["inflight"], 4);
@@ -79,32 +103,17 @@ fn append_counts_match(binary: &Path, name: &str) {
         let timeline: u64 = j3["timeline_events"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
         assert_eq!(timeline, j3["events_acked_total"].as_u64().unwrap());
         total += j3["events_acked_total"].as_u64().unwrap();
-        assert_eq!(stored_events(&addr), total, "{client}: the store holds exactly the acknowledged events");
+        assert_eq!(stored_events(addr), total, "{client}: the store holds exactly the acknowledged events");
     }
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn append_against_ours_counts_what_the_store_holds() {
-    let Some(bin) = ours() else { return };
-    append_counts_match(&bin, "append-ours");
-}
+against_both!(append_counts_match: append_against_ours_counts_what_the_store_holds, append_against_the_reference_counts_what_the_store_holds);
 
-#[test]
-fn append_against_the_reference_counts_what_the_store_holds() {
-    let Some(bin) = reference() else { return };
-    append_counts_match(&bin, "append-ref");
-}
-
-fn read_reports_sane_numbers(binary: &Path, name: &str) {
-    let dir = scratch(name);
-    let server = start(binary, &dir);
-    let addr = server.addr.to_string();
+fn read_reports_sane_numbers(addr: &str) {
     let out = run(&[
         "read",
         "--addr",
-        &addr,
+        addr,
         "--populate",
         "5000",
         "--needle-every",
@@ -139,26 +148,24 @@ fn read_reports_sane_numbers(binary: &Path, name: &str) {
     let (p50, p99, p999) = (lag["p50_us"].as_u64().unwrap(), lag["p99_us"].as_u64().unwrap(), lag["p999_us"].as_u64().unwrap());
     assert!(p50 <= p99 && p99 <= p999, "lag not ordered: {lag}");
     check_latency(&f["append_latency"], "fan-out appends");
-    assert_eq!(stored_events(&addr), 5020);
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(stored_events(addr), 5020);
 }
 
-#[test]
-fn read_against_ours_reports_sane_numbers() {
-    let Some(bin) = ours() else { return };
-    read_reports_sane_numbers(&bin, "read-ours");
-}
-
-#[test]
-fn read_against_the_reference_reports_sane_numbers() {
-    let Some(bin) = reference() else { return };
-    read_reports_sane_numbers(&bin, "read-ref");
-}
+against_both!(read_reports_sane_numbers: read_against_ours_reports_sane_numbers, read_against_the_reference_reports_sane_numbers);
 
 fn pid_alive(pid: u32) -> bool {
     // A zombie would still have /proc/PID; compare reaps its children, so none is left.
     Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// `compare` of `ours` and `reference` with its data in `dir/data`, its results in `dir/out`,
+/// and `more` options.
+fn compare_args(ours: &Path, reference: &Path, dir: &Path, more: &[&str]) -> Vec<String> {
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    let mut args = vec!["compare".to_owned(), "--ours".into(), path(ours), "--reference".into(), path(reference)];
+    args.extend(["--dir".into(), path(&dir.join("data")), "--out".into(), path(&dir.join("out"))]);
+    args.extend(more.iter().map(|a| a.to_string()));
+    args
 }
 
 #[test]
@@ -171,35 +178,32 @@ fn compare_runs_both_servers_and_writes_table_json_and_chart() {
     });
     let dir = scratch("compare");
     let out_dir = dir.join("out");
-    let out = run(&[
-        "compare",
-        "--ours",
-        ours_bin.to_str().unwrap(),
-        "--reference",
-        ref_bin.to_str().unwrap(),
-        "--dir",
-        dir.join("data").to_str().unwrap(),
-        "--out",
-        out_dir.to_str().unwrap(),
-        "--matrix",
-        "2x1,2x16",
-        // Quick read-side settings, explicit append settings.
-        "--quick",
-        "--read",
-        "--read-populate",
-        "3000",
-        "--rounds",
-        "2",
-        // Long enough that a window is never empty, even on a loaded machine.
-        "--duration",
-        "1.5",
-        "--warmup",
-        "0.2",
-        "--settle-ms",
-        "0",
-        "--segment-size",
-        "16777216",
-    ]);
+    let args = compare_args(
+        &ours_bin,
+        &ref_bin,
+        &dir,
+        &[
+            "--matrix",
+            "2x1,2x16",
+            // Quick read-side settings, explicit append settings.
+            "--quick",
+            "--read",
+            "--read-populate",
+            "3000",
+            "--rounds",
+            "2",
+            // Long enough that a window is never empty, even on a loaded machine.
+            "--duration",
+            "1.5",
+            "--warmup",
+            "0.2",
+            "--settle-ms",
+            "0",
+            "--segment-size",
+            "16777216",
+        ],
+    );
+    let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, text(&out.stderr));
     assert!(stdout.contains("| 2 × 1 |") && stdout.contains("| 2 × 16 |"), "{stdout}");
@@ -242,32 +246,9 @@ fn compare_runs_both_servers_and_writes_table_json_and_chart() {
 fn compare_stops_its_server_on_sigint() {
     let Some(ours_bin) = ours() else { return };
     let dir = scratch("compare-sigint");
-    let mut child = Command::new(BIN)
-        .args([
-            "compare",
-            "--ours",
-            ours_bin.to_str().unwrap(),
-            "--reference",
-            ours_bin.to_str().unwrap(),
-            "--dir",
-            dir.join("data").to_str().unwrap(),
-            "--out",
-            dir.join("out").to_str().unwrap(),
-            "--matrix",
-            "2x1",
-            "--rounds",
-            "1",
-            "--duration",
-            "30",
-            "--warmup",
-            "0",
-            "--segment-size",
-            "16777216",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let args =
+        compare_args(&ours_bin, &ours_bin, &dir, &["--matrix", "2x1", "--rounds", "1", "--duration", "30", "--warmup", "0", "--segment-size", "16777216"]);
+    let mut child = Command::new(BIN).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     // Keep draining stderr after the pid line.
@@ -342,32 +323,28 @@ fn an_unreachable_server_fails_with_exit_1() {
 /// SIGTERM (it was 130), 130 after SIGINT.
 #[test]
 fn an_interrupted_append_reports_stalls_inside_the_window_it_ran_and_exits_by_signal() {
-    let Some(bin) = ours() else { return };
-    let dir = scratch("append-interrupted");
-    let server = start(&bin, &dir);
-    let addr = server.addr.to_string();
-    for (signal, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
-        let child = Command::new(BIN)
-            .args(["append", "--addr", &addr, "-c", "2", "-b", "8", "--duration", "20", "--warmup", "1", "--json"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_secs(3));
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
-        let started = Instant::now();
-        let out = child.wait_with_output().unwrap();
-        assert!(started.elapsed() < Duration::from_secs(10), "append took {:?} to stop", started.elapsed());
-        assert_eq!(out.status.code(), Some(code), "signal {signal}: stderr: {}", text(&out.stderr));
-        let j: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", text(&out.stdout)));
-        assert_eq!(j["interrupted"], Value::Bool(true), "{j}");
-        let window = j["window_seconds"].as_f64().unwrap();
-        assert!(window > 1.0 && window < 5.0, "window {window} s: {j}");
-        let stall = j["longest_stall_ms"].as_u64().unwrap();
-        assert!((stall as f64) < window * 1000.0, "a {stall} ms stall inside a {window} s window: {j}");
-        assert!(stall < 1500, "a {stall} ms stall on an idle loopback server: {j}");
-    }
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
+    on_server(ours(), "append-interrupted", |addr| {
+        for (signal, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+            let child = Command::new(BIN)
+                .args(["append", "--addr", addr, "-c", "2", "-b", "8", "--duration", "20", "--warmup", "1", "--json"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_secs(3));
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+            let started = Instant::now();
+            let out = child.wait_with_output().unwrap();
+            assert!(started.elapsed() < Duration::from_secs(10), "append took {:?} to stop", started.elapsed());
+            assert_eq!(out.status.code(), Some(code), "signal {signal}: stderr: {}", text(&out.stderr));
+            let j: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", text(&out.stdout)));
+            assert_eq!(j["interrupted"], Value::Bool(true), "{j}");
+            let window = j["window_seconds"].as_f64().unwrap();
+            assert!(window > 1.0 && window < 5.0, "window {window} s: {j}");
+            let stall = j["longest_stall_ms"].as_u64().unwrap();
+            assert!((stall as f64) < window * 1000.0, "a {stall} ms stall inside a {window} s window: {j}");
+            assert!(stall < 1500, "a {stall} ms stall on an idle loopback server: {j}");
+        }
+    });
 }

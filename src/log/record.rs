@@ -34,15 +34,7 @@ pub fn frame_data(payload: &[u8], out: &mut Vec<u8>) {
 /// The head (`len(4) crc(4)`) of the data record holding `payload` (non-empty, at most
 /// [`LENGTH_MASK`] bytes), for a caller that lays the payload out itself.
 pub fn data_head(payload: &[u8]) -> [u8; RECORD_HEAD] {
-    debug_assert!(!payload.is_empty() && payload.len() <= LENGTH_MASK as usize);
-    let len = (payload.len() as u32).to_le_bytes();
-    let mut h = crc32fast::Hasher::new();
-    h.update(&len);
-    h.update(payload);
-    let mut head = [0u8; RECORD_HEAD];
-    head[..4].copy_from_slice(&len);
-    head[4..].copy_from_slice(&h.finalize().to_le_bytes());
-    head
+    head(payload, 0)
 }
 
 /// Appends the 17-byte commit marker closing a batch whose last position is `highest`.
@@ -56,14 +48,22 @@ pub fn frame_marker(highest: u64, out: &mut Vec<u8>) {
 /// Appends one framed control record (bit 30 set) holding `payload`, whose first byte is its
 /// kind. A walk skips control records of kinds other than [`BATCH_COMMIT`]: they commit nothing.
 pub fn frame_control(payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&head(payload, CONTROL_FLAG));
+    out.extend_from_slice(payload);
+}
+
+/// The head of the record holding `payload` (non-empty, at most [`LENGTH_MASK`] bytes): its
+/// length with `flags` set, then the CRC over those 4 bytes and the payload.
+fn head(payload: &[u8], flags: u32) -> [u8; RECORD_HEAD] {
     debug_assert!(!payload.is_empty() && payload.len() <= LENGTH_MASK as usize);
-    let len = (payload.len() as u32 | CONTROL_FLAG).to_le_bytes();
+    let len = (payload.len() as u32 | flags).to_le_bytes();
     let mut h = crc32fast::Hasher::new();
     h.update(&len);
     h.update(payload);
-    out.extend_from_slice(&len);
-    out.extend_from_slice(&h.finalize().to_le_bytes());
-    out.extend_from_slice(payload);
+    let mut head = [0u8; RECORD_HEAD];
+    head[..4].copy_from_slice(&len);
+    head[4..].copy_from_slice(&h.finalize().to_le_bytes());
+    head
 }
 
 /// The payload length declared by the record head at the start of `head` (bits 0..=29 of its

@@ -186,7 +186,7 @@ fn reads_limits_backward_and_pool_round_robin() {
 #[test]
 fn dropping_streams_sends_cancels_and_the_socket_keeps_working() {
     let Some(srv) =
-        start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50"), ("TEPHRA__SERVER__READS__BATCH_EVENTS", "7")])
+        start(&[support::FAST_WAIT_TICK, ("TEPHRA__SERVER__READS__BATCH_EVENTS", "7")])
     else {
         return;
     };
@@ -282,7 +282,7 @@ fn every_socket_authenticates_with_the_token() {
 
 #[test]
 fn a_killed_server_fails_every_pending_request() {
-    let Some(mut srv) = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]) else { return };
+    let Some(mut srv) = start(&[support::FAST_WAIT_TICK]) else { return };
     let addr = srv.addr;
     let (result, after) = run(|ex| {
         async move {
@@ -326,7 +326,7 @@ fn a_killed_server_fails_every_pending_request() {
 #[test]
 fn an_unattributed_error_is_the_reason_given_to_pending_requests() {
     let Some(srv) =
-        start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "64"), ("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")])
+        start(&[("TEPHRA__SERVER__MAX_FRAME_LEN", "64"), support::FAST_WAIT_TICK])
     else {
         return;
     };
@@ -426,7 +426,7 @@ fn tls_connector_with_tokens() {
 // runtime boundary (clippy.toml) otherwise keeps inside the shards crate.
 #[allow(clippy::disallowed_types, clippy::disallowed_methods)]
 fn runs_on_glommio() {
-    let Some(srv) = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]) else { return };
+    let Some(srv) = start(&[support::FAST_WAIT_TICK]) else { return };
     let addr = srv.addr;
     let ex = glommio::LocalExecutorBuilder::default().spawn(move || async move {
         let connect = move || async move {

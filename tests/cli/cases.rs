@@ -329,7 +329,7 @@ fn connection_failures_exit_4() {
 
 #[test]
 fn subscribe_follows_until_ctrl_c_and_exits_0() {
-    let Some(srv) = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]) else { return };
+    let Some(srv) = start(&[support::FAST_WAIT_TICK]) else { return };
     let a = srv.addr;
     let mut c = Client::connect(a).unwrap();
     c.append(vec![ev("A", &["k"], b"1"), ev("B", &[], b"2")], None).unwrap();
@@ -479,7 +479,7 @@ fn a_failing_import_reports_how_far_it_got() {
 
 #[test]
 fn a_lost_connection_ends_subscribe_with_exit_4() {
-    let Some(mut srv) = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]) else { return };
+    let Some(mut srv) = start(&[support::FAST_WAIT_TICK]) else { return };
     let mut cmd = cli(srv.addr);
     cmd.args(["subscribe"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();

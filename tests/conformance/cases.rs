@@ -190,7 +190,7 @@ fn dropping_a_read_early_keeps_the_connection_usable() {
 
 #[test]
 fn subscribe_catches_up_streams_live_and_cancels() {
-    let Some(srv) = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]) else { return };
+    let Some(srv) = start(&[support::FAST_WAIT_TICK]) else { return };
     let mut c = Client::connect(srv.addr).unwrap();
     c.append(vec![ev("A", &["k:1"], b"1"), ev("B", &["k:2"], b"2")], None).unwrap();
 
@@ -255,7 +255,7 @@ fn subscribe_catches_up_streams_live_and_cancels() {
 
 #[test]
 fn subscribe_with_a_filter_skips_the_prefix_and_survives_a_drop() {
-    let Some(srv) = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]) else { return };
+    let Some(srv) = start(&[support::FAST_WAIT_TICK]) else { return };
     let mut c = Client::connect(srv.addr).unwrap();
     c.append((0..8).map(|i| ev("E", &[if i % 2 == 0 { "even" } else { "odd" }], b"")).collect::<Vec<_>>(), None)
         .unwrap();
@@ -646,7 +646,7 @@ fn tokens_authenticate_and_refusals_are_permission_denied() {
 fn tls_round_trip_subscribe_and_tokens() {
     let Some(bin) = server_binary() else { return };
     let (toml, cert, _certs) = support::tls_config_with_tokens(&["s3cret"]);
-    let srv = Server::start_with(&bin, &[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")], Some(&toml));
+    let srv = Server::start_with(&bin, &[support::FAST_WAIT_TICK], Some(&toml));
     let config = tls::config_with_custom_ca(&cert).unwrap();
 
     let err = Client::connect_tls_with(srv.addr, "localhost", config.clone(), Some("bad")).unwrap_err();
@@ -700,7 +700,7 @@ fn tls_config_helpers_report_bad_inputs() {
 
 #[test]
 fn a_client_timeout_is_reported_and_the_subscription_resumes() {
-    let Some(srv) = start(&[("TEPHRA__SERVER__SUBSCRIPTIONS__WAIT_TICK_MS", "50")]) else { return };
+    let Some(srv) = start(&[support::FAST_WAIT_TICK]) else { return };
     let mut c = Client::connect(srv.addr).unwrap();
     c.set_timeout(Some(Duration::from_millis(300))).unwrap();
     let mut writer = Client::connect(srv.addr).unwrap();

@@ -531,35 +531,37 @@ fn measure_server(
         p[..8].copy_from_slice(&u64::MAX.to_le_bytes());
         Event::new(&ty, &tags, &p).map_err(|e| format!("event: {e}"))?
     };
-    let append_boundary = measure(appends, cfg.budget, stop, |i| {
+    // Times conditional appends: `guard(i)` gives the i-th one's condition and what it names;
+    // the samples are reported under `label`.
+    let mut timed = |label: &str, guard: &dyn Fn(usize) -> (AppendCondition, String)| {
+        let samples = measure(appends, cfg.budget, stop, |i| {
+            let (cond, what) = guard(i);
+            let t = Instant::now();
+            client.append(vec![filler.clone()], Some(cond)).map_err(cerr(&format!("append guarded by {what} (must pass)")))?;
+            Ok(t.elapsed())
+        })?;
+        progress(&format!("    conditional append, {label}: {}", brief(&samples)));
+        Ok::<_, String>(samples)
+    };
+    let append_boundary = timed("boundary on a rare tag", &|i| {
         let j = rare_for(&l, round, 1, i);
         let last = *truth.m.rare_tag_positions[j as usize].last().expect("positions");
-        let cond = AppendCondition::new(Query::item(tag_item(&[rare_tag(j)]))).after(Position::new(last));
-        let t = Instant::now();
-        client.append(vec![filler.clone()], Some(cond)).map_err(cerr(&format!("append guarded by tag rare-{j} after {last} (must pass)")))?;
-        Ok(t.elapsed())
+        (AppendCondition::new(Query::item(tag_item(&[rare_tag(j)]))).after(Position::new(last)), format!("tag rare-{j} after {last}"))
     })?;
-    progress(&format!("    conditional append, boundary on a rare tag: {}", brief(&append_boundary)));
-
-    let append_unique = measure(appends, cfg.budget, stop, |i| {
-        let j = rare_for(&l, round, 4, i);
+    // A rare tag with a bulk tag its events do not carry: the query matches nothing.
+    let rare_and_bulk = |kind: u64, i: usize| {
+        let j = rare_for(&l, round, kind, i);
         let b = l.bulk_without(j);
-        let cond = AppendCondition::new(Query::item(tag_item(&[rare_tag(j), layout::bulk_tag(b)])));
-        let t = Instant::now();
-        client.append(vec![filler.clone()], Some(cond)).map_err(cerr(&format!("append guarded by tags rare-{j} and bulk-{b} after 0 (must pass)")))?;
-        Ok(t.elapsed())
+        (Query::item(tag_item(&[rare_tag(j), layout::bulk_tag(b)])), format!("tags rare-{j} and bulk-{b}"))
+    };
+    let append_unique = timed("uniqueness boundary on a rare tag", &|i| {
+        let (q, tags) = rare_and_bulk(4, i);
+        (AppendCondition::new(q), format!("{tags} after 0"))
     })?;
-    progress(&format!("    conditional append, uniqueness boundary on a rare tag: {}", brief(&append_unique)));
-
-    let append_exists = measure(appends, cfg.budget, stop, |i| {
-        let j = rare_for(&l, round, 2, i);
-        let b = l.bulk_without(j);
-        let cond = AppendCondition::exists_only(Query::item(tag_item(&[rare_tag(j), layout::bulk_tag(b)])));
-        let t = Instant::now();
-        client.append(vec![filler.clone()], Some(cond)).map_err(cerr(&format!("append unless tags rare-{j} and bulk-{b} exist (must pass)")))?;
-        Ok(t.elapsed())
+    let append_exists = timed("existence on a rare tag", &|i| {
+        let (q, tags) = rare_and_bulk(2, i);
+        (AppendCondition::exists_only(q), format!("the existence of {tags}"))
     })?;
-    progress(&format!("    conditional append, existence on a rare tag: {}", brief(&append_exists)));
 
     // The same conditions set to fire: a server that ignores them must not look fast.
     let j = rare_for(&l, round, 3, 0);
