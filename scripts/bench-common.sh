@@ -13,6 +13,7 @@ bench_install_reference() {
 # Builds our server and the harness in release mode.
 bench_build() {
   echo "== building (release)" >&2
+  scripts/install-protoc.sh >/dev/null
   cargo build --release --bin tephra-server -p tephra >&2
   cargo build --release -p tephra-bench >&2
 }

@@ -19,6 +19,7 @@ case "${1:-}" in
   soak|points|faults|corruption|ci|liveness|verify) mode="$1"; shift ;;
 esac
 export CARGO_TARGET_DIR="${CRASH_TARGET_DIR:-$PWD/target/crash}"
+scripts/install-protoc.sh >/dev/null
 cargo build --release --quiet -p tephra --features crash-points --bin tephra-server
 cargo build --release --quiet -p tephra-crash --bin tephra-crash
 exec "$CARGO_TARGET_DIR/release/tephra-crash" "$mode" --server "$CARGO_TARGET_DIR/release/tephra-server" "$@"

@@ -12,6 +12,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 tries="${1:-30}"
 first_port="${2:-20000}"
+scripts/install-protoc.sh >/dev/null
 cargo build --release --quiet --bin tephra-server
 bin="$repo/target/release/tephra-server"
 scratch="$(mktemp -d)"

@@ -6,6 +6,7 @@
 //! clients), and the engine and server modules built on them.
 
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod event;
 pub mod fault;

@@ -1,0 +1,12 @@
+//! Replicated journals: each journal is a consensus group over 2F+1 nodes, ordered by tikv's
+//! `raft` crate (its sans-IO `RawNode`), while every verdict stays ours: each node applies the
+//! decided commands in order with the journal's pure `apply`, so every node answers alike.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`replica`] | one node's groups: proposals, peer messages, ticks in; entries and hard states to make durable, messages to send, verdicts out (sans-IO) |
+//!
+//! The command log, the peer transport and the loop that drives a [`replica::Replica`] live at
+//! the edges. Source: docs/journals.md §9.
+
+pub mod replica;

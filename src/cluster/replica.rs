@@ -1,0 +1,443 @@
+//! One node's share of the replicated journals: a consensus group (tikv's `RawNode` over its
+//! `MemStorage`) for each journal this node is a voter of, and the node's journal state machine
+//! (the [`Directory`]) to which every group's decided commands are applied in log order.
+//!
+//! Sans-IO. The caller proposes commands, steps peer messages and ticks; then, each round,
+//! carries out what [`Replica::ready`] hands back in this order:
+//!
+//! | step | what | why |
+//! |---|---|---|
+//! | 1 | send [`Round::send`] | a leader's appends may leave before its own copy is durable |
+//! | 2 | make [`Round::persist`] durable, in order (one sync for every group) | entries and hard states |
+//! | 3 | send [`Round::send_after_sync`] | votes and acknowledgements promise what is now durable |
+//! | 4 | call [`Replica::synced`] and carry out its round (sends and verdicts only) | raft learns what is durable |
+//!
+//! A call's verdict comes from applying its decided entry here (chosen is not applied: a write
+//! is answered only once this node applied it). Source: docs/journals.md §9.
+
+use std::collections::BTreeMap;
+
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message};
+use raft::storage::MemStorage;
+use raft::{Config, GetEntriesContext, RawNode, ReadOnlyOption, StateRole, Storage, INVALID_ID};
+use slog::Drain;
+
+use crate::journal::{decode_command, Answer, Directory, JournalId};
+
+/// Ticks without word from a leader before a follower stands for election (raft draws the
+/// real timeout between this and twice this).
+pub const ELECTION_TICKS: usize = 10;
+/// Ticks between a leader's heartbeats.
+pub const HEARTBEAT_TICKS: usize = 3;
+/// Most bytes of entries in one append message.
+pub const MAX_MESSAGE_BYTES: u64 = 1 << 20;
+/// Most append messages in flight to one follower.
+pub const MAX_INFLIGHT: usize = 256;
+
+/// What a round needs durable, in the order handed out: an entry of a group's log (a later
+/// entry at an index already held replaces it and everything after it) or a group's hard
+/// state (term, vote, commit).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Durable {
+    /// An entry of `journal`'s group log.
+    Entry {
+        /// The group.
+        journal: JournalId,
+        /// The entry (its data is one encoded journal command, or empty for a leader's no-op).
+        entry: Entry,
+    },
+    /// `journal`'s group hard state.
+    HardState {
+        /// The group.
+        journal: JournalId,
+        /// Term, vote and commit index.
+        state: HardState,
+    },
+}
+
+/// What became of a proposal or a read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// The command was decided and applied here; the journal's answer to it.
+    Applied(Answer),
+    /// The command did not decode: it was decided, and every node skips it alike.
+    Undecodable,
+    /// No verdict: this node stopped leading, or another entry took the proposal's place. A
+    /// write may still have been decided (ambiguous to its caller); `leader` is the node this
+    /// one believes leads now.
+    NoVerdict {
+        /// The leader's node id, when known.
+        leader: Option<u64>,
+    },
+    /// A read is confirmed: this node has applied every entry a quorum had decided when the
+    /// read arrived, so its state may answer the read (raft's ReadIndex, safe mode).
+    ReadReady,
+}
+
+/// Why a proposal or read was not taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// This node does not lead the group (for a read: no leader is known); ask `leader`.
+    NotLeader {
+        /// The leader's node id, when known.
+        leader: Option<u64>,
+    },
+    /// This node holds no group for the journal.
+    UnknownGroup,
+}
+
+/// Why a group could not be added or a message not stepped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    /// Raft refused (a bad configuration, a message for a peer it does not know, storage
+    /// that does not hold together).
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+    /// The durable log of a group has a gap: an entry past the one after the last.
+    #[error("group {journal}: durable entry {index} follows entry {last}: the group log has a gap")]
+    Gap {
+        /// The group.
+        journal: JournalId,
+        /// The entry's index.
+        index: u64,
+        /// The last index held before it.
+        last: u64,
+    },
+    /// No group for the journal on this node.
+    #[error("no group for {0} on this node")]
+    UnknownGroup(JournalId),
+    /// The group already exists.
+    #[error("the group for {0} already exists on this node")]
+    GroupExists(JournalId),
+}
+
+/// The work of one round (see the module table).
+#[derive(Debug)]
+pub struct Round<T> {
+    /// Messages that may leave now.
+    pub send: Vec<(JournalId, Message)>,
+    /// What to make durable before [`Round::send_after_sync`] leaves.
+    pub persist: Vec<Durable>,
+    /// Messages that may leave only once [`Round::persist`] is durable.
+    pub send_after_sync: Vec<(JournalId, Message)>,
+    /// Calls answered: a proposal's or read's token and its verdict.
+    pub verdicts: Vec<(T, Verdict)>,
+}
+
+impl<T> Default for Round<T> {
+    fn default() -> Round<T> {
+        Round { send: Vec::new(), persist: Vec::new(), send_after_sync: Vec::new(), verdicts: Vec::new() }
+    }
+}
+
+impl<T> Round<T> {
+    /// Whether the round holds nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.send.is_empty() && self.persist.is_empty() && self.send_after_sync.is_empty() && self.verdicts.is_empty()
+    }
+}
+
+/// A proposal waiting for its entry to be applied.
+struct Proposal<T> {
+    token: T,
+    /// The index its entry got in the leader's log.
+    index: u64,
+}
+
+/// One group on this node.
+struct Group<T> {
+    raw: RawNode<MemStorage>,
+    proposals: BTreeMap<u64, Proposal<T>>,
+    /// Reads waiting for their read index, by tag.
+    reads: BTreeMap<u64, T>,
+    /// Reads with a read index, waiting for this node to apply up to it.
+    confirmed: Vec<(u64, T)>,
+    applied: u64,
+}
+
+impl<T> Group<T> {
+    fn leader(&self) -> Option<u64> {
+        let l = self.raw.raft.leader_id;
+        (l != INVALID_ID).then_some(l)
+    }
+}
+
+/// One node's groups and journal state machine.
+pub struct Replica<T> {
+    node: u64,
+    groups: BTreeMap<JournalId, Group<T>>,
+    directory: Directory,
+    next_tag: u64,
+    logger: slog::Logger,
+    /// The readies of the round handed out by [`Replica::ready`], for [`Replica::synced`].
+    readies: Vec<(JournalId, raft::Ready)>,
+}
+
+/// A proposal's or read's context: the proposing node and its tag, so only that node answers.
+fn context(node: u64, tag: u64) -> Vec<u8> {
+    let mut c = Vec::with_capacity(16);
+    c.extend_from_slice(&node.to_le_bytes());
+    c.extend_from_slice(&tag.to_le_bytes());
+    c
+}
+
+/// The tag of a context this node made.
+fn own_tag(node: u64, ctx: &[u8]) -> Option<u64> {
+    let (n, t) = (ctx.get(..8)?, ctx.get(8..16)?);
+    (u64::from_le_bytes(n.try_into().ok()?) == node).then(|| u64::from_le_bytes(t.try_into().unwrap()))
+}
+
+impl<T> Replica<T> {
+    /// A node with id `node` (non-zero) and the journal state machine `directory` (the
+    /// directory's tenants and journals; each group's commands are applied to it).
+    pub fn new(node: u64, directory: Directory) -> Replica<T> {
+        assert_ne!(node, INVALID_ID, "node id 0 is raft's 'none'");
+        let logger = slog::Logger::root(slog_stdlog::StdLog.fuse(), slog::o!("node" => node));
+        Replica { node, groups: BTreeMap::new(), directory, next_tag: 1, logger, readies: Vec::new() }
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> u64 {
+        self.node
+    }
+
+    /// The journal state machine, as applied here.
+    pub fn directory(&self) -> &Directory {
+        &self.directory
+    }
+
+    /// Adds the group of `journal` with `voters` (node ids, this node among them), restoring
+    /// what `durable` holds for it (every item of the node's durable log, in order; items of
+    /// other groups are skipped) and applying its entries up to the durable commit index.
+    ///
+    /// # Errors
+    /// [`ReplicaError::GroupExists`], [`ReplicaError::Gap`] for a durable log with a gap, or
+    /// raft's refusal of the configuration or storage.
+    pub fn add_group<'d>(&mut self, journal: JournalId, voters: &[u64], durable: impl IntoIterator<Item = &'d Durable>) -> Result<(), ReplicaError> {
+        if self.groups.contains_key(&journal) {
+            return Err(ReplicaError::GroupExists(journal));
+        }
+        let storage = MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), Vec::<u64>::new())));
+        for d in durable {
+            match d {
+                Durable::Entry { journal: j, entry } if *j == journal => {
+                    let last = storage.last_index()?;
+                    if entry.index > last + 1 {
+                        return Err(ReplicaError::Gap { journal, index: entry.index, last });
+                    }
+                    storage.wl().append(std::slice::from_ref(entry))?;
+                }
+                Durable::HardState { journal: j, state } if *j == journal => storage.wl().set_hardstate(state.clone()),
+                _ => {}
+            }
+        }
+        let commit = storage.rl().hard_state().commit;
+        let first = storage.first_index()?;
+        if commit >= first {
+            for e in storage.entries(first, commit + 1, None, GetEntriesContext::empty(false))? {
+                judge(&mut self.directory, &e);
+            }
+        }
+        let raw = RawNode::new(&config(self.node, commit), storage, &self.logger)?;
+        self.groups.insert(journal, Group { raw, proposals: BTreeMap::new(), reads: BTreeMap::new(), confirmed: Vec::new(), applied: commit });
+        Ok(())
+    }
+
+    /// The node this node believes leads `journal`'s group.
+    pub fn leader(&self, journal: JournalId) -> Option<u64> {
+        self.groups.get(&journal).and_then(Group::leader)
+    }
+
+    /// Whether this node leads `journal`'s group.
+    pub fn is_leader(&self, journal: JournalId) -> bool {
+        self.groups.get(&journal).is_some_and(|g| g.raw.raft.state == StateRole::Leader)
+    }
+
+    /// The index of the last entry applied here for `journal`.
+    pub fn applied(&self, journal: JournalId) -> Option<u64> {
+        self.groups.get(&journal).map(|g| g.applied)
+    }
+
+    /// Proposes one encoded journal command to `journal`'s group; its verdict comes in a later
+    /// round with `token`.
+    ///
+    /// # Errors
+    /// The token back with [`Refused::NotLeader`] (this node does not lead, or raft dropped
+    /// the proposal during a leader transfer) or [`Refused::UnknownGroup`].
+    pub fn propose(&mut self, journal: JournalId, command: Vec<u8>, token: T) -> Result<(), (T, Refused)> {
+        let Some(g) = self.groups.get_mut(&journal) else { return Err((token, Refused::UnknownGroup)) };
+        if g.raw.raft.state != StateRole::Leader {
+            return Err((token, Refused::NotLeader { leader: g.leader() }));
+        }
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        match g.raw.propose(context(self.node, tag), command) {
+            Ok(()) => {
+                let index = g.raw.raft.raft_log.last_index();
+                g.proposals.insert(tag, Proposal { token, index });
+                Ok(())
+            }
+            Err(_) => Err((token, Refused::NotLeader { leader: g.leader() })),
+        }
+    }
+
+    /// Asks for a linearizable read of `journal`: [`Verdict::ReadReady`] comes with `token`
+    /// once a quorum confirmed the leader's commit index and this node applied up to it.
+    ///
+    /// # Errors
+    /// The token back with [`Refused::NotLeader`] when no leader is known, or
+    /// [`Refused::UnknownGroup`].
+    pub fn read(&mut self, journal: JournalId, token: T) -> Result<(), (T, Refused)> {
+        let Some(g) = self.groups.get_mut(&journal) else { return Err((token, Refused::UnknownGroup)) };
+        if g.leader().is_none() {
+            return Err((token, Refused::NotLeader { leader: None }));
+        }
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        g.raw.read_index(context(self.node, tag));
+        g.reads.insert(tag, token);
+        Ok(())
+    }
+
+    /// Steps a message from a peer into `journal`'s group.
+    ///
+    /// # Errors
+    /// [`ReplicaError::UnknownGroup`], or raft's refusal (a local message kind, a peer the
+    /// group does not know).
+    pub fn step(&mut self, journal: JournalId, message: Message) -> Result<(), ReplicaError> {
+        let g = self.groups.get_mut(&journal).ok_or(ReplicaError::UnknownGroup(journal))?;
+        g.raw.step(message)?;
+        Ok(())
+    }
+
+    /// Advances every group's logical clock by one tick.
+    pub fn tick(&mut self) {
+        for g in self.groups.values_mut() {
+            g.raw.tick();
+        }
+    }
+
+    /// Collects the round's work from every group (see the module table). The next call must
+    /// be [`Replica::synced`], once [`Round::persist`] is durable.
+    pub fn ready(&mut self) -> Round<T> {
+        assert!(self.readies.is_empty(), "ready() again before synced()");
+        let mut round = Round::default();
+        for (&journal, g) in &mut self.groups {
+            if !g.raw.has_ready() {
+                continue;
+            }
+            let mut rd = g.raw.ready();
+            round.send.extend(rd.take_messages().into_iter().map(|m| (journal, m)));
+            assert!(rd.snapshot().is_empty(), "group {journal}: snapshots are never sent, since no group log is compacted yet");
+            for rs in rd.take_read_states() {
+                if let Some(token) = own_tag(self.node, &rs.request_ctx).and_then(|t| g.reads.remove(&t)) {
+                    g.confirmed.push((rs.index, token));
+                }
+            }
+            apply(self.node, &mut self.directory, g, rd.take_committed_entries(), &mut round.verdicts);
+            if !rd.entries().is_empty() {
+                g.raw.mut_store().wl().append(rd.entries()).expect("raft hands out entries that follow its log");
+                round.persist.extend(rd.entries().iter().map(|e| Durable::Entry { journal, entry: e.clone() }));
+            }
+            if let Some(hs) = rd.hs() {
+                g.raw.mut_store().wl().set_hardstate(hs.clone());
+                round.persist.push(Durable::HardState { journal, state: hs.clone() });
+            }
+            if let Some(ss) = rd.ss() {
+                if ss.raft_state != StateRole::Leader {
+                    let leader = (ss.leader_id != INVALID_ID).then_some(ss.leader_id);
+                    round.verdicts.extend(std::mem::take(&mut g.proposals).into_values().map(|p| (p.token, Verdict::NoVerdict { leader })));
+                }
+            }
+            round.send_after_sync.extend(rd.take_persisted_messages().into_iter().map(|m| (journal, m)));
+            self.readies.push((journal, rd));
+        }
+        round
+    }
+
+    /// Tells raft that the last round's [`Round::persist`] is durable, and returns what
+    /// follows from it: messages that may leave now and verdicts of entries applied.
+    pub fn synced(&mut self) -> Round<T> {
+        let mut round = Round::default();
+        for (journal, rd) in std::mem::take(&mut self.readies) {
+            let g = self.groups.get_mut(&journal).expect("a group with a ready");
+            let mut light = g.raw.advance(rd);
+            if let Some(commit) = light.commit_index() {
+                g.raw.mut_store().wl().mut_hard_state().commit = commit;
+            }
+            round.send.extend(light.take_messages().into_iter().map(|m| (journal, m)));
+            apply(self.node, &mut self.directory, g, light.take_committed_entries(), &mut round.verdicts);
+            g.raw.advance_apply();
+        }
+        round
+    }
+
+    /// Answers every proposal and read still waiting with [`Verdict::NoVerdict`] (the node is
+    /// stopping, or the caller gave up on them).
+    pub fn abandon(&mut self) -> Vec<(T, Verdict)> {
+        let mut out = Vec::new();
+        for g in self.groups.values_mut() {
+            let leader = g.leader();
+            out.extend(std::mem::take(&mut g.proposals).into_values().map(|p| (p.token, Verdict::NoVerdict { leader })));
+            out.extend(std::mem::take(&mut g.reads).into_values().map(|t| (t, Verdict::NoVerdict { leader })));
+            out.extend(std::mem::take(&mut g.confirmed).into_iter().map(|(_, t)| (t, Verdict::NoVerdict { leader })));
+        }
+        out
+    }
+}
+
+/// The raft configuration of every group: pre-vote and check-quorum on (a partitioned node
+/// neither disrupts the group when it returns nor keeps leading alone), reads confirmed by a
+/// quorum (no leases: no clock is trusted).
+fn config(node: u64, applied: u64) -> Config {
+    Config {
+        id: node,
+        election_tick: ELECTION_TICKS,
+        heartbeat_tick: HEARTBEAT_TICKS,
+        applied,
+        max_size_per_msg: MAX_MESSAGE_BYTES,
+        max_inflight_msgs: MAX_INFLIGHT,
+        check_quorum: true,
+        pre_vote: true,
+        read_only_option: ReadOnlyOption::Safe,
+        ..Config::default()
+    }
+}
+
+/// Applies decided entries in order to the state machine; this node's own proposals get their
+/// verdicts, proposals whose index another entry took get none, and confirmed reads the
+/// applied index reached are ready.
+fn apply<T>(node: u64, directory: &mut Directory, g: &mut Group<T>, entries: Vec<Entry>, verdicts: &mut Vec<(T, Verdict)>) {
+    for e in entries {
+        g.applied = e.index;
+        let verdict = judge(directory, &e);
+        if let Some(p) = own_tag(node, &e.context).and_then(|t| g.proposals.remove(&t)) {
+            verdicts.push((p.token, verdict));
+        }
+        // A proposal at or below this index that is still waiting lost its place to another
+        // leader's entry: it will never be applied from this proposal.
+        while let Some(entry) = g.proposals.first_entry() {
+            if entry.get().index > e.index {
+                break;
+            }
+            let p = entry.remove();
+            verdicts.push((p.token, Verdict::NoVerdict { leader: g.leader() }));
+        }
+    }
+    let applied = g.applied;
+    let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut g.confirmed).into_iter().partition(|(index, _)| *index <= applied);
+    g.confirmed = waiting;
+    verdicts.extend(ready.into_iter().map(|(_, t)| (t, Verdict::ReadReady)));
+}
+
+/// Applies one decided entry to the state machine: the same on every node.
+fn judge(directory: &mut Directory, e: &Entry) -> Verdict {
+    match e.get_entry_type() {
+        EntryType::EntryNormal if !e.data.is_empty() => match decode_command(&e.data) {
+            Ok((_, cmd)) => Verdict::Applied(directory.apply(&cmd)),
+            Err(_) => Verdict::Undecodable,
+        },
+        // A new leader's empty entry, or a configuration change (none are proposed yet).
+        _ => Verdict::NoVerdict { leader: None },
+    }
+}
