@@ -243,3 +243,42 @@ fn a_failed_checkpoint_deletes_nothing_and_a_later_one_gives_the_disk_back() {
     server.restart(&server_bin(), &[SMALL_SEGMENTS]);
     check_churned(&mut Conn::open(server.addr), pinned, j, 60);
 }
+
+/// A store whose journal log spans several segments (nothing truncated), killed.
+fn grown_store() -> (Server, Vec<PathBuf>) {
+    let mut server = Server::start(&server_bin(), &[SMALL_SEGMENTS]);
+    let mut c = Conn::open(server.addr);
+    let j = c.create("acme", "grown", JournalMode::Multi, JournalDurability::Ordered);
+    for i in 0..30 {
+        assert_eq!(c.write(j, 0, 0, &refs(&batch(i))).outcome(), JournalOutcome::Accepted);
+    }
+    server.kill();
+    let files = segments(&server.data_dir());
+    assert!(files.len() >= 3, "{files:?}");
+    (server, files)
+}
+
+#[test]
+fn losing_the_newest_segment_file_stops_the_start() {
+    let (server, files) = grown_store();
+    let data = server.data_dir();
+    std::fs::remove_file(files.last().unwrap()).unwrap();
+    let said = refused_start(&data);
+    assert!(said.contains("sealed for a successor") && said.contains("newest segment file is missing"), "{said}");
+    assert_eq!(segments(&data), files[..files.len() - 1].to_vec(), "nothing was changed");
+}
+
+#[test]
+fn a_segment_file_cut_short_stops_the_start() {
+    let (server, files) = grown_store();
+    let data = server.data_dir();
+    let newest = files.last().unwrap();
+    let bytes = std::fs::read(newest).unwrap();
+    let data_end = bytes.iter().rposition(|&b| b != 0).unwrap() + 1;
+    let cut = (data_end - 100) as u64;
+    std::fs::OpenOptions::new().write(true).open(newest).unwrap().set_len(cut).unwrap();
+    let said = refused_start(&data);
+    assert!(said.contains("cut short"), "{said}");
+    assert_eq!(std::fs::metadata(newest).unwrap().len(), cut, "the file was left as it was");
+    assert!(!data.join("journals/recovered").exists(), "nothing was copied aside");
+}

@@ -38,6 +38,14 @@ const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 /// Bytes of the [`ORDERED_MARK`] control record: its head and one kind byte.
 const ORDERED_MARK_LEN: usize = RECORD_HEAD + 1;
 
+/// Kind byte of the control record a rollover writes last into the segment it leaves, after
+/// the new segment exists, with the new segment's base position (u64 LE): "a successor holds
+/// what follows". A log whose last segment is sealed lost its newest file (docs/journals.md §4.1).
+pub const SEALED: u8 = 0x11;
+
+/// Bytes of the seal batch: the [`SEALED`] control record (head, kind, base) and its marker.
+const SEAL_BATCH_LEN: usize = RECORD_HEAD + 9 + MARKER_LEN;
+
 /// Why the command log failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -261,7 +269,10 @@ impl JournalStore {
         .map_err(|e| failed.take().unwrap_or(StoreError::Log(e)))?;
         if let OpenOutcome::RolledBack { segment, bytes: (from, to), .. } = &recovered.outcome {
             refuse_damaged_ordered_batch(segment, *from, *to)?;
+            refuse_cut_file(segment, *to)?;
         }
+        let last = recovered.segments.last().expect("open_log leaves an active segment");
+        refuse_sealed_last(&last.path, recovered.active_end)?;
         recovered.apply()?;
         let tmp = dir.join(CHECKPOINT_TMP);
         match std::fs::remove_file(&tmp) {
@@ -296,7 +307,7 @@ impl JournalStore {
 
     /// Whether a command of `len` payload bytes fits the open batch without a rollover.
     pub fn fits(&self, len: usize) -> bool {
-        self.active.end() + (RECORD_HEAD + len + ORDERED_MARK_LEN + MARKER_LEN) as u64 <= self.active.limit
+        self.active.end() + (RECORD_HEAD + len + ORDERED_MARK_LEN + MARKER_LEN + SEAL_BATCH_LEN) as u64 <= self.active.limit
     }
 
     /// Stages one command payload in the open batch; returns its position and the file offset
@@ -322,7 +333,7 @@ impl JournalStore {
     /// [`StoreError::TooLarge`] when it does not.
     pub fn check_len(&self, len: usize) -> Result<(), StoreError> {
         let max = (self.cfg.capacity() as usize).min(LENGTH_MASK as usize);
-        if len + RECORD_HEAD + ORDERED_MARK_LEN + MARKER_LEN > max {
+        if len + RECORD_HEAD + ORDERED_MARK_LEN + MARKER_LEN + SEAL_BATCH_LEN > max {
             return Err(StoreError::TooLarge { len, segment_size: self.active.limit });
         }
         Ok(())
@@ -444,9 +455,34 @@ impl JournalStore {
         assert_eq!(self.staged, 0, "a batch never spans two segments");
         let path = create_segment(&self.dir, self.next_position, &self.cfg)?;
         let seg = Arc::new(Segment::open(self.next_position, path, &self.cfg)?);
-        self.active = Active::open(&seg, crate::log::header::HEADER_LEN as u64, self.cfg.segment_size)?;
+        let next = Active::open(&seg, crate::log::header::HEADER_LEN as u64, self.cfg.segment_size)?;
+        self.seal()?;
+        self.active = next;
         self.segments.insert(seg);
         Ok(())
+    }
+
+    /// Writes the seal batch into the segment being left, durably, once its successor exists:
+    /// a crash before leaves an unsealed segment and an empty successor (nothing lost either
+    /// way); after, the seal proves the successor held data.
+    ///
+    /// # Errors
+    /// [`StoreError::Stopped`]: the log stops for good, as for a failed commit.
+    fn seal(&mut self) -> Result<(), StoreError> {
+        let mut payload = [0u8; 9];
+        payload[0] = SEALED;
+        payload[1..].copy_from_slice(&self.next_position.to_le_bytes());
+        let mut batch = Vec::with_capacity(SEAL_BATCH_LEN);
+        frame_control(&payload, &mut batch);
+        frame_marker(self.next_position - 1, &mut batch);
+        self.active.buf.extend_from_slice(&batch);
+        let path = self.active.path.clone();
+        let r = self.active.write_out().map_err(|source| StoreError::Stopped { what: "write", path: path.clone(), source });
+        let r = r.and_then(|()| sync(&self.active.file).map_err(|source| StoreError::Stopped { what: "fdatasync", path, source }));
+        if let Err(StoreError::Stopped { what, source, .. }) = &r {
+            self.failed = Some(format!("{what} failed: {source}"));
+        }
+        r
     }
 }
 
@@ -479,6 +515,41 @@ fn refuse_damaged_ordered_batch(segment: &Path, from: u64, to: u64) -> Result<()
         at = end;
     }
     Ok(())
+}
+
+/// Refuses a rolled-back tail that reaches the end of its file: segments are reserved at their
+/// full size when created and a record is staged only where it fits, so a record running past
+/// the end of the file means the file was cut short, never a torn write.
+fn refuse_cut_file(segment: &Path, discard_end: u64) -> Result<(), StoreError> {
+    let io = |source| StoreError::Log(LogError::Io { path: segment.to_owned(), source });
+    let len = std::fs::metadata(segment).map_err(io)?.len();
+    if discard_end < len {
+        return Ok(());
+    }
+    Err(StoreError::Log(LogError::Corrupt {
+        path: segment.to_owned(),
+        offset: len,
+        detail: format!("the file is {len} bytes and ends inside a record: it was cut short (journal segments are reserved at their full size), so the records past its end are lost; refusing to roll back acknowledged commands"),
+    }))
+}
+
+/// Refuses a log whose last segment ends with the seal batch: the segment after it, which the
+/// seal says existed and held what follows, is missing.
+fn refuse_sealed_last(segment: &Path, committed_end: u64) -> Result<(), StoreError> {
+    let Some(at) = committed_end.checked_sub(SEAL_BATCH_LEN as u64) else { return Ok(()) };
+    let io = |source| StoreError::Log(LogError::Io { path: segment.to_owned(), source });
+    let mut buf = vec![0u8; SEAL_BATCH_LEN];
+    File::open(segment).and_then(|f| f.read_exact_at(&mut buf, at)).map_err(io)?;
+    let sealed = matches!(read_record(&buf, 0), Ok((Record::OtherControl, end)) if end == RECORD_HEAD + 9) && buf[RECORD_HEAD] == SEALED;
+    if !sealed {
+        return Ok(());
+    }
+    let next = u64::from_le_bytes(buf[RECORD_HEAD + 1..RECORD_HEAD + 9].try_into().unwrap());
+    Err(StoreError::Log(LogError::Corrupt {
+        path: segment.to_owned(),
+        offset: at,
+        detail: format!("this segment was sealed for a successor starting at position {next}, and no segment file holds that position: the newest segment file is missing, with the commands it held"),
+    }))
 }
 
 /// `fdatasync`, behind the fault-injection site `journal_sync` (tests make it fail).
