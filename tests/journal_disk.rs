@@ -282,3 +282,18 @@ fn a_segment_file_cut_short_stops_the_start() {
     assert_eq!(std::fs::metadata(newest).unwrap().len(), cut, "the file was left as it was");
     assert!(!data.join("journals/recovered").exists(), "nothing was copied aside");
 }
+
+#[test]
+fn a_write_too_large_for_a_small_segment_is_too_large_not_unavailable() {
+    let server = Server::start(&server_bin(), &[SMALL_SEGMENTS]);
+    assert!(server.log_shows("journal.max_batch_bytes does not fit a journal segment", Duration::from_secs(5)), "{}", server.log());
+    let mut c = Conn::open(server.addr);
+    let j = c.create("acme", "big", JournalMode::Multi, JournalDurability::Ordered);
+    let record = vec![b'x'; 30_000];
+    let r = c.write(j, 0, 0, &[&record, &record, &record]);
+    assert_eq!(r.outcome(), JournalOutcome::TooLarge, "{r:?}");
+    assert!(r.max_bytes < 65_536 && r.max_bytes > 50_000, "the limit named is what a segment holds: {}", r.max_bytes);
+    // The largest write the limit lets through is taken.
+    let fits = vec![b'y'; r.max_bytes as usize];
+    assert_eq!(c.write(j, 0, 0, &[&fits]).outcome(), JournalOutcome::Accepted);
+}

@@ -327,13 +327,19 @@ impl JournalStore {
         (position, offset)
     }
 
+    /// The longest command payload a segment of `segment_size` bytes holds: what
+    /// [`JournalStore::check_len`] lets through.
+    pub fn max_command_len(segment_size: u64) -> usize {
+        let max = (SegmentConfig::new(segment_size).capacity() as usize).min(LENGTH_MASK as usize);
+        max.saturating_sub(RECORD_HEAD + ORDERED_MARK_LEN + MARKER_LEN + SEAL_BATCH_LEN)
+    }
+
     /// Checks that a command of `len` payload bytes fits an empty segment.
     ///
     /// # Errors
     /// [`StoreError::TooLarge`] when it does not.
     pub fn check_len(&self, len: usize) -> Result<(), StoreError> {
-        let max = (self.cfg.capacity() as usize).min(LENGTH_MASK as usize);
-        if len + RECORD_HEAD + ORDERED_MARK_LEN + MARKER_LEN + SEAL_BATCH_LEN > max {
+        if len > Self::max_command_len(self.cfg.segment_size) {
             return Err(StoreError::TooLarge { len, segment_size: self.active.limit });
         }
         Ok(())

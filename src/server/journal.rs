@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::JournalSettings;
-use crate::journal::command::{Command, EntryId};
+use crate::journal::command::{self, Command, EntryId};
 use crate::journal::model::{JournalId, LeaderUuid, Mode, StoreDurability};
 use crate::journal::sequencer::{invalid, outcome, unavailable, wire_view, Call, Published, Sequencer};
-use crate::journal::store::StoreError;
+use crate::journal::store::{JournalStore, StoreError};
 use crate::journal::valid_name;
 use crate::proto::{journal_request, JournalCreate, JournalDurability, JournalMode, JournalOutcome, JournalRead, JournalRequest, JournalResponse};
 
@@ -58,7 +58,22 @@ impl Journals {
     /// [`StoreError::Log`] when the thread cannot start.
     /// A page's record bytes are capped below `max_frame_len` too, so that no page is too
     /// large to send (docs/journals.md §7).
-    pub fn start(data_dir: &std::path::Path, limits: JournalSettings, max_frame_len: u32) -> Result<Journals, StoreError> {
+    pub fn start(data_dir: &std::path::Path, mut limits: JournalSettings, max_frame_len: u32) -> Result<Journals, StoreError> {
+        // The largest write the limits let through must fit one segment of the command log,
+        // or it would pass the limits and be refused for good: lower the byte limit to fit,
+        // as the event log's writer does with its batch limit.
+        let holds = JournalStore::max_command_len(limits.segment_size) as u64;
+        let overhead = (command::COMMAND_HEAD + 28) as u64 + 4 * limits.max_batch_records;
+        let fits = holds.saturating_sub(overhead).max(1);
+        if limits.max_batch_bytes > fits {
+            tracing::warn!(
+                max_batch_bytes = limits.max_batch_bytes,
+                segment_size = limits.segment_size,
+                lowered_to = fits,
+                "journal.max_batch_bytes does not fit a journal segment with journal.max_batch_records records; lowered"
+            );
+            limits.max_batch_bytes = fits;
+        }
         let sequencer = Sequencer::open(data_dir, limits.segment_size)?;
         let published = sequencer.published();
         // The queue holds the admission limit: a full queue answers `BUSY`, the write in no log.
