@@ -85,6 +85,12 @@ fn bad_arguments_exit_2_before_anything_is_sent() {
         assert_code(&o, 2);
         assert!(stderr(&o).contains(why), "{args:?}: {}", stderr(&o));
     }
+    // A server address that cannot be one is a bad argument too, not a dead server.
+    for bad in ["nonsense", "host:port", ":9000"] {
+        let o = cli(addr).args(["journal", "--servers", bad, "show", "acme/orders"]).output().unwrap();
+        assert_code(&o, 2);
+        assert!(stderr(&o).contains("is not a server address"), "{bad}: {}", stderr(&o));
+    }
 }
 
 #[test]
@@ -251,6 +257,43 @@ fn tail_prints_records_as_they_land_until_interrupted() {
     let o = child.wait_with_output().unwrap();
     assert_code(&o, 0);
     assert_eq!(stdout(&o), "1\tnew\n# leader=none next_seq=2 first_seq=0\n");
+}
+
+#[test]
+fn a_server_that_does_not_answer_is_named_with_the_timeout() {
+    let srv = server();
+    srv.signal(libc::SIGSTOP);
+    let o = cli(srv.addr).args(["--timeout", "1", "journal", "read", "acme/feed"]).output().unwrap();
+    srv.signal(libc::SIGCONT);
+    assert_code(&o, 5);
+    assert!(stderr(&o).contains("no answer to the connect and Hello within 1s"), "{}", stderr(&o));
+}
+
+#[test]
+fn tail_waits_for_a_server_that_restarts() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let bind = format!("127.0.0.1:{port}");
+    let data = support::scratch_dir();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_tephra-server"));
+    let mut srv = Server::start_args(bin, data.path(), &["-b", &bind], &[]);
+    let a = srv.addr;
+    expect(a, &["create", "acme/feed", "--mode", "multi"], 0);
+    let mut child = cli(a).args(["journal", "tail", "acme/feed"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    srv.restart(bin, &[]);
+    assert_eq!(srv.addr, a, "the server came back on its port");
+    expect(a, &["write", "acme/feed", "after the restart", "--multi"], 0);
+    std::thread::sleep(Duration::from_millis(800));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(10), "tail did not stop on SIGINT");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_code(&o, 0);
+    assert!(stdout(&o).starts_with("0\tafter the restart\n"), "{}\n{}", stdout(&o), stderr(&o));
 }
 
 /// A write whose answer is lost (the server is stopped after the request went out) is

@@ -1119,6 +1119,9 @@ impl Journals {
                         self.answered = false;
                         break;
                     }
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                        failures.push(format!("{addr}: no answer to the connect and Hello within {:?}", self.config.request_timeout))
+                    }
                     Err(e) => failures.push(format!("{addr}: {e}")),
                 }
             }

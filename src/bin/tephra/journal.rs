@@ -209,7 +209,7 @@ struct ReadArgs {
     /// The first seq to read (default: the journal's first record).
     #[arg(long, value_name = "N")]
     from: Option<Seq>,
-    /// Most records to print (default: all, to the tail).
+    /// Most records to print (default: all, to the tail; 0: one full page of the server's, as the wire's limit 0).
     #[arg(long, value_name = "N")]
     limit: Option<u64>,
     /// Wait this long at the tail, in ms, for records to land (the server caps it).
@@ -557,6 +557,13 @@ fn failed(e: JournalError) -> CliError {
 /// (default 5 s).
 fn journals(g: &Global, args: &JournalArgs) -> Result<Journals, CliError> {
     let servers: Vec<String> = args.servers.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
+    for addr in servers.iter().chain(servers.is_empty().then_some(&g.addr)) {
+        let port = addr.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+        if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
+            let message = format!("{addr:?} is not a server address: HOST:PORT, e.g. 127.0.0.1:9000");
+            return Err(CliError { code: EXIT_USAGE, message, wire: None, details: None });
+        }
+    }
     let mut config = JournalsConfig::new(if servers.is_empty() { vec![g.addr.clone()] } else { servers });
     config.auth_token = g.token.clone();
     if g.tls || g.tls_ca.is_some() || g.tls_server_name.is_some() {
@@ -888,8 +895,25 @@ fn tail(g: &Global, j: &mut Journals, a: &TailArgs) -> Result<(), CliError> {
             }
         },
     };
+    let mut away = false;
     while !stop.load(Ordering::Relaxed) {
-        match step(g, j, id, from, 0, TAIL_WAIT_MS, true)? {
+        // A server that goes away (a restart, a crash) is waited for, as Ctrl-C ends a tail.
+        let stepped = match step(g, j, id, from, 0, TAIL_WAIT_MS, true) {
+            Err(e) if e.code == EXIT_NO_SERVER => {
+                if !away {
+                    note(g, &format!("{}; retrying until it answers (Ctrl-C to stop)", e.message));
+                    away = true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+            other => other?,
+        };
+        if away {
+            note(g, "the server answers again; following on");
+            away = false;
+        }
+        match stepped {
             Step::Nothing => std::thread::sleep(Duration::from_millis(100)),
             Step::Gap { from: gap, state } => {
                 last = state;
