@@ -4,11 +4,13 @@
 //! Checked: a write is answered only once decided and applied, every node applies the same
 //! commands to the same state, a partitioned leader's writes get no verdict and never two,
 //! a restarted node catches up, and a seeded random schedule of writes, partitions and crashes
-//! keeps every acknowledged write (docs/journals.md §9).
+//! keeps every acknowledged write (docs/journals.md §9). Each node's durable items go through
+//! the command-log layout (`cluster::durable`) and come back from it on a restart.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use raft::eraftpb::Message;
+use tephra::cluster::durable;
 use tephra::cluster::replica::{Durable, Refused, Replica, Round, Verdict};
 use tephra::journal::{Answer, Command, Directory, EntryId, JournalId, LeaderUuid, Mode, Outcome, StoreDurability};
 
@@ -37,18 +39,28 @@ fn write(journal: JournalId, leader: u128, seq: u64, record: &[u8]) -> Vec<u8> {
 
 struct Node {
     replica: Replica<u64>,
-    /// What this node made durable, in order.
-    disk: Vec<Durable>,
+    /// What this node made durable, in order, as command-log payloads.
+    disk: Vec<Vec<u8>>,
     up: bool,
 }
 
 impl Node {
-    fn start(id: u64, disk: Vec<Durable>) -> Node {
+    /// Starts node `id` from its durable log, read back through the command-log layout.
+    fn start(id: u64, disk: Vec<Vec<u8>>) -> Node {
+        let items: Vec<Durable> = disk.iter().map(|p| durable::decode(p).unwrap()).collect();
         let mut replica = Replica::new(id, directory());
         for j in [SINGLE, MULTI] {
-            replica.add_group(j, &VOTERS, &disk).unwrap();
+            replica.add_group(j, &VOTERS, &items).unwrap();
         }
         Node { replica, disk, up: true }
+    }
+
+    fn persist(&mut self, items: Vec<Durable>) {
+        for item in items {
+            let mut payload = Vec::new();
+            durable::encode(&item, &mut payload).unwrap();
+            self.disk.push(payload);
+        }
     }
 }
 
@@ -87,7 +99,7 @@ impl Sim {
                 continue;
             }
             let mut r = node.replica.ready();
-            node.disk.append(&mut r.persist);
+            node.persist(std::mem::take(&mut r.persist));
             let s = node.replica.synced();
             self.take(id, r, true);
             self.take(id, s, true);

@@ -1,0 +1,148 @@
+//! How the replica's durable items lie in the node's command log: one record payload each, in
+//! the journal command layout, so every group on a node shares the node's log and its group
+//! commit. Pure over bytes.
+//!
+//! | item | payload |
+//! |---|---|
+//! | an entry carrying a command | the command, with the entry's term and index in its head (bytes 8..24) |
+//! | a new leader's empty entry | a Noop command for the group, with the entry's term and index |
+//! | a hard state | kind 6, the group in the head, then `term u64`, `vote u64`, `commit u64` |
+//!
+//! A command's group follows from its kind: directory commands (create tenant, create and
+//! delete journal) and a Noop for `(0, 0)` belong to the directory group [`DIRECTORY`]; the
+//! others to the journal they name. Source: docs/journals.md §9.3.
+
+use raft::eraftpb::{Entry, EntryType, HardState};
+
+use super::replica::Durable;
+use crate::journal::command::{decode as decode_command, Command, CommandError, EntryId, Kind, COMMAND_HEAD, VERSION};
+use crate::journal::JournalId;
+
+/// The group of the directory: tenants, journal names and placement.
+pub const DIRECTORY: JournalId = JournalId { tenant: 0, journal: 0 };
+
+/// The kind byte of a hard-state record.
+pub const HARD_STATE: u8 = 6;
+
+/// Bytes of a hard-state record's payload.
+pub const HARD_STATE_LEN: usize = COMMAND_HEAD + 24;
+
+/// Why a durable item could not be laid out or read back.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DurableError {
+    /// An entry's data is not a journal command (the proposer and the peer transport let
+    /// only commands through, so this is a bug or a misbehaving peer).
+    #[error("entry {index} of group {group} does not hold a journal command: {source}")]
+    NotACommand {
+        /// The group.
+        group: JournalId,
+        /// The entry's index.
+        index: u64,
+        /// What was wrong.
+        source: CommandError,
+    },
+    /// An entry's command belongs to another group.
+    #[error("entry {index} of group {group} holds a command of group {found}")]
+    WrongGroup {
+        /// The group.
+        group: JournalId,
+        /// The entry's index.
+        index: u64,
+        /// The command's group.
+        found: JournalId,
+    },
+    /// An entry kind that is not logged yet (configuration changes).
+    #[error("entry {index} of group {group} is a {kind:?}, which is not logged yet")]
+    Unsupported {
+        /// The group.
+        group: JournalId,
+        /// The entry's index.
+        index: u64,
+        /// Its type.
+        kind: EntryType,
+    },
+    /// A payload that is not a durable item.
+    #[error("durable item: {0}")]
+    Payload(#[from] CommandError),
+    /// A hard-state record of the wrong length, version or reserved bytes.
+    #[error("hard-state record: {0}")]
+    HardState(&'static str),
+}
+
+/// The group a command belongs to.
+pub fn group_of(command: &Command<'_>) -> JournalId {
+    match command.kind() {
+        Kind::CreateTenant | Kind::CreateJournal | Kind::DeleteJournal => DIRECTORY,
+        _ => command.target(),
+    }
+}
+
+/// Appends the payload of `item` to `out`.
+///
+/// # Errors
+/// [`DurableError`] for an entry that holds no command of its group, or a configuration
+/// change; nothing is appended then.
+pub fn encode(item: &Durable, out: &mut Vec<u8>) -> Result<(), DurableError> {
+    match item {
+        Durable::HardState { journal, state } => {
+            out.reserve(HARD_STATE_LEN);
+            out.extend_from_slice(&[VERSION, HARD_STATE, 0, 0, 0, 0, 0, 0]);
+            out.extend_from_slice(&[0; 16]);
+            out.extend_from_slice(&journal.tenant.to_le_bytes());
+            out.extend_from_slice(&journal.journal.to_le_bytes());
+            for v in [state.term, state.vote, state.commit] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            Ok(())
+        }
+        Durable::Entry { journal, entry } => {
+            let (group, index) = (*journal, entry.index);
+            let kind = entry.get_entry_type();
+            if kind != EntryType::EntryNormal {
+                return Err(DurableError::Unsupported { group, index, kind });
+            }
+            let id = EntryId { term: entry.term, index };
+            if entry.data.is_empty() {
+                Command::Noop { journal: group }.encode(id, out);
+                return Ok(());
+            }
+            let (_, cmd) = decode_command(&entry.data).map_err(|source| DurableError::NotACommand { group, index, source })?;
+            let found = group_of(&cmd);
+            if found != group {
+                return Err(DurableError::WrongGroup { group, index, found });
+            }
+            let start = out.len();
+            out.extend_from_slice(&entry.data);
+            out[start + 8..start + 16].copy_from_slice(&id.term.to_le_bytes());
+            out[start + 16..start + 24].copy_from_slice(&id.index.to_le_bytes());
+            Ok(())
+        }
+    }
+}
+
+/// Reads a payload written by [`encode`] back.
+///
+/// # Errors
+/// [`DurableError`] naming what was wrong.
+pub fn decode(payload: &[u8]) -> Result<Durable, DurableError> {
+    if payload.get(1) == Some(&HARD_STATE) {
+        if payload.len() != HARD_STATE_LEN {
+            return Err(DurableError::HardState("wrong length"));
+        }
+        if payload[0] != VERSION {
+            return Err(DurableError::HardState("unknown version"));
+        }
+        if payload[2..24].iter().any(|&b| b != 0) {
+            return Err(DurableError::HardState("non-zero reserved bytes"));
+        }
+        let u = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap());
+        let journal = JournalId { tenant: u(24), journal: u(32) };
+        let state = HardState { term: u(40), vote: u(48), commit: u(56) };
+        return Ok(Durable::HardState { journal, state });
+    }
+    let (id, cmd) = decode_command(payload)?;
+    let journal = group_of(&cmd);
+    let data = if matches!(cmd, Command::Noop { .. }) { Vec::new() } else { payload.to_vec() };
+    let entry = Entry { entry_type: EntryType::EntryNormal as i32, term: id.term, index: id.index, data, ..Entry::default() };
+    Ok(Durable::Entry { journal, entry })
+}

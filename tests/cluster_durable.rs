@@ -1,0 +1,102 @@
+//! Layout lock of the replica's durable items in the command log (docs/journals.md §9.3):
+//! golden bytes, round trips, and every refusal. If a golden test fails, the on-disk format
+//! changed: never regenerate the bytes.
+
+use raft::eraftpb::{Entry, EntryType, HardState};
+use tephra::cluster::durable::{decode, encode, group_of, DurableError, DIRECTORY, HARD_STATE_LEN};
+use tephra::cluster::replica::Durable;
+use tephra::journal::{Command, EntryId, JournalId, LeaderUuid, Mode, StoreDurability};
+
+const J: JournalId = JournalId { tenant: 0x1122334455667788, journal: 0x0102030405060708 };
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn enc(item: &Durable) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode(item, &mut out).unwrap();
+    out
+}
+
+fn command(cmd: &Command<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    cmd.encode(EntryId::default(), &mut out);
+    out
+}
+
+fn entry(term: u64, index: u64, data: Vec<u8>) -> Entry {
+    Entry { entry_type: EntryType::EntryNormal as i32, term, index, data, ..Entry::default() }
+}
+
+#[test]
+fn golden_hard_state() {
+    let item = Durable::HardState { journal: J, state: HardState { term: 3, vote: 2, commit: 9 } };
+    let bytes = enc(&item);
+    assert_eq!(bytes.len(), HARD_STATE_LEN);
+    let want = concat!(
+        "0106000000000000",                 // version 1, kind 6, reserved
+        "00000000000000000000000000000000", // no entry term or index
+        "8877665544332211",
+        "0807060504030201",
+        "0300000000000000", // term 3
+        "0200000000000000", // vote 2
+        "0900000000000000", // commit 9
+    );
+    assert_eq!(hex(&bytes), want);
+    assert_eq!(decode(&bytes).unwrap(), item);
+}
+
+#[test]
+fn golden_entries_carry_their_term_and_index_in_the_command_head() {
+    let write = command(&Command::Write { journal: J, leader: Some(LeaderUuid(0xa)), seq: 2, records: vec![b"r2"] });
+    let bytes = enc(&Durable::Entry { journal: J, entry: entry(3, 9, write.clone()) });
+    let mut want = write.clone();
+    want[8..16].copy_from_slice(&3u64.to_le_bytes());
+    want[16..24].copy_from_slice(&9u64.to_le_bytes());
+    assert_eq!(bytes, want);
+    assert_eq!(&hex(&bytes)[..48], "010100000000000003000000000000000900000000000000");
+    // Read back: the same entry, its data the command as logged.
+    let Durable::Entry { journal, entry: e } = decode(&bytes).unwrap() else { panic!("not an entry") };
+    assert_eq!((journal, e.term, e.index, e.get_entry_type()), (J, 3, 9, EntryType::EntryNormal));
+    assert_eq!(e.data, want);
+    // A new leader's empty entry is a Noop of its group.
+    let noop = enc(&Durable::Entry { journal: J, entry: entry(4, 10, Vec::new()) });
+    assert_eq!(hex(&noop), format!("0104000000000000{}{}{}{}", "0400000000000000", "0a00000000000000", "8877665544332211", "0807060504030201"));
+    let Durable::Entry { journal, entry: e } = decode(&noop).unwrap() else { panic!("not an entry") };
+    assert_eq!((journal, e.term, e.index, e.data.len()), (J, 4, 10, 0));
+}
+
+#[test]
+fn directory_commands_belong_to_the_directory_group() {
+    let create = Command::CreateJournal { journal: J, name: "orders", mode: Mode::Single, durability: StoreDurability::Ordered };
+    assert_eq!(group_of(&create), DIRECTORY);
+    assert_eq!(group_of(&Command::CreateTenant { tenant: 5, name: "acme" }), DIRECTORY);
+    assert_eq!(group_of(&Command::DeleteJournal { journal: J }), DIRECTORY);
+    assert_eq!(group_of(&Command::Noop { journal: DIRECTORY }), DIRECTORY);
+    assert_eq!(group_of(&Command::Truncate { journal: J, leader: None, up_to: 1 }), J);
+    let bytes = enc(&Durable::Entry { journal: DIRECTORY, entry: entry(1, 1, command(&create)) });
+    assert!(matches!(decode(&bytes).unwrap(), Durable::Entry { journal: DIRECTORY, .. }));
+    let noop = enc(&Durable::Entry { journal: DIRECTORY, entry: entry(1, 2, Vec::new()) });
+    assert!(matches!(decode(&noop).unwrap(), Durable::Entry { journal: DIRECTORY, .. }));
+}
+
+#[test]
+fn every_refusal_is_its_own() {
+    let mut out = Vec::new();
+    let not_a_command = Durable::Entry { journal: J, entry: entry(1, 1, b"hello".to_vec()) };
+    assert!(matches!(encode(&not_a_command, &mut out), Err(DurableError::NotACommand { index: 1, .. })));
+    let other = command(&Command::Truncate { journal: DIRECTORY, leader: None, up_to: 0 });
+    let wrong = Durable::Entry { journal: J, entry: entry(1, 2, other) };
+    assert!(matches!(encode(&wrong, &mut out), Err(DurableError::WrongGroup { index: 2, .. })));
+    let mut conf = entry(1, 3, vec![1]);
+    conf.entry_type = EntryType::EntryConfChangeV2 as i32;
+    assert!(matches!(encode(&Durable::Entry { journal: J, entry: conf }, &mut out), Err(DurableError::Unsupported { index: 3, .. })));
+    assert!(out.is_empty(), "a refused item appends nothing");
+    let hs = enc(&Durable::HardState { journal: J, state: HardState::default() });
+    assert_eq!(decode(&hs[..HARD_STATE_LEN - 1]), Err(DurableError::HardState("wrong length")));
+    let mut reserved = hs.clone();
+    reserved[5] = 1;
+    assert_eq!(decode(&reserved), Err(DurableError::HardState("non-zero reserved bytes")));
+    assert!(matches!(decode(b"\x01\x63"), Err(DurableError::Payload(_))));
+}
