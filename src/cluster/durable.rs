@@ -96,20 +96,11 @@ pub fn encode(item: &Durable, out: &mut Vec<u8>) -> Result<(), DurableError> {
             Ok(())
         }
         Durable::Entry { journal, entry } => {
-            let (group, index) = (*journal, entry.index);
-            let kind = entry.get_entry_type();
-            if kind != EntryType::EntryNormal {
-                return Err(DurableError::Unsupported { group, index, kind });
-            }
-            let id = EntryId { term: entry.term, index };
+            check_entry(*journal, entry)?;
+            let id = EntryId { term: entry.term, index: entry.index };
             if entry.data.is_empty() {
-                Command::Noop { journal: group }.encode(id, out);
+                Command::Noop { journal: *journal }.encode(id, out);
                 return Ok(());
-            }
-            let (_, cmd) = decode_command(&entry.data).map_err(|source| DurableError::NotACommand { group, index, source })?;
-            let found = group_of(&cmd);
-            if found != group {
-                return Err(DurableError::WrongGroup { group, index, found });
             }
             let start = out.len();
             out.extend_from_slice(&entry.data);
@@ -118,6 +109,29 @@ pub fn encode(item: &Durable, out: &mut Vec<u8>) -> Result<(), DurableError> {
             Ok(())
         }
     }
+}
+
+/// Checks that `entry` can be logged for `group`: a normal entry, empty or holding a journal
+/// command of that group. The peer transport checks every entry it is sent with it, so a
+/// misbehaving peer's entry is refused before it reaches consensus.
+///
+/// # Errors
+/// [`DurableError::Unsupported`], [`DurableError::NotACommand`] or [`DurableError::WrongGroup`].
+pub fn check_entry(group: JournalId, entry: &Entry) -> Result<(), DurableError> {
+    let index = entry.index;
+    let kind = entry.get_entry_type();
+    if kind != EntryType::EntryNormal {
+        return Err(DurableError::Unsupported { group, index, kind });
+    }
+    if entry.data.is_empty() {
+        return Ok(());
+    }
+    let (_, cmd) = decode_command(&entry.data).map_err(|source| DurableError::NotACommand { group, index, source })?;
+    let found = group_of(&cmd);
+    if found != group {
+        return Err(DurableError::WrongGroup { group, index, found });
+    }
+    Ok(())
 }
 
 /// Reads a payload written by [`encode`] back.

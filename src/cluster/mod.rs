@@ -6,9 +6,11 @@
 //! |---|---|
 //! | [`replica`] | one node's groups: proposals, peer messages, ticks in; entries and hard states to make durable, messages to send, verdicts out (sans-IO) |
 //! | [`durable`] | how those entries and hard states lie in the node's command log |
+//! | [`peer`] | the frame one node sends another: many groups' consensus messages, checked on receipt |
 //!
 //! The command log, the peer transport and the loop that drives a [`replica::Replica`] live at
 //! the edges. Source: docs/journals.md §9.
 
 pub mod durable;
+pub mod peer;
 pub mod replica;

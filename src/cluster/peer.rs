@@ -1,0 +1,132 @@
+//! The peer frame: what one node sends another over their one connection, many groups'
+//! consensus messages at once. Our own message (prost); each consensus message inside is raft's
+//! own `eraftpb.Message`, prost-encoded. Pure over bytes.
+//!
+//! | field | number | what |
+//! |---|---:|---|
+//! | `cluster` | 1 | the cluster's id: a frame from another cluster is refused whole |
+//! | `from` | 2 | the sending node |
+//! | `to` | 3 | the receiving node |
+//! | `messages` | 4 | repeated: `tenant` (1), `journal` (2), `message` (3, raft's message bytes) |
+//!
+//! Source: docs/journals.md §9.4; golden bytes in `tests/cluster_peer.rs`.
+
+use prost_011::Message as _;
+use raft::eraftpb::Message;
+
+use super::durable::{check_entry, DurableError};
+use crate::journal::JournalId;
+
+/// One frame between two nodes.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PeerFrame {
+    /// The cluster's id.
+    #[prost(uint64, tag = "1")]
+    pub cluster: u64,
+    /// The sending node's id.
+    #[prost(uint64, tag = "2")]
+    pub from: u64,
+    /// The receiving node's id.
+    #[prost(uint64, tag = "3")]
+    pub to: u64,
+    /// The consensus messages, each for one group.
+    #[prost(message, repeated, tag = "4")]
+    pub messages: Vec<GroupMessage>,
+}
+
+/// One consensus message for one group.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct GroupMessage {
+    /// The group's tenant (0 for the directory group).
+    #[prost(uint64, tag = "1")]
+    pub tenant: u64,
+    /// The group's journal (0 for the directory group).
+    #[prost(uint64, tag = "2")]
+    pub journal: u64,
+    /// Raft's `eraftpb.Message`, prost-encoded.
+    #[prost(bytes = "vec", tag = "3")]
+    pub message: Vec<u8>,
+}
+
+/// Why a peer frame was refused. The link it came on is closed; other links go on.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum PeerError {
+    /// The bytes are not a peer frame.
+    #[error("peer frame does not decode: {0}")]
+    Malformed(String),
+    /// The frame is from a node of another cluster.
+    #[error("peer frame from cluster {theirs:016x}, this node is in cluster {ours:016x}")]
+    ForeignCluster {
+        /// The sender's cluster.
+        theirs: u64,
+        /// Ours.
+        ours: u64,
+    },
+    /// The frame is addressed to another node.
+    #[error("peer frame for node {to}, this is node {me}")]
+    NotForMe {
+        /// The addressee.
+        to: u64,
+        /// This node.
+        me: u64,
+    },
+    /// A consensus message inside names another sender or addressee than the frame.
+    #[error("group {group}: a message from {from} to {to} inside a frame from {frame_from} to {frame_to}")]
+    Misaddressed {
+        /// The group.
+        group: JournalId,
+        /// The message's sender.
+        from: u64,
+        /// The message's addressee.
+        to: u64,
+        /// The frame's sender.
+        frame_from: u64,
+        /// The frame's addressee.
+        frame_to: u64,
+    },
+    /// A consensus message inside does not decode.
+    #[error("group {group}: consensus message does not decode: {why}")]
+    BadMessage {
+        /// The group.
+        group: JournalId,
+        /// The decoder's words.
+        why: String,
+    },
+    /// An entry inside cannot be logged for its group (not a journal command of the group).
+    #[error(transparent)]
+    BadEntry(#[from] DurableError),
+}
+
+/// Encodes the messages `from` sends `to` in `cluster` as one frame.
+pub fn encode_frame(cluster: u64, from: u64, to: u64, messages: &[(JournalId, Message)]) -> Vec<u8> {
+    let messages = messages.iter().map(|(g, m)| GroupMessage { tenant: g.tenant, journal: g.journal, message: m.encode_to_vec() }).collect();
+    prost::Message::encode_to_vec(&PeerFrame { cluster, from, to, messages })
+}
+
+/// Decodes a frame for node `me` of `cluster`: its sender and its messages, each checked to
+/// be addressed as the frame is and to carry only entries its group can log.
+///
+/// # Errors
+/// [`PeerError`] naming the first thing wrong; nothing of a refused frame is returned.
+pub fn decode_frame(bytes: &[u8], cluster: u64, me: u64) -> Result<(u64, Vec<(JournalId, Message)>), PeerError> {
+    let frame: PeerFrame = prost::Message::decode(bytes).map_err(|e| PeerError::Malformed(e.to_string()))?;
+    if frame.cluster != cluster {
+        return Err(PeerError::ForeignCluster { theirs: frame.cluster, ours: cluster });
+    }
+    if frame.to != me {
+        return Err(PeerError::NotForMe { to: frame.to, me });
+    }
+    let mut out = Vec::with_capacity(frame.messages.len());
+    for gm in frame.messages {
+        let group = JournalId { tenant: gm.tenant, journal: gm.journal };
+        let m = Message::decode(gm.message.as_slice()).map_err(|e| PeerError::BadMessage { group, why: e.to_string() })?;
+        if m.from != frame.from || m.to != frame.to {
+            return Err(PeerError::Misaddressed { group, from: m.from, to: m.to, frame_from: frame.from, frame_to: frame.to });
+        }
+        for e in &m.entries {
+            check_entry(group, e)?;
+        }
+        out.push((group, m));
+    }
+    Ok((frame.from, out))
+}

@@ -1,0 +1,73 @@
+//! Layout lock of the peer frame (docs/journals.md §9.4): golden bytes (ours, and raft's own
+//! message bytes inside: two nodes of different builds must still understand each other), a
+//! round trip, and every refusal. If a golden test fails, the wire changed: never regenerate
+//! the bytes.
+
+use prost_011::Message as _;
+use raft::eraftpb::{Entry, EntryType, Message, MessageType};
+use tephra::cluster::durable::DurableError;
+use tephra::cluster::peer::{decode_frame, encode_frame, GroupMessage, PeerError, PeerFrame};
+use tephra::journal::{Command, EntryId, JournalId};
+
+const G: JournalId = JournalId { tenant: 1, journal: 2 };
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn heartbeat() -> Message {
+    Message { msg_type: MessageType::MsgHeartbeat as i32, to: 2, from: 1, term: 3, commit: 5, ..Message::default() }
+}
+
+fn append(data: Vec<u8>) -> Message {
+    let entry = Entry { entry_type: EntryType::EntryNormal as i32, term: 3, index: 7, data, ..Entry::default() };
+    Message { msg_type: MessageType::MsgAppend as i32, to: 2, from: 1, term: 3, entries: vec![entry], ..Message::default() }
+}
+
+#[test]
+fn golden_frame() {
+    let bytes = encode_frame(0x0a, 1, 2, &[(G, heartbeat())]);
+    let raft_heartbeat = "0808100218012003 4005".replace(' ', ""); // type 8, to 2, from 1, term 3, commit 5
+    let want = format!("080a10011802 2210 0801 1002 1a0a {raft_heartbeat}").replace(' ', "");
+    assert_eq!(hex(&bytes), want);
+    assert_eq!(decode_frame(&bytes, 0x0a, 2).unwrap(), (1, vec![(G, heartbeat())]));
+}
+
+#[test]
+fn appends_of_journal_commands_pass() {
+    let mut cmd = Vec::new();
+    Command::Truncate { journal: G, leader: None, up_to: 4 }.encode(EntryId::default(), &mut cmd);
+    let m = append(cmd);
+    let bytes = encode_frame(9, 1, 2, &[(G, m.clone()), (G, append(Vec::new()))]);
+    let (from, got) = decode_frame(&bytes, 9, 2).unwrap();
+    assert_eq!((from, got.len()), (1, 2));
+    assert_eq!(got[0], (G, m));
+}
+
+#[test]
+fn every_refusal_is_its_own() {
+    let good = encode_frame(9, 1, 2, &[(G, heartbeat())]);
+    assert!(matches!(decode_frame(&good[..good.len() - 3], 9, 2), Err(PeerError::Malformed(_))));
+    assert_eq!(decode_frame(&good, 8, 2), Err(PeerError::ForeignCluster { theirs: 9, ours: 8 }));
+    assert_eq!(decode_frame(&good, 9, 3), Err(PeerError::NotForMe { to: 2, me: 3 }));
+    // A message inside that claims another sender than its frame.
+    let forged = encode_frame(9, 3, 2, &[(G, heartbeat())]);
+    assert!(matches!(decode_frame(&forged, 9, 2), Err(PeerError::Misaddressed { from: 1, frame_from: 3, .. })));
+    // Raft bytes that do not decode.
+    let junk = PeerFrame { cluster: 9, from: 1, to: 2, messages: vec![GroupMessage { tenant: 1, journal: 2, message: vec![0xff; 4] }] };
+    assert!(matches!(decode_frame(&prost::Message::encode_to_vec(&junk), 9, 2), Err(PeerError::BadMessage { .. })));
+    // An entry that is not a journal command, or not one of its group.
+    let not_cmd = encode_frame(9, 1, 2, &[(G, append(b"hello".to_vec()))]);
+    assert!(matches!(decode_frame(&not_cmd, 9, 2), Err(PeerError::BadEntry(DurableError::NotACommand { index: 7, .. }))));
+    let mut other = Vec::new();
+    Command::Truncate { journal: JournalId { tenant: 1, journal: 3 }, leader: None, up_to: 4 }.encode(EntryId::default(), &mut other);
+    let wrong = encode_frame(9, 1, 2, &[(G, append(other))]);
+    assert!(matches!(decode_frame(&wrong, 9, 2), Err(PeerError::BadEntry(DurableError::WrongGroup { .. }))));
+    // The raft bytes of the golden test decode as raft's message.
+    assert_eq!(Message::decode(&hex_bytes("080810021801200340 05")[..]).unwrap(), heartbeat());
+}
+
+fn hex_bytes(s: &str) -> Vec<u8> {
+    let s = s.replace(' ', "");
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
