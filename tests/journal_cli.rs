@@ -243,20 +243,27 @@ fn tail_prints_records_as_they_land_until_interrupted() {
     let a = srv.addr;
     expect(a, &["create", "acme/feed", "--mode", "multi"], 0);
     expect(a, &["write", "acme/feed", "old", "--multi"], 0);
-    let mut child = cli(a).args(["journal", "tail", "acme/feed"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = cli(a).args(["journal", "tail", "acme/feed"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     expect(a, &["write", "acme/feed", "new", "--multi"], 0);
     std::thread::sleep(Duration::from_millis(500));
+    let o = interrupt(child);
+    assert_eq!(stdout(&o), "1\tnew\n# leader=none next_seq=2 first_seq=0\n");
+}
+
+/// Stops a running `tail` as Ctrl-C does and returns what it printed; it must exit 0.
+fn interrupt(child: std::process::Child) -> Output {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let started = Instant::now();
+    let mut child = child;
     while child.try_wait().unwrap().is_none() {
         assert!(started.elapsed() < Duration::from_secs(10), "tail did not stop on SIGINT");
         std::thread::sleep(Duration::from_millis(20));
     }
     let o = child.wait_with_output().unwrap();
     assert_code(&o, 0);
-    assert_eq!(stdout(&o), "1\tnew\n# leader=none next_seq=2 first_seq=0\n");
+    o
 }
 
 #[test]
@@ -278,21 +285,13 @@ fn tail_waits_for_a_server_that_restarts() {
     let mut srv = Server::start_args(bin, data.path(), &["-b", &bind], &[]);
     let a = srv.addr;
     expect(a, &["create", "acme/feed", "--mode", "multi"], 0);
-    let mut child = cli(a).args(["journal", "tail", "acme/feed"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = cli(a).args(["journal", "tail", "acme/feed"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(300));
     srv.restart(bin, &[]);
     assert_eq!(srv.addr, a, "the server came back on its port");
     expect(a, &["write", "acme/feed", "after the restart", "--multi"], 0);
     std::thread::sleep(Duration::from_millis(800));
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        assert!(started.elapsed() < Duration::from_secs(10), "tail did not stop on SIGINT");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let o = child.wait_with_output().unwrap();
-    assert_code(&o, 0);
+    let o = interrupt(child);
     assert!(stdout(&o).starts_with("0\tafter the restart\n"), "{}\n{}", stdout(&o), stderr(&o));
 }
 
