@@ -154,16 +154,6 @@ pub struct Sequencer {
 /// Most calls judged into one group commit.
 const MAX_GROUP: usize = 4096;
 
-/// Longest a group commit waits for callers of the last one to come back (a fraction of one
-/// fdatasync, so a lone caller is never held: it needs no company).
-const GATHER: std::time::Duration = std::time::Duration::from_micros(150);
-
-/// How many calls a group commit waits for, given the size of the last one: three quarters of
-/// it (a lone caller's group is never held), at most [`MAX_GROUP`].
-fn gather_target(last_group: usize) -> usize {
-    (last_group * 3 / 4).clamp(1, MAX_GROUP)
-}
-
 impl Sequencer {
     /// Opens the command log under `data_dir`: loads its checkpoint, if any, and replays the
     /// commands after it.
@@ -213,37 +203,14 @@ impl Sequencer {
     /// Runs until every sender of `calls` is gone: takes the calls waiting, judges them in
     /// order, commits, answers.
     pub fn run(mut self, calls: flume::Receiver<Call>) {
-        let mut last_group = 0;
         while let Ok(first) = calls.recv() {
             self.judge(first);
-            let mut taken = 1 + self.drain(&calls, MAX_GROUP - 1);
-            // The callers answered by the last commit are on their way back: wait a moment
-            // for most of them, or this commit takes the first few and the rest wait a
-            // whole commit more (docs/journals.md §4.5).
-            let deadline = std::time::Instant::now() + GATHER;
-            while taken < gather_target(last_group) {
-                match calls.recv_deadline(deadline) {
-                    Ok(call) => {
-                        self.judge(call);
-                        taken += 1 + self.drain(&calls, MAX_GROUP - taken - 1);
-                    }
-                    Err(_) => break,
-                }
+            for call in calls.try_iter().take(MAX_GROUP - 1) {
+                self.judge(call);
             }
-            last_group = taken;
             self.commit();
             self.reclaim();
         }
-    }
-
-    /// Judges the calls already waiting, at most `max`; returns how many.
-    fn drain(&mut self, calls: &flume::Receiver<Call>, max: usize) -> usize {
-        let mut n = 0;
-        for call in calls.try_iter().take(max) {
-            self.judge(call);
-            n += 1;
-        }
-        n
     }
 
     /// Gives disk back once the batch is durable: when a segment lost its last held record
