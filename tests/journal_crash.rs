@@ -135,3 +135,27 @@ fn a_rollover_that_finds_no_room_refuses_the_call_and_the_journal_goes_on() {
     server.restart(&server_bin(), &[("TEPHRA__JOURNAL__SEGMENT_SIZE", "65536")]);
     check(&mut Conn::open(server.addr));
 }
+
+#[test]
+fn a_failed_sync_stops_the_journal_log_and_loses_nothing_answered() {
+    let Some(crash_bin) = support::crash_points_binary() else { return };
+    // Syncs 1-6 pass (the create, the set-leader and the first write, two each under
+    // `ordered`); the seventh, the second write's records, fails.
+    let mut server = Server::start(&crash_bin, &[("TEPHRA_CRASH_POINT", "journal_sync:eio:6")]);
+    let mut c = Conn::open(server.addr);
+    let j = c.create("acme", "orders", JournalMode::Single, JournalDurability::Ordered);
+    assert_eq!(c.set_leader(j, 7, 0).outcome(), JournalOutcome::Leader);
+    assert_eq!(c.write(j, 7, 0, &[b"kept"]).outcome(), JournalOutcome::Accepted);
+    let failed = c.write(j, 7, 1, &[b"never answered"]);
+    assert_eq!(failed.outcome(), JournalOutcome::Unavailable, "{failed:?}");
+    assert!(failed.message.contains("fdatasync"), "{}", failed.message);
+    // Fail-stop: every later call is refused too, and reads still serve what was durable.
+    assert_eq!(c.write(j, 7, 1, &[b"again"]).outcome(), JournalOutcome::Unavailable);
+    assert_eq!(c.read(j, 0, 0, 0).records, vec![b"kept".to_vec()]);
+    server.kill();
+    server.restart(&server_bin(), &[]);
+    let mut c = Conn::open(server.addr);
+    let r = c.read(j, 0, 0, 0);
+    assert_eq!(r.records, vec![b"kept".to_vec()], "the write whose sync failed was never answered and is not there");
+    assert_eq!(c.write(j, 7, 1, &[b"after"]).outcome(), JournalOutcome::Accepted);
+}
