@@ -130,13 +130,6 @@ impl<T> Default for Round<T> {
     }
 }
 
-impl<T> Round<T> {
-    /// Whether the round holds nothing to do.
-    pub fn is_empty(&self) -> bool {
-        self.send.is_empty() && self.persist.is_empty() && self.send_after_sync.is_empty() && self.verdicts.is_empty()
-    }
-}
-
 /// A proposal waiting for its entry to be applied.
 struct Proposal<T> {
     token: T,
@@ -196,11 +189,6 @@ impl<T> Replica<T> {
         Replica { node, groups: BTreeMap::new(), directory, next_tag: 1, logger, readies: Vec::new() }
     }
 
-    /// This node's id.
-    pub fn node(&self) -> u64 {
-        self.node
-    }
-
     /// The journal state machine, as applied here.
     pub fn directory(&self) -> &Directory {
         &self.directory
@@ -243,19 +231,9 @@ impl<T> Replica<T> {
         Ok(())
     }
 
-    /// The node this node believes leads `journal`'s group.
-    pub fn leader(&self, journal: JournalId) -> Option<u64> {
-        self.groups.get(&journal).and_then(Group::leader)
-    }
-
     /// Whether this node leads `journal`'s group.
     pub fn is_leader(&self, journal: JournalId) -> bool {
         self.groups.get(&journal).is_some_and(|g| g.raw.raft.state == StateRole::Leader)
-    }
-
-    /// The index of the last entry applied here for `journal`.
-    pub fn applied(&self, journal: JournalId) -> Option<u64> {
-        self.groups.get(&journal).map(|g| g.applied)
     }
 
     /// Proposes one encoded journal command to `journal`'s group; its verdict comes in a later
@@ -370,19 +348,6 @@ impl<T> Replica<T> {
             g.raw.advance_apply();
         }
         round
-    }
-
-    /// Answers every proposal and read still waiting with [`Verdict::NoVerdict`] (the node is
-    /// stopping, or the caller gave up on them).
-    pub fn abandon(&mut self) -> Vec<(T, Verdict)> {
-        let mut out = Vec::new();
-        for g in self.groups.values_mut() {
-            let leader = g.leader();
-            out.extend(std::mem::take(&mut g.proposals).into_values().map(|p| (p.token, Verdict::NoVerdict { leader })));
-            out.extend(std::mem::take(&mut g.reads).into_values().map(|t| (t, Verdict::NoVerdict { leader })));
-            out.extend(std::mem::take(&mut g.confirmed).into_iter().map(|(_, t)| (t, Verdict::NoVerdict { leader })));
-        }
-        out
     }
 }
 

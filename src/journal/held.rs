@@ -109,16 +109,6 @@ impl Held {
         }
         m
     }
-
-    /// How many records are held.
-    pub fn len(&self) -> u64 {
-        self.locs.len() as u64
-    }
-
-    /// Whether no record is held.
-    pub fn is_empty(&self) -> bool {
-        self.locs.is_empty()
-    }
 }
 
 /// Every journal's held records and, per segment, how many of them it holds: what the
@@ -136,11 +126,6 @@ impl Holdings {
     /// The held records of `journal`, if it ever held any.
     pub fn get(&self, journal: JournalId) -> Option<&Held> {
         self.journals.get(&journal)
-    }
-
-    /// Every journal that holds (or held) records, with its held records.
-    pub fn iter(&self) -> impl Iterator<Item = (JournalId, &Held)> {
-        self.journals.iter().map(|(id, h)| (*id, h))
     }
 
     /// Records held, all journals together.

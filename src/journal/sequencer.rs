@@ -87,11 +87,9 @@ pub struct Published {
     pub disk: DiskStats,
 }
 
-/// The command log's segment files and how they are given back (docs/journals.md §4.4).
+/// How the command log's segment files are given back (docs/journals.md §4.4).
 #[derive(Debug, Default)]
 pub struct DiskStats {
-    /// Segment files of the command log now.
-    pub segments: AtomicU64,
     /// Checkpoints written since start.
     pub checkpoints: AtomicU64,
     /// Segment files deleted since start.
@@ -185,7 +183,7 @@ impl Sequencer {
             segments: store.segments(),
             stopped: RwLock::new(None),
             commit_commands: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 1 << 20, 2).expect("bounds")),
-            disk: DiskStats { segments: AtomicU64::new(bases.len() as u64), ..DiskStats::default() },
+            disk: DiskStats::default(),
         });
         for t in directory.tenants().map(|(id, _)| id).collect::<Vec<_>>() {
             for (id, e) in directory.journals_of(t) {
@@ -233,10 +231,9 @@ impl Sequencer {
             Ok(()) => disk.checkpoints.fetch_add(1, Ordering::Relaxed),
             Err(e) => return tracing::warn!(error = %e, "journal log: checkpoint failed; no segment deleted"),
         };
+        let before = self.published.segments.len();
         let result = self.store.delete_segments(&free);
-        let left = self.store.segments().bases().len() as u64;
-        disk.segments_deleted.fetch_add(disk.segments.load(Ordering::Relaxed).saturating_sub(left), Ordering::Relaxed);
-        disk.segments.store(left, Ordering::Relaxed);
+        disk.segments_deleted.fetch_add(before.saturating_sub(self.published.segments.len()) as u64, Ordering::Relaxed);
         match result {
             Ok(()) => {
                 tracing::info!(deleted = free.len(), position = self.store.last_position(), checkpoint_bytes = bytes.len(), "journal log: segments given back")
@@ -372,7 +369,6 @@ impl Sequencer {
                 .roll_over()
                 .inspect_err(|e| tracing::error!(error = %e, "journal log: cannot start a new segment; journal calls are refused until it can"))?;
             self.holdings.note_maybe_freed();
-            self.published.disk.segments.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -129,6 +129,16 @@ impl Segments {
         self.by_base.write().unwrap().insert(seg.base, seg);
     }
 
+    /// How many segment files the log has.
+    pub fn len(&self) -> usize {
+        self.by_base.read().unwrap().len()
+    }
+
+    /// Whether the log has no segment file (never, once opened).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The base positions of every segment, ascending.
     pub fn bases(&self) -> Vec<u64> {
         self.by_base.read().unwrap().keys().copied().collect()

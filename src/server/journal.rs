@@ -97,9 +97,14 @@ impl Journals {
         &self.published.commit_commands
     }
 
-    /// The command log's segment files and their reclamation, for `/metrics`.
+    /// How the command log's segment files are given back, for `/metrics`.
     pub fn disk(&self) -> &crate::journal::sequencer::DiskStats {
         &self.published.disk
+    }
+
+    /// Segment files of the command log now, for `/metrics`.
+    pub fn log_segments(&self) -> usize {
+        self.published.segments.len()
     }
 
     /// Serves one journal call.

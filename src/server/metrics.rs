@@ -200,7 +200,7 @@ fn journal_metrics(out: &mut String, j: &super::journal::Journals, us: &[u64]) {
         histogram(out, "tephra_journal_commit_commands", "Journal commands per group commit.", &h, 1.0, &[1, 4, 16, 64, 256, 1024, 4096]);
     }
     let disk = j.disk();
-    metric(out, "tephra_journal_log_segments", "gauge", "Segment files of the journal command log.", disk.segments.load(Ordering::Relaxed));
+    metric(out, "tephra_journal_log_segments", "gauge", "Segment files of the journal command log.", j.log_segments() as u64);
     metric(out, "tephra_journal_checkpoints_total", "counter", "Journal checkpoints written.", disk.checkpoints.load(Ordering::Relaxed));
     metric(out, "tephra_journal_segments_deleted_total", "counter", "Journal log segments given back.", disk.segments_deleted.load(Ordering::Relaxed));
 }
