@@ -556,9 +556,10 @@ impl AuthSettings {
     }
 }
 
-/// Parses a listen address without touching DNS: a literal socket address, or `host:port` where
-/// `host` is a syntactically valid host name and `port` a `u16`. `None` when malformed.
-pub(crate) fn check_listen_addr(addr: &str) -> Option<()> {
+/// Parses an address without touching DNS: a literal socket address, or `host:port` where
+/// `host` is a syntactically valid host name and `port` a `u16`. `None` when malformed. The
+/// server checks its listen addresses with it, the CLI the server addresses it is given.
+pub fn check_listen_addr(addr: &str) -> Option<()> {
     if addr.parse::<SocketAddr>().is_ok() {
         return Some(());
     }

@@ -558,8 +558,7 @@ fn failed(e: JournalError) -> CliError {
 fn journals(g: &Global, args: &JournalArgs) -> Result<Journals, CliError> {
     let servers: Vec<String> = args.servers.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
     for addr in servers.iter().chain(servers.is_empty().then_some(&g.addr)) {
-        let port = addr.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
-        if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
+        if tephra::config::check_listen_addr(addr).is_none() {
             let message = format!("{addr:?} is not a server address: HOST:PORT, e.g. 127.0.0.1:9000");
             return Err(CliError { code: EXIT_USAGE, message, wire: None, details: None });
         }
