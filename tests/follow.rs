@@ -291,14 +291,6 @@ fn damage(path: &Path, at: u64) -> (u64, u64) {
     (w.stop_offset as u64, w.offsets.len() as u64)
 }
 
-/// The metrics port a server logged (`metrics_addr=`).
-fn metrics_addr(srv: &Server) -> std::net::SocketAddr {
-    let log = srv.log();
-    let line = log.lines().find(|l| l.contains("metrics_addr=")).unwrap_or_else(|| panic!("no metrics_addr line:\n{log}"));
-    let rest = &line[line.find("metrics_addr=").unwrap() + "metrics_addr=".len()..];
-    rest.split_whitespace().next().unwrap().parse().unwrap()
-}
-
 /// The value of the unlabelled sample `name` in a scrape of `addr`.
 fn scrape(addr: std::net::SocketAddr, name: &str) -> u64 {
     use std::io::{Read, Write};
@@ -341,7 +333,7 @@ fn a_follower_stopped_by_a_damaged_sealed_segment_says_so_counts_it_and_serves_t
     assert_eq!(w.stats().unwrap().event_count, 325);
     let said = format!("segment {} is corrupt at byte offset {stop}", path.display());
     assert!(follower.log_shows(&said, Duration::from_secs(10)), "the damage was not said:\n{}", follower.log());
-    let maddr = metrics_addr(&follower);
+    let maddr = follower.metrics_addr();
     let first = scrape(maddr, "tephra_follower_refresh_failures");
     assert!(first >= 1, "the gauge says {first} while the follower is stopped at the damage");
     // About 50 more polls, each of them stopped at the damage.

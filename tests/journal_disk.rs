@@ -32,10 +32,9 @@ fn settle(c: &mut Conn) {
     assert_eq!(r.outcome(), JournalOutcome::Listed, "{r:?}");
 }
 
-/// The value of the metric line `name` (without labels).
+/// The value of the unlabelled sample `name`, a count.
 fn sample(body: &str, name: &str) -> u64 {
-    let line = body.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| panic!("no {name} in:\n{body}"));
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    support::sample(body, name).parse().unwrap()
 }
 
 /// Three records of 3 KiB, each naming its write.

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use server_util::*;
-use support::{ev, run_to_exit, Server};
+use support::{ev, run_to_exit, sample, Server};
 use tephra::client::{Client, SubEvent};
 use tephra::{Event, Position, Query};
 
@@ -126,18 +126,6 @@ fn http(addr: SocketAddr, request_line: &str) -> String {
     out
 }
 
-fn metrics_addr(srv: &Server) -> SocketAddr {
-    let log = srv.log();
-    let line = log.lines().find(|l| l.contains("metrics_addr=")).unwrap_or_else(|| panic!("no metrics_addr line:\n{log}"));
-    let rest = &line[line.find("metrics_addr=").unwrap() + "metrics_addr=".len()..];
-    rest.split_whitespace().next().unwrap().parse().unwrap()
-}
-
-/// The value of the unlabelled sample `name`.
-fn sample(body: &str, name: &str) -> String {
-    body.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).unwrap_or_else(|| panic!("no sample {name}:\n{body}")).to_string()
-}
-
 /// Drops the segment files under `dir` from the page cache (synced first, so they are clean).
 fn evict_page_cache(dir: &std::path::Path) {
     for p in tephra::log::segment::list_segments(dir).unwrap().into_iter().map(|(_, p)| p) {
@@ -186,7 +174,7 @@ fn cold_reads_and_subscriptions_fetch_off_the_shard_and_return_everything() {
         }
     }
     assert_eq!(delivered, (1..=payloads.len() as u64).collect::<Vec<_>>());
-    let body = http(metrics_addr(&srv), "GET /metrics HTTP/1.1");
+    let body = http(srv.metrics_addr(), "GET /metrics HTTP/1.1");
     let fetches: u64 = sample(&body, "tephra_read_disk_fetches_total").parse().unwrap();
     assert!(fetches >= 2, "a cold read and a cold subscription, fetched {fetches} times");
 }
@@ -198,7 +186,7 @@ fn cold_reads_and_subscriptions_fetch_off_the_shard_and_return_everything() {
 fn a_metrics_request_trickling_in_is_closed_after_five_seconds() {
     use std::io::{Read, Write};
     let srv = Server::start(&bin(), &[("TEPHRA__METRICS__BIND", "127.0.0.1:0")]);
-    let maddr = metrics_addr(&srv);
+    let maddr = srv.metrics_addr();
     let mut s = TcpStream::connect(maddr).unwrap();
     let mut r = s.try_clone().unwrap();
     let started = Instant::now();
@@ -223,7 +211,7 @@ fn a_metrics_request_trickling_in_is_closed_after_five_seconds() {
 #[test]
 fn metrics_endpoint_serves_the_reference_names_and_our_histograms() {
     let srv = Server::start(&bin(), &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__SERVER__LIMITS__MAX_CONNECTIONS", "0")]);
-    let maddr = metrics_addr(&srv);
+    let maddr = srv.metrics_addr();
     assert_ne!(maddr.port(), srv.addr.port());
     // Connections that never send a request do not hold up a scrape (each waits out its own
     // 5 s; review: 3 of them delayed a scrape by 15 s).
@@ -326,7 +314,7 @@ fn metrics_endpoint_serves_the_reference_names_and_our_histograms() {
 fn the_metrics_say_when_the_writer_has_stopped() {
     let Some(faulty) = support::crash_points_binary() else { return };
     let srv = Server::start(&faulty, &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA_CRASH_POINT", "commit_fsync:eio:3")]);
-    let maddr = metrics_addr(&srv);
+    let maddr = srv.metrics_addr();
     let mut c = Client::connect(srv.addr).unwrap();
     c.append([ev("A", &["t"], b"x")], None).unwrap();
     assert_eq!(sample(&http(maddr, "GET /metrics HTTP/1.1"), "tephra_writer_stopped"), "0");
@@ -369,7 +357,7 @@ fn the_metrics_count_a_followers_failed_refreshes() {
         &["--follow", "--follow-poll-ms", "10"],
         &[("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__SEGMENT__SIZE", "65536")],
     );
-    let maddr = metrics_addr(&follower);
+    let maddr = follower.metrics_addr();
     let failures = || sample(&http(maddr, "GET /metrics HTTP/1.1"), "tephra_follower_refresh_failures").parse::<u64>().unwrap();
     assert_eq!(failures(), 0);
     // The next segment's name, with a header that names base 99.

@@ -158,16 +158,24 @@ impl Server {
         assert!(self.process.signal(signal), "kill({}, {signal}) failed", self.pid());
     }
 
-    /// The `/metrics` page, from the address the server logged (`metrics_addr=`); the server
-    /// must have been started with `TEPHRA__METRICS__BIND`.
+    /// The metrics address the server logged (`metrics_addr=`); the server must have been
+    /// started with `TEPHRA__METRICS__BIND`.
+    ///
+    /// # Panics
+    /// When the server logged no metrics address.
+    pub fn metrics_addr(&self) -> std::net::SocketAddr {
+        let log = self.log();
+        let line = log.lines().find(|l| l.contains("metrics_addr=")).unwrap_or_else(|| panic!("no metrics_addr line:\n{log}"));
+        let rest = &line[line.find("metrics_addr=").unwrap() + "metrics_addr=".len()..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    }
+
+    /// The `/metrics` page, from [`Server::metrics_addr`].
     ///
     /// # Panics
     /// When the server logged no metrics address or the page cannot be fetched.
     pub fn metrics(&self) -> String {
-        let log = self.log();
-        let line = log.lines().find(|l| l.contains("metrics_addr=")).expect("a metrics_addr line");
-        let addr = line[line.find("metrics_addr=").unwrap() + "metrics_addr=".len()..].split_whitespace().next().unwrap();
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let mut s = std::net::TcpStream::connect(self.metrics_addr()).unwrap();
         std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
         let mut body = String::new();
         std::io::Read::read_to_string(&mut s, &mut body).unwrap();
@@ -306,4 +314,12 @@ pub fn stats_until(addr: SocketAddr, what: &str, pred: impl Fn(&tephra::client::
         assert!(Instant::now() < deadline, "timed out waiting for {what}: {s:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The value of the unlabelled sample `name` in a `/metrics` page.
+///
+/// # Panics
+/// When the page has no such sample.
+pub fn sample(body: &str, name: &str) -> String {
+    body.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).unwrap_or_else(|| panic!("no sample {name}:\n{body}")).to_string()
 }
