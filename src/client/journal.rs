@@ -680,6 +680,7 @@ pub fn decode_write(r: &JournalResponse) -> Result<WriteOutcome, JournalError> {
         Ok(O::UnknownJournal) => WriteOutcome::UnknownJournal,
         Ok(O::Busy) => WriteOutcome::Busy,
         Ok(O::NotLeader) => WriteOutcome::NotLeader { message: r.message.clone() },
+        Ok(O::Ambiguous) => WriteOutcome::Ambiguous,
         _ => return Err(common(r, "write")),
     })
 }
@@ -696,6 +697,7 @@ pub fn decode_set_leader(r: &JournalResponse) -> Result<SetLeaderOutcome, Journa
         Ok(O::WrongMode) => SetLeaderOutcome::WrongMode,
         Ok(O::UnknownJournal) => SetLeaderOutcome::UnknownJournal,
         Ok(O::NotLeader) => SetLeaderOutcome::NotLeader { message: r.message.clone() },
+        Ok(O::Ambiguous) => SetLeaderOutcome::Ambiguous,
         _ => return Err(common(r, "set-leader")),
     })
 }
@@ -727,6 +729,7 @@ pub fn decode_truncate(r: &JournalResponse) -> Result<TruncateOutcome, JournalEr
         Ok(O::WrongMode) => TruncateOutcome::WrongMode,
         Ok(O::UnknownJournal) => TruncateOutcome::UnknownJournal,
         Ok(O::NotLeader) => TruncateOutcome::NotLeader { message: r.message.clone() },
+        Ok(O::Ambiguous) => TruncateOutcome::Ambiguous,
         _ => return Err(common(r, "truncate")),
     })
 }
@@ -742,6 +745,7 @@ pub fn decode_create(r: &JournalResponse) -> Result<CreateOutcome, JournalError>
         Ok(O::Created) => CreateOutcome::Created { id },
         Ok(O::NameTaken) => CreateOutcome::NameTaken { id },
         Ok(O::InvalidName) => CreateOutcome::InvalidName { message: r.message.clone() },
+        Ok(O::Ambiguous) => CreateOutcome::Ambiguous,
         _ => return Err(common(r, "create")),
     })
 }
@@ -755,6 +759,7 @@ pub fn decode_delete(r: &JournalResponse) -> Result<DeleteOutcome, JournalError>
     Ok(match JournalOutcome::try_from(r.outcome) {
         Ok(O::Deleted) => DeleteOutcome::Deleted { state: state_of(r)? },
         Ok(O::UnknownJournal) => DeleteOutcome::UnknownJournal,
+        Ok(O::Ambiguous) => DeleteOutcome::Ambiguous,
         _ => return Err(common(r, "delete")),
     })
 }

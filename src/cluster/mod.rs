@@ -6,11 +6,15 @@
 //! |---|---|
 //! | [`replica`] | one node's groups: proposals, peer messages, ticks in; entries and hard states to make durable, messages to send, verdicts out (sans-IO) |
 //! | [`durable`] | how those entries and hard states lie in the node's command log |
+//! | [`placement`] | which members vote in a journal's group (pure) |
+//! | [`node`] | the loop that drives one node's replica: command log, peers, calls |
 //! | [`peer`] | the frame one node sends another: many groups' consensus messages, checked on receipt |
 //!
 //! The command log, the peer transport and the loop that drives a [`replica::Replica`] live at
 //! the edges. Source: docs/journals.md §9.
 
 pub mod durable;
+pub mod node;
 pub mod peer;
+pub mod placement;
 pub mod replica;

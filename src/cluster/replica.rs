@@ -22,6 +22,7 @@ use raft::storage::MemStorage;
 use raft::{Config, GetEntriesContext, RawNode, ReadOnlyOption, StateRole, Storage, INVALID_ID};
 use slog::Drain;
 
+use super::durable::DIRECTORY;
 use crate::journal::{decode_command, Answer, Directory, JournalId};
 
 /// Ticks without word from a leader before a follower stands for election (raft draws the
@@ -86,6 +87,28 @@ pub enum Refused {
     UnknownGroup,
 }
 
+/// An entry applied on this node, in apply order: what the node's edges need beyond the
+/// verdicts (where the records of an accepted write lie, which journals' state moved).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    /// The group.
+    pub group: JournalId,
+    /// The entry's index in the group log.
+    pub index: u64,
+    /// The journal's answer, or `None` for an entry that holds no command (a leader's no-op,
+    /// an undecodable entry).
+    pub answer: Option<Answer>,
+}
+
+/// A cluster member as placement sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// The node id (non-zero).
+    pub node: u64,
+    /// Its zone, when set (voters are spread across zones).
+    pub zone: Option<String>,
+}
+
 /// Why a group could not be added or a message not stepped.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -130,6 +153,23 @@ impl<T> Default for Round<T> {
     }
 }
 
+/// One group as this node sees it ([`Replica::status`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// Leader, follower, candidate or pre-candidate.
+    pub role: StateRole,
+    /// The current term.
+    pub term: u64,
+    /// The leader, when known.
+    pub leader: Option<u64>,
+    /// The highest index known decided.
+    pub commit: u64,
+    /// The highest index applied here.
+    pub applied: u64,
+    /// This node's proposals waiting for a verdict.
+    pub pending: usize,
+}
+
 /// A proposal waiting for its entry to be applied.
 struct Proposal<T> {
     token: T,
@@ -164,6 +204,15 @@ pub struct Replica<T> {
     logger: slog::Logger,
     /// The readies of the round handed out by [`Replica::ready`], for [`Replica::synced`].
     readies: Vec<(JournalId, raft::Ready)>,
+    /// Entries applied since [`Replica::take_applied`] last ran.
+    applied: Vec<Applied>,
+    /// The cluster's members; empty when groups are added by hand (no directory group).
+    members: Vec<Member>,
+    /// Durable items of groups this node votes in but has not started yet (their creation is
+    /// not applied here yet), kept from the restart.
+    dormant: BTreeMap<JournalId, Vec<Durable>>,
+    /// Hard states whose commit index moved after a sync, made durable with the next round.
+    carried: Vec<Durable>,
 }
 
 /// A proposal's or read's context: the proposing node and its tag, so only that node answers.
@@ -186,7 +235,115 @@ impl<T> Replica<T> {
     pub fn new(node: u64, directory: Directory) -> Replica<T> {
         assert_ne!(node, INVALID_ID, "node id 0 is raft's 'none'");
         let logger = slog::Logger::root(slog_stdlog::StdLog.fuse(), slog::o!("node" => node));
-        Replica { node, groups: BTreeMap::new(), directory, next_tag: 1, logger, readies: Vec::new() }
+        Replica {
+            node,
+            groups: BTreeMap::new(),
+            directory,
+            next_tag: 1,
+            logger,
+            readies: Vec::new(),
+            applied: Vec::new(),
+            members: Vec::new(),
+            dormant: BTreeMap::new(),
+            carried: Vec::new(),
+        }
+    }
+
+    /// A member node of a cluster of `members` (this node among them) restarting from
+    /// `durable` (every item of its command log, in order; empty on a first start): the
+    /// directory group over every member is added, and each journal group this node votes in
+    /// is started as soon as the directory applies the journal's creation, from its own
+    /// durable items. Source: docs/journals.md §9.5.
+    ///
+    /// # Errors
+    /// As [`Replica::add_group`].
+    pub fn member(node: u64, members: Vec<Member>, durable: Vec<Durable>) -> Result<Replica<T>, ReplicaError> {
+        let mut r = Replica::new(node, Directory::new());
+        for d in durable {
+            let group = match &d {
+                Durable::Entry { journal, .. } | Durable::HardState { journal, .. } => *journal,
+            };
+            r.dormant.entry(group).or_default().push(d);
+        }
+        let all: Vec<u64> = members.iter().map(|m| m.node).collect();
+        r.members = members;
+        let items = r.dormant.remove(&DIRECTORY).unwrap_or_default();
+        r.add_group(DIRECTORY, &all, &items)?;
+        r.start_created()?;
+        Ok(r)
+    }
+
+    /// The voters of `journal`'s group: placed over the members (docs/journals.md §9.5).
+    pub fn voters(&self, journal: JournalId) -> Vec<u64> {
+        if journal == DIRECTORY {
+            return self.members.iter().map(|m| m.node).collect();
+        }
+        super::placement::place(journal, &self.members, super::placement::DEFAULT_VOTERS)
+    }
+
+    /// Starts the group of every journal created in the applied entries not yet looked at
+    /// that this node votes in; a new group's leader is sought at once when this node leads
+    /// the directory (so the journal's first write does not wait for an election timeout).
+    fn start_created(&mut self) -> Result<(), ReplicaError> {
+        if self.members.is_empty() {
+            return Ok(());
+        }
+        let created: Vec<JournalId> = self
+            .applied
+            .iter()
+            .filter_map(|a| match (&a.answer, a.group == DIRECTORY) {
+                (Some(Answer::JournalCreated { journal }), true) => Some(*journal),
+                _ => None,
+            })
+            .filter(|j| !self.groups.contains_key(j))
+            .collect();
+        let campaign = self.is_leader(DIRECTORY);
+        for journal in created {
+            let voters = self.voters(journal);
+            if !voters.contains(&self.node) {
+                continue;
+            }
+            let items = self.dormant.remove(&journal).unwrap_or_default();
+            self.add_group(journal, &voters, &items)?;
+            if campaign {
+                if let Some(g) = self.groups.get_mut(&journal) {
+                    let _ = g.raw.campaign();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The entries applied since the last call, in apply order.
+    pub fn take_applied(&mut self) -> Vec<Applied> {
+        std::mem::take(&mut self.applied)
+    }
+
+    /// Whether any group has work for a round ([`Replica::ready`]).
+    pub fn has_ready(&mut self) -> bool {
+        !self.carried.is_empty() || self.groups.values_mut().any(|g| g.raw.has_ready())
+    }
+
+    /// The leader this node believes `journal`'s group has.
+    pub fn leader(&self, journal: JournalId) -> Option<u64> {
+        self.groups.get(&journal).and_then(Group::leader)
+    }
+
+    /// Raft's view of `journal`'s group here: role, term, leader, commit and applied index.
+    pub fn status(&self, journal: JournalId) -> Option<GroupStatus> {
+        self.groups.get(&journal).map(|g| GroupStatus {
+            role: g.raw.raft.state,
+            term: g.raw.raft.term,
+            leader: g.leader(),
+            commit: g.raw.raft.raft_log.committed,
+            applied: g.applied,
+            pending: g.proposals.len(),
+        })
+    }
+
+    /// The groups this node holds.
+    pub fn groups(&self) -> impl Iterator<Item = JournalId> + '_ {
+        self.groups.keys().copied()
     }
 
     /// The journal state machine, as applied here.
@@ -223,7 +380,8 @@ impl<T> Replica<T> {
         let first = storage.first_index()?;
         if commit >= first {
             for e in storage.entries(first, commit + 1, None, GetEntriesContext::empty(false))? {
-                judge(&mut self.directory, &e);
+                let answer = judge(&mut self.directory, &e);
+                self.applied.push(Applied { group: journal, index: e.index, answer: answer_of(answer) });
             }
         }
         let raw = RawNode::new(&config(self.node, commit), storage, &self.logger)?;
@@ -300,6 +458,7 @@ impl<T> Replica<T> {
     pub fn ready(&mut self) -> Round<T> {
         assert!(self.readies.is_empty(), "ready() again before synced()");
         let mut round = Round::default();
+        round.persist.append(&mut self.carried);
         for (&journal, g) in &mut self.groups {
             if !g.raw.has_ready() {
                 continue;
@@ -312,7 +471,7 @@ impl<T> Replica<T> {
                     g.confirmed.push((rs.index, token));
                 }
             }
-            apply(self.node, &mut self.directory, g, rd.take_committed_entries(), &mut round.verdicts);
+            apply(self.node, &mut self.directory, journal, g, rd.take_committed_entries(), &mut round.verdicts, &mut self.applied);
             if !rd.entries().is_empty() {
                 g.raw.mut_store().wl().append(rd.entries()).expect("raft hands out entries that follow its log");
                 round.persist.extend(rd.entries().iter().map(|e| Durable::Entry { journal, entry: e.clone() }));
@@ -330,6 +489,7 @@ impl<T> Replica<T> {
             round.send_after_sync.extend(rd.take_persisted_messages().into_iter().map(|m| (journal, m)));
             self.readies.push((journal, rd));
         }
+        self.start_groups();
         round
     }
 
@@ -341,13 +501,24 @@ impl<T> Replica<T> {
             let g = self.groups.get_mut(&journal).expect("a group with a ready");
             let mut light = g.raw.advance(rd);
             if let Some(commit) = light.commit_index() {
-                g.raw.mut_store().wl().mut_hard_state().commit = commit;
+                let mut store = g.raw.mut_store().wl();
+                store.mut_hard_state().commit = commit;
+                self.carried.push(Durable::HardState { journal, state: store.hard_state().clone() });
             }
             round.send.extend(light.take_messages().into_iter().map(|m| (journal, m)));
-            apply(self.node, &mut self.directory, g, light.take_committed_entries(), &mut round.verdicts);
+            apply(self.node, &mut self.directory, journal, g, light.take_committed_entries(), &mut round.verdicts, &mut self.applied);
             g.raw.advance_apply();
         }
+        self.start_groups();
         round
+    }
+
+    /// [`Replica::start_created`] at the end of a round; a group that cannot start (its
+    /// durable items do not hold together) is left out and said so.
+    fn start_groups(&mut self) {
+        if let Err(e) = self.start_created() {
+            tracing::error!(error = %e, "a journal group could not start on this node");
+        }
     }
 }
 
@@ -372,10 +543,19 @@ fn config(node: u64, applied: u64) -> Config {
 /// Applies decided entries in order to the state machine; this node's own proposals get their
 /// verdicts, proposals whose index another entry took get none, and confirmed reads the
 /// applied index reached are ready.
-fn apply<T>(node: u64, directory: &mut Directory, g: &mut Group<T>, entries: Vec<Entry>, verdicts: &mut Vec<(T, Verdict)>) {
+fn apply<T>(
+    node: u64,
+    directory: &mut Directory,
+    journal: JournalId,
+    g: &mut Group<T>,
+    entries: Vec<Entry>,
+    verdicts: &mut Vec<(T, Verdict)>,
+    applied: &mut Vec<Applied>,
+) {
     for e in entries {
         g.applied = e.index;
         let verdict = judge(directory, &e);
+        applied.push(Applied { group: journal, index: e.index, answer: answer_of(verdict.clone()) });
         if let Some(p) = own_tag(node, &e.context).and_then(|t| g.proposals.remove(&t)) {
             verdicts.push((p.token, verdict));
         }
@@ -393,6 +573,14 @@ fn apply<T>(node: u64, directory: &mut Directory, g: &mut Group<T>, entries: Vec
     let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut g.confirmed).into_iter().partition(|(index, _)| *index <= applied);
     g.confirmed = waiting;
     verdicts.extend(ready.into_iter().map(|(_, t)| (t, Verdict::ReadReady)));
+}
+
+/// The journal's answer inside a verdict.
+fn answer_of(v: Verdict) -> Option<Answer> {
+    match v {
+        Verdict::Applied(a) => Some(a),
+        _ => None,
+    }
 }
 
 /// Applies one decided entry to the state machine: the same on every node.

@@ -47,6 +47,16 @@ pub enum Call {
         /// Where the answer goes.
         reply: flume::Sender<JournalResponse>,
     },
+    /// Confirm that this node may serve a read of `journal` now (replication: a quorum
+    /// confirmed the leader's commit index and this node applied up to it, docs/journals.md
+    /// §9.2). The answer is `PAGE` (go), `UNSERVED` or `UNKNOWN_JOURNAL`; a single node
+    /// answers `PAGE` at once, since what it published is durable and complete.
+    Confirm {
+        /// The journal.
+        journal: JournalId,
+        /// Where the answer goes.
+        reply: flume::Sender<JournalResponse>,
+    },
     /// List the journals of a tenant (all tenants for an empty name).
     List {
         /// The tenant's name, or empty.
@@ -97,6 +107,30 @@ pub struct DiskStats {
 }
 
 impl Published {
+    /// Nothing published yet, over the command log's `segments`.
+    pub(crate) fn new(segments: Arc<Segments>) -> Published {
+        Published {
+            journals: RwLock::new(HashMap::new()),
+            segments,
+            stopped: RwLock::new(None),
+            commit_commands: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 1 << 20, 2).expect("bounds")),
+            disk: DiskStats::default(),
+        }
+    }
+
+    /// Records why the log stopped judging calls (fail-stop after a failed write or sync).
+    pub(crate) fn stop(&self, why: String) {
+        *self.stopped.write().unwrap() = Some(why);
+    }
+
+    /// Publishes a journal and wakes its tail readers.
+    pub(crate) fn show(&self, id: JournalId, view: View, held: &Held) {
+        self.set(id, view, held);
+        if let Some(s) = self.journal(id) {
+            s.tail.notify(usize::MAX);
+        }
+    }
+
     /// The journal, if it exists (durably).
     pub fn journal(&self, id: JournalId) -> Option<Arc<Shown>> {
         self.journals.read().unwrap().get(&id).cloned()
@@ -178,13 +212,7 @@ impl Sequencer {
         if let crate::log::OpenOutcome::RolledBack { segment, bytes, .. } = &outcome {
             tracing::warn!(segment = %segment.display(), from = bytes.0, to = bytes.1, "journal log: rolled back a torn tail that was never acknowledged");
         }
-        let published = Arc::new(Published {
-            journals: RwLock::new(HashMap::new()),
-            segments: store.segments(),
-            stopped: RwLock::new(None),
-            commit_commands: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 1 << 20, 2).expect("bounds")),
-            disk: DiskStats::default(),
-        });
+        let published = Arc::new(Published::new(store.segments()));
         for t in directory.tenants().map(|(id, _)| id).collect::<Vec<_>>() {
             for (id, e) in directory.journals_of(t) {
                 published.set(id, e.state.view(), holdings.get(id).unwrap_or(&Held::default()));
@@ -245,7 +273,7 @@ impl Sequencer {
     fn judge(&mut self, call: Call) {
         if let Some(why) = self.published.stopped() {
             let reply = match &call {
-                Call::Command { reply, .. } | Call::Create { reply, .. } | Call::List { reply, .. } => reply.clone(),
+                Call::Command { reply, .. } | Call::Create { reply, .. } | Call::List { reply, .. } | Call::Confirm { reply, .. } => reply.clone(),
             };
             let _ = reply.send(unavailable(&why));
             return;
@@ -258,6 +286,9 @@ impl Sequencer {
             Call::Create { tenant, journal, mode, durability, tenant_id, journal_id, reply } => {
                 let answer = self.create(&tenant, &journal, mode, durability, tenant_id, journal_id);
                 self.answer(reply, answer);
+            }
+            Call::Confirm { reply, .. } => {
+                let _ = reply.send(outcome(JournalOutcome::Page));
             }
             Call::List { tenant, reply } => {
                 let answer = self.list(&tenant);
@@ -324,30 +355,7 @@ impl Sequencer {
     }
 
     fn list(&self, tenant: &str) -> JournalResponse {
-        let tenants: Vec<u64> = if tenant.is_empty() {
-            self.directory.tenants().map(|(id, _)| id).collect()
-        } else {
-            match self.directory.tenant_named(tenant) {
-                Some((id, _)) => vec![id],
-                None => return outcome(JournalOutcome::UnknownTenant),
-            }
-        };
-        let mut journals = Vec::new();
-        for t in tenants {
-            let tenant_name = self.directory.tenant(t).map(|x| x.name.clone()).unwrap_or_default();
-            for (id, e) in self.directory.journals_of(t) {
-                journals.push(JournalInfo {
-                    tenant: id.tenant,
-                    journal: id.journal,
-                    tenant_name: tenant_name.clone(),
-                    name: e.name.clone(),
-                    mode: wire_mode(e.state.mode) as i32,
-                    durability: wire_durability(e.state.durability) as i32,
-                    state: Some(wire_view(e.state.view())),
-                });
-            }
-        }
-        JournalResponse { outcome: JournalOutcome::Listed as i32, journals, ..Default::default() }
+        list(&self.directory, tenant)
     }
 
     /// Makes room in the open batch for a command of `len` bytes before it is judged, so that
@@ -408,7 +416,7 @@ impl Sequencer {
             if let Err(e) = self.store.commit(self.ordered) {
                 let why = e.to_string();
                 tracing::error!(error = %why, "journal log stopped: calls are refused until the server restarts");
-                *self.published.stopped.write().unwrap() = Some(why.clone());
+                self.published.stop(why.clone());
                 for (reply, _) in self.waiting.drain(..) {
                     let _ = reply.send(unavailable(&why));
                 }
@@ -431,11 +439,7 @@ impl Sequencer {
             match change {
                 Change::Journal(id) => {
                     let Some(e) = self.directory.journal(id) else { continue };
-                    let empty = Held::default();
-                    self.published.set(id, e.state.view(), self.holdings.get(id).unwrap_or(&empty));
-                    if let Some(s) = self.published.journal(id) {
-                        s.tail.notify(usize::MAX);
-                    }
+                    self.published.show(id, e.state.view(), self.holdings.get(id).unwrap_or(&Held::default()));
                 }
                 Change::Deleted(id) => {
                     if let Some(s) = self.published.journals.write().unwrap().remove(&id) {
@@ -446,6 +450,35 @@ impl Sequencer {
             }
         }
     }
+}
+
+/// The `LISTED` answer for a tenant's journals (every tenant's for an empty name), or
+/// `UNKNOWN_TENANT`, from `directory`.
+pub fn list(directory: &Directory, tenant: &str) -> JournalResponse {
+    let tenants: Vec<u64> = if tenant.is_empty() {
+        directory.tenants().map(|(id, _)| id).collect()
+    } else {
+        match directory.tenant_named(tenant) {
+            Some((id, _)) => vec![id],
+            None => return outcome(JournalOutcome::UnknownTenant),
+        }
+    };
+    let mut journals = Vec::new();
+    for t in tenants {
+        let tenant_name = directory.tenant(t).map(|x| x.name.clone()).unwrap_or_default();
+        for (id, e) in directory.journals_of(t) {
+            journals.push(JournalInfo {
+                tenant: id.tenant,
+                journal: id.journal,
+                tenant_name: tenant_name.clone(),
+                name: e.name.clone(),
+                mode: wire_mode(e.state.mode) as i32,
+                durability: wire_durability(e.state.durability) as i32,
+                state: Some(wire_view(e.state.view())),
+            });
+        }
+    }
+    JournalResponse { outcome: JournalOutcome::Listed as i32, journals, ..Default::default() }
 }
 
 /// Records where an accepted write's records lie, trims held records after a truncation, and

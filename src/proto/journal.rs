@@ -314,4 +314,8 @@ pub enum JournalOutcome {
     /// The node cannot judge calls now (its journal log stopped after a failed write or is
     /// shutting down); `message` says which.
     Unavailable = 23,
+    /// No verdict after the call entered consensus: the node stopped leading, or another
+    /// leader's entry took its place, so the call may or may not take effect (replication,
+    /// docs/journals.md §9.2). The caller settles it as a lost answer.
+    Ambiguous = 24,
 }

@@ -18,7 +18,7 @@ use crate::proto::{journal_request, JournalCreate, JournalDurability, JournalMod
 
 /// What `/metrics` shows of the journal calls (docs/journals.md §6).
 pub struct JournalMetrics {
-    /// Calls answered, by call kind ([`CALL_KINDS`]) and outcome (the wire number, 0..=23).
+    /// Calls answered, by call kind ([`CALL_KINDS`]) and outcome (the wire number, 0..=24).
     pub calls: [[AtomicU64; OUTCOMES]; CALL_KINDS.len()],
     /// Reads waiting at a tail right now.
     pub waiting_reads: AtomicU64,
@@ -28,8 +28,8 @@ pub struct JournalMetrics {
 
 /// The call kinds as `/metrics` labels them, in the order of [`JournalMetrics::calls`].
 pub const CALL_KINDS: [&str; 7] = ["write", "read", "truncate", "set_leader", "create", "delete", "list"];
-/// Outcome numbers counted (`JOURNAL_OUTCOME` 0..=23).
-const OUTCOMES: usize = 24;
+/// Outcome numbers counted (`JOURNAL_OUTCOME` 0..=24).
+const OUTCOMES: usize = 25;
 
 /// The node's journals as a shard sees them: the way to the sequencer, the published durable
 /// state, and the limits.
@@ -41,6 +41,34 @@ pub struct Journals {
     limits: JournalSettings,
     /// The most record bytes a page may carry so that its frame fits `server.max_frame_len`.
     page_bytes: u64,
+    /// Set when this server is a cluster member.
+    cluster: Option<Cluster>,
+}
+
+/// A cluster member's side of the shards' journal calls.
+struct Cluster {
+    status: Arc<Mutex<crate::cluster::node::NodeStatus>>,
+    /// How long a read waits for its confirmation before it is answered `UNSERVED`.
+    confirm: Duration,
+}
+
+/// The limits with `max_batch_bytes` lowered, if needed, so that the largest write the limits
+/// let through fits one segment of the command log (else it would pass the limits and be
+/// refused for good), as the event log's writer does with its batch limit.
+fn fit_limits(mut limits: JournalSettings) -> JournalSettings {
+    let holds = JournalStore::max_command_len(limits.segment_size) as u64;
+    let overhead = (command::COMMAND_HEAD + 28) as u64 + 4 * limits.max_batch_records;
+    let fits = holds.saturating_sub(overhead).max(1);
+    if limits.max_batch_bytes > fits {
+        tracing::warn!(
+            max_batch_bytes = limits.max_batch_bytes,
+            segment_size = limits.segment_size,
+            lowered_to = fits,
+            "journal.max_batch_bytes does not fit a journal segment with journal.max_batch_records records; lowered"
+        );
+        limits.max_batch_bytes = fits;
+    }
+    limits
 }
 
 /// Bytes a page's frame may need beyond its records' bytes: the response's head and state,
@@ -58,22 +86,8 @@ impl Journals {
     /// [`StoreError::Log`] when the thread cannot start.
     /// A page's record bytes are capped below `max_frame_len` too, so that no page is too
     /// large to send (docs/journals.md §7).
-    pub fn start(data_dir: &std::path::Path, mut limits: JournalSettings, max_frame_len: u32) -> Result<Journals, StoreError> {
-        // The largest write the limits let through must fit one segment of the command log,
-        // or it would pass the limits and be refused for good: lower the byte limit to fit,
-        // as the event log's writer does with its batch limit.
-        let holds = JournalStore::max_command_len(limits.segment_size) as u64;
-        let overhead = (command::COMMAND_HEAD + 28) as u64 + 4 * limits.max_batch_records;
-        let fits = holds.saturating_sub(overhead).max(1);
-        if limits.max_batch_bytes > fits {
-            tracing::warn!(
-                max_batch_bytes = limits.max_batch_bytes,
-                segment_size = limits.segment_size,
-                lowered_to = fits,
-                "journal.max_batch_bytes does not fit a journal segment with journal.max_batch_records records; lowered"
-            );
-            limits.max_batch_bytes = fits;
-        }
+    pub fn start(data_dir: &std::path::Path, limits: JournalSettings, max_frame_len: u32) -> Result<Journals, StoreError> {
+        let limits = fit_limits(limits);
         let sequencer = Sequencer::open(data_dir, limits.segment_size)?;
         let published = sequencer.published();
         // The queue holds the admission limit: a full queue answers `BUSY`, the write in no log.
@@ -82,6 +96,40 @@ impl Journals {
             .name("tephra-journal".into())
             .spawn(move || sequencer.run(rx))
             .map_err(|source| StoreError::Log(crate::log::LogError::Io { path: data_dir.to_owned(), source }))?;
+        Ok(Journals::with(calls, published, limits, max_frame_len, None))
+    }
+
+    /// Opens the command log under `data_dir` as a member of a cluster (docs/journals.md §9)
+    /// and starts the node's loop on its own thread (`tephra-node`): journal calls are ordered
+    /// by consensus with the peers that `outbox` and `inbox` connect, and reads are confirmed
+    /// by a quorum before they are served.
+    ///
+    /// # Errors
+    /// As [`Journals::start`], and [`StoreError`] when the log belongs to another cluster or
+    /// node or to a single node.
+    pub fn start_cluster<O: crate::cluster::node::Outbox + 'static>(
+        data_dir: &std::path::Path,
+        limits: JournalSettings,
+        max_frame_len: u32,
+        mut node: crate::cluster::node::NodeSettings,
+        outbox: O,
+        inbox: flume::Receiver<crate::cluster::node::Inbound>,
+    ) -> Result<Journals, StoreError> {
+        let limits = fit_limits(limits);
+        node.admission = limits.admission_rounds as usize;
+        let confirm = node.settle.max(Duration::from_secs(1));
+        let node = crate::cluster::node::Node::open(data_dir, limits.segment_size, node, outbox)?;
+        let published = node.published();
+        let status = node.status();
+        let (calls, rx) = flume::bounded(limits.admission_rounds.min(1 << 20) as usize);
+        std::thread::Builder::new()
+            .name("tephra-node".into())
+            .spawn(move || node.run(rx, inbox))
+            .map_err(|source| StoreError::Log(crate::log::LogError::Io { path: data_dir.to_owned(), source }))?;
+        Ok(Journals::with(calls, published, limits, max_frame_len, Some(Cluster { status, confirm })))
+    }
+
+    fn with(calls: flume::Sender<Call>, published: Arc<Published>, limits: JournalSettings, max_frame_len: u32, cluster: Option<Cluster>) -> Journals {
         let framed = u64::from(max_frame_len).saturating_sub(PAGE_OVERHEAD + PER_RECORD_OVERHEAD * limits.max_read_records).max(1);
         let page_bytes = limits.max_read_bytes.min(framed);
         let metrics = JournalMetrics {
@@ -89,7 +137,12 @@ impl Journals {
             waiting_reads: AtomicU64::new(0),
             write_latency: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).expect("bounds")),
         };
-        Ok(Journals { calls, published, limits, page_bytes, metrics })
+        Journals { calls, published, limits, page_bytes, metrics, cluster }
+    }
+
+    /// The cluster node's status, when this server is a cluster member.
+    pub fn node_status(&self) -> Option<crate::cluster::node::NodeStatus> {
+        self.cluster.as_ref().map(|c| c.status.lock().unwrap().clone())
     }
 
     /// Commands per group commit of the journal log, for `/metrics`.
@@ -232,6 +285,29 @@ impl Journals {
     /// A read: the page from the durable state, or a wait at the tail up to `wait_ms`.
     async fn read(&self, r: JournalRead) -> JournalResponse {
         let id = JournalId { tenant: r.tenant, journal: r.journal };
+        if let (Some(c), true) = (&self.cluster, id.is_set()) {
+            // A quorum confirms the read first; this node then serves it from what it applied.
+            let (reply, rx) = flume::bounded(1);
+            if self.calls.send_async(Call::Confirm { journal: id, reply }).await.is_err() {
+                return unavailable("the journal node has stopped");
+            }
+            let confirmed = futures_lite::future::or(async { rx.recv_async().await.ok() }, async {
+                shards::sleep(c.confirm).await;
+                None
+            })
+            .await;
+            match confirmed {
+                Some(resp) if resp.outcome == JournalOutcome::Page as i32 => {}
+                Some(resp) => return resp,
+                None => {
+                    return JournalResponse {
+                        outcome: JournalOutcome::Unserved as i32,
+                        message: format!("this node could not confirm the read with a quorum within {} ms; ask another", c.confirm.as_millis()),
+                        ..Default::default()
+                    }
+                }
+            }
+        }
         let Some(shown) = self.published.journal(id).filter(|_| id.is_set()) else {
             return outcome(JournalOutcome::UnknownJournal);
         };

@@ -203,4 +203,30 @@ fn journal_metrics(out: &mut String, j: &super::journal::Journals, us: &[u64]) {
     metric(out, "tephra_journal_log_segments", "gauge", "Segment files of the journal command log.", j.log_segments() as u64);
     metric(out, "tephra_journal_checkpoints_total", "counter", "Journal checkpoints written.", disk.checkpoints.load(Ordering::Relaxed));
     metric(out, "tephra_journal_segments_deleted_total", "counter", "Journal log segments given back.", disk.segments_deleted.load(Ordering::Relaxed));
+    if let Some(st) = j.node_status() {
+        cluster_metrics(out, &st);
+    }
+}
+
+/// A cluster member's consensus groups (docs/journals.md §9.6): per group its role, leader,
+/// term, commit and apply lag, and proposals waiting; and the node's counters.
+fn cluster_metrics(out: &mut String, st: &crate::cluster::node::NodeStatus) {
+    metric(out, "tephra_cluster_node_id", "gauge", "This node's id in its cluster.", st.node);
+    metric(out, "tephra_cluster_leader_changes_total", "counter", "Leader changes seen by this node's groups.", st.leader_changes);
+    metric(out, "tephra_cluster_busy_total", "counter", "Journal writes answered BUSY by admission.", st.busy);
+    metric(out, "tephra_cluster_unserved_total", "counter", "Journal reads answered UNSERVED.", st.unserved);
+    type Gauge = fn(&crate::cluster::replica::GroupStatus) -> u64;
+    let rows: [(&str, &str, Gauge); 5] = [
+        ("tephra_cluster_group_leader", "The node this node believes leads the group (0: none known).", |g| g.leader.unwrap_or(0)),
+        ("tephra_cluster_group_is_leader", "1 when this node leads the group.", |g| u64::from(g.role == raft::StateRole::Leader)),
+        ("tephra_cluster_group_term", "The group's current term here.", |g| g.term),
+        ("tephra_cluster_group_apply_lag", "Entries known decided but not yet applied here.", |g| g.commit.saturating_sub(g.applied)),
+        ("tephra_cluster_group_pending", "This node's proposals waiting for a verdict.", |g| g.pending as u64),
+    ];
+    for (name, help, value) in rows {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (id, g) in &st.groups {
+            let _ = writeln!(out, "{name}{{tenant=\"{:016x}\",journal=\"{:016x}\"}} {}", id.tenant, id.journal, value(g));
+        }
+    }
 }

@@ -8,6 +8,7 @@
 //! An integration test uses it as `use tephra_test_support as support;`.
 #![warn(missing_docs)]
 
+pub mod cluster;
 pub mod events;
 pub mod journal;
 pub mod linearizable;
@@ -16,6 +17,7 @@ pub mod raw;
 pub mod server;
 pub mod tls;
 
+pub use cluster::Cluster;
 pub use events::ev;
 pub use journal::JournalConn;
 pub use process::{parse_listening, scratch_dir, Launch, Process, Readiness};

@@ -1,0 +1,599 @@
+//! The loop that drives one cluster node: journal calls from the shards and consensus
+//! messages from the peers in, rounds of the [`Replica`] carried out against the node's command
+//! log (one group commit for every group's entries and hard states) and the peer links, and
+//! each call answered from the verdict of its applied entry. It runs on its own thread, as the
+//! single-node sequencer does, and publishes what is applied to the same [`Published`] state,
+//! from which the shards serve reads once a read is confirmed.
+//!
+//! Source: docs/journals.md §9.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use raft::eraftpb::Message;
+
+use super::durable::{self, group_of, DIRECTORY};
+use super::peer::encode_frame;
+use super::replica::{Applied, Durable, GroupStatus, Member, Refused, Replica, Verdict};
+use crate::journal::apply::Outcome;
+use crate::journal::command::{decode, Command, EntryId};
+use crate::journal::held::{Held, Holdings, Loc};
+use crate::journal::sequencer::{invalid, list, outcome, respond, unavailable, wire_view, Call, Published};
+use crate::journal::store::{JournalStore, StoreError, JOURNALS_DIR};
+use crate::journal::{Answer, JournalId, Mode, StoreDurability};
+use crate::proto::{JournalOutcome, JournalResponse};
+
+/// The file under `journals/` that names the cluster and node a command log belongs to.
+pub const IDENTITY_FILE: &str = "cluster";
+
+/// Most calls taken into one round.
+const MAX_CALLS: usize = 4096;
+/// Most peer frames taken into one round.
+const MAX_FRAMES: usize = 1024;
+
+/// Consensus messages from one peer, checked by the link that received them.
+#[derive(Debug)]
+pub struct Inbound {
+    /// The sending node.
+    pub from: u64,
+    /// Its messages, each for one group.
+    pub messages: Vec<(JournalId, Message)>,
+}
+
+/// Where a node's outgoing frames go: the peer links (a frame is dropped when a link is down;
+/// consensus sends again).
+pub trait Outbox: Send {
+    /// Queues one encoded frame for node `to`, without blocking.
+    fn send(&self, to: u64, frame: Vec<u8>);
+}
+
+/// How a node runs.
+#[derive(Clone, Debug)]
+pub struct NodeSettings {
+    /// This node's id (non-zero).
+    pub node: u64,
+    /// The cluster's id (every frame carries it).
+    pub cluster: u64,
+    /// Every member, this node included.
+    pub members: Vec<Member>,
+    /// One consensus tick.
+    pub tick: Duration,
+    /// Proposals waiting for a verdict beyond which a new write is answered `BUSY`.
+    pub admission: usize,
+    /// How long a call waits on this node for a group to learn its leader, or for the
+    /// journal's creation to arrive here, before it is answered `NOT_LEADER` or
+    /// `UNKNOWN_JOURNAL`.
+    pub settle: Duration,
+}
+
+/// What woke the loop.
+enum Input {
+    Call(Call),
+    Frame(Inbound),
+    /// Every sender of calls is gone: the server is stopping.
+    Gone,
+    /// The peer links are gone.
+    Idle,
+}
+
+/// What a verdict answers.
+enum Token {
+    /// A call's answer; `target` is the journal whose state a write's answer shows.
+    Answer { reply: flume::Sender<JournalResponse>, target: JournalId },
+    /// The first step of a create: the tenant; the journal follows.
+    Tenant { tenant: String, journal: String, mode: Mode, durability: StoreDurability, journal_id: u64, reply: flume::Sender<JournalResponse> },
+    /// A confirmed read.
+    Confirm(flume::Sender<JournalResponse>),
+    /// A list, answered once the directory read is confirmed.
+    List { tenant: String, reply: flume::Sender<JournalResponse> },
+}
+
+/// A call that waits on this node for its group's leader or its journal's creation.
+struct Parked {
+    group: JournalId,
+    /// The encoded command, or `None` for a read.
+    command: Option<Vec<u8>>,
+    token: Token,
+    until: Instant,
+}
+
+/// Where a persisted entry lies, and its records inside it.
+struct EntryLoc {
+    segment: u64,
+    offset: u64,
+    /// Each record's offset in the entry's payload and length.
+    records: Vec<(u64, u32)>,
+}
+
+/// What `cluster status` and `/metrics` show of this node, refreshed every round.
+#[derive(Clone, Debug, Default)]
+pub struct NodeStatus {
+    /// This node's id.
+    pub node: u64,
+    /// Each group held here and how it stands.
+    pub groups: Vec<(JournalId, GroupStatus)>,
+    /// Times a group here saw its leader change.
+    pub leader_changes: u64,
+    /// Writes answered `BUSY` by admission.
+    pub busy: u64,
+    /// Reads answered `UNSERVED`.
+    pub unserved: u64,
+}
+
+/// One cluster node's journals: its replica, its command log and the state it publishes.
+pub struct Node<O: Outbox> {
+    settings: NodeSettings,
+    replica: Replica<Token>,
+    store: JournalStore,
+    holdings: Holdings,
+    published: Arc<Published>,
+    outbox: O,
+    locs: HashMap<(JournalId, u64), EntryLoc>,
+    parked: Vec<Parked>,
+    leaders: HashMap<JournalId, Option<u64>>,
+    status: Arc<Mutex<NodeStatus>>,
+    next_tick: Instant,
+}
+
+/// Why a node's command log cannot be used by this node.
+fn identity_error(path: &Path, why: String) -> StoreError {
+    StoreError::Log(crate::log::LogError::Io { path: path.to_owned(), source: std::io::Error::other(why) })
+}
+
+/// Checks (or, on a first start, records) which cluster and node the command log under
+/// `data_dir` belongs to: a log of another cluster or node, or a single-node log, is refused.
+fn check_identity(data_dir: &Path, cluster: u64, node: u64) -> Result<(), StoreError> {
+    let dir = data_dir.join(JOURNALS_DIR);
+    let path = dir.join(IDENTITY_FILE);
+    let want = format!("cluster {cluster:016x}\nnode {node}\n");
+    match std::fs::read_to_string(&path) {
+        Ok(found) if found == want => Ok(()),
+        Ok(found) => Err(identity_error(
+            &path,
+            format!(
+                "this data directory belongs to {:?}, not to cluster {cluster:016x} node {node}: the [cluster] node_id or peers differ from the cluster it was made for",
+                found.trim().replace('\n', " ")
+            ),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let held = std::fs::read_dir(&dir).map(|d| d.filter_map(Result::ok).count()).unwrap_or(0);
+            if held > 0 {
+                return Err(identity_error(&path, "this data directory holds a single-node journal log; a cluster node needs a fresh one".into()));
+            }
+            std::fs::create_dir_all(&dir).map_err(|source| StoreError::Log(crate::log::LogError::Io { path: dir.clone(), source }))?;
+            write_synced(&path, want.as_bytes()).map_err(|source| StoreError::Log(crate::log::LogError::Io { path: path.clone(), source }))
+        }
+        Err(source) => Err(StoreError::Log(crate::log::LogError::Io { path, source })),
+    }
+}
+
+/// Writes a small file durably: a temporary file, synced, renamed, the directory synced.
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let tmp: PathBuf = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+}
+
+/// Where each record of an entry's command lies inside the entry's payload.
+fn record_spans(data: &[u8]) -> Vec<(u64, u32)> {
+    match decode(data) {
+        Ok((_, Command::Write { records, .. })) => records.iter().map(|r| ((r.as_ptr() as usize - data.as_ptr() as usize) as u64, r.len() as u32)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl<O: Outbox> Node<O> {
+    /// Opens the command log under `data_dir` as node `settings.node` of its cluster,
+    /// restores every group from it, and publishes the state applied so far.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the log belongs to another cluster or node, or to a single node;
+    /// the log's recovery errors; a durable item that does not decode or a group log that
+    /// does not hold together.
+    pub fn open(data_dir: &Path, segment_size: u64, settings: NodeSettings, outbox: O) -> Result<Node<O>, StoreError> {
+        check_identity(data_dir, settings.cluster, settings.node)?;
+        let mut items = Vec::new();
+        let mut locs = HashMap::new();
+        let (store, _) = JournalStore::open(data_dir, segment_size, 0, |r| {
+            let item = durable::decode(r.payload).map_err(|e| identity_error(&data_dir.join(JOURNALS_DIR), format!("position {}: {e}", r.position)))?;
+            if let Durable::Entry { journal, entry } = &item {
+                locs.insert((*journal, entry.index), EntryLoc { segment: r.segment, offset: r.offset, records: record_spans(r.payload) });
+            }
+            items.push(item);
+            Ok(())
+        })?;
+        let replica = Replica::member(settings.node, settings.members.clone(), items)
+            .map_err(|e| identity_error(&data_dir.join(JOURNALS_DIR), format!("restoring the consensus groups: {e}")))?;
+        let published = Arc::new(Published::new(store.segments()));
+        let status = Arc::new(Mutex::new(NodeStatus { node: settings.node, ..NodeStatus::default() }));
+        let next_tick = Instant::now() + settings.tick;
+        let mut node = Node {
+            settings,
+            replica,
+            store,
+            holdings: Holdings::default(),
+            published,
+            outbox,
+            locs,
+            parked: Vec::new(),
+            leaders: HashMap::new(),
+            status,
+            next_tick,
+        };
+        node.take_applied();
+        Ok(node)
+    }
+
+    /// What readers see.
+    pub fn published(&self) -> Arc<Published> {
+        Arc::clone(&self.published)
+    }
+
+    /// This node's status, refreshed every round.
+    pub fn status(&self) -> Arc<Mutex<NodeStatus>> {
+        Arc::clone(&self.status)
+    }
+
+    /// Runs until every sender of `calls` is gone or the command log fails (fail-stop: the
+    /// node then answers nothing more and its peers see it as down).
+    pub fn run(mut self, calls: flume::Receiver<Call>, inbox: flume::Receiver<Inbound>) {
+        loop {
+            let wait = self.next_tick.saturating_duration_since(Instant::now());
+            let mut gone = false;
+            let mut selector = flume::Selector::new().recv(&calls, |r| r.map(Input::Call).unwrap_or(Input::Gone));
+            if !inbox.is_disconnected() {
+                selector = selector.recv(&inbox, |r| r.map(Input::Frame).unwrap_or(Input::Idle));
+            }
+            match selector.wait_timeout(wait) {
+                Ok(Input::Call(call)) => self.call(call),
+                Ok(Input::Frame(frame)) => self.step(frame),
+                Ok(Input::Gone) => gone = true,
+                Ok(Input::Idle) | Err(_) => {}
+            }
+            for _ in 0..MAX_CALLS {
+                match calls.try_recv() {
+                    Ok(call) => self.call(call),
+                    Err(flume::TryRecvError::Empty) => break,
+                    Err(flume::TryRecvError::Disconnected) => {
+                        gone = true;
+                        break;
+                    }
+                }
+            }
+            for frame in inbox.try_iter().take(MAX_FRAMES) {
+                self.step(frame);
+            }
+            if Instant::now() >= self.next_tick {
+                self.replica.tick();
+                self.next_tick = Instant::now() + self.settings.tick;
+                self.retry_parked();
+            }
+            while self.replica.has_ready() {
+                if !self.round() {
+                    return;
+                }
+            }
+            self.refresh_status();
+            if gone {
+                return;
+            }
+        }
+    }
+
+    /// Steps a peer's messages into their groups. A message for a group not started here yet
+    /// (its creation is still on its way) is dropped: consensus sends again.
+    fn step(&mut self, frame: Inbound) {
+        for (group, m) in frame.messages {
+            let _ = self.replica.step(group, m);
+        }
+    }
+
+    /// One round (docs/journals.md §9.1); false when the command log failed.
+    fn round(&mut self) -> bool {
+        let first = self.replica.ready();
+        self.send(first.send);
+        if let Err(why) = self.persist(&first.persist) {
+            tracing::error!(error = %why, "journal log stopped: this node leaves its groups until it restarts");
+            self.published.stop(why.clone());
+            return false;
+        }
+        self.send(first.send_after_sync);
+        let second = self.replica.synced();
+        self.send(second.send);
+        self.take_applied();
+        for (token, verdict) in first.verdicts.into_iter().chain(second.verdicts) {
+            self.verdict(token, verdict);
+        }
+        true
+    }
+
+    /// Stages the round's durable items in order and commits them with one group commit;
+    /// remembers where each entry lies, for its records once it is applied.
+    fn persist(&mut self, items: &[Durable]) -> Result<(), String> {
+        let mut ordered = false;
+        let mut payload = Vec::new();
+        for item in items {
+            payload.clear();
+            durable::encode(item, &mut payload).map_err(|e| format!("a durable item did not encode: {e}"))?;
+            if !self.store.fits(payload.len()) {
+                self.store.check_len(payload.len()).map_err(|e| e.to_string())?;
+                self.store.commit(true).map_err(|e| e.to_string())?;
+                self.store.roll_over().map_err(|e| e.to_string())?;
+            }
+            let (_, offset) = self.store.stage(&payload);
+            match item {
+                Durable::Entry { journal, entry } => {
+                    let loc = EntryLoc { segment: self.store.active_base(), offset, records: record_spans(&payload) };
+                    self.locs.insert((*journal, entry.index), loc);
+                    let batched = self.replica.directory().journal(*journal).is_some_and(|e| e.state.durability == StoreDurability::Batched);
+                    ordered |= !batched;
+                }
+                // A vote or a term is a promise: never lost to a torn batch.
+                Durable::HardState { .. } => ordered = true,
+            }
+        }
+        if self.store.staged() > 0 {
+            let staged = self.store.staged();
+            self.store.commit(ordered).map_err(|e| e.to_string())?;
+            if let Ok(mut h) = self.published.commit_commands.lock() {
+                let _ = h.record(staged);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends each message, one frame per peer.
+    fn send(&mut self, messages: Vec<(JournalId, Message)>) {
+        if messages.is_empty() {
+            return;
+        }
+        let mut by_peer: std::collections::BTreeMap<u64, Vec<(JournalId, Message)>> = std::collections::BTreeMap::new();
+        for (group, m) in messages {
+            by_peer.entry(m.to).or_default().push((group, m));
+        }
+        for (to, ms) in by_peer {
+            let frame = encode_frame(self.settings.cluster, self.settings.node, to, &ms);
+            self.outbox.send(to, frame);
+        }
+    }
+
+    /// Brings the held records and the published state up to the entries applied.
+    fn take_applied(&mut self) {
+        let mut changed = BTreeSet::new();
+        for Applied { group, index, answer } in self.replica.take_applied() {
+            let loc = self.locs.remove(&(group, index));
+            match answer {
+                Some(Answer::Journal(Outcome::Accepted { seq, .. })) => {
+                    if let Some(l) = loc {
+                        for (i, (at, len)) in l.records.iter().enumerate() {
+                            self.holdings.push(group, seq + i as u64, Loc { segment: l.segment, offset: l.offset + at, len: *len });
+                        }
+                    }
+                    changed.insert(group);
+                }
+                Some(Answer::Journal(Outcome::Trimmed(view))) => {
+                    self.holdings.trim(group, view.first_seq);
+                    changed.insert(group);
+                }
+                Some(Answer::Journal(Outcome::Leader(_))) => {
+                    changed.insert(group);
+                }
+                Some(Answer::JournalCreated { journal }) => {
+                    changed.insert(journal);
+                }
+                _ => {}
+            }
+        }
+        for id in changed {
+            if let Some(e) = self.replica.directory().journal(id) {
+                self.published.show(id, e.state.view(), self.holdings.get(id).unwrap_or(&Held::default()));
+            }
+        }
+    }
+
+    /// Takes one call from a shard.
+    fn call(&mut self, call: Call) {
+        if let Some(why) = self.published.stopped() {
+            let reply = match &call {
+                Call::Command { reply, .. } | Call::Create { reply, .. } | Call::List { reply, .. } | Call::Confirm { reply, .. } => reply.clone(),
+            };
+            let _ = reply.send(unavailable(&why));
+            return;
+        }
+        match call {
+            Call::Command { payload, reply } => {
+                let Ok((_, cmd)) = decode(&payload) else {
+                    let _ = reply.send(invalid("the journal command did not decode"));
+                    return;
+                };
+                if matches!(cmd, Command::DeleteJournal { .. }) {
+                    let _ = reply.send(invalid("deleting a journal is not served by a cluster yet"));
+                    return;
+                }
+                let write = matches!(cmd, Command::Write { .. });
+                let (group, target) = (group_of(&cmd), cmd.target());
+                if write && self.pending() >= self.settings.admission {
+                    self.status.lock().unwrap().busy += 1;
+                    let _ = reply.send(JournalResponse {
+                        outcome: JournalOutcome::Busy as i32,
+                        message: format!("more than {} journal calls are waiting for consensus; retry the same write shortly", self.settings.admission),
+                        ..Default::default()
+                    });
+                    return;
+                }
+                self.propose(group, payload, Token::Answer { reply, target });
+            }
+            Call::Create { tenant, journal, mode, durability, tenant_id, journal_id, reply } => match self.replica.directory().tenant_named(&tenant) {
+                Some((tid, _)) => self.create_journal(tid, &journal, mode, durability, journal_id, reply),
+                None => {
+                    let cmd = Command::CreateTenant { tenant: tenant_id, name: &tenant };
+                    let payload = encode(&cmd);
+                    self.propose(DIRECTORY, payload, Token::Tenant { tenant, journal, mode, durability, journal_id, reply });
+                }
+            },
+            Call::List { tenant, reply } => self.read(DIRECTORY, Token::List { tenant, reply }),
+            Call::Confirm { journal, reply } => self.read(journal, Token::Confirm(reply)),
+        }
+    }
+
+    fn create_journal(&mut self, tenant: u64, name: &str, mode: Mode, durability: StoreDurability, journal_id: u64, reply: flume::Sender<JournalResponse>) {
+        let id = JournalId { tenant, journal: journal_id };
+        let payload = encode(&Command::CreateJournal { journal: id, name, mode, durability });
+        self.propose(DIRECTORY, payload, Token::Answer { reply, target: id });
+    }
+
+    /// Proposals and reads waiting for a verdict here.
+    fn pending(&self) -> usize {
+        self.replica.groups().filter_map(|g| self.replica.status(g)).map(|s| s.pending).sum()
+    }
+
+    fn propose(&mut self, group: JournalId, command: Vec<u8>, token: Token) {
+        match self.replica.propose(group, command.clone(), token) {
+            Ok(()) => {}
+            Err((token, refused)) => self.refused(group, Some(command), token, refused),
+        }
+    }
+
+    fn read(&mut self, group: JournalId, token: Token) {
+        if let Err((token, refused)) = self.replica.read(group, token) {
+            self.refused(group, None, token, refused);
+        }
+    }
+
+    /// A call refused before consensus: parked while the group has no leader yet or the
+    /// journal is not known here yet, else answered.
+    fn refused(&mut self, group: JournalId, command: Option<Vec<u8>>, token: Token, refused: Refused) {
+        let known = group == DIRECTORY || self.replica.directory().journal(group).is_some();
+        let wait = matches!(refused, Refused::NotLeader { leader: None }) || (refused == Refused::UnknownGroup && !known);
+        if wait {
+            self.parked.push(Parked { group, command, token, until: Instant::now() + self.settings.settle });
+            return;
+        }
+        let resp = match refused {
+            Refused::NotLeader { leader } => not_leader(leader, command.is_none()),
+            Refused::UnknownGroup => JournalResponse {
+                outcome: if command.is_none() { JournalOutcome::Unserved } else { JournalOutcome::NotLeader } as i32,
+                message: "this node holds no copy of the journal; ask another".into(),
+                ..Default::default()
+            },
+        };
+        self.answer(token, resp);
+    }
+
+    /// Tries the parked calls again; those past their wait are answered.
+    fn retry_parked(&mut self) {
+        let now = Instant::now();
+        for p in std::mem::take(&mut self.parked) {
+            let known = p.group == DIRECTORY || self.replica.directory().journal(p.group).is_some();
+            let leader = self.replica.leader(p.group);
+            let ready = leader.is_some() || (now >= p.until);
+            if !ready {
+                self.parked.push(p);
+                continue;
+            }
+            if leader.is_none() {
+                let resp = if !known { outcome(JournalOutcome::UnknownJournal) } else { not_leader(None, p.command.is_none()) };
+                self.answer(p.token, resp);
+                continue;
+            }
+            match p.command {
+                Some(c) => match self.replica.propose(p.group, c, p.token) {
+                    Ok(()) => {}
+                    Err((token, Refused::NotLeader { leader })) => self.answer(token, not_leader(leader, false)),
+                    Err((token, Refused::UnknownGroup)) => self.answer(token, not_leader(None, false)),
+                },
+                None => {
+                    if let Err((token, _)) = self.replica.read(p.group, p.token) {
+                        self.answer(token, not_leader(None, true));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers a call that got no verdict, whatever its token.
+    fn answer(&mut self, token: Token, resp: JournalResponse) {
+        if resp.outcome == JournalOutcome::Unserved as i32 {
+            self.status.lock().unwrap().unserved += 1;
+        }
+        let reply = match token {
+            Token::Answer { reply, .. } | Token::Tenant { reply, .. } | Token::Confirm(reply) | Token::List { reply, .. } => reply,
+        };
+        let _ = reply.send(resp);
+    }
+
+    /// Carries out a verdict.
+    fn verdict(&mut self, token: Token, verdict: Verdict) {
+        match (token, verdict) {
+            (Token::Answer { reply, target }, Verdict::Applied(answer)) => {
+                let mut resp = respond(&answer);
+                if resp.state.is_none() && matches!(answer, Answer::Journal(_)) {
+                    resp.state = self.replica.directory().journal(target).map(|e| wire_view(e.state.view()));
+                }
+                let _ = reply.send(resp);
+            }
+            (Token::Tenant { tenant, journal, mode, durability, journal_id, reply }, Verdict::Applied(answer)) => {
+                match self.replica.directory().tenant_named(&tenant) {
+                    Some((tid, _)) => self.create_journal(tid, &journal, mode, durability, journal_id, reply),
+                    None => {
+                        let _ = reply.send(respond(&answer));
+                    }
+                }
+            }
+            (Token::Confirm(reply), Verdict::ReadReady) => {
+                let _ = reply.send(outcome(JournalOutcome::Page));
+            }
+            (Token::List { tenant, reply }, Verdict::ReadReady) => {
+                let _ = reply.send(list(self.replica.directory(), &tenant));
+            }
+            (token, Verdict::Undecodable) => self.answer(token, invalid("the journal command did not decode")),
+            (token @ (Token::Confirm(_) | Token::List { .. }), _) => self.answer(token, not_leader(None, true)),
+            (token, _) => self.answer(
+                token,
+                JournalResponse {
+                    outcome: JournalOutcome::Ambiguous as i32,
+                    message: "no verdict: the journal's leader changed while the call was in consensus; it may or may not take effect".into(),
+                    ..Default::default()
+                },
+            ),
+        }
+    }
+
+    /// Refreshes what `cluster status` and `/metrics` read.
+    fn refresh_status(&mut self) {
+        let groups: Vec<(JournalId, GroupStatus)> = self.replica.groups().filter_map(|g| self.replica.status(g).map(|s| (g, s))).collect();
+        let mut changes = 0;
+        for (g, s) in &groups {
+            let before = self.leaders.insert(*g, s.leader);
+            if before.is_some_and(|b| b != s.leader) && s.leader.is_some() {
+                changes += 1;
+            }
+        }
+        let mut st = self.status.lock().unwrap();
+        st.groups = groups;
+        st.leader_changes += changes;
+    }
+}
+
+/// A command encoded by the node itself.
+fn encode(cmd: &Command<'_>) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(cmd.encoded_len());
+    cmd.encode(EntryId::default(), &mut payload);
+    payload
+}
+
+/// `NOT_LEADER` naming the leader when known (for a read: `UNSERVED`).
+fn not_leader(leader: Option<u64>, read: bool) -> JournalResponse {
+    let message = match leader {
+        Some(l) => format!("node {l} leads this journal's group; ask it"),
+        None => "no leader of this journal's group is known here yet; ask another node".to_owned(),
+    };
+    let o = if read { JournalOutcome::Unserved } else { JournalOutcome::NotLeader };
+    JournalResponse { outcome: o as i32, message, ..Default::default() }
+}
