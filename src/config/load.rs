@@ -15,7 +15,7 @@ use toml::{Table, Value};
 
 use super::cli::ServerArgs;
 use super::error::{ConfigError, Origin};
-use super::settings::{AuthSettings, MetricsSettings, Settings, TlsSettings, TokenSettings};
+use super::settings::{AuthSettings, ClusterSettings, MetricsSettings, Settings, TlsSettings, TokenSettings};
 
 /// Prefix of the environment variables that set configuration keys, matched without regard to
 /// case. The rest of the name is the key path joined with [`ENV_SEPARATOR`], so
@@ -298,6 +298,7 @@ fn key_kinds() -> Table {
         metrics: MetricsSettings { bind: Some(String::new()) },
         tls: TlsSettings { cert: Some(PathBuf::new()), key: Some(PathBuf::new()) },
         auth: AuthSettings { tokens: vec![TokenSettings::default()], ..AuthSettings::default() },
+        cluster: Some(ClusterSettings { peers: vec![String::new()], zone: Some(String::new()), ..ClusterSettings::default() }),
         ..Settings::default()
     };
     match Value::try_from(&full) {
@@ -316,7 +317,10 @@ fn key_kinds() -> Table {
 ///   ([`float_to_count`]);
 /// - boolean keys take `true`/`false`/`yes`/`no`/`on`/`off`/`1`/`0` as a string in any case, and
 ///   numbers, or strings holding one (non-zero is true); integer keys take `true`/`false` (and
-///   those words as strings) as 1 and 0.
+///   those words as strings) as 1 and 0;
+/// - list-of-text keys (`cluster.peers`) take one string as a comma-separated list, so that a
+///   variable can set them (`TEPHRA__CLUSTER__PEERS=1=a:9400,2=b:9400`); items are trimmed and
+///   empty ones dropped.
 ///
 /// Anything else is left alone for deserialization to reject with its usual message: a string
 /// that is not a number for an integer key, a negative integer for a count, a value where a
@@ -344,6 +348,9 @@ fn coerce_value(value: &mut Value, kind: &Value) {
                 }
             }
             None
+        }
+        (Value::Array(kinds), Value::String(s)) if matches!(kinds.first(), Some(Value::String(_))) => {
+            Some(Value::Array(s.split(',').map(str::trim).filter(|item| !item.is_empty()).map(|item| Value::String(item.to_owned())).collect()))
         }
         (Value::String(_), Value::Integer(i)) => Some(Value::String(i.to_string())),
         (Value::String(_), Value::Float(f)) => Some(Value::String(f.to_string())),

@@ -31,9 +31,9 @@ pub use cli::ServerArgs;
 pub use error::{ConfigError, Origin};
 pub use load::{process_env, read_config_file, resolve, resolve_sources, FileSource, Overrides, ENV_PREFIX, ENV_SEPARATOR};
 pub use settings::{
-    check_listen_addr, segment_size_fits, AuthSettings, BackpressureSettings, JournalSettings, KeepaliveSettings, LimitSettings, MetricsSettings, ReadSettings,
-    ReadsSettings, SegmentSettings, ServerSettings, Settings, SubscriptionSettings, TimeoutSettings, TlsSettings, TokenSettings, WriterSettings,
-    COMMIT_MARKER_LEN, DEFAULT_BIND, DEFAULT_DATA_DIR, DEFAULT_LOG_FILTER, DEFAULT_SEGMENT_SIZE, LOG_ENV_VAR, MAX_KEEPALIVE_SECS, MAX_SEGMENT_SIZE,
-    MAX_TIMEOUT_SECS, MIN_SEGMENT_SIZE, SEGMENT_HEADER_LEN,
+    check_listen_addr, cluster_id, segment_size_fits, AuthSettings, BackpressureSettings, ClusterSettings, JournalSettings, KeepaliveSettings, LimitSettings,
+    MetricsSettings, ReadSettings, ReadsSettings, SegmentSettings, ServerSettings, Settings, SubscriptionSettings, TimeoutSettings, TlsSettings, TokenSettings,
+    WriterSettings, COMMIT_MARKER_LEN, DEFAULT_BIND, DEFAULT_DATA_DIR, DEFAULT_LOG_FILTER, DEFAULT_SEGMENT_SIZE, DEFAULT_TICK_MS, LOG_ENV_VAR,
+    MAX_KEEPALIVE_SECS, MAX_SEGMENT_SIZE, MAX_TICK_MS, MAX_TIMEOUT_SECS, MAX_ZONE_LEN, MIN_SEGMENT_SIZE, SEGMENT_HEADER_LEN,
 };
 pub use validate::{MAX_SHARDS, MAX_SHARDS_PER_CPU};

@@ -4,6 +4,7 @@
 //! so a key that is left out keeps its default and a key that does not exist is an error.
 //! Every key is documented in docs/operations.md §2.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::num::NonZeroUsize;
@@ -89,6 +90,10 @@ pub struct Settings {
     pub auth: AuthSettings,
     /// `[journal]`: the limits of the journal API (ours; the reference has no such section).
     pub journal: JournalSettings,
+    /// `[cluster]`: this node's place in a cluster of replicating nodes. Absent (the default):
+    /// a single node, no peer port, no replication.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterSettings>,
 }
 
 impl Default for Settings {
@@ -105,6 +110,7 @@ impl Default for Settings {
             tls: TlsSettings::default(),
             auth: AuthSettings::default(),
             journal: JournalSettings::default(),
+            cluster: None,
         }
     }
 }
@@ -153,6 +159,91 @@ impl Default for JournalSettings {
             segment_size: 64 * 1024 * 1024,
         }
     }
+}
+
+/// Default `cluster.tick_ms`: the consensus tick, in milliseconds.
+pub const DEFAULT_TICK_MS: u64 = 10;
+/// Largest `cluster.tick_ms`.
+pub const MAX_TICK_MS: u64 = 1_000;
+/// Longest `cluster.zone`, in bytes.
+pub const MAX_ZONE_LEN: usize = 64;
+
+/// `[cluster]`: this node's place in a cluster (docs/journals.md §9). Each key can also be set
+/// as `TEPHRA__CLUSTER__<KEY>`; `TEPHRA__CLUSTER__PEERS` takes the list as one comma-separated
+/// string (`1=10.0.0.1:9400,2=10.0.0.2:9400`). Keys left out take the defaults below, which
+/// validation refuses where a value is required (`node_id`, `bind`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// `cluster.node_id`: this node's id, unique in the cluster. Required: 0 (the default) is
+    /// refused.
+    pub node_id: u64,
+    /// `cluster.bind`: the peer listener, `HOST:PORT`, apart from the client `bind`. Required.
+    pub bind: String,
+    /// `cluster.peers`: the cluster's nodes as `"ID=HOST:PORT"`, the address each one's peer
+    /// listener is reached at from this node. This node's own entry may be listed (so that
+    /// every node can share one list) and is ignored. Default empty. A malformed entry or an id
+    /// listed twice is refused, naming the entry. See [`ClusterSettings::members`].
+    pub peers: Vec<String>,
+    /// `cluster.zone`: free text naming this node's failure zone (a rack, a room), at most
+    /// [`MAX_ZONE_LEN`] bytes; voters are spread across zones. Unset by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// `cluster.tick_ms`: the consensus tick, in milliseconds (elections after 10 to 20 ticks
+    /// without a leader, heartbeats every 3). Default 10; 1 to [`MAX_TICK_MS`].
+    pub tick_ms: u64,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        ClusterSettings { node_id: 0, bind: String::new(), peers: Vec::new(), zone: None, tick_ms: DEFAULT_TICK_MS }
+    }
+}
+
+impl ClusterSettings {
+    /// The other nodes, id to peer address, parsed from `peers` (this node's own entry left
+    /// out).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the entry: one that is not `ID=HOST:PORT` with a
+    /// non-zero whole-number id and an address [`check_listen_addr`] accepts, or one whose id an
+    /// earlier entry already listed.
+    pub fn members(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
+        let mut seen = BTreeMap::new();
+        for entry in &self.peers {
+            let malformed = |why: &str| ConfigError::invalid(format!("cluster.peers entry {entry:?} {why}; entries are ID=HOST:PORT, like 2=10.0.0.2:9400"));
+            let (id, addr) = entry.split_once('=').ok_or_else(|| malformed("has no '='"))?;
+            let id: u64 = id.trim().parse().map_err(|_| malformed("does not start with a node id (a whole number)"))?;
+            if id == 0 {
+                return Err(malformed("names node 0; node ids start at 1"));
+            }
+            let addr = addr.trim();
+            if check_listen_addr(addr).is_none() {
+                return Err(malformed("has no HOST:PORT address after '='"));
+            }
+            if seen.insert(id, addr.to_owned()).is_some() {
+                return Err(ConfigError::invalid(format!("cluster.peers entry {entry:?} lists node {id} a second time")));
+            }
+        }
+        seen.remove(&self.node_id);
+        Ok(seen)
+    }
+
+    /// `tick_ms` as a [`Duration`].
+    pub fn tick(&self) -> Duration {
+        Duration::from_millis(self.tick_ms)
+    }
+}
+
+/// The cluster's id: a stable 64-bit hash (FNV-1a over the little-endian bytes) of the sorted,
+/// deduplicated set of every node's id, this node included. Nodes that list the same set of
+/// nodes agree on it whatever addresses they reach each other at; a node listing another set
+/// gets another id, and its peer frames are refused (docs/journals.md §9.4).
+pub fn cluster_id(node_ids: impl IntoIterator<Item = u64>) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let ids: std::collections::BTreeSet<u64> = node_ids.into_iter().collect();
+    ids.iter().flat_map(|id| id.to_le_bytes()).fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME))
 }
 
 /// `[segment]`: how big each log segment file is. See docs/operations.md §2.2.

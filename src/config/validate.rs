@@ -5,7 +5,7 @@
 //! style (docs/operations.md §2.1).
 
 use super::error::ConfigError;
-use super::settings::{check_listen_addr, segment_size_fits, Settings, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE};
+use super::settings::{check_listen_addr, segment_size_fits, ClusterSettings, Settings, MAX_SEGMENT_SIZE, MAX_TICK_MS, MAX_ZONE_LEN, MIN_SEGMENT_SIZE};
 
 fn at_least_one(key: &str, value: u64) -> Result<(), ConfigError> {
     if value == 0 {
@@ -53,7 +53,11 @@ impl Settings {
     /// - `tls.cert and tls.key must be set together`; neither may be an empty path
     ///   (`tls.cert must not be empty`);
     /// - `auth.tokens entries must have a non-empty token`;
-    /// - `auth.tokens require tls; set tls.cert and tls.key, or auth.allow_insecure = true`.
+    /// - `auth.tokens require tls; set tls.cert and tls.key, or auth.allow_insecure = true`;
+    /// - with a `[cluster]` section: `cluster.node_id` set and non-zero, `cluster.bind` a
+    ///   `HOST:PORT` other than `bind`, every `cluster.peers` entry well-formed and each id
+    ///   listed once ([`ClusterSettings::members`]), `cluster.zone` at most 64 bytes,
+    ///   `cluster.tick_ms` from 1 to 1000.
     ///
     /// [`resolve`](super::resolve) calls this; call it yourself on a hand-built `Settings`.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -113,6 +117,29 @@ impl Settings {
         }
         if self.auth.enabled() && !self.tls.enabled() && !self.auth.allow_insecure {
             return Err(ConfigError::invalid("auth.tokens require tls; set tls.cert and tls.key, or auth.allow_insecure = true"));
+        }
+        if let Some(cluster) = &self.cluster {
+            self.validate_cluster(cluster)?;
+        }
+        Ok(())
+    }
+
+    fn validate_cluster(&self, c: &ClusterSettings) -> Result<(), ConfigError> {
+        if c.node_id == 0 {
+            return Err(ConfigError::invalid("cluster.node_id must be set to this node's id, a whole number from 1"));
+        }
+        listen_addr("cluster.bind", &c.bind)?;
+        if c.bind == self.bind {
+            return Err(ConfigError::invalid(format!("cluster.bind must differ from bind (both are {:?}): peers and clients have ports of their own", c.bind)));
+        }
+        c.members()?;
+        if let Some(zone) = &c.zone {
+            if zone.len() > MAX_ZONE_LEN {
+                return Err(ConfigError::invalid(format!("cluster.zone must be at most {MAX_ZONE_LEN} bytes, got {}", zone.len())));
+            }
+        }
+        if !(1..=MAX_TICK_MS).contains(&c.tick_ms) {
+            return Err(ConfigError::invalid(format!("cluster.tick_ms must be between 1 and {MAX_TICK_MS}, got {}", c.tick_ms)));
         }
         Ok(())
     }
