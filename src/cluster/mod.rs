@@ -9,11 +9,13 @@
 //! | [`placement`] | which members vote in a journal's group (pure) |
 //! | [`node`] | the loop that drives one node's replica: command log, peers, calls |
 //! | [`peer`] | the frame one node sends another: many groups' consensus messages, checked on receipt |
+//! | [`link`] | the peer transport: one TCP connection per node pair carrying those frames, queues that never block the sender |
 //!
-//! The command log, the peer transport and the loop that drives a [`replica::Replica`] live at
+//! The command log and the loop that drives a [`replica::Replica`] live at
 //! the edges. Source: docs/journals.md §9.
 
 pub mod durable;
+pub mod link;
 pub mod node;
 pub mod peer;
 pub mod placement;

@@ -1,0 +1,615 @@
+//! The peer transport: one TCP connection per pair of nodes, carrying peer frames
+//! ([`super::peer`]) both ways. Plain threads and blocking sockets at the edge, beside the
+//! node's loop: nothing on the journal path waits for the network ([`Links::send`] only
+//! queues, and drops when it cannot).
+//!
+//! | rule | what |
+//! |---|---|
+//! | who dials | the lower id dials the higher one; both directions share that connection |
+//! | reconnect | after a failed dial or a closed link, after 20 ms, doubling to 1 s (back to 20 ms once a link has lived 1 s) |
+//! | wire | each frame is a `u32` little-endian length, then the bytes of [`encode_frame`]; a length above [`MAX_FRAME`] closes the link |
+//! | handshake | the dialer first sends `encode_frame(cluster, me, peer, &[])`; the acceptor closes a connection whose first frame does not decode for it ([`decode_frame`]: another cluster, another node), comes from a node not among its peers, or from a higher id |
+//! | refusal | a later frame that does not decode, or names another sender than the handshake, closes that link only; the dialer reconnects |
+//! | replacement | a newer connection from the same peer replaces the old one, which is closed |
+//! | queues | per peer, at most [`QUEUE_FRAMES`] frames wait; a writer drains them through a buffer and flushes when the queue is momentarily empty, so many frames go in few system calls |
+//!
+//! Threads: one acceptor, one link thread per peer (it dials or takes the accepted
+//! connection, and writes), one reader per connection (it decodes and hands each frame's
+//! messages to the inbox). Dropping [`Links`] stops and joins them all and closes every socket.
+//! Source: docs/journals.md §9.4.
+
+use std::collections::BTreeMap;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use raft::eraftpb::Message;
+
+use super::peer::{decode_frame, encode_frame};
+use crate::journal::JournalId;
+
+/// Largest peer frame, in bytes, sent or accepted (64 MiB). A longer length prefix closes the
+/// link; a longer frame given to [`Links::send`] is dropped.
+pub const MAX_FRAME: usize = 64 << 20;
+/// Frames that may wait for one peer's writer; [`Links::send`] drops beyond this.
+pub const QUEUE_FRAMES: usize = 4096;
+/// First pause before a dialer tries again.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(20);
+/// Longest pause between a dialer's attempts.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long an accepted connection has to deliver its handshake frame.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one write may block (a peer that stopped reading) before its link is closed.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one dial attempt may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+const WRITE_BUFFER: usize = 256 << 10;
+const READ_BUFFER: usize = 64 << 10;
+/// How often a reader waiting on a full inbox looks whether the links are stopping.
+const INBOX_POLL: Duration = Duration::from_millis(100);
+
+/// What a peer sent: the messages of one frame, each for one group.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inbound {
+    /// The sending node (the one its link's handshake named).
+    pub from: u64,
+    /// The frame's consensus messages, each with its group, in the frame's order.
+    pub messages: Vec<(JournalId, Message)>,
+}
+
+/// One peer link's state and counters, for metrics and `cluster status`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkStats {
+    /// The peer's node id.
+    pub peer: u64,
+    /// The peer's address as configured.
+    pub addr: String,
+    /// Whether a connection to the peer is up (frames are being queued for it).
+    pub connected: bool,
+    /// Connections established since start (each dial or accepted handshake that took).
+    pub connects: u64,
+    /// Frames written to the peer.
+    pub sent: u64,
+    /// Frames dropped: the peer was not connected, its queue was full, the frame was above
+    /// [`MAX_FRAME`], or its link closed with the frame still queued.
+    pub dropped: u64,
+    /// Frames received from the peer and handed to the inbox.
+    pub received: u64,
+    /// Frames from the peer refused (did not decode, another sender, too long), each of
+    /// which closed the link.
+    pub refused: u64,
+}
+
+/// The connections of one node to each of its peers. See the module documentation.
+pub struct Links {
+    shared: Arc<Shared>,
+    local: SocketAddr,
+    /// A handle on the acceptor's listener, to wake it when stopping.
+    listener: TcpListener,
+    acceptor: Option<JoinHandle<()>>,
+    peers: BTreeMap<u64, Peer>,
+}
+
+/// What every thread of one [`Links`] shares.
+struct Shared {
+    me: u64,
+    cluster: u64,
+    stop: AtomicBool,
+    inbox: flume::Sender<Inbound>,
+    /// Incoming connections refused at their handshake.
+    refused_handshakes: AtomicU64,
+    /// A connection the acceptor is reading a handshake from, to close when stopping.
+    pending: Mutex<Option<TcpStream>>,
+}
+
+/// [`Links`]' handle on one peer's link thread.
+struct Peer {
+    state: Arc<PeerState>,
+    frames: flume::Sender<Vec<u8>>,
+    control: flume::Sender<Control>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// One peer's state, shared by [`Links`], its link thread and its reader.
+struct PeerState {
+    id: u64,
+    addr: String,
+    connected: AtomicBool,
+    connects: AtomicU64,
+    sent: AtomicU64,
+    dropped: AtomicU64,
+    received: AtomicU64,
+    refused: AtomicU64,
+    /// The live connection, to close when stopping.
+    current: Mutex<Option<TcpStream>>,
+}
+
+/// What a link thread is told besides frames to send.
+enum Control {
+    /// The acceptor took a connection from this peer (handshake checked).
+    Accepted(TcpStream),
+    /// The reader of connection `generation` ended; the link is down.
+    Closed(u64),
+    /// [`Links`] is being dropped.
+    Stop,
+}
+
+impl Links {
+    /// Binds the peer listener at `bind` (`HOST:PORT`; port 0 picks a free port, see
+    /// [`Links::local_addr`]), then starts as [`Links::start_on`].
+    ///
+    /// # Errors
+    /// The bind's error (address in use, not resolvable, ...), or a thread that cannot start.
+    pub fn start(me: u64, cluster: u64, bind: &str, peers: &BTreeMap<u64, String>, inbox: flume::Sender<Inbound>) -> io::Result<Links> {
+        let listener = TcpListener::bind(bind)?;
+        Links::start_on(listener, me, cluster, peers, inbox)
+    }
+
+    /// Starts the links of node `me` of `cluster` on an already bound listener: an acceptor
+    /// thread and one link per peer of `peers` (node id to `HOST:PORT`; an entry for `me` is
+    /// ignored). Every peer's messages go to `inbox`, one [`Inbound`] per frame; a bounded inbox
+    /// that is full holds the readers (and through TCP the senders) back.
+    ///
+    /// Binding first lets a caller learn every node's port before any starts, as tests with
+    /// several nodes on port 0 do: bind each node's listener, build the peer maps from their
+    /// `local_addr`, then start each.
+    ///
+    /// # Errors
+    /// Cloning the listener's handle, or a thread that cannot start.
+    pub fn start_on(listener: TcpListener, me: u64, cluster: u64, peers: &BTreeMap<u64, String>, inbox: flume::Sender<Inbound>) -> io::Result<Links> {
+        let local = listener.local_addr()?;
+        let handle = listener.try_clone()?;
+        let shared = Arc::new(Shared { me, cluster, stop: AtomicBool::new(false), inbox, refused_handshakes: AtomicU64::new(0), pending: Mutex::new(None) });
+        let mut links = Links { shared: Arc::clone(&shared), local, listener: handle, acceptor: None, peers: BTreeMap::new() };
+        for (&id, addr) in peers.iter().filter(|(&id, _)| id != me) {
+            let state = Arc::new(PeerState {
+                id,
+                addr: addr.clone(),
+                connected: AtomicBool::new(false),
+                connects: AtomicU64::new(0),
+                sent: AtomicU64::new(0),
+                dropped: AtomicU64::new(0),
+                received: AtomicU64::new(0),
+                refused: AtomicU64::new(0),
+                current: Mutex::new(None),
+            });
+            let (frames_tx, frames) = flume::bounded(QUEUE_FRAMES);
+            let (control_tx, control) = flume::unbounded();
+            let link = Link { shared: Arc::clone(&shared), state: Arc::clone(&state), frames, control, control_tx: control_tx.clone(), generation: 0 };
+            // Registered before the thread starts, so that a failure to start stops those
+            // already running (Drop).
+            links.peers.insert(id, Peer { state, frames: frames_tx, control: control_tx, thread: None });
+            let thread = std::thread::Builder::new().name(format!("tephra-link-{id}")).spawn(move || link.run())?;
+            if let Some(peer) = links.peers.get_mut(&id) {
+                peer.thread = Some(thread);
+            }
+        }
+        let routes: BTreeMap<u64, flume::Sender<Control>> = links.peers.iter().map(|(&id, p)| (id, p.control.clone())).collect();
+        links.acceptor = Some(std::thread::Builder::new().name("tephra-link-accept".into()).spawn(move || accept(listener, &shared, &routes))?);
+        Ok(links)
+    }
+
+    /// Queues one frame (bytes made by [`encode_frame`] for node `to`) for node `to`, without
+    /// ever blocking: the frame is dropped, and counted in [`LinkStats::dropped`], when the peer
+    /// is not connected, its queue holds [`QUEUE_FRAMES`] frames already, or the frame is longer
+    /// than [`MAX_FRAME`]. Consensus retransmits what is lost. A `to` that is not a peer is
+    /// ignored.
+    pub fn send(&self, to: u64, frame: Vec<u8>) {
+        let Some(peer) = self.peers.get(&to) else {
+            tracing::debug!(to, "no link to node {to}: not among this node's peers; frame dropped");
+            return;
+        };
+        if frame.len() > MAX_FRAME {
+            tracing::warn!(to, len = frame.len(), "peer frame for node {to} is {} bytes, above the {MAX_FRAME}-byte limit; dropped", frame.len());
+            peer.state.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if !peer.state.connected.load(Ordering::Acquire) || peer.frames.try_send(frame).is_err() {
+            peer.state.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Every peer's link: connected or not, and its counters, by peer id.
+    pub fn stats(&self) -> Vec<LinkStats> {
+        self.peers
+            .values()
+            .map(|p| {
+                let s = &p.state;
+                LinkStats {
+                    peer: s.id,
+                    addr: s.addr.clone(),
+                    connected: s.connected.load(Ordering::Acquire),
+                    connects: s.connects.load(Ordering::Relaxed),
+                    sent: s.sent.load(Ordering::Relaxed),
+                    dropped: s.dropped.load(Ordering::Relaxed),
+                    received: s.received.load(Ordering::Relaxed),
+                    refused: s.refused.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Incoming connections closed at their handshake (another cluster, an unknown node, a
+    /// higher id dialing, no handshake in time).
+    pub fn refused_handshakes(&self) -> u64 {
+        self.shared.refused_handshakes.load(Ordering::Relaxed)
+    }
+
+    /// The address the peer listener is bound to (the port chosen when bound with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+impl Drop for Links {
+    /// Stops every thread and closes every socket: the listener, a handshake in progress, each
+    /// peer's connection; then joins the threads.
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(s) = lock(&self.shared.pending).take() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        // On Linux a blocked accept returns once its listening socket is shut down.
+        let _ = socket2::SockRef::from(&self.listener).shutdown(Shutdown::Both);
+        for peer in self.peers.values() {
+            let _ = peer.control.send(Control::Stop);
+            if let Some(s) = lock(&peer.state.current).as_ref() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
+        for peer in self.peers.values_mut() {
+            if let Some(t) = peer.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Why reading a frame stopped.
+enum ReadError {
+    /// The connection failed or ended.
+    Io(io::Error),
+    /// The length prefix is above [`MAX_FRAME`].
+    TooLong(usize),
+}
+
+/// Reads one length-prefixed frame.
+fn read_frame(r: &mut impl Read) -> Result<Vec<u8>, ReadError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).map_err(ReadError::Io)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(ReadError::TooLong(len));
+    }
+    // Grown as bytes arrive, not reserved whole on a peer's word.
+    let mut frame = Vec::new();
+    r.take(len as u64).read_to_end(&mut frame).map_err(ReadError::Io)?;
+    if frame.len() < len {
+        return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into()));
+    }
+    Ok(frame)
+}
+
+/// Writes one length-prefixed frame (buffered).
+fn write_frame(w: &mut impl Write, frame: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(frame.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame above 4 GiB"))?;
+    w.write_all(&len.to_le_bytes())?;
+    w.write_all(frame)
+}
+
+/// Socket options of every peer connection: no Nagle delay, bounded writes, keepalive probes
+/// that find a peer gone without a word within seconds.
+fn configure(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(5)).with_interval(Duration::from_secs(1)).with_retries(3);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
+}
+
+/// The acceptor: takes each incoming connection, checks its handshake and hands it to its
+/// peer's link thread.
+fn accept(listener: TcpListener, shared: &Shared, routes: &BTreeMap<u64, flume::Sender<Control>>) {
+    loop {
+        let accepted = listener.accept();
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let (stream, remote) = match accepted {
+            Ok(x) => x,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                // Out of descriptors and the like: wait a little rather than spin.
+                tracing::warn!(error = %e, "peer listener could not accept a connection");
+                std::thread::sleep(MIN_BACKOFF);
+                continue;
+            }
+        };
+        *lock(&shared.pending) = stream.try_clone().ok();
+        // Checked after publishing `pending`, which Drop closes after setting `stop`.
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let checked = handshake(&stream, shared, routes);
+        lock(&shared.pending).take();
+        match checked {
+            Ok(from) => {
+                if let Some(route) = routes.get(&from) {
+                    let _ = route.send(Control::Accepted(stream));
+                }
+            }
+            Err(why) => {
+                shared.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+                if !shared.stop.load(Ordering::SeqCst) {
+                    tracing::warn!(%remote, "refused a peer connection from {remote}: {why}");
+                }
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// Reads and checks an accepted connection's handshake: the sender's id, or why it is refused.
+fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, flume::Sender<Control>>) -> Result<u64, String> {
+    configure(stream).map_err(|e| format!("socket options: {e}"))?;
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|e| e.to_string())?;
+    let frame = read_frame(&mut &*stream).map_err(|e| match e {
+        ReadError::Io(e) => format!("no handshake within {HANDSHAKE_TIMEOUT:?}: {e}"),
+        ReadError::TooLong(len) => format!("handshake length {len} is above the {MAX_FRAME}-byte limit"),
+    })?;
+    let (from, messages) = decode_frame(&frame, shared.cluster, shared.me).map_err(|e| format!("bad handshake: {e}"))?;
+    if !routes.contains_key(&from) {
+        return Err(format!("node {from} is not among this node's peers"));
+    }
+    if from > shared.me {
+        return Err(format!("node {from} dialed node {} but the lower id dials", shared.me));
+    }
+    if !messages.is_empty() {
+        return Err(format!("node {from}'s handshake carries {} messages; it carries none", messages.len()));
+    }
+    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+    Ok(from)
+}
+
+/// One peer's link thread: it dials (lower id) or takes accepted connections (higher id),
+/// starts a reader on each, and writes the queued frames.
+struct Link {
+    shared: Arc<Shared>,
+    state: Arc<PeerState>,
+    frames: flume::Receiver<Vec<u8>>,
+    control: flume::Receiver<Control>,
+    /// Given to readers, to report their end.
+    control_tx: flume::Sender<Control>,
+    /// Counts connections, so that a stale reader's [`Control::Closed`] is told apart.
+    generation: u64,
+}
+
+/// How serving one connection ended.
+enum End {
+    /// The connection failed or the peer closed it.
+    Closed,
+    /// A newer connection from the peer replaces it.
+    Replaced(TcpStream),
+    /// The links are stopping.
+    Stop,
+}
+
+impl Link {
+    fn dials(&self) -> bool {
+        self.shared.me < self.state.id
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.stop.load(Ordering::SeqCst)
+    }
+
+    fn run(mut self) {
+        let mut next: Option<TcpStream> = None;
+        let mut backoff = MIN_BACKOFF;
+        loop {
+            if self.stopping() {
+                return;
+            }
+            let stream = match next.take() {
+                Some(s) => s,
+                None if self.dials() => match self.dial() {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::debug!(peer = self.state.id, error = %e, "could not reach node {} at {}", self.state.id, self.state.addr);
+                        match self.pause(backoff) {
+                            Some(End::Stop) => return,
+                            Some(End::Replaced(s)) => next = Some(s),
+                            _ => {}
+                        }
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        continue;
+                    }
+                },
+                None => match self.control.recv() {
+                    Ok(Control::Accepted(s)) => s,
+                    Ok(Control::Closed(_)) => continue,
+                    Ok(Control::Stop) | Err(_) => return,
+                },
+            };
+            let started = Instant::now();
+            match self.serve(stream) {
+                End::Stop => return,
+                End::Replaced(s) => next = Some(s),
+                End::Closed if self.dials() => {
+                    if started.elapsed() >= MAX_BACKOFF {
+                        backoff = MIN_BACKOFF;
+                    }
+                    match self.pause(backoff) {
+                        Some(End::Stop) => return,
+                        Some(End::Replaced(s)) => next = Some(s),
+                        _ => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                End::Closed => {}
+            }
+        }
+    }
+
+    /// Waits `d` before the next dial; `Some` when told to stop (or handed a connection).
+    fn pause(&self, d: Duration) -> Option<End> {
+        let deadline = Instant::now() + d;
+        loop {
+            match self.control.recv_deadline(deadline) {
+                Ok(Control::Stop) | Err(flume::RecvTimeoutError::Disconnected) => return Some(End::Stop),
+                Ok(Control::Accepted(s)) => return Some(End::Replaced(s)),
+                Ok(Control::Closed(_)) => continue,
+                Err(flume::RecvTimeoutError::Timeout) => return None,
+            }
+        }
+    }
+
+    /// Connects to the peer and sends the handshake.
+    fn dial(&self) -> io::Result<TcpStream> {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{} resolves to no address", self.state.addr));
+        for addr in self.state.addr.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+                Ok(stream) => {
+                    configure(&stream)?;
+                    write_frame(&mut &stream, &encode_frame(self.shared.cluster, self.shared.me, self.state.id, &[]))?;
+                    return Ok(stream);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Serves one connection until it closes, is replaced, or the links stop: a reader
+    /// thread on it, and the queued frames written to it.
+    fn serve(&mut self, stream: TcpStream) -> End {
+        let peer = self.state.id;
+        self.generation += 1;
+        let generation = self.generation;
+        let reader = match (stream.try_clone(), stream.try_clone()) {
+            (Ok(r), Ok(handle)) => {
+                *lock(&self.state.current) = Some(handle);
+                let (shared, state, control) = (Arc::clone(&self.shared), Arc::clone(&self.state), self.control_tx.clone());
+                std::thread::Builder::new().name(format!("tephra-link-{peer}-read")).spawn(move || read(r, generation, &shared, &state, &control))
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+        let reader = match reader {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(peer, error = %e, "link to node {peer}: could not start its reader");
+                lock(&self.state.current).take();
+                let _ = stream.shutdown(Shutdown::Both);
+                return End::Closed;
+            }
+        };
+        // Stop may have come between the check in `run` and publishing `current`.
+        if self.stopping() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        self.state.connects.fetch_add(1, Ordering::Relaxed);
+        self.state.connected.store(true, Ordering::Release);
+        tracing::info!(peer, addr = %self.state.addr, "link to node {peer} is up");
+        let mut out = BufWriter::with_capacity(WRITE_BUFFER, stream);
+        let end = loop {
+            let event = flume::Selector::new().recv(&self.frames, |f| f.map_or(Err(None), Ok)).recv(&self.control, |c| Err(c.ok())).wait();
+            match event {
+                Ok(frame) => {
+                    if let Err(e) = self.write(&mut out, frame) {
+                        if !self.stopping() {
+                            tracing::warn!(peer, error = %e, "link to node {peer}: write failed; closing it");
+                        }
+                        break End::Closed;
+                    }
+                }
+                Err(Some(Control::Closed(g))) if g == generation => break End::Closed,
+                Err(Some(Control::Closed(_))) => continue,
+                Err(Some(Control::Accepted(s))) => {
+                    tracing::info!(peer, "link to node {peer}: a newer connection replaces this one");
+                    break End::Replaced(s);
+                }
+                Err(Some(Control::Stop)) | Err(None) => break End::Stop,
+            }
+        };
+        self.state.connected.store(false, Ordering::Release);
+        lock(&self.state.current).take();
+        let _ = out.get_ref().shutdown(Shutdown::Both);
+        let _ = reader.join();
+        let stale = self.frames.drain().count() as u64;
+        self.state.dropped.fetch_add(stale, Ordering::Relaxed);
+        if matches!(end, End::Closed) {
+            tracing::info!(peer, "link to node {peer} is down");
+        }
+        end
+    }
+
+    /// Writes `first` and whatever else is queued, then flushes.
+    fn write(&self, out: &mut BufWriter<TcpStream>, first: Vec<u8>) -> io::Result<()> {
+        write_frame(out, &first)?;
+        self.state.sent.fetch_add(1, Ordering::Relaxed);
+        for frame in self.frames.try_iter().take(QUEUE_FRAMES) {
+            write_frame(out, &frame)?;
+            self.state.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        out.flush()
+    }
+}
+
+/// A connection's reader: decodes each frame and hands its messages to the inbox, until the
+/// connection ends or a frame is refused; then closes the connection and tells the link thread.
+fn read(stream: TcpStream, generation: u64, shared: &Shared, state: &PeerState, control: &flume::Sender<Control>) {
+    let peer = state.id;
+    let mut input = BufReader::with_capacity(READ_BUFFER, &stream);
+    loop {
+        let refusal = match read_frame(&mut input) {
+            Err(ReadError::Io(e)) => {
+                if !shared.stop.load(Ordering::SeqCst) {
+                    tracing::debug!(peer, error = %e, "link to node {peer}: connection ended");
+                }
+                None
+            }
+            Err(ReadError::TooLong(len)) => Some(format!("frame length {len} is above the {MAX_FRAME}-byte limit")),
+            Ok(frame) => match decode_frame(&frame, shared.cluster, shared.me) {
+                Err(e) => Some(e.to_string()),
+                Ok((from, _)) if from != peer => Some(format!("frame from node {from} on the link of node {peer}")),
+                Ok((_, messages)) if messages.is_empty() => continue,
+                Ok((from, messages)) => {
+                    state.received.fetch_add(1, Ordering::Relaxed);
+                    if deliver(shared, Inbound { from, messages }) {
+                        continue;
+                    }
+                    None
+                }
+            },
+        };
+        if let Some(why) = refusal {
+            state.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(peer, "link to node {peer}: refused a frame, closing the link: {why}");
+        }
+        break;
+    }
+    let _ = stream.shutdown(Shutdown::Both);
+    let _ = control.send(Control::Closed(generation));
+}
+
+/// Hands `inbound` to the inbox, waiting while it is full; false when the links stop or the
+/// inbox is gone.
+fn deliver(shared: &Shared, mut inbound: Inbound) -> bool {
+    loop {
+        match shared.inbox.send_timeout(inbound, INBOX_POLL) {
+            Ok(()) => return true,
+            Err(flume::SendTimeoutError::Timeout(back)) if !shared.stop.load(Ordering::SeqCst) => inbound = back,
+            Err(_) => return false,
+        }
+    }
+}

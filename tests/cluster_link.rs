@@ -1,0 +1,327 @@
+//! The peer transport over real loopback sockets (docs/journals.md §9.4): frames both ways
+//! between three nodes, intact and from the right node; a bad peer (another cluster, garbage, an
+//! oversized length, a forged sender, a wrong-direction or unknown handshake) closes only its own
+//! link, and the link comes back; a newer connection replaces an older one; a node that is gone
+//! costs its peers nothing (sends drop at once) and is talked to again once it is back on its
+//! address. Every wait is a deadline loop; no sleep is an assertion.
+
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use raft::eraftpb::{Message, MessageType};
+use tephra::cluster::link::{Inbound, LinkStats, Links, MAX_FRAME};
+use tephra::cluster::peer::{decode_frame, encode_frame};
+use tephra::config::cluster_id;
+use tephra::journal::JournalId;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const G: JournalId = JournalId { tenant: 7, journal: 9 };
+const H: JournalId = JournalId { tenant: 7, journal: 10 };
+
+fn cluster() -> u64 {
+    cluster_id([1, 2, 3])
+}
+
+fn heartbeat(from: u64, to: u64, term: u64) -> Message {
+    Message { msg_type: MessageType::MsgHeartbeat as i32, from, to, term, commit: term * 2, ..Message::default() }
+}
+
+fn vote(from: u64, to: u64, term: u64) -> Message {
+    Message { msg_type: MessageType::MsgRequestVote as i32, from, to, term, log_term: term - 1, index: 40, ..Message::default() }
+}
+
+/// The messages of one test frame: two groups, both tagged with `term`.
+fn messages(from: u64, to: u64, term: u64) -> Vec<(JournalId, Message)> {
+    vec![(G, heartbeat(from, to, term)), (H, vote(from, to, term))]
+}
+
+struct Node {
+    id: u64,
+    links: Links,
+    inbox: flume::Receiver<Inbound>,
+}
+
+impl Node {
+    fn start(id: u64, listener: TcpListener, peers: &BTreeMap<u64, String>) -> Node {
+        let (tx, inbox) = flume::unbounded();
+        let links = Links::start_on(listener, id, cluster(), peers, tx).expect("links start");
+        Node { id, links, inbox }
+    }
+
+    fn stats(&self, peer: u64) -> LinkStats {
+        self.links.stats().into_iter().find(|s| s.peer == peer).expect("a link to that peer")
+    }
+}
+
+fn listener() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").unwrap()
+}
+
+fn peers(addrs: &[(u64, SocketAddr)]) -> BTreeMap<u64, String> {
+    addrs.iter().map(|(id, a)| (*id, a.to_string())).collect()
+}
+
+/// Three nodes on free ports, each listing all three (its own entry is ignored).
+fn three() -> (Vec<Node>, BTreeMap<u64, String>) {
+    let listeners: Vec<TcpListener> = (0..3).map(|_| listener()).collect();
+    let all = peers(&listeners.iter().enumerate().map(|(i, l)| (i as u64 + 1, l.local_addr().unwrap())).collect::<Vec<_>>());
+    let nodes = listeners.into_iter().enumerate().map(|(i, l)| Node::start(i as u64 + 1, l, &all)).collect();
+    (nodes, all)
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Sends `from` → `to` a frame tagged `term` (again, until one arrives: a frame sent before the
+/// link is up is dropped) and returns what arrived. Every frame that arrives on the way must be
+/// from `from`.
+fn deliver(from: &Node, to: &Node, term: u64) -> Inbound {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        from.links.send(to.id, encode_frame(cluster(), from.id, to.id, &messages(from.id, to.id, term)));
+        while let Ok(got) = to.inbox.recv_timeout(Duration::from_millis(20)) {
+            assert_eq!(got.from, from.id, "{got:?}");
+            if got.messages.first().is_some_and(|(_, m)| m.term == term) {
+                return got;
+            }
+        }
+        assert!(Instant::now() < deadline, "node {} never heard node {} (term {term})", to.id, from.id);
+    }
+}
+
+/// Waits until `node` hears `from`'s frame tagged `term`, intact; frames of other terms (resent
+/// by [`deliver`]) are passed over.
+fn heard(node: &Node, from: u64, term: u64) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let got = node.inbox.recv_deadline(deadline).unwrap_or_else(|_| panic!("node {} never heard node {from} (term {term})", node.id));
+        if got.messages.first().is_some_and(|(_, m)| m.term == term) {
+            assert_eq!((got.from, got.messages), (from, messages(from, node.id, term)));
+            return;
+        }
+    }
+}
+
+/// A test's own end of a connection, acting as a peer.
+struct Fake(TcpStream);
+
+impl Fake {
+    fn accept(l: &TcpListener) -> Fake {
+        let (s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        Fake(s)
+    }
+
+    fn dial(addr: SocketAddr) -> Fake {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        Fake(s)
+    }
+
+    fn write_raw(&mut self, bytes: &[u8]) {
+        // The other end may have closed already: what counts is that it closes.
+        let _ = self.0.write_all(bytes);
+    }
+
+    fn write(&mut self, frame: &[u8]) {
+        let mut b = (frame.len() as u32).to_le_bytes().to_vec();
+        b.extend_from_slice(frame);
+        self.write_raw(&b);
+    }
+
+    fn read(&mut self) -> Vec<u8> {
+        let mut len = [0; 4];
+        self.0.read_exact(&mut len).unwrap();
+        let mut frame = vec![0; u32::from_le_bytes(len) as usize];
+        self.0.read_exact(&mut frame).unwrap();
+        frame
+    }
+
+    /// Waits for the other end to close the connection (reading and discarding until then).
+    fn closed(&mut self) {
+        let mut buf = [0; 4096];
+        loop {
+            match self.0.read(&mut buf) {
+                Ok(0) => return,
+                Ok(_) => continue,
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return,
+                Err(e) => panic!("the connection stayed open: {e}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn three_nodes_exchange_frames_both_ways_intact() {
+    let (nodes, _) = three();
+    let mut term = 10;
+    for a in &nodes {
+        for b in &nodes {
+            if a.id != b.id {
+                term += 1;
+                let got = deliver(a, b, term);
+                assert_eq!(got.messages, messages(a.id, b.id, term));
+            }
+        }
+    }
+    // A burst once connected: every frame arrives, in order (many written per flush).
+    let (a, b) = (&nodes[0], &nodes[2]);
+    for t in 1_000..2_000 {
+        a.links.send(b.id, encode_frame(cluster(), a.id, b.id, &messages(a.id, b.id, t)));
+    }
+    let mut next = 1_000;
+    let deadline = Instant::now() + DEADLINE;
+    while next < 2_000 {
+        let got = b.inbox.recv_deadline(deadline).expect("the whole burst arrives");
+        assert_eq!(got.from, a.id);
+        assert_eq!(got.messages, messages(a.id, b.id, next));
+        next += 1;
+    }
+    let s = a.stats(b.id);
+    assert!(s.connected && s.connects == 1 && s.sent >= 1_000 && s.refused == 0, "{s:?}");
+    assert!(b.stats(a.id).received >= 1_000);
+    // One connection per pair: each node has exactly one live link to each other node.
+    for n in &nodes {
+        for s in n.links.stats() {
+            assert_eq!(s.connects, 1, "node {}: {s:?}", n.id);
+        }
+    }
+}
+
+#[test]
+fn a_bad_peer_closes_only_its_own_link_and_the_link_comes_back() {
+    // Node 2 is real, with a real node 1; node 3 is this test, on a listener node 2 dials.
+    let (l1, l2, fake3) = (listener(), listener(), listener());
+    let addr2 = l2.local_addr().unwrap();
+    let all = peers(&[(1, l1.local_addr().unwrap()), (2, addr2), (3, fake3.local_addr().unwrap())]);
+    // Node 1 would dial the test's listener too: it knows only node 2.
+    let n1 = Node::start(1, l1, &peers(&[(2, addr2)]));
+    let n2 = Node::start(2, l2, &all);
+    deliver(&n1, &n2, 1);
+
+    let c = cluster();
+    // What the bad peer writes, length prefix included.
+    let framed = |frame: &[u8]| [&(frame.len() as u32).to_le_bytes()[..], frame].concat();
+    let bad: [(&str, Vec<u8>); 4] = [
+        ("another cluster", framed(&encode_frame(c ^ 1, 3, 2, &messages(3, 2, 5)))),
+        ("garbage", framed(&[0xff; 9])),
+        ("an oversized length", ((MAX_FRAME as u32) + 1).to_le_bytes().to_vec()),
+        ("a forged sender", framed(&encode_frame(c, 1, 2, &messages(1, 2, 5)))),
+    ];
+    for (i, (what, bytes)) in bad.iter().enumerate() {
+        // Node 2 dials (it has the lower id) and says who it is.
+        let mut fake = Fake::accept(&fake3);
+        assert_eq!(decode_frame(&fake.read(), c, 3).unwrap(), (2, vec![]), "{what}");
+        // The link works both ways ...
+        let term = 100 + i as u64;
+        fake.write(&encode_frame(c, 3, 2, &messages(3, 2, term)));
+        heard(&n2, 3, term);
+        wait_until("node 2 sees its link to node 3 up", || n2.stats(3).connected);
+        n2.links.send(3, encode_frame(c, 2, 3, &messages(2, 3, term)));
+        assert_eq!(decode_frame(&fake.read(), c, 3).unwrap(), (2, messages(2, 3, term)), "{what}");
+        // ... until the bad frame, which closes it,
+        fake.write_raw(bytes);
+        fake.closed();
+        assert_eq!(n2.stats(3).refused, i as u64 + 1, "{what}");
+        // and only it: node 1 is still heard, on its first connection.
+        deliver(&n1, &n2, 200 + i as u64);
+        deliver(&n2, &n1, 300 + i as u64);
+        assert_eq!(n2.stats(1).connects, 1);
+    }
+    // The link came back after each refusal.
+    Fake::accept(&fake3);
+    wait_until("node 2 redialed node 3 a fifth time", || n2.stats(3).connects == 5);
+}
+
+#[test]
+fn bad_handshakes_are_refused_and_a_newer_connection_replaces_the_old() {
+    let (l1, l2, l3) = (listener(), listener(), listener());
+    let addr2 = l2.local_addr().unwrap();
+    let all = peers(&[(1, l1.local_addr().unwrap()), (2, addr2), (3, l3.local_addr().unwrap())]);
+    let n1 = Node::start(1, l1, &all);
+    let n2 = Node::start(2, l2, &all);
+    drop(l3); // node 3 never runs
+    deliver(&n1, &n2, 1);
+    let c = cluster();
+    let handshakes: [(&str, Vec<u8>); 5] = [
+        ("another cluster", encode_frame(c ^ 1, 1, 2, &[])),
+        ("a higher id dialing", encode_frame(c, 3, 2, &[])),
+        ("an unknown node", encode_frame(c, 9, 2, &[])),
+        ("another addressee", encode_frame(c, 1, 4, &[])),
+        ("garbage", vec![0xff; 9]),
+    ];
+    for (i, (what, hello)) in handshakes.iter().enumerate() {
+        let mut fake = Fake::dial(addr2);
+        fake.write(hello);
+        fake.closed();
+        assert_eq!(n2.links.refused_handshakes(), i as u64 + 1, "{what}");
+    }
+    let mut fake = Fake::dial(addr2);
+    fake.write_raw(&((MAX_FRAME as u32) + 1).to_le_bytes());
+    fake.closed();
+    assert_eq!(n2.links.refused_handshakes(), 6);
+    // Node 1's link never noticed.
+    deliver(&n1, &n2, 2);
+    assert_eq!((n1.stats(2).connects, n2.stats(1).connects), (1, 1));
+
+    // A newer connection as node 1 replaces node 1's own: node 2 hears the newcomer, closes the
+    // old connection, and node 1 dials again, which in turn replaces the newcomer.
+    let mut newer = Fake::dial(addr2);
+    newer.write(&encode_frame(c, 1, 2, &[]));
+    newer.write(&encode_frame(c, 1, 2, &messages(1, 2, 50)));
+    heard(&n2, 1, 50);
+    wait_until("node 1 redials", || n1.stats(2).connects >= 2);
+    newer.closed();
+    deliver(&n1, &n2, 3);
+    deliver(&n2, &n1, 4);
+    assert_eq!(n2.links.refused_handshakes(), 6);
+}
+
+#[test]
+fn a_node_gone_costs_nothing_and_is_heard_again_once_back() {
+    let (mut nodes, all) = three();
+    deliver(&nodes[0], &nodes[2], 1);
+    deliver(&nodes[1], &nodes[2], 2);
+    let addr3: SocketAddr = all[&3].parse().unwrap();
+    // Dropping a node's links stops its threads and closes its sockets (joined here).
+    let gone = nodes.pop().unwrap();
+    let (done_tx, done) = flume::bounded(1);
+    std::thread::spawn(move || {
+        drop(gone);
+        done_tx.send(()).unwrap();
+    });
+    done.recv_timeout(DEADLINE).expect("dropping the links returns");
+    for n in &nodes {
+        wait_until("the peers see node 3 gone", || !n.stats(3).connected);
+        let before = n.stats(3).dropped;
+        for t in 0..10_000 {
+            n.links.send(3, encode_frame(cluster(), n.id, 3, &messages(n.id, 3, t + 10)));
+        }
+        assert_eq!(n.stats(3).dropped, before + 10_000);
+    }
+    // Back on the same address: both peers redial it, and it hears them and they it.
+    let back = Node::start(3, TcpListener::bind(addr3).expect("the address is free again"), &all);
+    for n in &nodes {
+        deliver(n, &back, 50_000 + n.id);
+        deliver(&back, n, 60_000 + n.id);
+    }
+    // Frames for a node that is not a peer go nowhere.
+    back.links.send(9, vec![1, 2, 3]);
+    assert_eq!(back.links.stats().len(), 2);
+}
+
+#[test]
+fn start_binds_and_refuses_an_address_in_use() {
+    let (tx, _rx) = flume::unbounded();
+    let a = Links::start(1, cluster(), "127.0.0.1:0", &BTreeMap::new(), tx.clone()).unwrap();
+    assert!(a.stats().is_empty() && a.local_addr().port() != 0);
+    let e = Links::start(2, cluster(), &a.local_addr().to_string(), &BTreeMap::new(), tx).err().expect("the port is taken");
+    assert_eq!(e.kind(), ErrorKind::AddrInUse);
+}
