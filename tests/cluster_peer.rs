@@ -71,3 +71,13 @@ fn hex_bytes(s: &str) -> Vec<u8> {
     let s = s.replace(' ', "");
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
+
+#[test]
+fn a_read_index_request_carries_its_context_in_an_entry_that_is_never_logged() {
+    // A follower's read asks the leader with its context (node and tag) as the entry's data.
+    let ctx = Entry { data: [1u64.to_le_bytes(), 9u64.to_le_bytes()].concat(), ..Entry::default() };
+    let read = Message { msg_type: MessageType::MsgReadIndex as i32, to: 2, from: 1, term: 3, entries: vec![ctx.clone()], ..Message::default() };
+    let resp = Message { msg_type: MessageType::MsgReadIndexResp as i32, to: 2, from: 1, term: 3, index: 12, entries: vec![ctx], ..Message::default() };
+    let bytes = encode_frame(9, 1, 2, &[(G, read.clone()), (G, resp.clone())]);
+    assert_eq!(decode_frame(&bytes, 9, 2).unwrap(), (1, vec![(G, read), (G, resp)]));
+}

@@ -33,20 +33,19 @@ const MAX_CALLS: usize = 4096;
 /// Most peer frames taken into one round.
 const MAX_FRAMES: usize = 1024;
 
-/// Consensus messages from one peer, checked by the link that received them.
-#[derive(Debug)]
-pub struct Inbound {
-    /// The sending node.
-    pub from: u64,
-    /// Its messages, each for one group.
-    pub messages: Vec<(JournalId, Message)>,
-}
+pub use super::link::Inbound;
 
 /// Where a node's outgoing frames go: the peer links (a frame is dropped when a link is down;
 /// consensus sends again).
 pub trait Outbox: Send {
     /// Queues one encoded frame for node `to`, without blocking.
     fn send(&self, to: u64, frame: Vec<u8>);
+}
+
+impl Outbox for super::link::Links {
+    fn send(&self, to: u64, frame: Vec<u8>) {
+        super::link::Links::send(self, to, frame);
+    }
 }
 
 /// How a node runs.

@@ -104,7 +104,8 @@ pub fn encode_frame(cluster: u64, from: u64, to: u64, messages: &[(JournalId, Me
 }
 
 /// Decodes a frame for node `me` of `cluster`: its sender and its messages, each checked to
-/// be addressed as the frame is and to carry only entries its group can log.
+/// be addressed as the frame is and, for an append, to carry only entries its group can log
+/// (a read index request carries its context in an entry, which is never logged).
 ///
 /// # Errors
 /// [`PeerError`] naming the first thing wrong; nothing of a refused frame is returned.
@@ -123,8 +124,11 @@ pub fn decode_frame(bytes: &[u8], cluster: u64, me: u64) -> Result<(u64, Vec<(Jo
         if m.from != frame.from || m.to != frame.to {
             return Err(PeerError::Misaddressed { group, from: m.from, to: m.to, frame_from: frame.from, frame_to: frame.to });
         }
-        for e in &m.entries {
-            check_entry(group, e)?;
+        // Only an append's entries are logged; a read's entry carries its context.
+        if m.get_msg_type() == raft::eraftpb::MessageType::MsgAppend {
+            for e in &m.entries {
+                check_entry(group, e)?;
+            }
         }
         out.push((group, m));
     }

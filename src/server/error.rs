@@ -18,6 +18,10 @@ pub enum StartError {
     /// The journal command log (`journals/` in the data directory) refused to open.
     #[error(transparent)]
     Journals(crate::journal::store::StoreError),
+    /// The `[cluster]` settings cannot be served: a malformed peer list, or a peer port that
+    /// cannot be bound.
+    #[error("cluster: {0}")]
+    Cluster(String),
     /// `tls.cert` or `tls.key` could not be loaded.
     #[error(transparent)]
     Tls(#[from] super::tls::TlsError),

@@ -132,10 +132,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     let n = shard_count(&ctx);
     let writer = start_writer(opened.writer)?;
     if opened.follower.is_none() {
-        let journals = journal::Journals::start(&ctx.settings.data_dir, ctx.settings.journal.clone(), ctx.settings.server.max_frame_len).map_err(|e| {
-            ctx.shutdown();
-            StartError::Journals(e)
-        })?;
+        let journals = start_journals(&ctx.settings).inspect_err(|_| ctx.shutdown())?;
         let _ = ctx.journals.set(journals);
     }
     // Again right before binding, since opening a large store takes a while.
@@ -145,6 +142,34 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     let metrics_addr = serve_metrics(&ctx)?;
     announce(&ctx, n, opened.follower.is_some(), addr);
     Ok(Running { addr, metrics_addr, ctx, shards, store: opened.store, follower: opened.follower, writer })
+}
+
+/// Starts the journals: the single-node sequencer, or with `[cluster]` the node's loop and its
+/// peer links (docs/journals.md §9.5).
+fn start_journals(settings: &Settings) -> Result<journal::Journals, StartError> {
+    let (limits, frame) = (settings.journal.clone(), settings.server.max_frame_len);
+    let Some(c) = &settings.cluster else {
+        return journal::Journals::start(&settings.data_dir, limits, frame).map_err(StartError::Journals);
+    };
+    let peers = c.members().map_err(|e| StartError::Cluster(e.to_string()))?;
+    let ids: Vec<u64> = peers.keys().copied().chain([c.node_id]).collect();
+    let cluster = crate::config::cluster_id(ids.iter().copied());
+    // Zones are not exchanged yet, so placement sees none (it must be alike on every node).
+    let mut members: Vec<crate::cluster::replica::Member> = ids.iter().map(|&node| crate::cluster::replica::Member { node, zone: None }).collect();
+    members.sort_by_key(|m| m.node);
+    let node = crate::cluster::node::NodeSettings {
+        node: c.node_id,
+        cluster,
+        members,
+        tick: c.tick(),
+        admission: limits.admission_rounds as usize,
+        settle: std::time::Duration::from_secs(1),
+    };
+    let (inbox_tx, inbox) = flume::bounded(4096);
+    let links = crate::cluster::link::Links::start(c.node_id, cluster, &c.bind, &peers, inbox_tx)
+        .map_err(|e| StartError::Cluster(format!("cannot listen for peers on {}: {e}", c.bind)))?;
+    tracing::info!(node = c.node_id, cluster = format!("{cluster:016x}"), peer_addr = %links.local_addr(), peers = peers.len(), "cluster member");
+    journal::Journals::start_cluster(&settings.data_dir, limits, frame, node, links, inbox).map_err(StartError::Journals)
 }
 
 /// Checks, before anything is opened, that this host can run the shards' runtime: io_uring

@@ -1,0 +1,134 @@
+//! Replicated journals on a three-node cluster of real `tephra-server` processes on loopback
+//! (docs/journals.md §9.5): a journal created on any node is written through the blocking
+//! client with every node listed, each node serves the same records, and the journal goes on
+//! through the SIGKILL of its group's leader and serves everything after the node comes back.
+
+use std::time::{Duration, Instant};
+
+use support::Cluster;
+use tephra::client::journal::{CreateOutcome, JournalError, Journals, JournalsConfig, ReadOutcome, SetLeaderOutcome, WriteOutcome};
+use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
+use tephra_test_support as support;
+
+const A: LeaderUuid = LeaderUuid(0xa);
+
+fn server_bin() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
+}
+
+fn client(servers: Vec<String>) -> Journals {
+    let mut c = JournalsConfig::new(servers);
+    c.request_timeout = Duration::from_secs(10);
+    c.read_timeout = Duration::from_secs(3);
+    Journals::new(c)
+}
+
+fn record(i: u64) -> Vec<u8> {
+    format!("record-{i:05}").into_bytes()
+}
+
+/// Writes `records` at `seq` as leader `A`, settling an ambiguous answer; the seq after them.
+fn write(c: &mut Journals, id: JournalId, seq: u64, records: &[Vec<u8>]) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.write_single(id, A, seq, records) {
+            Ok(WriteOutcome::Written { seq: s, count, .. }) => {
+                assert_eq!(s, seq);
+                return seq + u64::from(count);
+            }
+            Ok(WriteOutcome::Ambiguous | WriteOutcome::NotLeader { .. } | WriteOutcome::Busy)
+            | Err(JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
+                assert!(Instant::now() < deadline, "no verdict for the write at {seq} within 20 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("write at {seq}: {other:?}"),
+        }
+    }
+}
+
+/// Every record of `id` as node `addr` serves it, from 0.
+fn read_all(addr: &str, id: JournalId) -> Vec<Vec<u8>> {
+    let mut c = client(vec![addr.to_owned()]);
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.read(id, out.len() as u64, 0, 0) {
+            Ok(ReadOutcome::Page { records, state, .. }) => {
+                out.extend(records);
+                if out.len() as u64 >= state.next_seq {
+                    return out;
+                }
+            }
+            other => {
+                assert!(Instant::now() < deadline, "node {addr} did not serve {id} within 20 s: {other:?}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// The node that leads `id`'s group, from each node's `/metrics`.
+fn leader(cluster: &Cluster, id: JournalId) -> u64 {
+    let label = format!("tephra_cluster_group_is_leader{{tenant=\"{:016x}\",journal=\"{:016x}\"}} 1", id.tenant, id.journal);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for n in cluster.ids() {
+            if cluster.node(n).unwrap().metrics().contains(&label) {
+                return n;
+            }
+        }
+        assert!(Instant::now() < deadline, "no node leads {id}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn create(c: &mut Journals, name: &str) -> JournalId {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.create("acme", name, Mode::Single, StoreDurability::Ordered) {
+            Ok(CreateOutcome::Created { id }) => return id,
+            other => {
+                assert!(Instant::now() < deadline, "create {name}: {other:?}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+#[test]
+fn three_nodes_serve_the_same_journal_and_survive_the_loss_of_its_leader() {
+    let env = [("TEPHRA__METRICS__BIND", "127.0.0.1:0")];
+    let mut cluster = Cluster::start(&server_bin(), 3, &env);
+    let mut c = client(cluster.addrs());
+    let id = create(&mut c, "orders");
+    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    let all: Vec<Vec<u8>> = (0..300).map(record).collect();
+    let mut seq = 0;
+    for chunk in all[..200].chunks(10) {
+        seq = write(&mut c, id, seq, chunk);
+    }
+    for addr in cluster.addrs() {
+        assert_eq!(read_all(&addr, id), all[..200], "node {addr}");
+    }
+
+    let dead = leader(&cluster, id);
+    cluster.kill(dead);
+    let killed_at = Instant::now();
+    let mut c = client(cluster.addrs());
+    seq = write(&mut c, id, seq, &all[200..201]);
+    let failover = killed_at.elapsed();
+    eprintln!("first write after the leader died: {failover:?}");
+    assert!(failover < Duration::from_secs(5), "the first write after the leader died took {failover:?}");
+    for chunk in all[201..300].chunks(11) {
+        seq = write(&mut c, id, seq, chunk);
+    }
+    assert_eq!(seq, 300);
+    assert_ne!(leader(&cluster, id), dead);
+
+    cluster.start_node(dead);
+    let back = cluster.node(dead).unwrap().addr.to_string();
+    assert_eq!(read_all(&back, id), all, "the restarted node serves every record");
+    for addr in cluster.addrs() {
+        assert_eq!(read_all(&addr, id), all, "node {addr}");
+    }
+}
