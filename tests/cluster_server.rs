@@ -132,3 +132,62 @@ fn three_nodes_serve_the_same_journal_and_survive_the_loss_of_its_leader() {
         assert_eq!(read_all(&addr, id), all, "node {addr}");
     }
 }
+
+/// `tephra cluster status --json` over `servers`: its exit code and one document per server.
+fn status(servers: &[String]) -> (i32, Vec<serde_json::Value>) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tephra"))
+        .args(["--json", "--timeout", "2", "cluster", "--servers", &servers.join(","), "status"])
+        .output()
+        .unwrap();
+    let docs = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    (out.status.code().unwrap_or(-1), docs)
+}
+
+#[test]
+fn cluster_status_shows_each_node_its_groups_and_a_node_that_is_down() {
+    let mut cluster = Cluster::start(&server_bin(), 3, &[]);
+    let mut c = client(cluster.addrs());
+    let id = create(&mut c, "status");
+    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    write(&mut c, id, 0, &[record(0), record(1)]);
+    let servers = cluster.addrs();
+    // Every node converges: one leader per group, the same term, nothing behind.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let docs = loop {
+        let (code, docs) = status(&servers);
+        assert_eq!(code, 0, "{docs:?}");
+        let settled = docs.iter().all(|d| {
+            d["groups"].as_array().unwrap().len() == 2
+                && d["groups"].as_array().unwrap().iter().all(|g| g["behind"] == 0 && g["leader"].is_u64())
+                && d["peers"].as_array().unwrap().iter().all(|p| p["connected"] == true)
+        });
+        if settled {
+            break docs;
+        }
+        assert!(Instant::now() < deadline, "the status did not settle: {docs:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let nodes: Vec<u64> = docs.iter().map(|d| d["node"].as_u64().unwrap()).collect();
+    assert_eq!(nodes, [1, 2, 3]);
+    for group in ["directory", "acme/status"] {
+        let rows: Vec<&serde_json::Value> = docs.iter().flat_map(|d| d["groups"].as_array().unwrap()).filter(|g| g["group"] == group).collect();
+        assert_eq!(rows.len(), 3, "{group} on every node");
+        assert_eq!(rows.iter().filter(|g| g["role"] == "leader").count(), 1, "one leader of {group}: {rows:?}");
+        assert!(rows.iter().all(|g| g["leader"] == rows[0]["leader"] && g["voters"] == serde_json::json!([1, 2, 3])), "{rows:?}");
+    }
+
+    // A node down: it is shown unreachable, the others show its link down, exit 1.
+    cluster.kill(2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, docs) = status(&servers);
+        assert_eq!(code, 1);
+        assert!(docs[1]["error"].is_string(), "{docs:?}");
+        let down = |d: &serde_json::Value| d["peers"].as_array().unwrap().iter().any(|p| p["node"] == 2 && p["connected"] == false);
+        if down(&docs[0]) && down(&docs[2]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node 2's links still up: {docs:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -4,6 +4,8 @@
 //! the blocking [`Client`](tephra::client::Client). Human-readable output by default,
 //! `--json` for scripts; exit codes are listed in `--help` (see [`EXIT_CODES`]).
 
+#[path = "tephra/cluster.rs"]
+mod cluster;
 #[path = "tephra/commands.rs"]
 mod commands;
 #[path = "tephra/journal.rs"]
@@ -145,6 +147,9 @@ enum Command {
     /// `tephra journal --help`).
     #[command(override_usage = "tephra journal [OPTIONS] <COMMAND>")]
     Journal(journal::JournalArgs),
+    /// A cluster of servers: `status` shows each node, its peers and its groups.
+    #[command(override_usage = "tephra cluster [OPTIONS] status")]
+    Cluster(cluster::ClusterArgs),
 }
 
 /// A failure: what to print and which exit code to use.
@@ -393,6 +398,7 @@ fn main() -> ExitCode {
         Command::Export(a) => commands::export(&cli.global, a),
         Command::Import(a) => commands::import(&cli.global, a),
         Command::Journal(a) => journal::run(&cli.global, a),
+        Command::Cluster(a) => cluster::run(&cli.global, a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

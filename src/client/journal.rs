@@ -657,7 +657,7 @@ fn state_of(r: &JournalResponse) -> Result<View, JournalError> {
 
 /// The answers every call can get that are no verdict: `INVALID`, `UNAVAILABLE`, and anything
 /// else the call does not expect.
-fn common(r: &JournalResponse, call: &'static str) -> JournalError {
+pub(crate) fn common(r: &JournalResponse, call: &'static str) -> JournalError {
     match JournalOutcome::try_from(r.outcome) {
         Ok(JournalOutcome::Invalid) => JournalError::Invalid(r.message.clone()),
         Ok(JournalOutcome::Unavailable) => JournalError::Unavailable(r.message.clone()),
@@ -1214,6 +1214,18 @@ impl Journals {
     /// [`decode_list`].
     pub fn list(&mut self, tenant: Option<&str>) -> Result<ListOutcome, JournalError> {
         block_on(calls::list(self, tenant))
+    }
+
+    /// How the first server of the list stands in its cluster: its groups, their roles and
+    /// indexes, its peers' links; `None` from a server that is no cluster member
+    /// (docs/journals.md §9.7).
+    ///
+    /// # Errors
+    /// No server reachable; [`JournalError::NoAnswer`] when the answer was lost; an answer
+    /// other than `LISTED` as [`JournalError::Unexpected`] (a server too old to know the call
+    /// answers `INVALID`).
+    pub fn node_status(&mut self) -> Result<Option<crate::proto::NodeReport>, JournalError> {
+        block_on(calls::node_status(self))
     }
 
     /// The journal `name` names, with its mode, durability and view, found by a list (docs/journals.md §8.1).

@@ -30,6 +30,8 @@ pub const IDENTITY_FILE: &str = "cluster";
 
 /// Most calls taken into one round.
 const MAX_CALLS: usize = 4096;
+/// How often the status looks at the peers' links.
+const STATUS_PEERS_EVERY: Duration = Duration::from_millis(100);
 /// Most peer frames taken into one round.
 const MAX_FRAMES: usize = 1024;
 
@@ -40,11 +42,20 @@ pub use super::link::Inbound;
 pub trait Outbox: Send {
     /// Queues one encoded frame for node `to`, without blocking.
     fn send(&self, to: u64, frame: Vec<u8>);
+
+    /// Each peer: its node id, the address it is reached at, and whether its link is up.
+    fn peers(&self) -> Vec<(u64, String, bool)> {
+        Vec::new()
+    }
 }
 
 impl Outbox for super::link::Links {
     fn send(&self, to: u64, frame: Vec<u8>) {
         super::link::Links::send(self, to, frame);
+    }
+
+    fn peers(&self) -> Vec<(u64, String, bool)> {
+        self.stats().into_iter().map(|s| (s.peer, s.addr, s.connected)).collect()
     }
 }
 
@@ -57,6 +68,8 @@ pub struct NodeSettings {
     pub cluster: u64,
     /// Every member, this node included.
     pub members: Vec<Member>,
+    /// This node's zone, when set (shown by `cluster status`).
+    pub zone: Option<String>,
     /// One consensus tick.
     pub tick: Duration,
     /// Proposals waiting for a verdict beyond which a new write is answered `BUSY`.
@@ -111,6 +124,10 @@ struct EntryLoc {
 pub struct NodeStatus {
     /// This node's id.
     pub node: u64,
+    /// This node's zone, when set.
+    pub zone: Option<String>,
+    /// Each peer: its id, the address it is reached at, whether its link is up.
+    pub peers: Vec<(u64, String, bool)>,
     /// Each group held here and how it stands.
     pub groups: Vec<(JournalId, GroupStatus)>,
     /// Times a group here saw its leader change.
@@ -134,6 +151,8 @@ pub struct Node<O: Outbox> {
     leaders: HashMap<JournalId, Option<u64>>,
     status: Arc<Mutex<NodeStatus>>,
     next_tick: Instant,
+    /// When the peers' links were last looked at for the status.
+    status_tick: Instant,
 }
 
 /// Why a node's command log cannot be used by this node.
@@ -210,7 +229,7 @@ impl<O: Outbox> Node<O> {
         let replica = Replica::member(settings.node, settings.members.clone(), items)
             .map_err(|e| identity_error(&data_dir.join(JOURNALS_DIR), format!("restoring the consensus groups: {e}")))?;
         let published = Arc::new(Published::new(store.segments()));
-        let status = Arc::new(Mutex::new(NodeStatus { node: settings.node, ..NodeStatus::default() }));
+        let status = Arc::new(Mutex::new(NodeStatus { node: settings.node, zone: settings.zone.clone(), ..NodeStatus::default() }));
         let next_tick = Instant::now() + settings.tick;
         let mut node = Node {
             settings,
@@ -224,6 +243,7 @@ impl<O: Outbox> Node<O> {
             leaders: HashMap::new(),
             status,
             next_tick,
+            status_tick: Instant::now() - STATUS_PEERS_EVERY,
         };
         node.take_applied();
         Ok(node)
@@ -574,8 +594,17 @@ impl<O: Outbox> Node<O> {
                 changes += 1;
             }
         }
+        let peers = if self.status_tick.elapsed() >= STATUS_PEERS_EVERY {
+            self.status_tick = Instant::now();
+            Some(self.outbox.peers())
+        } else {
+            None
+        };
         let mut st = self.status.lock().unwrap();
         st.groups = groups;
+        if let Some(p) = peers {
+            st.peers = p;
+        }
         st.leader_changes += changes;
     }
 }

@@ -168,6 +168,8 @@ pub struct GroupStatus {
     pub applied: u64,
     /// This node's proposals waiting for a verdict.
     pub pending: usize,
+    /// The group's voters, by node id.
+    pub voters: Vec<u64>,
 }
 
 /// A proposal waiting for its entry to be applied.
@@ -338,6 +340,11 @@ impl<T> Replica<T> {
             commit: g.raw.raft.raft_log.committed,
             applied: g.applied,
             pending: g.proposals.len(),
+            voters: {
+                let mut v: Vec<u64> = g.raw.raft.prs().conf().voters().ids().iter().collect();
+                v.sort_unstable();
+                v
+            },
         })
     }
 

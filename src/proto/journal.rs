@@ -12,8 +12,8 @@
 /// Field 20 of `Request`: one journal call.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct JournalRequest {
-    /// Fields 1-7: the call. `None` is answered `INVALID`.
-    #[prost(oneof = "journal_request::Call", tags = "1, 2, 3, 4, 5, 6, 7")]
+    /// Fields 1-8: the call. `None` is answered `INVALID`.
+    #[prost(oneof = "journal_request::Call", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     pub call: ::core::option::Option<journal_request::Call>,
 }
 
@@ -43,6 +43,9 @@ pub mod journal_request {
         /// Field 7.
         #[prost(message, tag = "7")]
         List(super::JournalList),
+        /// Field 8: how this node stands in its cluster (answered `LISTED` with `node`).
+        #[prost(message, tag = "8")]
+        Status(super::NodeStatusRequest),
     }
 }
 
@@ -199,6 +202,77 @@ pub struct JournalResponse {
     /// Field 12: a human explanation (`INVALID`, `UNAVAILABLE`, ...).
     #[prost(string, tag = "12")]
     pub message: ::prost::alloc::string::String,
+    /// Field 13: a `Status` call's answer: this node in its cluster; unset on a server that
+    /// is no cluster member.
+    #[prost(message, optional, boxed, tag = "13")]
+    pub node: ::core::option::Option<::prost::alloc::boxed::Box<NodeReport>>,
+}
+
+/// `Status()`: how the node asked stands in its cluster (docs/journals.md §9.7).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeStatusRequest {}
+
+/// One cluster node as it sees itself.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct NodeReport {
+    /// Field 1: the node id.
+    #[prost(uint64, tag = "1")]
+    pub node: u64,
+    /// Field 2: its zone, empty when unset.
+    #[prost(string, tag = "2")]
+    pub zone: ::prost::alloc::string::String,
+    /// Field 3: each consensus group it holds.
+    #[prost(message, repeated, tag = "3")]
+    pub groups: ::prost::alloc::vec::Vec<GroupReport>,
+    /// Field 4: its links to the other nodes.
+    #[prost(message, repeated, tag = "4")]
+    pub peers: ::prost::alloc::vec::Vec<PeerReport>,
+    /// Field 5: leader changes its groups saw since it started.
+    #[prost(uint64, tag = "5")]
+    pub leader_changes: u64,
+}
+
+/// One consensus group on one node.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct GroupReport {
+    /// Field 1: the tenant id (0 with journal 0: the directory group).
+    #[prost(uint64, tag = "1")]
+    pub tenant: u64,
+    /// Field 2: the journal id.
+    #[prost(uint64, tag = "2")]
+    pub journal: u64,
+    /// Field 3: `leader`, `follower`, `candidate` or `pre-candidate`.
+    #[prost(string, tag = "3")]
+    pub role: ::prost::alloc::string::String,
+    /// Field 4: the leader this node knows, 0 for none.
+    #[prost(uint64, tag = "4")]
+    pub leader: u64,
+    /// Field 5: the current term.
+    #[prost(uint64, tag = "5")]
+    pub term: u64,
+    /// Field 6: the highest entry index known decided here.
+    #[prost(uint64, tag = "6")]
+    pub commit: u64,
+    /// Field 7: the highest entry index applied here.
+    #[prost(uint64, tag = "7")]
+    pub applied: u64,
+    /// Field 8: the group's voters.
+    #[prost(uint64, repeated, tag = "8")]
+    pub voters: ::prost::alloc::vec::Vec<u64>,
+}
+
+/// One node's link to a peer.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PeerReport {
+    /// Field 1: the peer's node id.
+    #[prost(uint64, tag = "1")]
+    pub node: u64,
+    /// Field 2: the peer address this node reaches it at.
+    #[prost(string, tag = "2")]
+    pub addr: ::prost::alloc::string::String,
+    /// Field 3: whether the link is up.
+    #[prost(bool, tag = "3")]
+    pub connected: bool,
 }
 
 /// What a client sees of a journal.

@@ -27,7 +27,7 @@ pub struct JournalMetrics {
 }
 
 /// The call kinds as `/metrics` labels them, in the order of [`JournalMetrics::calls`].
-pub const CALL_KINDS: [&str; 7] = ["write", "read", "truncate", "set_leader", "create", "delete", "list"];
+pub const CALL_KINDS: [&str; 8] = ["write", "read", "truncate", "set_leader", "create", "delete", "list", "status"];
 /// Outcome numbers counted (`JOURNAL_OUTCOME` 0..=24).
 const OUTCOMES: usize = 25;
 
@@ -173,10 +173,12 @@ impl Journals {
             journal_request::Call::Create(_) => 4,
             journal_request::Call::Delete(_) => 5,
             journal_request::Call::List(_) => 6,
+            journal_request::Call::Status(_) => 7,
         };
         let started = Instant::now();
         let resp = match call {
             journal_request::Call::Read(r) => self.read(r).await,
+            journal_request::Call::Status(_) => self.status(),
             call => match self.prepare(call) {
                 Ok((call, rx, admission)) => self.send(call, rx, admission).await,
                 Err(refused) => *refused,
@@ -198,7 +200,7 @@ impl Journals {
     fn prepare(&self, call: journal_request::Call) -> Result<(Call, flume::Receiver<JournalResponse>, bool), Box<JournalResponse>> {
         let (reply, rx) = flume::bounded(1);
         let (cmd, admission) = match call {
-            journal_request::Call::Read(_) => unreachable!("reads are served by the shard"),
+            journal_request::Call::Read(_) | journal_request::Call::Status(_) => unreachable!("reads and status are served by the shard"),
             journal_request::Call::Write(w) => {
                 let id = known(w.tenant, w.journal)?;
                 let leader = uuid(&w.leader)?;
@@ -280,6 +282,37 @@ impl Journals {
             return unavailable("the journal sequencer has stopped");
         }
         rx.recv_async().await.unwrap_or_else(|_| unavailable("the journal sequencer has stopped"))
+    }
+
+    /// `LISTED` with this node's place in its cluster (none on a single node).
+    fn status(&self) -> JournalResponse {
+        let node = self.node_status().map(|st| Box::new(crate::proto::NodeReport {
+            node: st.node,
+            zone: st.zone.unwrap_or_default(),
+            groups: st
+                .groups
+                .into_iter()
+                .map(|(id, g)| crate::proto::GroupReport {
+                    tenant: id.tenant,
+                    journal: id.journal,
+                    role: match g.role {
+                        raft::StateRole::Leader => "leader",
+                        raft::StateRole::Follower => "follower",
+                        raft::StateRole::Candidate => "candidate",
+                        raft::StateRole::PreCandidate => "pre-candidate",
+                    }
+                    .to_owned(),
+                    leader: g.leader.unwrap_or(0),
+                    term: g.term,
+                    commit: g.commit,
+                    applied: g.applied,
+                    voters: g.voters,
+                })
+                .collect(),
+            peers: st.peers.into_iter().map(|(node, addr, connected)| crate::proto::PeerReport { node, addr, connected }).collect(),
+            leader_changes: st.leader_changes,
+        }));
+        JournalResponse { outcome: JournalOutcome::Listed as i32, node, ..Default::default() }
     }
 
     /// A read: the page from the durable state, or a wait at the tail up to `wait_ms`.

@@ -161,6 +161,7 @@ fn start_journals(settings: &Settings) -> Result<journal::Journals, StartError> 
         node: c.node_id,
         cluster,
         members,
+        zone: c.zone.clone(),
         tick: c.tick(),
         admission: limits.admission_rounds as usize,
         settle: std::time::Duration::from_secs(1),

@@ -555,8 +555,8 @@ fn failed(e: JournalError) -> CliError {
 /// Builds the handle from the global options: `--servers` (or `TEPHRA_SERVERS`), else
 /// `--addr`; the token and TLS options; `--timeout` as both the request and the read timeout
 /// (default 5 s).
-fn journals(g: &Global, args: &JournalArgs) -> Result<Journals, CliError> {
-    let servers: Vec<String> = args.servers.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
+pub fn journals(g: &Global, servers: &[String]) -> Result<Journals, CliError> {
+    let servers: Vec<String> = servers.iter().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect();
     for addr in servers.iter().chain(servers.is_empty().then_some(&g.addr)) {
         if tephra::config::check_listen_addr(addr).is_none() {
             let message = format!("{addr:?} is not a server address: HOST:PORT, e.g. 127.0.0.1:9000");
@@ -631,7 +631,7 @@ fn resolve(g: &Global, j: &mut Journals, text: &str) -> Result<JournalId, CliErr
 
 /// `tephra journal ...`.
 pub fn run(g: &Global, args: &JournalArgs) -> Result<(), CliError> {
-    let mut j = journals(g, args)?;
+    let mut j = journals(g, &args.servers)?;
     match &args.verb {
         Verb::Create(a) => create(g, &mut j, a),
         Verb::Delete(a) => {

@@ -154,6 +154,18 @@ pub(crate) async fn list<T: Transport>(t: &mut T, tenant: Option<&str>) -> Resul
     }
 }
 
+/// `Journals::node_status`: the current server's place in its cluster, `None` for a single
+/// node (docs/journals.md §9.7). Asks only the current server.
+pub(crate) async fn node_status<T: Transport>(t: &mut T) -> Result<Option<crate::proto::NodeReport>, JournalError> {
+    let timeout = t.policy().timing.read_timeout;
+    match ask(t, Call::Status(crate::proto::NodeStatusRequest {}), timeout).await? {
+        Exchange::Answer(r) if r.outcome == JournalOutcome::Listed as i32 => Ok(r.node.map(|n| *n)),
+        Exchange::Answer(r) => Err(super::common(&r, "status")),
+        Exchange::Unreachable(why) => Err(JournalError::Unreachable(why)),
+        Exchange::Lost { server, error, .. } => Err(JournalError::NoAnswer { server, error }),
+    }
+}
+
 /// `Journals::show`: a list of the named tenant (of every tenant for an `id:` name), then
 /// [`find_named`].
 pub(crate) async fn show<T: Transport>(t: &mut T, name: &JournalRef) -> Result<JournalInfo, JournalError> {
