@@ -5,6 +5,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`replica`] | one node's groups: proposals, peer messages, ticks in; entries and hard states to make durable, messages to send, verdicts out (sans-IO) |
+//! | [`group_log`] | one group's log as consensus reads it: terms in memory, entries read back from the command log |
 //! | [`durable`] | how those entries and hard states lie in the node's command log |
 //! | [`placement`] | which members vote in a journal's group (pure) |
 //! | [`node`] | the loop that drives one node's replica: command log, peers, calls |
@@ -15,6 +16,7 @@
 //! the edges. Source: docs/journals.md §9.
 
 pub mod durable;
+pub mod group_log;
 pub mod link;
 pub mod node;
 pub mod peer;

@@ -218,15 +218,21 @@ impl<O: Outbox> Node<O> {
         check_identity(data_dir, settings.cluster, settings.node)?;
         let mut items = Vec::new();
         let mut locs = HashMap::new();
+        let mut stored = HashMap::new();
         let (store, _) = JournalStore::open(data_dir, segment_size, 0, |r| {
-            let item = durable::decode(r.payload).map_err(|e| identity_error(&data_dir.join(JOURNALS_DIR), format!("position {}: {e}", r.position)))?;
-            if let Durable::Entry { journal, entry } = &item {
+            let mut item = durable::decode(r.payload).map_err(|e| identity_error(&data_dir.join(JOURNALS_DIR), format!("position {}: {e}", r.position)))?;
+            if let Durable::Entry { journal, entry } = &mut item {
                 locs.insert((*journal, entry.index), EntryLoc { segment: r.segment, offset: r.offset, records: record_spans(r.payload) });
+                stored.insert((*journal, entry.index), Loc { segment: r.segment, offset: r.offset, len: r.payload.len() as u32 });
+                // Held as its location only: read back from the log when it is applied or sent.
+                entry.data = Vec::new();
             }
             items.push(item);
             Ok(())
         })?;
-        let replica = Replica::member(settings.node, settings.members.clone(), items)
+        let segments = store.segments();
+        let reader: super::group_log::EntryReader = Arc::new(move |loc| segments.read(loc));
+        let replica = Replica::member(settings.node, settings.members.clone(), items, stored, reader)
             .map_err(|e| identity_error(&data_dir.join(JOURNALS_DIR), format!("restoring the consensus groups: {e}")))?;
         let published = Arc::new(Published::new(store.segments()));
         let status = Arc::new(Mutex::new(NodeStatus { node: settings.node, zone: settings.zone.clone(), ..NodeStatus::default() }));
@@ -337,6 +343,7 @@ impl<O: Outbox> Node<O> {
     fn persist(&mut self, items: &[Durable]) -> Result<(), String> {
         let mut ordered = false;
         let mut payload = Vec::new();
+        let mut stored = Vec::with_capacity(items.len());
         for item in items {
             payload.clear();
             durable::encode(item, &mut payload).map_err(|e| format!("a durable item did not encode: {e}"))?;
@@ -348,8 +355,10 @@ impl<O: Outbox> Node<O> {
             let (_, offset) = self.store.stage(&payload);
             match item {
                 Durable::Entry { journal, entry } => {
-                    let loc = EntryLoc { segment: self.store.active_base(), offset, records: record_spans(&payload) };
+                    let segment = self.store.active_base();
+                    let loc = EntryLoc { segment, offset, records: record_spans(&payload) };
                     self.locs.insert((*journal, entry.index), loc);
+                    stored.push((*journal, entry.index, entry.term, Loc { segment, offset, len: payload.len() as u32 }));
                     let batched = self.replica.directory().journal(*journal).is_some_and(|e| e.state.durability == StoreDurability::Batched);
                     ordered |= !batched;
                 }
@@ -363,6 +372,10 @@ impl<O: Outbox> Node<O> {
             if let Ok(mut h) = self.published.commit_commands.lock() {
                 let _ = h.record(staged);
             }
+        }
+        // Durable now: each group keeps only where its entries lie.
+        for (journal, index, term, loc) in stored {
+            self.replica.stored(journal, index, term, loc);
         }
         Ok(())
     }

@@ -1,5 +1,5 @@
 //! One node's share of the replicated journals: a consensus group (tikv's `RawNode` over its
-//! `MemStorage`) for each journal this node is a voter of, and the node's journal state machine
+//! [`GroupLog`]) for each journal this node is a voter of, and the node's journal state machine
 //! (the [`Directory`]) to which every group's decided commands are applied in log order.
 //!
 //! Sans-IO. The caller proposes commands, steps peer messages and ticks; then, each round,
@@ -17,13 +17,15 @@
 
 use std::collections::BTreeMap;
 
-use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message};
-use raft::storage::MemStorage;
-use raft::{Config, GetEntriesContext, RawNode, ReadOnlyOption, StateRole, Storage, INVALID_ID};
+use raft::eraftpb::{Entry, EntryType, HardState, Message};
+use raft::{Config, RawNode, ReadOnlyOption, StateRole, INVALID_ID};
 use slog::Drain;
 
 use super::durable::DIRECTORY;
+use super::group_log::{EntryReader, GroupLog};
+use crate::journal::held::Loc;
 use crate::journal::{decode_command, Answer, Directory, JournalId};
+use std::collections::HashMap;
 
 /// Ticks without word from a leader before a follower stands for election (raft draws the
 /// real timeout between this and twice this).
@@ -175,13 +177,15 @@ pub struct GroupStatus {
 /// A proposal waiting for its entry to be applied.
 struct Proposal<T> {
     token: T,
-    /// The index its entry got in the leader's log.
-    index: u64,
+    /// The term its entry got in the leader's log: the entry applied at its index is this
+    /// proposal's only when it has this term (a leader's entry at an index is unique in its term).
+    term: u64,
 }
 
 /// One group on this node.
 struct Group<T> {
-    raw: RawNode<MemStorage>,
+    raw: RawNode<GroupLog>,
+    /// By the index its entry got.
     proposals: BTreeMap<u64, Proposal<T>>,
     /// Reads waiting for their read index, by tag.
     reads: BTreeMap<u64, T>,
@@ -215,6 +219,12 @@ pub struct Replica<T> {
     dormant: BTreeMap<JournalId, Vec<Durable>>,
     /// Hard states whose commit index moved after a sync, made durable with the next round.
     carried: Vec<Durable>,
+    /// Reads durable entries back from the node's command log.
+    reader: Option<EntryReader>,
+    /// Where each entry found at the restart lies, until its group is added.
+    stored: HashMap<(JournalId, u64), Loc>,
+    /// Proposals that lost their index to a later one of this node, for the next round.
+    orphans: Vec<(T, Verdict)>,
 }
 
 /// A proposal's or read's context: the proposing node and its tag, so only that node answers.
@@ -248,6 +258,17 @@ impl<T> Replica<T> {
             members: Vec::new(),
             dormant: BTreeMap::new(),
             carried: Vec::new(),
+            reader: None,
+            stored: HashMap::new(),
+            orphans: Vec::new(),
+        }
+    }
+
+    /// Notes that `journal`'s entry at `index` of `term` is durable at `loc` in the node's
+    /// command log: its group keeps only that location, and reads the entry back when asked.
+    pub fn stored(&mut self, journal: JournalId, index: u64, term: u64, loc: Loc) {
+        if let Some(g) = self.groups.get_mut(&journal) {
+            g.raw.mut_store().stored(index, term, loc);
         }
     }
 
@@ -255,12 +276,22 @@ impl<T> Replica<T> {
     /// `durable` (every item of its command log, in order; empty on a first start): the
     /// directory group over every member is added, and each journal group this node votes in
     /// is started as soon as the directory applies the journal's creation, from its own
-    /// durable items. Source: docs/journals.md §9.5.
+    /// durable items. Each entry of `durable` with a location in `stored` is held as that
+    /// location only (its data may be left empty) and read back with `reader` when it is
+    /// applied or sent. Source: docs/journals.md §9.5.
     ///
     /// # Errors
     /// As [`Replica::add_group`].
-    pub fn member(node: u64, members: Vec<Member>, durable: Vec<Durable>) -> Result<Replica<T>, ReplicaError> {
+    pub fn member(
+        node: u64,
+        members: Vec<Member>,
+        durable: Vec<Durable>,
+        stored: HashMap<(JournalId, u64), Loc>,
+        reader: EntryReader,
+    ) -> Result<Replica<T>, ReplicaError> {
         let mut r = Replica::new(node, Directory::new());
+        r.reader = Some(reader);
+        r.stored = stored;
         for d in durable {
             let group = match &d {
                 Durable::Entry { journal, .. } | Durable::HardState { journal, .. } => *journal,
@@ -369,27 +400,23 @@ impl<T> Replica<T> {
         if self.groups.contains_key(&journal) {
             return Err(ReplicaError::GroupExists(journal));
         }
-        let storage = MemStorage::new_with_conf_state(ConfState::from((voters.to_vec(), Vec::<u64>::new())));
+        let mut storage = GroupLog::new(voters, self.reader.clone());
         for d in durable {
+            let gap = |g: super::group_log::Gap| ReplicaError::Gap { journal, index: g.index, last: g.last };
             match d {
-                Durable::Entry { journal: j, entry } if *j == journal => {
-                    let last = storage.last_index()?;
-                    if entry.index > last + 1 {
-                        return Err(ReplicaError::Gap { journal, index: entry.index, last });
-                    }
-                    storage.wl().append(std::slice::from_ref(entry))?;
-                }
-                Durable::HardState { journal: j, state } if *j == journal => storage.wl().set_hardstate(state.clone()),
+                Durable::Entry { journal: j, entry } if *j == journal => match self.stored.remove(&(journal, entry.index)) {
+                    Some(loc) => storage.append_stored(entry.index, entry.term, loc).map_err(gap)?,
+                    None => storage.append(std::slice::from_ref(entry)).map_err(gap)?,
+                },
+                Durable::HardState { journal: j, state } if *j == journal => storage.set_hard_state(state.clone()),
                 _ => {}
             }
         }
-        let commit = storage.rl().hard_state().commit;
-        let first = storage.first_index()?;
-        if commit >= first {
-            for e in storage.entries(first, commit + 1, None, GetEntriesContext::empty(false))? {
-                let answer = judge(&mut self.directory, &e);
-                self.applied.push(Applied { group: journal, index: e.index, answer: answer_of(answer) });
-            }
+        let commit = storage.hard_state().commit.min(storage.last());
+        for index in 1..=commit {
+            let e = storage.entry(index)?;
+            let answer = judge(&mut self.directory, &e);
+            self.applied.push(Applied { group: journal, index: e.index, answer: answer_of(answer) });
         }
         let raw = RawNode::new(&config(self.node, commit), storage, &self.logger)?;
         self.groups.insert(journal, Group { raw, proposals: BTreeMap::new(), reads: BTreeMap::new(), confirmed: Vec::new(), applied: commit });
@@ -412,12 +439,14 @@ impl<T> Replica<T> {
         if g.raw.raft.state != StateRole::Leader {
             return Err((token, Refused::NotLeader { leader: g.leader() }));
         }
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        match g.raw.propose(context(self.node, tag), command) {
+        match g.raw.propose(Vec::new(), command) {
             Ok(()) => {
                 let index = g.raw.raft.raft_log.last_index();
-                g.proposals.insert(tag, Proposal { token, index });
+                let term = g.raw.raft.term;
+                if let Some(old) = g.proposals.insert(index, Proposal { token, term }) {
+                    // An earlier term's proposal whose index this one took: it gets no verdict.
+                    self.orphans.push((old.token, Verdict::NoVerdict { leader: Some(self.node) }));
+                }
                 Ok(())
             }
             Err(_) => Err((token, Refused::NotLeader { leader: g.leader() })),
@@ -466,6 +495,7 @@ impl<T> Replica<T> {
         assert!(self.readies.is_empty(), "ready() again before synced()");
         let mut round = Round::default();
         round.persist.append(&mut self.carried);
+        round.verdicts.append(&mut self.orphans);
         for (&journal, g) in &mut self.groups {
             if !g.raw.has_ready() {
                 continue;
@@ -478,13 +508,13 @@ impl<T> Replica<T> {
                     g.confirmed.push((rs.index, token));
                 }
             }
-            apply(self.node, &mut self.directory, journal, g, rd.take_committed_entries(), &mut round.verdicts, &mut self.applied);
+            apply(&mut self.directory, journal, g, rd.take_committed_entries(), &mut round.verdicts, &mut self.applied);
             if !rd.entries().is_empty() {
-                g.raw.mut_store().wl().append(rd.entries()).expect("raft hands out entries that follow its log");
+                g.raw.mut_store().append(rd.entries()).expect("raft hands out entries that follow its log");
                 round.persist.extend(rd.entries().iter().map(|e| Durable::Entry { journal, entry: e.clone() }));
             }
             if let Some(hs) = rd.hs() {
-                g.raw.mut_store().wl().set_hardstate(hs.clone());
+                g.raw.mut_store().set_hard_state(hs.clone());
                 round.persist.push(Durable::HardState { journal, state: hs.clone() });
             }
             if let Some(ss) = rd.ss() {
@@ -508,12 +538,12 @@ impl<T> Replica<T> {
             let g = self.groups.get_mut(&journal).expect("a group with a ready");
             let mut light = g.raw.advance(rd);
             if let Some(commit) = light.commit_index() {
-                let mut store = g.raw.mut_store().wl();
-                store.mut_hard_state().commit = commit;
+                let store = g.raw.mut_store();
+                store.set_commit(commit);
                 self.carried.push(Durable::HardState { journal, state: store.hard_state().clone() });
             }
             round.send.extend(light.take_messages().into_iter().map(|m| (journal, m)));
-            apply(self.node, &mut self.directory, journal, g, light.take_committed_entries(), &mut round.verdicts, &mut self.applied);
+            apply(&mut self.directory, journal, g, light.take_committed_entries(), &mut round.verdicts, &mut self.applied);
             g.raw.advance_apply();
         }
         self.start_groups();
@@ -551,7 +581,6 @@ fn config(node: u64, applied: u64) -> Config {
 /// verdicts, proposals whose index another entry took get none, and confirmed reads the
 /// applied index reached are ready.
 fn apply<T>(
-    node: u64,
     directory: &mut Directory,
     journal: JournalId,
     g: &mut Group<T>,
@@ -563,17 +592,15 @@ fn apply<T>(
         g.applied = e.index;
         let verdict = judge(directory, &e);
         applied.push(Applied { group: journal, index: e.index, answer: answer_of(verdict.clone()) });
-        if let Some(p) = own_tag(node, &e.context).and_then(|t| g.proposals.remove(&t)) {
-            verdicts.push((p.token, verdict));
-        }
-        // A proposal at or below this index that is still waiting lost its place to another
-        // leader's entry: it will never be applied from this proposal.
+        // A proposal below this index that is still waiting lost its place to another leader's
+        // entry, as does one at this index whose term is not the entry's.
         while let Some(entry) = g.proposals.first_entry() {
-            if entry.get().index > e.index {
+            if *entry.key() > e.index {
                 break;
             }
-            let p = entry.remove();
-            verdicts.push((p.token, Verdict::NoVerdict { leader: g.leader() }));
+            let (index, p) = entry.remove_entry();
+            let v = if index == e.index && p.term == e.term { verdict.clone() } else { Verdict::NoVerdict { leader: g.leader() } };
+            verdicts.push((p.token, v));
         }
     }
     let applied = g.applied;

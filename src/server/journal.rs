@@ -286,32 +286,34 @@ impl Journals {
 
     /// `LISTED` with this node's place in its cluster (none on a single node).
     fn status(&self) -> JournalResponse {
-        let node = self.node_status().map(|st| Box::new(crate::proto::NodeReport {
-            node: st.node,
-            zone: st.zone.unwrap_or_default(),
-            groups: st
-                .groups
-                .into_iter()
-                .map(|(id, g)| crate::proto::GroupReport {
-                    tenant: id.tenant,
-                    journal: id.journal,
-                    role: match g.role {
-                        raft::StateRole::Leader => "leader",
-                        raft::StateRole::Follower => "follower",
-                        raft::StateRole::Candidate => "candidate",
-                        raft::StateRole::PreCandidate => "pre-candidate",
-                    }
-                    .to_owned(),
-                    leader: g.leader.unwrap_or(0),
-                    term: g.term,
-                    commit: g.commit,
-                    applied: g.applied,
-                    voters: g.voters,
-                })
-                .collect(),
-            peers: st.peers.into_iter().map(|(node, addr, connected)| crate::proto::PeerReport { node, addr, connected }).collect(),
-            leader_changes: st.leader_changes,
-        }));
+        let node = self.node_status().map(|st| {
+            Box::new(crate::proto::NodeReport {
+                node: st.node,
+                zone: st.zone.unwrap_or_default(),
+                groups: st
+                    .groups
+                    .into_iter()
+                    .map(|(id, g)| crate::proto::GroupReport {
+                        tenant: id.tenant,
+                        journal: id.journal,
+                        role: match g.role {
+                            raft::StateRole::Leader => "leader",
+                            raft::StateRole::Follower => "follower",
+                            raft::StateRole::Candidate => "candidate",
+                            raft::StateRole::PreCandidate => "pre-candidate",
+                        }
+                        .to_owned(),
+                        leader: g.leader.unwrap_or(0),
+                        term: g.term,
+                        commit: g.commit,
+                        applied: g.applied,
+                        voters: g.voters,
+                    })
+                    .collect(),
+                peers: st.peers.into_iter().map(|(node, addr, connected)| crate::proto::PeerReport { node, addr, connected }).collect(),
+                leader_changes: st.leader_changes,
+            })
+        });
         JournalResponse { outcome: JournalOutcome::Listed as i32, node, ..Default::default() }
     }
 

@@ -1,0 +1,214 @@
+//! One group's log as consensus reads it (raft's `Storage`): the hard state, the voters, and
+//! per entry its term and either the entry itself (not yet durable here) or where its payload
+//! lies in the node's command log (durable), read back when consensus asks for it. So a node
+//! holds about 40 bytes of memory per entry, not the records, however long its groups' logs.
+//!
+//! Source: docs/journals.md §9.6.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+
+use super::durable;
+use super::replica::Durable;
+use crate::journal::held::Loc;
+
+/// Reads the payload of a durable item back from the node's command log.
+pub type EntryReader = Arc<dyn Fn(Loc) -> std::io::Result<Vec<u8>> + Send + Sync>;
+
+/// One entry of the log.
+#[derive(Clone, Debug)]
+enum Slot {
+    /// Not yet durable here: the entry itself.
+    Memory(Entry),
+    /// Durable: its term and where its payload lies.
+    Disk { term: u64, loc: Loc },
+}
+
+impl Slot {
+    fn term(&self) -> u64 {
+        match self {
+            Slot::Memory(e) => e.term,
+            Slot::Disk { term, .. } => *term,
+        }
+    }
+}
+
+/// A group's log. See the module documentation.
+pub struct GroupLog {
+    hard_state: HardState,
+    conf_state: ConfState,
+    /// The index of `slots[0]`.
+    first: u64,
+    slots: VecDeque<Slot>,
+    reader: Option<EntryReader>,
+}
+
+/// Why an entry could not be added.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("entry {index} does not follow the last entry held, {last}: the group log has a gap")]
+pub struct Gap {
+    /// The entry's index.
+    pub index: u64,
+    /// The last index held before it.
+    pub last: u64,
+}
+
+fn other(why: String) -> raft::Error {
+    raft::Error::Store(StorageError::Other(why.into()))
+}
+
+impl GroupLog {
+    /// An empty log of a group of `voters`; durable entries are read with `reader` (without
+    /// one every entry stays in memory, as a test's log does).
+    pub fn new(voters: &[u64], reader: Option<EntryReader>) -> GroupLog {
+        GroupLog {
+            hard_state: HardState::default(),
+            conf_state: ConfState::from((voters.to_vec(), Vec::<u64>::new())),
+            first: 1,
+            slots: VecDeque::new(),
+            reader,
+        }
+    }
+
+    /// The hard state held.
+    pub fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
+    /// Replaces the hard state.
+    pub fn set_hard_state(&mut self, hs: HardState) {
+        self.hard_state = hs;
+    }
+
+    /// Sets the commit index of the hard state.
+    pub fn set_commit(&mut self, commit: u64) {
+        self.hard_state.commit = commit;
+    }
+
+    /// The last index held (0 for none).
+    pub fn last(&self) -> u64 {
+        self.first + self.slots.len() as u64 - 1
+    }
+
+    /// Makes room for an entry at `index`: an entry at an index already held replaces it and
+    /// everything after it (a new leader overwrote an undecided suffix).
+    fn truncate_to(&mut self, index: u64) -> Result<(), Gap> {
+        let last = self.last();
+        if index > last + 1 {
+            return Err(Gap { index, last });
+        }
+        if index < self.first {
+            // Below what is held: only the start of a log can be replaced whole.
+            self.slots.clear();
+            self.first = index;
+        } else {
+            self.slots.truncate((index - self.first) as usize);
+        }
+        Ok(())
+    }
+
+    /// Appends entries (not yet durable here).
+    ///
+    /// # Errors
+    /// [`Gap`] when the first entry leaves a gap after the last held.
+    pub fn append(&mut self, entries: &[Entry]) -> Result<(), Gap> {
+        let Some(e) = entries.first() else { return Ok(()) };
+        self.truncate_to(e.index)?;
+        self.slots.extend(entries.iter().cloned().map(Slot::Memory));
+        Ok(())
+    }
+
+    /// Adds an entry found durable at `loc` (a restart).
+    ///
+    /// # Errors
+    /// [`Gap`].
+    pub fn append_stored(&mut self, index: u64, term: u64, loc: Loc) -> Result<(), Gap> {
+        self.truncate_to(index)?;
+        self.slots.push_back(Slot::Disk { term, loc });
+        Ok(())
+    }
+
+    /// Notes that the entry at `index` of `term` is durable at `loc`: its copy in memory goes.
+    pub fn stored(&mut self, index: u64, term: u64, loc: Loc) {
+        if index < self.first {
+            return;
+        }
+        if let Some(slot) = self.slots.get_mut((index - self.first) as usize) {
+            if slot.term() == term {
+                *slot = Slot::Disk { term, loc };
+            }
+        }
+    }
+
+    /// The entry at `index`, read back from disk when it is durable.
+    ///
+    /// # Errors
+    /// Compacted or unavailable indexes; a payload that cannot be read or is not the entry.
+    pub fn entry(&self, index: u64) -> raft::Result<Entry> {
+        if index < self.first {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        let slot = self.slots.get((index - self.first) as usize).ok_or(raft::Error::Store(StorageError::Unavailable))?;
+        match slot {
+            Slot::Memory(e) => Ok(e.clone()),
+            Slot::Disk { term, loc } => {
+                let reader = self.reader.as_ref().ok_or_else(|| other("an entry on disk and no reader".into()))?;
+                let payload = reader(*loc).map_err(|e| other(format!("reading entry {index} at {loc:?}: {e}")))?;
+                match durable::decode(&payload) {
+                    Ok(Durable::Entry { entry, .. }) if entry.index == index && entry.term == *term => Ok(entry),
+                    Ok(_) => Err(other(format!("the payload at {loc:?} is not entry {index} of term {term}"))),
+                    Err(e) => Err(other(format!("entry {index} at {loc:?}: {e}"))),
+                }
+            }
+        }
+    }
+}
+
+impl Storage for GroupLog {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState { hard_state: self.hard_state.clone(), conf_state: self.conf_state.clone() })
+    }
+
+    fn entries(&self, low: u64, high: u64, max_size: impl Into<Option<u64>>, _context: GetEntriesContext) -> raft::Result<Vec<Entry>> {
+        let max = max_size.into().unwrap_or(u64::MAX);
+        let mut out = Vec::with_capacity((high.saturating_sub(low)).min(1024) as usize);
+        let mut size = 0u64;
+        for i in low..high {
+            let e = self.entry(i)?;
+            size += prost_011::Message::encoded_len(&e) as u64;
+            // At least one entry, then as many as fit.
+            if !out.is_empty() && size > max {
+                break;
+            }
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        if idx == self.first - 1 {
+            // Nothing is compacted yet: the index before the first is the empty log's 0.
+            return Ok(0);
+        }
+        if idx < self.first {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        self.slots.get((idx - self.first) as usize).map(Slot::term).ok_or(raft::Error::Store(StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.first)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.last())
+    }
+
+    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        // Nothing is compacted, so a follower never needs one.
+        Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable))
+    }
+}
