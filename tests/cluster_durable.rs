@@ -72,7 +72,8 @@ fn directory_commands_belong_to_the_directory_group() {
     let create = Command::CreateJournal { journal: J, name: "orders", mode: Mode::Single, durability: StoreDurability::Ordered };
     assert_eq!(group_of(&create), DIRECTORY);
     assert_eq!(group_of(&Command::CreateTenant { tenant: 5, name: "acme" }), DIRECTORY);
-    assert_eq!(group_of(&Command::DeleteJournal { journal: J }), DIRECTORY);
+    assert_eq!(group_of(&Command::DeleteJournal { journal: J }), J);
+    assert_eq!(group_of(&Command::ReleaseName { journal: J }), DIRECTORY);
     assert_eq!(group_of(&Command::Noop { journal: DIRECTORY }), DIRECTORY);
     assert_eq!(group_of(&Command::Truncate { journal: J, leader: None, up_to: 1 }), J);
     let bytes = enc(&Durable::Entry { journal: DIRECTORY, entry: entry(1, 1, command(&create)) });

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use support::Cluster;
-use tephra::client::journal::{CreateOutcome, JournalError, Journals, JournalsConfig, ReadOutcome, SetLeaderOutcome, WriteOutcome};
+use tephra::client::journal::{CreateOutcome, DeleteOutcome, JournalError, Journals, JournalsConfig, ReadOutcome, SetLeaderOutcome, WriteOutcome};
 use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
 use tephra_test_support as support;
 
@@ -189,5 +189,38 @@ fn cluster_status_shows_each_node_its_groups_and_a_node_that_is_down() {
         }
         assert!(Instant::now() < deadline, "node 2's links still up: {docs:?}");
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_deleted_journal_is_gone_on_every_node_and_its_name_is_free_again() {
+    let cluster = Cluster::start(&server_bin(), 3, &[]);
+    let mut c = client(cluster.addrs());
+    let id = create(&mut c, "gone");
+    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    write(&mut c, id, 0, &[record(0), record(1), record(2)]);
+    match c.delete(id).unwrap() {
+        DeleteOutcome::Deleted { state } => assert_eq!(state.next_seq, 3),
+        other => panic!("delete: {other:?}"),
+    }
+    assert!(matches!(c.write_single(id, A, 3, &[record(3)]).unwrap(), WriteOutcome::UnknownJournal));
+    for addr in cluster.addrs() {
+        let mut one = client(vec![addr.clone()]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match one.read(id, 0, 0, 0).unwrap() {
+                ReadOutcome::UnknownJournal => break,
+                other => assert!(Instant::now() < deadline, "node {addr} still serves the deleted journal: {other:?}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // The name is freed by the directory group shortly after: a new journal, empty.
+    let again = create(&mut c, "gone");
+    assert_ne!(again, id);
+    assert!(matches!(c.set_leader(again, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    match c.read(again, 0, 0, 0).unwrap() {
+        ReadOutcome::Page { records, state, .. } => assert!(records.is_empty() && state.next_seq == 0),
+        other => panic!("read of the new journal: {other:?}"),
     }
 }

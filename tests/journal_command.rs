@@ -59,6 +59,7 @@ fn golden_multi_write_set_leader_truncate_noop_delete() {
     assert_eq!(hex(&enc(&tr, z)), format!("{}0b{}0001000000000000", head(3, 0, 0, J.tenant, J.journal), "0".repeat(30)));
     assert_eq!(hex(&enc(&Command::Noop { journal: J }, z)), head(4, 0, 0, J.tenant, J.journal));
     assert_eq!(hex(&enc(&Command::DeleteJournal { journal: J }, z)), head(18, 0, 0, J.tenant, J.journal));
+    assert_eq!(hex(&enc(&Command::ReleaseName { journal: J }, z)), head(19, 0, 0, J.tenant, J.journal));
 }
 
 #[test]
@@ -108,7 +109,7 @@ fn every_decode_error() {
 
 fn command() -> impl Strategy<Value = (u8, u64, u64, u128, u128, u64, Vec<Vec<u8>>, String)> {
     (
-        0u8..7,
+        0u8..8,
         any::<u64>(),
         any::<u64>(),
         any::<u128>(),
@@ -131,7 +132,8 @@ proptest! {
             3 => Command::Noop { journal },
             4 => Command::CreateTenant { tenant: a, name: &name },
             5 => Command::CreateJournal { journal, name: &name, mode: if n % 2 == 0 { Mode::Single } else { Mode::Multi }, durability: if u1 % 2 == 0 { StoreDurability::Ordered } else { StoreDurability::Batched } },
-            _ => Command::DeleteJournal { journal },
+            6 => Command::DeleteJournal { journal },
+            _ => Command::ReleaseName { journal },
         };
         let entry = EntryId { term, index };
         let bytes = enc(&c, entry);

@@ -8,9 +8,9 @@
 //! | a new leader's empty entry | a Noop command for the group, with the entry's term and index |
 //! | a hard state | kind 6, the group in the head, then `term u64`, `vote u64`, `commit u64` |
 //!
-//! A command's group follows from its kind: directory commands (create tenant, create and
-//! delete journal) and a Noop for `(0, 0)` belong to the directory group [`DIRECTORY`]; the
-//! others to the journal they name. Source: docs/journals.md §9.3.
+//! A command's group follows from its kind: directory commands (create tenant, create journal,
+//! release a deleted journal's name) and a Noop for `(0, 0)` belong to the directory group
+//! [`DIRECTORY`]; the others, a deletion included, to the journal they name. Source: docs/journals.md §9.3.
 
 use raft::eraftpb::{Entry, EntryType, HardState};
 
@@ -72,7 +72,7 @@ pub enum DurableError {
 /// The group a command belongs to.
 pub fn group_of(command: &Command<'_>) -> JournalId {
     match command.kind() {
-        Kind::CreateTenant | Kind::CreateJournal | Kind::DeleteJournal => DIRECTORY,
+        Kind::CreateTenant | Kind::CreateJournal | Kind::ReleaseName => DIRECTORY,
         _ => command.target(),
     }
 }

@@ -32,6 +32,8 @@ pub const IDENTITY_FILE: &str = "cluster";
 const MAX_CALLS: usize = 4096;
 /// How often the status looks at the peers' links.
 const STATUS_PEERS_EVERY: Duration = Duration::from_millis(100);
+/// How often a deleted journal's name is asked to be freed, until it is.
+const RELEASE_EVERY: Duration = Duration::from_millis(500);
 /// Most peer frames taken into one round.
 const MAX_FRAMES: usize = 1024;
 
@@ -153,6 +155,9 @@ pub struct Node<O: Outbox> {
     next_tick: Instant,
     /// When the peers' links were last looked at for the status.
     status_tick: Instant,
+    /// Deleted journals whose names this node asks the directory to free, with when it last
+    /// asked.
+    releasing: HashMap<JournalId, Instant>,
 }
 
 /// Why a node's command log cannot be used by this node.
@@ -249,7 +254,8 @@ impl<O: Outbox> Node<O> {
             leaders: HashMap::new(),
             status,
             next_tick,
-            status_tick: Instant::now() - STATUS_PEERS_EVERY,
+            status_tick: Instant::now().checked_sub(STATUS_PEERS_EVERY).unwrap_or_else(Instant::now),
+            releasing: HashMap::new(),
         };
         node.take_applied();
         Ok(node)
@@ -298,6 +304,7 @@ impl<O: Outbox> Node<O> {
                 self.replica.tick();
                 self.next_tick = Instant::now() + self.settings.tick;
                 self.retry_parked();
+                self.release_names();
             }
             while self.replica.has_ready() {
                 if !self.round() {
@@ -419,6 +426,12 @@ impl<O: Outbox> Node<O> {
                 Some(Answer::JournalCreated { journal }) => {
                     changed.insert(journal);
                 }
+                Some(Answer::Deleted { .. }) if group != DIRECTORY => {
+                    self.holdings.remove(group);
+                    self.published.remove(group);
+                    changed.remove(&group);
+                    self.releasing.insert(group, Instant::now().checked_sub(RELEASE_EVERY).unwrap_or_else(Instant::now));
+                }
                 _ => {}
             }
         }
@@ -444,10 +457,6 @@ impl<O: Outbox> Node<O> {
                     let _ = reply.send(invalid("the journal command did not decode"));
                     return;
                 };
-                if matches!(cmd, Command::DeleteJournal { .. }) {
-                    let _ = reply.send(invalid("deleting a journal is not served by a cluster yet"));
-                    return;
-                }
                 let write = matches!(cmd, Command::Write { .. });
                 let (group, target) = (group_of(&cmd), cmd.target());
                 if write && self.pending() >= self.settings.admission {
@@ -594,6 +603,25 @@ impl<O: Outbox> Node<O> {
                     ..Default::default()
                 },
             ),
+        }
+    }
+
+    /// The second step of each deletion this node applied: the directory group frees the
+    /// journal's name. Asked again every [`RELEASE_EVERY`] until the directory here shows the
+    /// name free (a repeat is harmless), so a leader change or a restart cannot leave a
+    /// name taken by a deleted journal.
+    fn release_names(&mut self) {
+        if self.releasing.is_empty() {
+            return;
+        }
+        let named: BTreeSet<JournalId> =
+            self.replica.directory().tenants().flat_map(|(t, ten)| ten.journals.values().map(move |&j| JournalId { tenant: t, journal: j })).collect();
+        self.releasing.retain(|id, _| named.contains(id));
+        let now = Instant::now();
+        for (id, last) in self.releasing.iter_mut() {
+            if now.duration_since(*last) >= RELEASE_EVERY && self.replica.forward(DIRECTORY, encode(&Command::ReleaseName { journal: *id })) {
+                *last = now;
+            }
         }
     }
 

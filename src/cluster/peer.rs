@@ -124,8 +124,9 @@ pub fn decode_frame(bytes: &[u8], cluster: u64, me: u64) -> Result<(u64, Vec<(Jo
         if m.from != frame.from || m.to != frame.to {
             return Err(PeerError::Misaddressed { group, from: m.from, to: m.to, frame_from: frame.from, frame_to: frame.to });
         }
-        // Only an append's entries are logged; a read's entry carries its context.
-        if m.get_msg_type() == raft::eraftpb::MessageType::MsgAppend {
+        // Only an append's or a forwarded proposal's entries are logged; a read's entry
+        // carries its context.
+        if matches!(m.get_msg_type(), raft::eraftpb::MessageType::MsgAppend | raft::eraftpb::MessageType::MsgPropose) {
             for e in &m.entries {
                 check_entry(group, e)?;
             }

@@ -23,6 +23,7 @@ use slog::Drain;
 
 use super::durable::DIRECTORY;
 use super::group_log::{EntryReader, GroupLog};
+use crate::journal::command::Command;
 use crate::journal::held::Loc;
 use crate::journal::{decode_command, Answer, Directory, JournalId};
 use std::collections::HashMap;
@@ -415,7 +416,7 @@ impl<T> Replica<T> {
         let commit = storage.hard_state().commit.min(storage.last());
         for index in 1..=commit {
             let e = storage.entry(index)?;
-            let answer = judge(&mut self.directory, &e);
+            let answer = judge(&mut self.directory, journal, &e);
             self.applied.push(Applied { group: journal, index: e.index, answer: answer_of(answer) });
         }
         let raw = RawNode::new(&config(self.node, commit), storage, &self.logger)?;
@@ -451,6 +452,14 @@ impl<T> Replica<T> {
             }
             Err(_) => Err((token, Refused::NotLeader { leader: g.leader() })),
         }
+    }
+
+    /// Proposes `command` to `journal`'s group with no verdict wanted: from a follower, raft
+    /// forwards it to the leader. For commands whose repeats are harmless (a released name).
+    /// False when this node holds no such group or knows no leader.
+    pub fn forward(&mut self, journal: JournalId, command: Vec<u8>) -> bool {
+        let Some(g) = self.groups.get_mut(&journal) else { return false };
+        g.leader().is_some() && g.raw.propose(Vec::new(), command).is_ok()
     }
 
     /// Asks for a linearizable read of `journal`: [`Verdict::ReadReady`] comes with `token`
@@ -590,7 +599,7 @@ fn apply<T>(
 ) {
     for e in entries {
         g.applied = e.index;
-        let verdict = judge(directory, &e);
+        let verdict = judge(directory, journal, &e);
         applied.push(Applied { group: journal, index: e.index, answer: answer_of(verdict.clone()) });
         // A proposal below this index that is still waiting lost its place to another leader's
         // entry, as does one at this index whose term is not the entry's.
@@ -617,10 +626,13 @@ fn answer_of(v: Verdict) -> Option<Answer> {
     }
 }
 
-/// Applies one decided entry to the state machine: the same on every node.
-fn judge(directory: &mut Directory, e: &Entry) -> Verdict {
+/// Applies one decided entry of `group` to the state machine: the same on every node. A
+/// deletion in the journal's own group drops its state only; the directory group frees its
+/// name later (docs/journals.md §9.5).
+fn judge(directory: &mut Directory, group: JournalId, e: &Entry) -> Verdict {
     match e.get_entry_type() {
         EntryType::EntryNormal if !e.data.is_empty() => match decode_command(&e.data) {
+            Ok((_, Command::DeleteJournal { journal })) if group != DIRECTORY => Verdict::Applied(directory.drop_journal(journal)),
             Ok((_, cmd)) => Verdict::Applied(directory.apply(&cmd)),
             Err(_) => Verdict::Undecodable,
         },

@@ -15,7 +15,8 @@
 //! | 40 | .. | body, by kind |
 //!
 //! Bodies: Write `leader u128 | seq u64 | count u32 | count × (len u32 | bytes)`; SetLeader
-//! `new u128 | old u128`; Truncate `leader u128 | up_to u64`; Noop and DeleteJournal empty;
+//! `new u128 | old u128`; Truncate `leader u128 | up_to u64`; Noop, DeleteJournal and
+//! ReleaseName empty;
 //! CreateTenant `name_len u16 | name`; CreateJournal `mode u8 | durability u8 | name_len u16 |
 //! name`. A uuid of 0 is "none".
 
@@ -44,11 +45,13 @@ pub enum Kind {
     CreateJournal = 17,
     /// The end of a journal.
     DeleteJournal = 18,
+    ReleaseName = 19,
 }
 
 impl Kind {
     /// Every kind, for decoding.
-    const ALL: [Kind; 7] = [Kind::Write, Kind::SetLeader, Kind::Truncate, Kind::Noop, Kind::CreateTenant, Kind::CreateJournal, Kind::DeleteJournal];
+    const ALL: [Kind; 8] =
+        [Kind::Write, Kind::SetLeader, Kind::Truncate, Kind::Noop, Kind::CreateTenant, Kind::CreateJournal, Kind::DeleteJournal, Kind::ReleaseName];
 
     fn from_u8(b: u8) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| *k as u8 == b)
@@ -120,8 +123,15 @@ pub enum Command<'a> {
         /// Its store durability.
         durability: StoreDurability,
     },
-    /// The end of a journal: its records and name are dropped.
+    /// The end of a journal: its records and name are dropped (in a cluster, its records:
+    /// the name follows with [`Command::ReleaseName`]).
     DeleteJournal {
+        /// The journal.
+        journal: JournalId,
+    },
+    /// A cluster's second step of a deletion, in the directory group: the deleted journal's
+    /// name is free again (docs/journals.md §9.5).
+    ReleaseName {
         /// The journal.
         journal: JournalId,
     },
@@ -165,6 +175,7 @@ impl Command<'_> {
             Command::CreateTenant { .. } => Kind::CreateTenant,
             Command::CreateJournal { .. } => Kind::CreateJournal,
             Command::DeleteJournal { .. } => Kind::DeleteJournal,
+            Command::ReleaseName { .. } => Kind::ReleaseName,
         }
     }
 
@@ -176,7 +187,8 @@ impl Command<'_> {
             | Command::Truncate { journal, .. }
             | Command::Noop { journal }
             | Command::CreateJournal { journal, .. }
-            | Command::DeleteJournal { journal } => journal,
+            | Command::DeleteJournal { journal }
+            | Command::ReleaseName { journal } => journal,
             Command::CreateTenant { tenant, .. } => JournalId { tenant, journal: 0 },
         }
     }
@@ -188,7 +200,7 @@ impl Command<'_> {
                 Command::Write { records, .. } => 28 + records.iter().map(|r| 4 + r.len()).sum::<usize>(),
                 Command::SetLeader { .. } => 32,
                 Command::Truncate { .. } => 24,
-                Command::Noop { .. } | Command::DeleteJournal { .. } => 0,
+                Command::Noop { .. } | Command::DeleteJournal { .. } | Command::ReleaseName { .. } => 0,
                 Command::CreateTenant { name, .. } => 2 + name.len(),
                 Command::CreateJournal { name, .. } => 4 + name.len(),
             }
@@ -233,7 +245,7 @@ impl Command<'_> {
                 out.extend_from_slice(&uuid(*leader));
                 out.extend_from_slice(&up_to.to_le_bytes());
             }
-            Command::Noop { .. } | Command::DeleteJournal { .. } => {}
+            Command::Noop { .. } | Command::DeleteJournal { .. } | Command::ReleaseName { .. } => {}
             Command::CreateTenant { name: n, .. } => name(n, out),
             Command::CreateJournal { name: n, mode, durability, .. } => {
                 out.push(match mode {
@@ -318,6 +330,7 @@ pub fn decode(payload: &[u8]) -> Result<(EntryId, Command<'_>), CommandError> {
         Kind::Truncate => Command::Truncate { journal, leader: r.uuid("leader uuid")?.set(), up_to: r.u64("up_to")? },
         Kind::Noop => Command::Noop { journal },
         Kind::DeleteJournal => Command::DeleteJournal { journal },
+        Kind::ReleaseName => Command::ReleaseName { journal },
         Kind::CreateTenant => Command::CreateTenant { tenant: journal.tenant, name: r.name()? },
         Kind::CreateJournal => {
             let mode = match r.u8("mode")? {

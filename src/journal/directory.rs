@@ -113,15 +113,15 @@ impl Directory {
     pub fn journal_named(&self, tenant: &str, journal: &str) -> Option<(JournalId, &Entry)> {
         let (t, ten) = self.tenant_named(tenant)?;
         let id = JournalId { tenant: t, journal: *ten.journals.get(journal)? };
-        Some((id, &self.journals[&id]))
+        Some((id, self.journals.get(&id)?))
     }
 
     /// Every journal of a tenant, by name.
     pub fn journals_of(&self, tenant: u64) -> impl Iterator<Item = (JournalId, &Entry)> {
         self.tenants.get(&tenant).into_iter().flat_map(move |t| {
-            t.journals.values().map(move |&j| {
+            t.journals.values().filter_map(move |&j| {
                 let id = JournalId { tenant, journal: j };
-                (id, &self.journals[&id])
+                Some((id, self.journals.get(&id)?))
             })
         })
     }
@@ -165,6 +165,7 @@ impl Directory {
             Command::CreateTenant { tenant, name } => self.create_tenant(*tenant, name),
             Command::CreateJournal { journal, name, mode, durability } => self.create_journal(*journal, name, *mode, *durability),
             Command::DeleteJournal { journal } => self.delete_journal(*journal),
+            Command::ReleaseName { journal } => self.release_name(*journal),
             Command::Write { journal, leader, seq, records } => {
                 let call = Call::Write {
                     leader: *leader,
@@ -220,12 +221,47 @@ impl Directory {
         if let Some(&existing) = t.journals.get(name) {
             return Answer::NameTaken { existing: JournalId { tenant: journal.tenant, journal: existing } };
         }
-        if !journal.is_set() || self.journals.contains_key(&journal) {
+        if !journal.is_set() || t.journals.values().any(|&j| j == journal.journal) {
             return Answer::NameTaken { existing: journal };
         }
         t.journals.insert(name.to_owned(), journal.journal);
         self.journals.insert(journal, Entry { name: name.to_owned(), state: JournalState::new(mode, durability) });
         Answer::JournalCreated { journal }
+    }
+
+    /// A cluster's deletion in the journal's own group (docs/journals.md §9.5): the journal's
+    /// state goes, so every later call of that group is answered `UnknownJournal` alike on every
+    /// node; its name stays taken until the directory group applies
+    /// [`Command::ReleaseName`], so the directory's verdicts never depend on when a node
+    /// applied the deletion.
+    pub fn drop_journal(&mut self, journal: JournalId) -> Answer {
+        match self.journals.remove(&journal) {
+            Some(e) => Answer::Deleted { state: Box::new(e.state) },
+            None => Answer::UnknownJournal,
+        }
+    }
+
+    /// The names whose journal is gone (deleted in its group, name not yet released).
+    pub fn names_to_release(&self) -> Vec<JournalId> {
+        self.tenants
+            .iter()
+            .flat_map(|(&tenant, t)| t.journals.values().map(move |&journal| JournalId { tenant, journal }))
+            .filter(|id| !self.journals.contains_key(id))
+            .collect()
+    }
+
+    /// The directory group's step of a cluster's deletion: the journal's name is free again.
+    /// It looks at names only, never at the journal's state (which each node drops when its
+    /// copy of the journal's group applies the deletion), so every node answers it alike;
+    /// `UnknownJournal` when no name maps to the journal.
+    fn release_name(&mut self, journal: JournalId) -> Answer {
+        let Some(t) = self.tenants.get_mut(&journal.tenant) else { return Answer::UnknownJournal };
+        let before = t.journals.len();
+        t.journals.retain(|_, j| *j != journal.journal);
+        if t.journals.len() == before {
+            return Answer::UnknownJournal;
+        }
+        Answer::Journal(super::apply::Outcome::Noop)
     }
 
     fn delete_journal(&mut self, journal: JournalId) -> Answer {

@@ -131,6 +131,14 @@ impl Published {
         }
     }
 
+    /// Takes a deleted journal away: its readers answer unknown journal, its tail waiters wake.
+    pub(crate) fn remove(&self, id: JournalId) {
+        if let Some(s) = self.journals.write().unwrap().remove(&id) {
+            s.state.lock().unwrap().deleted = true;
+            s.tail.notify(usize::MAX);
+        }
+    }
+
     /// The journal, if it exists (durably).
     pub fn journal(&self, id: JournalId) -> Option<Arc<Shown>> {
         self.journals.read().unwrap().get(&id).cloned()
@@ -441,12 +449,7 @@ impl Sequencer {
                     let Some(e) = self.directory.journal(id) else { continue };
                     self.published.show(id, e.state.view(), self.holdings.get(id).unwrap_or(&Held::default()));
                 }
-                Change::Deleted(id) => {
-                    if let Some(s) = self.published.journals.write().unwrap().remove(&id) {
-                        s.state.lock().unwrap().deleted = true;
-                        s.tail.notify(usize::MAX);
-                    }
-                }
+                Change::Deleted(id) => self.published.remove(id),
             }
         }
     }
