@@ -224,3 +224,27 @@ fn a_deleted_journal_is_gone_on_every_node_and_its_name_is_free_again() {
         other => panic!("read of the new journal: {other:?}"),
     }
 }
+
+#[test]
+fn a_node_whose_data_was_lost_refuses_to_rejoin_as_itself() {
+    let mut cluster = Cluster::start(&server_bin(), 3, &[]);
+    let mut c = client(cluster.addrs());
+    let id = create(&mut c, "kept");
+    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    write(&mut c, id, 0, &[record(0)]);
+    // Every node has joined the directory by now (it asks within a tick of a known leader).
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.kill(3);
+    std::fs::remove_dir_all(cluster.data_dir(3)).unwrap();
+    cluster.start_node(3);
+    let status = cluster.wait_exit(3, Duration::from_secs(15)).expect("the wiped node stops by itself");
+    assert_eq!(status.code(), Some(3), "exit 3: do not restart");
+    // The others go on.
+    let mut c = client(cluster.addrs());
+    assert_eq!(write(&mut c, id, 1, &[record(1)]), 2);
+
+    // A single node refuses a cluster member's data directory (node 3's, stopped), naming it.
+    let out = std::process::Command::new(server_bin()).args(["--bind", "127.0.0.1:0", "--data-dir"]).arg(cluster.data_dir(3)).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("belongs to a cluster member"), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -109,7 +109,7 @@ fn every_decode_error() {
 
 fn command() -> impl Strategy<Value = (u8, u64, u64, u128, u128, u64, Vec<Vec<u8>>, String)> {
     (
-        0u8..8,
+        0u8..9,
         any::<u64>(),
         any::<u64>(),
         any::<u128>(),
@@ -133,7 +133,8 @@ proptest! {
             4 => Command::CreateTenant { tenant: a, name: &name },
             5 => Command::CreateJournal { journal, name: &name, mode: if n % 2 == 0 { Mode::Single } else { Mode::Multi }, durability: if u1 % 2 == 0 { StoreDurability::Ordered } else { StoreDurability::Batched } },
             6 => Command::DeleteJournal { journal },
-            _ => Command::ReleaseName { journal },
+            7 => Command::ReleaseName { journal },
+            _ => Command::Join { node: a, incarnation: n },
         };
         let entry = EntryId { term, index };
         let bytes = enc(&c, entry);

@@ -25,8 +25,14 @@ use crate::journal::store::{JournalStore, StoreError, JOURNALS_DIR};
 use crate::journal::{Answer, JournalId, Mode, StoreDurability};
 use crate::proto::{JournalOutcome, JournalResponse};
 
-/// The file under `journals/` that names the cluster and node a command log belongs to.
+/// The file under `journals/` that names the cluster and node a command log belongs to, and
+/// the incarnation of the data directory.
 pub const IDENTITY_FILE: &str = "cluster";
+
+/// The exit code of a node that finds another incarnation of itself recorded in the
+/// directory: its data directory was lost or replaced, and restarting it as this node would
+/// break the promises (votes, acknowledged entries) the lost one made.
+pub const EXIT_REPLACED: i32 = 3;
 
 /// Most calls taken into one round.
 const MAX_CALLS: usize = 4096;
@@ -158,6 +164,10 @@ pub struct Node<O: Outbox> {
     /// Deleted journals whose names this node asks the directory to free, with when it last
     /// asked.
     releasing: HashMap<JournalId, Instant>,
+    /// This data directory's incarnation.
+    incarnation: u64,
+    /// When this node last asked the directory to record it.
+    joined: Option<Instant>,
 }
 
 /// Why a node's command log cannot be used by this node.
@@ -166,29 +176,56 @@ fn identity_error(path: &Path, why: String) -> StoreError {
 }
 
 /// Checks (or, on a first start, records) which cluster and node the command log under
-/// `data_dir` belongs to: a log of another cluster or node, or a single-node log, is refused.
-fn check_identity(data_dir: &Path, cluster: u64, node: u64) -> Result<(), StoreError> {
+/// `data_dir` belongs to, and returns the incarnation of this data directory (drawn at random
+/// when it was made): a log of another cluster or node, or a single-node log, is refused.
+fn check_identity(data_dir: &Path, cluster: u64, node: u64) -> Result<u64, StoreError> {
     let dir = data_dir.join(JOURNALS_DIR);
     let path = dir.join(IDENTITY_FILE);
-    let want = format!("cluster {cluster:016x}\nnode {node}\n");
+    let head = format!("cluster {cluster:016x}\nnode {node}\n");
     match std::fs::read_to_string(&path) {
-        Ok(found) if found == want => Ok(()),
-        Ok(found) => Err(identity_error(
-            &path,
-            format!(
-                "this data directory belongs to {:?}, not to cluster {cluster:016x} node {node}: the [cluster] node_id or peers differ from the cluster it was made for",
-                found.trim().replace('\n', " ")
-            ),
-        )),
+        Ok(found) => {
+            let incarnation = found.strip_prefix(&head).and_then(|rest| rest.strip_prefix("incarnation ")).and_then(|h| u64::from_str_radix(h.trim(), 16).ok());
+            incarnation.ok_or_else(|| {
+                identity_error(
+                    &path,
+                    format!(
+                        "this data directory belongs to {:?}, not to cluster {cluster:016x} node {node}: the [cluster] node_id or peers differ from the cluster it was made for",
+                        found.trim().replace('\n', " ")
+                    ),
+                )
+            })
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let held = std::fs::read_dir(&dir).map(|d| d.filter_map(Result::ok).count()).unwrap_or(0);
             if held > 0 {
                 return Err(identity_error(&path, "this data directory holds a single-node journal log; a cluster node needs a fresh one".into()));
             }
+            let incarnation = uuid::Uuid::new_v4().as_u64_pair().0 | 1;
             std::fs::create_dir_all(&dir).map_err(|source| StoreError::Log(crate::log::LogError::Io { path: dir.clone(), source }))?;
-            write_synced(&path, want.as_bytes()).map_err(|source| StoreError::Log(crate::log::LogError::Io { path: path.clone(), source }))
+            write_synced(&path, format!("{head}incarnation {incarnation:016x}\n").as_bytes())
+                .map_err(|source| StoreError::Log(crate::log::LogError::Io { path: path.clone(), source }))?;
+            Ok(incarnation)
         }
         Err(source) => Err(StoreError::Log(crate::log::LogError::Io { path, source })),
+    }
+}
+
+/// Refuses to open the command log under `data_dir` as a single node when it belongs to a
+/// cluster member (its entries are consensus items, not single-node commands).
+///
+/// # Errors
+/// [`StoreError`] naming the cluster and node the log belongs to.
+pub fn refuse_member_log(data_dir: &Path) -> Result<(), StoreError> {
+    let path = data_dir.join(JOURNALS_DIR).join(IDENTITY_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(found) => Err(identity_error(
+            &path,
+            format!(
+                "this data directory belongs to a cluster member ({}); start it with that node's [cluster] section",
+                found.lines().take(2).collect::<Vec<_>>().join(", ")
+            ),
+        )),
+        Err(_) => Ok(()),
     }
 }
 
@@ -220,7 +257,7 @@ impl<O: Outbox> Node<O> {
     /// the log's recovery errors; a durable item that does not decode or a group log that
     /// does not hold together.
     pub fn open(data_dir: &Path, segment_size: u64, settings: NodeSettings, outbox: O) -> Result<Node<O>, StoreError> {
-        check_identity(data_dir, settings.cluster, settings.node)?;
+        let incarnation = check_identity(data_dir, settings.cluster, settings.node)?;
         let mut items = Vec::new();
         let mut locs = HashMap::new();
         let mut stored = HashMap::new();
@@ -256,6 +293,8 @@ impl<O: Outbox> Node<O> {
             next_tick,
             status_tick: Instant::now().checked_sub(STATUS_PEERS_EVERY).unwrap_or_else(Instant::now),
             releasing: HashMap::new(),
+            incarnation,
+            joined: None,
         };
         node.take_applied();
         Ok(node)
@@ -305,6 +344,7 @@ impl<O: Outbox> Node<O> {
                 self.next_tick = Instant::now() + self.settings.tick;
                 self.retry_parked();
                 self.release_names();
+                self.check_member();
             }
             while self.replica.has_ready() {
                 if !self.round() {
@@ -322,8 +362,22 @@ impl<O: Outbox> Node<O> {
     /// (its creation is still on its way) is dropped: consensus sends again.
     fn step(&mut self, frame: Inbound) {
         for (group, m) in frame.messages {
-            let _ = self.replica.step(group, m);
+            if let Err(e @ super::replica::ReplicaError::LostEntries { .. }) = self.replica.step(group, m) {
+                self.replaced(&format!("{e}"));
+            }
         }
+    }
+
+    /// Stops the process with [`EXIT_REPLACED`]: this node's data was lost or replaced, and
+    /// going on as this node would break what the lost data had promised.
+    fn replaced(&self, why: &str) -> ! {
+        let why = format!(
+            "node {}: {why}. Its data directory was lost or replaced: do not restart this node with this id; add a new node in its place instead",
+            self.settings.node
+        );
+        tracing::error!("{why}");
+        eprintln!("tephra-server: {why}");
+        std::process::exit(EXIT_REPLACED);
     }
 
     /// One round (docs/journals.md §9.1); false when the command log failed.
@@ -621,6 +675,26 @@ impl<O: Outbox> Node<O> {
         for (id, last) in self.releasing.iter_mut() {
             if now.duration_since(*last) >= RELEASE_EVERY && self.replica.forward(DIRECTORY, encode(&Command::ReleaseName { journal: *id })) {
                 *last = now;
+            }
+        }
+    }
+
+    /// Makes sure the directory records this node with this data directory's incarnation
+    /// (asked every [`RELEASE_EVERY`] until it does), and stops the process with
+    /// [`EXIT_REPLACED`] when it records another one: this node's data was lost or replaced.
+    fn check_member(&mut self) {
+        match self.replica.directory().member(self.settings.node) {
+            Some(i) if i == self.incarnation => {}
+            Some(i) => {
+                self.replaced(&format!("the cluster knows this node by a data directory of incarnation {i:016x}, and this one is {:016x}", self.incarnation))
+            }
+            None => {
+                if self.joined.is_none_or(|t| t.elapsed() >= RELEASE_EVERY) {
+                    let join = encode(&Command::Join { node: self.settings.node, incarnation: self.incarnation });
+                    if self.replica.forward(DIRECTORY, join) {
+                        self.joined = Some(Instant::now());
+                    }
+                }
             }
         }
     }

@@ -132,6 +132,17 @@ pub enum ReplicaError {
     /// No group for the journal on this node.
     #[error("no group for {0} on this node")]
     UnknownGroup(JournalId),
+    /// A leader says this node acknowledged entries up to `commit`, and its log ends at `last`:
+    /// this node lost acknowledged entries (its data directory was lost or replaced).
+    #[error("group {journal}: the leader knows this node as holding entries up to {commit}, and its log ends at {last}: it lost entries it had acknowledged")]
+    LostEntries {
+        /// The group.
+        journal: JournalId,
+        /// The commit index the leader sent.
+        commit: u64,
+        /// This node's last index.
+        last: u64,
+    },
     /// The group already exists.
     #[error("the group for {0} already exists on this node")]
     GroupExists(JournalId),
@@ -487,6 +498,12 @@ impl<T> Replica<T> {
     /// group does not know).
     pub fn step(&mut self, journal: JournalId, message: Message) -> Result<(), ReplicaError> {
         let g = self.groups.get_mut(&journal).ok_or(ReplicaError::UnknownGroup(journal))?;
+        // A leader's heartbeat carries a commit index no higher than what this node has
+        // acknowledged holding; one past this node's log means it lost acknowledged entries.
+        let last = g.raw.raft.raft_log.last_index();
+        if message.get_msg_type() == raft::eraftpb::MessageType::MsgHeartbeat && message.term >= g.raw.raft.term && message.commit > last {
+            return Err(ReplicaError::LostEntries { journal, commit: message.commit, last });
+        }
         g.raw.step(message)?;
         Ok(())
     }

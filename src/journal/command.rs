@@ -16,7 +16,7 @@
 //!
 //! Bodies: Write `leader u128 | seq u64 | count u32 | count × (len u32 | bytes)`; SetLeader
 //! `new u128 | old u128`; Truncate `leader u128 | up_to u64`; Noop, DeleteJournal and
-//! ReleaseName empty;
+//! ReleaseName empty; Join `incarnation u64` (the node id in the tenant field);
 //! CreateTenant `name_len u16 | name`; CreateJournal `mode u8 | durability u8 | name_len u16 |
 //! name`. A uuid of 0 is "none".
 
@@ -46,12 +46,13 @@ pub enum Kind {
     /// The end of a journal.
     DeleteJournal = 18,
     ReleaseName = 19,
+    Join = 20,
 }
 
 impl Kind {
     /// Every kind, for decoding.
-    const ALL: [Kind; 8] =
-        [Kind::Write, Kind::SetLeader, Kind::Truncate, Kind::Noop, Kind::CreateTenant, Kind::CreateJournal, Kind::DeleteJournal, Kind::ReleaseName];
+    const ALL: [Kind; 9] =
+        [Kind::Write, Kind::SetLeader, Kind::Truncate, Kind::Noop, Kind::CreateTenant, Kind::CreateJournal, Kind::DeleteJournal, Kind::ReleaseName, Kind::Join];
 
     fn from_u8(b: u8) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| *k as u8 == b)
@@ -135,6 +136,15 @@ pub enum Command<'a> {
         /// The journal.
         journal: JournalId,
     },
+    /// A cluster member's data directory, recorded in the directory group the first time the
+    /// node is seen: a node whose directory was lost finds another incarnation recorded for
+    /// its id and stops (docs/journals.md §9.6).
+    Join {
+        /// The node id.
+        node: u64,
+        /// The data directory's incarnation, drawn when it was made.
+        incarnation: u64,
+    },
 }
 
 /// Why a command payload did not decode. Each names what was wrong, so that a refused
@@ -176,6 +186,7 @@ impl Command<'_> {
             Command::CreateJournal { .. } => Kind::CreateJournal,
             Command::DeleteJournal { .. } => Kind::DeleteJournal,
             Command::ReleaseName { .. } => Kind::ReleaseName,
+            Command::Join { .. } => Kind::Join,
         }
     }
 
@@ -190,6 +201,7 @@ impl Command<'_> {
             | Command::DeleteJournal { journal }
             | Command::ReleaseName { journal } => journal,
             Command::CreateTenant { tenant, .. } => JournalId { tenant, journal: 0 },
+            Command::Join { node, .. } => JournalId { tenant: node, journal: 0 },
         }
     }
 
@@ -202,6 +214,7 @@ impl Command<'_> {
                 Command::Truncate { .. } => 24,
                 Command::Noop { .. } | Command::DeleteJournal { .. } | Command::ReleaseName { .. } => 0,
                 Command::CreateTenant { name, .. } => 2 + name.len(),
+                Command::Join { .. } => 8,
                 Command::CreateJournal { name, .. } => 4 + name.len(),
             }
     }
@@ -247,6 +260,7 @@ impl Command<'_> {
             }
             Command::Noop { .. } | Command::DeleteJournal { .. } | Command::ReleaseName { .. } => {}
             Command::CreateTenant { name: n, .. } => name(n, out),
+            Command::Join { incarnation, .. } => out.extend_from_slice(&incarnation.to_le_bytes()),
             Command::CreateJournal { name: n, mode, durability, .. } => {
                 out.push(match mode {
                     Mode::Single => 0,
@@ -332,6 +346,7 @@ pub fn decode(payload: &[u8]) -> Result<(EntryId, Command<'_>), CommandError> {
         Kind::DeleteJournal => Command::DeleteJournal { journal },
         Kind::ReleaseName => Command::ReleaseName { journal },
         Kind::CreateTenant => Command::CreateTenant { tenant: journal.tenant, name: r.name()? },
+        Kind::Join => Command::Join { node: journal.tenant, incarnation: r.u64("incarnation")? },
         Kind::CreateJournal => {
             let mode = match r.u8("mode")? {
                 0 => Mode::Single,

@@ -80,6 +80,8 @@ pub struct Directory {
     tenants: BTreeMap<u64, Tenant>,
     tenant_names: HashMap<String, u64>,
     journals: BTreeMap<JournalId, Entry>,
+    /// A cluster's members: node id to the incarnation of its data directory.
+    members: BTreeMap<u64, u64>,
 }
 
 impl Directory {
@@ -166,6 +168,11 @@ impl Directory {
             Command::CreateJournal { journal, name, mode, durability } => self.create_journal(*journal, name, *mode, *durability),
             Command::DeleteJournal { journal } => self.delete_journal(*journal),
             Command::ReleaseName { journal } => self.release_name(*journal),
+            Command::Join { node, incarnation } => {
+                // The first incarnation seen for a node id stays.
+                self.members.entry(*node).or_insert(*incarnation);
+                Answer::Journal(Outcome::Noop)
+            }
             Command::Write { journal, leader, seq, records } => {
                 let call = Call::Write {
                     leader: *leader,
@@ -239,6 +246,11 @@ impl Directory {
             Some(e) => Answer::Deleted { state: Box::new(e.state) },
             None => Answer::UnknownJournal,
         }
+    }
+
+    /// The incarnation recorded for cluster member `node`, if it joined.
+    pub fn member(&self, node: u64) -> Option<u64> {
+        self.members.get(&node).copied()
     }
 
     /// The names whose journal is gone (deleted in its group, name not yet released).

@@ -88,6 +88,7 @@ impl Journals {
     /// large to send (docs/journals.md §7).
     pub fn start(data_dir: &std::path::Path, limits: JournalSettings, max_frame_len: u32) -> Result<Journals, StoreError> {
         let limits = fit_limits(limits);
+        crate::cluster::node::refuse_member_log(data_dir)?;
         let sequencer = Sequencer::open(data_dir, limits.segment_size)?;
         let published = sequencer.published();
         // The queue holds the admission limit: a full queue answers `BUSY`, the write in no log.

@@ -77,6 +77,14 @@ impl Cluster {
         }
     }
 
+    /// Waits up to `timeout` for node `id` to exit by itself; its exit status, the node then
+    /// counted as stopped. `None` when it is still running (or was not).
+    pub fn wait_exit(&mut self, id: u64, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let status = self.nodes[id as usize - 1].as_mut()?.wait_exit(timeout)?;
+        self.nodes[id as usize - 1] = None;
+        Some(status)
+    }
+
     /// Node `id`, when running.
     pub fn node(&self, id: u64) -> Option<&Server> {
         self.nodes[id as usize - 1].as_ref()
