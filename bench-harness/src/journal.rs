@@ -650,7 +650,7 @@ impl Run {
     /// Prints the run's line on stderr (progress while the rounds go on).
     pub fn progress(&self) {
         eprintln!(
-            "  round {} {:<6} {:<58} {:>12} records/s  p50 {:>9}  p99 {:>9}  {}{}",
+            "  round {} {:<10} {:<58} {:>12} records/s  p50 {:>9}  p99 {:>9}  {}{}",
             self.round,
             self.system,
             self.workload,
