@@ -80,9 +80,9 @@ pub struct ClusterArgs {
     /// Readers of the linearizable read workload (0 skips it).
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=1024))]
     pub readers: u64,
-    /// Failover trials per system (0 skips failover).
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=100))]
-    pub failover_trials: u64,
+    /// Failover trials per system (0 skips failover) [default: 5, quick: 2].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub failover_trials: Option<u64>,
     /// Skip the write workloads on one node of ours (the base of the ≥ 50% target).
     #[arg(long)]
     pub no_single_node: bool,

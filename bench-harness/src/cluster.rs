@@ -205,6 +205,9 @@ pub struct ClusterRun {
     pub leaders: Vec<usize>,
     /// Ours: the leader's side of the writes.
     pub server: Option<ServerSide>,
+    /// Ours, 3 nodes: leader changes during the measured loop (the most any node's groups saw;
+    /// `tephra_cluster_leader_changes_total`).
+    pub leader_changes: Option<u64>,
 }
 
 /// Failover trials of one system.
@@ -400,6 +403,12 @@ impl OursCluster {
         (0..self.nodes.len()).filter(|&i| self.nodes[i].process.is_some()).filter_map(|i| self.server_side(i).ok()).max_by_key(|s| s.writes)
     }
 
+    /// Each running node's `tephra_cluster_leader_changes_total` (`None`: not a cluster, or
+    /// unreadable).
+    fn leader_changes(&self) -> Vec<Option<u64>> {
+        (0..self.nodes.len()).map(|i| self.metrics(i).ok().and_then(|p| sample(&p, "tephra_cluster_leader_changes_total")).map(|v| v as u64)).collect()
+    }
+
     /// SIGKILLs node `i`.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut p) = self.nodes[i].process.take() {
@@ -432,6 +441,12 @@ impl OursCluster {
 /// The value of the unlabelled sample `name` in a `/metrics` page.
 fn sample(page: &str, name: &str) -> Option<f64> {
     page.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).and_then(|v| v.trim().parse().ok())
+}
+
+/// The most leader changes any node saw between two [`OursCluster::leader_changes`] samples;
+/// `None` when no node has the counter.
+fn changes_since(before: &[Option<u64>], after: &[Option<u64>]) -> Option<u64> {
+    before.iter().zip(after).filter_map(|(b, a)| Some(a.as_ref()?.saturating_sub(*b.as_ref()?))).max()
 }
 
 /// A client of `servers` (the first is asked first).
@@ -547,11 +562,13 @@ fn fenced_ours(
     let conns: Vec<(Rotation<Fenced>, Vec<Vec<u8>>)> =
         groups.into_iter().enumerate().map(|(i, sessions)| (Rotation { sessions, next: 0 }, stamped(i, batch, cfg.record_size))).collect();
     let conflicts = AtomicU64::new(0);
+    let changes_before = c.leader_changes();
     let (clock, tallies) = closed_loop(conns, cfg.warmup, cfg.duration, stop, |(r, recs)| r.write(&conflicts, |s| s.write(recs).map(|(_, n)| n)));
+    let leader_changes = changes_since(&changes_before, &c.leader_changes());
     let mut run = summarise(cfg.label(Workload::Fenced { writers, batch }), system.name(), round, &clock, &tallies, stop);
     let held = ours_held(&mut admin)?;
     run.check = if held == run.records_acked_total { "held = acked".into() } else { format!("MISMATCH held {held} acked {}", run.records_acked_total) };
-    Ok(ClusterRun { run, conflicts: conflicts.into_inner(), leaders: led, server: c.busiest() })
+    Ok(ClusterRun { run, conflicts: conflicts.into_inner(), leaders: led, server: c.busiest(), leader_changes })
 }
 
 fn reads_ours(cfg: &ClusterBenchConfig, c: &OursCluster, round: usize, stop: &AtomicBool) -> Result<ClusterRun, String> {
@@ -563,6 +580,7 @@ fn reads_ours(cfg: &ClusterBenchConfig, c: &OursCluster, round: usize, stop: &At
     }
     let ids: Vec<JournalId> = sessions.iter().map(Fenced::id).collect();
     let tail = READ_POPULATE as u64 - 1;
+    let changes_before = c.leader_changes();
     let readers: Vec<(Journals, JournalId)> = (0..cfg.readers).map(|i| (client(c.servers_from(i % c.len())), ids[i % ids.len()])).collect();
     let (clock, tallies) = closed_loop(readers, cfg.warmup, cfg.duration, stop, |(j, id)| match j.read(*id, tail, 1, 0) {
         Ok(ReadOutcome::Page { records, .. }) if records.len() == 1 => Ok(1),
@@ -573,8 +591,9 @@ fn reads_ours(cfg: &ClusterBenchConfig, c: &OursCluster, round: usize, stop: &At
         Ok(ReadOutcome::Ambiguous) => Err("ambiguous".into()),
         Err(e) => Err(journal_error(&e)),
     });
+    let leader_changes = changes_since(&changes_before, &c.leader_changes());
     let run = summarise(cfg.label(Workload::Reads), System::Ours.name(), round, &clock, &tallies, stop);
-    Ok(ClusterRun { run, conflicts: 0, leaders: led, server: None })
+    Ok(ClusterRun { run, conflicts: 0, leaders: led, server: None, leader_changes })
 }
 
 fn fenced_etcd(cfg: &ClusterBenchConfig, e: &EtcdCluster, (writers, batch): (usize, usize), round: usize, stop: &AtomicBool) -> Result<ClusterRun, String> {
@@ -587,7 +606,7 @@ fn fenced_etcd(cfg: &ClusterBenchConfig, e: &EtcdCluster, (writers, batch): (usi
     let (clock, tallies) =
         closed_loop(conns, cfg.warmup, cfg.duration, stop, |r| r.write(&conflicts, |s| s.write(batch, &value).map(|(_, n)| n).map_err(io_name)));
     let run = summarise(cfg.label(Workload::Fenced { writers, batch }), System::Etcd.name(), round, &clock, &tallies, stop);
-    Ok(ClusterRun { run, conflicts: conflicts.into_inner(), leaders: Vec::new(), server: None })
+    Ok(ClusterRun { run, conflicts: conflicts.into_inner(), leaders: Vec::new(), server: None, leader_changes: None })
 }
 
 fn reads_etcd(cfg: &ClusterBenchConfig, e: &EtcdCluster, round: usize, stop: &AtomicBool) -> Result<ClusterRun, String> {
@@ -611,7 +630,7 @@ fn reads_etcd(cfg: &ClusterBenchConfig, e: &EtcdCluster, round: usize, stop: &At
         }
     });
     let run = summarise(cfg.label(Workload::Reads), System::Etcd.name(), round, &clock, &tallies, stop);
-    Ok(ClusterRun { run, conflicts: 0, leaders: Vec::new(), server: None })
+    Ok(ClusterRun { run, conflicts: 0, leaders: Vec::new(), server: None, leader_changes: None })
 }
 
 /// A fresh data directory `dir/<system>-<tag>` and the log prefix `out/logs/<system>-<tag>`.
@@ -650,8 +669,13 @@ fn one_run(cfg: &ClusterBenchConfig, w: Workload, system: System, round: usize, 
     let _ = std::fs::remove_dir_all(&data);
     // SAFETY: sync(2) has no preconditions.
     unsafe { libc::sync() };
-    let run =
-        result.unwrap_or_else(|e| ClusterRun { run: Run::failed(cfg.label(w), system.name(), round, e), conflicts: 0, leaders: Vec::new(), server: None });
+    let run = result.unwrap_or_else(|e| ClusterRun {
+        run: Run::failed(cfg.label(w), system.name(), round, e),
+        conflicts: 0,
+        leaders: Vec::new(),
+        server: None,
+        leader_changes: None,
+    });
     run.run.progress();
     run
 }
@@ -1061,9 +1085,9 @@ pub fn render(cfg: &ClusterBenchConfig, r: &ClusterReport) -> String {
     }
     let _ = writeln!(
         s,
-        "\n## Every run\n\n| round | system | workload | records/s | writes/s | p50 | p99 | max | acked | conflicts | journals led per node | check | errors |"
+        "\n## Every run\n\n| round | system | workload | records/s | writes/s | p50 | p99 | max | acked | conflicts | journals led per node | leader changes | check | errors |"
     );
-    let _ = writeln!(s, "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|");
+    let _ = writeln!(s, "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|");
     for c in &r.runs {
         let run = &c.run;
         let errors = if let Some(f) = &run.failed {
@@ -1076,7 +1100,7 @@ pub fn render(cfg: &ClusterBenchConfig, r: &ClusterReport) -> String {
         let led = if c.leaders.is_empty() { "-".into() } else { c.leaders.iter().map(ToString::to_string).collect::<Vec<_>>().join(" / ") };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {led} | {} | {errors} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {led} | {} | {} | {errors} |",
             run.round,
             run.system,
             run.workload,
@@ -1087,6 +1111,7 @@ pub fn render(cfg: &ClusterBenchConfig, r: &ClusterReport) -> String {
             run.latency.map_or("-".into(), |l| fmt_us(l.max_us)),
             run.records_acked_total,
             c.conflicts,
+            c.leader_changes.map_or("-".into(), |n| n.to_string()),
             run.check,
         );
     }

@@ -21,7 +21,9 @@ use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tephra::client::journal::{fresh_leader, CreateOutcome, JournalError, Journals, JournalsConfig, ListOutcome, ReadOutcome, SetLeaderOutcome, WriteOutcome};
+use tephra::client::journal::{
+    fresh_leader, CreateOutcome, JournalError, Journals, JournalsConfig, ListOutcome, ReadOutcome, Resolution, SetLeaderOutcome, WriteOutcome,
+};
 use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
 
 use crate::append::{self, fmt_us, Clock, Tally};
@@ -361,10 +363,15 @@ impl Fenced {
     }
 
     /// One fenced write at the session's `next_seq`; `Ok((seq, count))`. A refusal moves
-    /// the session to the journal's `next_seq` and is the error `refused`.
+    /// the session to the journal's `next_seq` and is the error `refused`. An ambiguous
+    /// write is settled as the client settles one (docs/journals.md §8.3: read back, identical
+    /// re-sends): written is acknowledged, not written is `refused` (another writer under the
+    /// same uuid holds the position, or the write is to be sent again), and one the budget
+    /// could not settle is the error `ambiguous`. A duplicate answer (the identical write sent
+    /// again after that) acknowledges it.
     pub(crate) fn write(&mut self, recs: &[Vec<u8>]) -> Result<(u64, u64), String> {
         match self.j.write_single(self.id, self.leader, self.seq, recs) {
-            Ok(WriteOutcome::Written { seq, count, duplicate: false, .. }) => {
+            Ok(WriteOutcome::Written { seq, count, .. }) => {
                 self.seq = seq + u64::from(count);
                 Ok((seq, u64::from(count)))
             }
@@ -372,6 +379,17 @@ impl Fenced {
                 self.seq = state.next_seq;
                 Err("refused".into())
             }
+            Ok(WriteOutcome::Ambiguous) => match self.j.resolve(self.id, self.leader, self.seq, recs) {
+                Resolution::Written { seq, count } => {
+                    self.seq = seq + u64::from(count);
+                    Ok((seq, u64::from(count)))
+                }
+                Resolution::NotWritten { state } | Resolution::Truncated { state } => {
+                    self.seq = state.next_seq;
+                    Err("refused".into())
+                }
+                Resolution::Unresolved => Err("ambiguous".into()),
+            },
             Ok(o) => Err(write_outcome_name(&o).into()),
             Err(e) => Err(journal_error(&e)),
         }

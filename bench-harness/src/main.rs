@@ -564,7 +564,7 @@ fn run_cluster(args: ClusterArgs) -> Exit {
         record_size: args.record_size as usize,
         readers: args.readers as usize,
         single_node: !args.no_single_node,
-        failover_trials: args.failover_trials as usize,
+        failover_trials: args.failover_trials.map_or(if args.run.quick { 2 } else { 5 }, |n| n as usize),
         rounds: plan.rounds,
         warmup: plan.warmup,
         duration: plan.duration,
