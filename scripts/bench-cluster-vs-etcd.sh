@@ -12,7 +12,7 @@
 # data directory goes to $BENCH_DIR (default: target/bench-cluster/data, on the same disk as
 # the checkout; never a tmpfs); everything else to bench-results/<UTC date>-cluster/
 # (cluster.md, cluster.json, table.md, logs/).
-# --quick: 1 round x 2 s after 1 s per run and 2 failover trials (a smoke run, about 3 minutes).
+# --quick: 1 round x 2 s after 1 s per run and 2 failover trials (a smoke run, about 5 minutes).
 # Exit code: that of `tephra-bench cluster` (0 ok, 1 a run failed, 2 usage, 130 interrupted).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
