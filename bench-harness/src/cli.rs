@@ -46,6 +46,55 @@ pub enum Command {
     /// single-writer journals (1 and 64 records per write), one multi-writer journal, a tail
     /// reader's delay, and our DCB server's conditional append rate (docs/benchmarks.md §7).
     Journal(JournalArgs),
+    /// Replicated journals on a three-node cluster of ours against a three-member etcd 3.4
+    /// cluster, side by side: fenced writes from 16, 64 and 256 writers over 64 journals (1 and
+    /// 64 records per write), linearizable reads, failover time, and each write workload on
+    /// one node of ours (docs/benchmarks.md §8).
+    Cluster(ClusterArgs),
+}
+
+/// Options of `tephra-bench cluster`.
+#[derive(Debug, Args)]
+#[command(mut_args(|a| CLUSTER_RUN.describe(a)))]
+pub struct ClusterArgs {
+    /// Our server, the directories and the rounds.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The etcd binary, or `none` for ours only [default: $ETCD_BIN, else /usr/bin/etcd, else
+    /// etcd on PATH; ours only, with a warning, when there is none (scripts/install-etcd.sh)].
+    #[arg(long, value_name = "PATH|none")]
+    pub etcd: Option<String>,
+    /// Journals (etcd: head keys) the writers and readers spread over.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub journals: u64,
+    /// Writer counts of the fenced workloads, comma separated (more writers than journals
+    /// share journals and race for their `next_seq`).
+    #[arg(long, value_name = "LIST", default_value = "16,64,256")]
+    pub writers: String,
+    /// Records per fenced write, comma separated.
+    #[arg(long, value_name = "LIST", default_value = "1,64")]
+    pub batches: String,
+    /// Bytes per record.
+    #[arg(long, value_name = "BYTES", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub record_size: u64,
+    /// Readers of the linearizable read workload (0 skips it).
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub readers: u64,
+    /// Failover trials per system (0 skips failover) [default: 5, quick: 2].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub failover_trials: Option<u64>,
+    /// Skip the write workloads on one node of ours (the base of the ≥ 50% target).
+    #[arg(long)]
+    pub no_single_node: bool,
+    /// The journals' store durability: ordered or batched.
+    #[arg(long, value_name = "ordered|batched", default_value = "ordered")]
+    pub store_durability: String,
+    /// Pause between runs, ms (after the data directories are removed and synced).
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub settle_ms: u64,
+    /// Print the JSON report on stdout instead of the markdown tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `tephra-bench journal`.
@@ -90,7 +139,7 @@ pub struct JournalArgs {
 }
 
 /// The options of the subcommands that start the servers themselves and measure them over
-/// rounds (`compare`, `journal`): our server, where data and results go, and how long.
+/// rounds (`compare`, `journal`, `cluster`): our server, where data and results go, and how long.
 /// Their defaults are the subcommand's [`RunDefaults`], which also appends them to the help.
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -136,6 +185,10 @@ pub struct RunDefaults {
 /// The defaults of `tephra-bench journal`.
 pub const JOURNAL_RUN: RunDefaults =
     RunDefaults { name: "journal", order: "alternating which goes first", rounds: (3, 2), duration: (10.0, 3.0), warmup: (2.0, 1.0) };
+
+/// The defaults of `tephra-bench cluster`.
+pub const CLUSTER_RUN: RunDefaults =
+    RunDefaults { name: "cluster", order: "rotating which goes first", rounds: (3, 1), duration: (10.0, 2.0), warmup: (2.0, 1.0) };
 
 /// The defaults of `tephra-bench compare`.
 pub const COMPARE_RUN: RunDefaults = RunDefaults { name: "compare", order: "ours first", rounds: (3, 2), duration: (15.0, 5.0), warmup: (3.0, 2.0) };
@@ -650,6 +703,9 @@ mod tests {
         assert!(journal.contains("Measured seconds per run [default: 10, quick: 3]"), "{journal}");
         assert!(journal.contains("Short settings: 2 rounds × 3 s after 1 s of warm-up"), "{journal}");
         assert!(journal.contains("[default: target/bench-journal/data]"), "{journal}");
+        let cluster = help(&mut cli, "cluster");
+        assert!(cluster.contains("Short settings: 1 rounds × 2 s after 1 s of warm-up"), "{cluster}");
+        assert!(cluster.contains("[default: target/bench-cluster/data]"), "{cluster}");
         let compare = help(&mut cli, "compare");
         assert!(compare.contains("Warm-up seconds per run [default: 3, quick: 2]"), "{compare}");
         assert!(compare.contains("ours first [default: 3, quick: 2]"), "{compare}");

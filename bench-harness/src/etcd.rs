@@ -1,6 +1,6 @@
-//! A one-member etcd started by the harness, and the smallest HTTP/1.1 client that speaks to
-//! etcd's v3 JSON gateway (`POST /v3/kv/txn`, `/v3/kv/put`, `/v3/watch`) over one keep-alive
-//! connection: a request is one write, an answer is read by `Content-Length` or chunks. Keys
+//! etcd started by the harness (one member, or a cluster of members: [`EtcdCluster`]), and the
+//! smallest HTTP/1.1 client that speaks to etcd's v3 JSON gateway (`POST /v3/kv/txn`,
+//! `/v3/kv/put`, `/v3/kv/range`, `/v3/watch`) over one keep-alive connection: a request is one write, an answer is read by `Content-Length` or chunks. Keys
 //! and values travel base64-encoded, as the gateway wants.
 //!
 //! The etcd process listens on loopback ports only, keeps its data directory where the caller
@@ -42,73 +42,262 @@ pub fn default_etcd() -> Option<PathBuf> {
 }
 
 /// A free loopback port (bound, then released: etcd binds it right after).
-fn free_port() -> io::Result<u16> {
+pub fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// A running one-member etcd.
+/// How one etcd member is launched: its name, data directory, log, loopback ports and the
+/// cluster it starts (`--initial-cluster`, `--initial-cluster-token`).
+#[derive(Debug, Clone)]
+pub struct EtcdMemberSpec {
+    /// The etcd binary.
+    pub binary: PathBuf,
+    /// `--name`.
+    pub name: String,
+    /// `--data-dir` (created if missing).
+    pub data_dir: PathBuf,
+    /// Where its output goes (appended).
+    pub log_file: PathBuf,
+    /// Client port on 127.0.0.1.
+    pub client_port: u16,
+    /// Peer port on 127.0.0.1.
+    pub peer_port: u16,
+    /// `--initial-cluster`: `name=http://127.0.0.1:PEER,...` for every member.
+    pub initial_cluster: String,
+    /// `--initial-cluster-token`.
+    pub token: String,
+}
+
+impl EtcdMemberSpec {
+    /// Its client address.
+    pub fn client_addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.client_port).into()
+    }
+
+    /// Its peer URL.
+    pub fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+}
+
+/// A running etcd member.
 pub struct EtcdProcess {
     /// Its client address (`http://` on loopback).
     pub addr: SocketAddr,
     /// Its pid.
     pub pid: u32,
     process: Process,
+    log_file: PathBuf,
 }
 
 impl EtcdProcess {
-    /// Starts `binary` with `data_dir` (created if missing), logging to `log_file`, and waits
-    /// until `/health` answers healthy.
+    /// Starts a one-member etcd: `binary` with `data_dir` (created if missing), logging to
+    /// `log_file`, and waits until `/health` answers healthy.
     ///
     /// # Errors
     /// It cannot be spawned, exits, or is not healthy within [`START_TIMEOUT`].
     pub fn start(binary: &Path, data_dir: &Path, log_file: &Path) -> Result<EtcdProcess, String> {
-        std::fs::create_dir_all(data_dir).map_err(|e| format!("create {}: {e}", data_dir.display()))?;
-        let client = free_port().map_err(|e| format!("free port: {e}"))?;
-        let peer = free_port().map_err(|e| format!("free port: {e}"))?;
-        let curl = format!("http://127.0.0.1:{client}");
-        let purl = format!("http://127.0.0.1:{peer}");
-        let mut process = Launch::new(binary)
+        let client_port = free_port().map_err(|e| format!("free port: {e}"))?;
+        let peer_port = free_port().map_err(|e| format!("free port: {e}"))?;
+        let mut spec = EtcdMemberSpec {
+            binary: binary.to_owned(),
+            name: "bench".into(),
+            data_dir: data_dir.to_owned(),
+            log_file: log_file.to_owned(),
+            client_port,
+            peer_port,
+            initial_cluster: String::new(),
+            token: "bench".into(),
+        };
+        spec.initial_cluster = format!("bench={}", spec.peer_url());
+        let mut etcd = EtcdProcess::spawn(&spec)?;
+        etcd.wait_healthy(START_TIMEOUT)?;
+        Ok(etcd)
+    }
+
+    /// Spawns one member as `spec` says, without waiting for it (a member of a larger
+    /// cluster is healthy only once a quorum runs).
+    ///
+    /// # Errors
+    /// The data directory cannot be created or the process cannot be spawned.
+    pub fn spawn(spec: &EtcdMemberSpec) -> Result<EtcdProcess, String> {
+        std::fs::create_dir_all(&spec.data_dir).map_err(|e| format!("create {}: {e}", spec.data_dir.display()))?;
+        let addr = spec.client_addr();
+        let curl = format!("http://{addr}");
+        let purl = spec.peer_url();
+        let process = Launch::new(&spec.binary)
             .arg("--name")
-            .arg("bench")
+            .arg(&spec.name)
             .arg("--data-dir")
-            .arg(data_dir)
+            .arg(&spec.data_dir)
             .args(["--listen-client-urls", &curl, "--advertise-client-urls", &curl])
             .args(["--listen-peer-urls", &purl, "--initial-advertise-peer-urls", &purl])
-            .args(["--initial-cluster", &format!("bench={purl}"), "--initial-cluster-state", "new"])
-            .log_file(log_file, None)
+            .args(["--initial-cluster", &spec.initial_cluster, "--initial-cluster-state", "new", "--initial-cluster-token", &spec.token])
+            .log_file(&spec.log_file, None)
             .discard_output()
             .own_process_group()
             .spawn()?;
-        let addr: SocketAddr = ([127, 0, 0, 1], client).into();
-        let deadline = Instant::now() + START_TIMEOUT;
+        Ok(EtcdProcess { addr, pid: process.pid(), process, log_file: spec.log_file.clone() })
+    }
+
+    /// Waits until `/health` answers healthy.
+    ///
+    /// # Errors
+    /// The process exits, or is not healthy within `timeout` (it is stopped then).
+    pub fn wait_healthy(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
         loop {
-            if process.try_status().is_some() {
-                return Err(format!("etcd exited at start; log tail:\n{}", crate::server::log_tail(log_file, 20)));
+            if self.process.try_status().is_some() {
+                return Err(format!("etcd exited at start; log tail:\n{}", crate::server::log_tail(&self.log_file, 20)));
             }
-            let healthy = Http::connect(addr)
-                .and_then(|mut h| h.request("GET", "/health", b""))
-                .is_ok_and(|(status, body)| status == 200 && String::from_utf8_lossy(&body).contains("true"));
-            if healthy {
-                break;
+            if healthy(self.addr) {
+                return Ok(());
             }
             if Instant::now() > deadline {
-                process.stop(Duration::from_secs(10));
-                return Err(format!("etcd not healthy within {} s; log tail:\n{}", START_TIMEOUT.as_secs(), crate::server::log_tail(log_file, 20)));
+                self.process.stop(Duration::from_secs(10));
+                return Err(format!("etcd not healthy within {} s; log tail:\n{}", timeout.as_secs(), crate::server::log_tail(&self.log_file, 20)));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(EtcdProcess { addr, pid: process.pid(), process })
     }
 
     /// Stops etcd: SIGTERM to its pid, then SIGKILL after 20 s. Idempotent.
     pub fn stop(&mut self) -> Option<i32> {
         self.process.stop(crate::server::STOP_TIMEOUT)
     }
+
+    /// SIGKILLs etcd (a crash, for the failover measurement) and reaps it.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
 }
 
 impl Drop for EtcdProcess {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Whether the member at `addr` answers `/health` with `"health":"true"`.
+pub fn healthy(addr: SocketAddr) -> bool {
+    Http::connect(addr)
+        .and_then(|mut h| h.request("GET", "/health", b""))
+        .is_ok_and(|(status, body)| status == 200 && String::from_utf8_lossy(&body).contains("true"))
+}
+
+/// A cluster of etcd members on loopback, each with its own data directory; a stopped or
+/// killed member can be started again on its directory. Every member is stopped on drop.
+pub struct EtcdCluster {
+    specs: Vec<EtcdMemberSpec>,
+    members: Vec<Option<EtcdProcess>>,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members `m1..mN` of `binary`, member `i`'s data in `data_root/mI` and its
+    /// log in `log_prefix-mI.log`, and waits until every one is healthy.
+    ///
+    /// # Errors
+    /// A member cannot be started or is not healthy within [`START_TIMEOUT`].
+    pub fn start(binary: &Path, data_root: &Path, log_prefix: &Path, n: usize) -> Result<EtcdCluster, String> {
+        let mut specs = Vec::with_capacity(n);
+        for i in 1..=n {
+            let log = format!("{}-m{i}.log", log_prefix.display());
+            specs.push(EtcdMemberSpec {
+                binary: binary.to_owned(),
+                name: format!("m{i}"),
+                data_dir: data_root.join(format!("m{i}")),
+                log_file: PathBuf::from(log),
+                client_port: free_port().map_err(|e| format!("free port: {e}"))?,
+                peer_port: free_port().map_err(|e| format!("free port: {e}"))?,
+                initial_cluster: String::new(),
+                token: String::new(),
+            });
+        }
+        let initial = specs.iter().map(|s| format!("{}={}", s.name, s.peer_url())).collect::<Vec<_>>().join(",");
+        let token = format!("bench-{}", data_root.file_name().map_or("cluster".into(), |f| f.to_string_lossy().into_owned()));
+        for s in &mut specs {
+            s.initial_cluster = initial.clone();
+            s.token = token.clone();
+        }
+        let mut c = EtcdCluster { members: (0..n).map(|_| None).collect(), specs };
+        for i in 0..n {
+            c.members[i] = Some(EtcdProcess::spawn(&c.specs[i])?);
+        }
+        for m in c.members.iter_mut().flatten() {
+            m.wait_healthy(START_TIMEOUT)?;
+        }
+        Ok(c)
+    }
+
+    /// Members, running or not.
+    pub fn len(&self) -> usize {
+        self.specs.len()
+    }
+
+    /// Whether it has no member.
+    pub fn is_empty(&self) -> bool {
+        self.specs.is_empty()
+    }
+
+    /// Member `i`'s client address (0-based; the same across restarts).
+    pub fn addr(&self, i: usize) -> SocketAddr {
+        self.specs[i].client_addr()
+    }
+
+    /// The member that leads, from `/v3/maintenance/status` of the running members: the one
+    /// whose own id is the leader id they report.
+    ///
+    /// # Errors
+    /// No running member names itself leader within `timeout`.
+    pub fn leader(&self, timeout: Duration) -> Result<usize, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            for (i, m) in self.members.iter().enumerate() {
+                if m.is_none() {
+                    continue;
+                }
+                let status = Http::connect(self.addr(i)).map_err(|e| e.to_string()).and_then(|mut h| h.post_json("/v3/maintenance/status", "{}"));
+                if let Ok(v) = status {
+                    let me = v.pointer("/header/member_id").and_then(|x| x.as_str());
+                    let leader = v.get("leader").and_then(|x| x.as_str());
+                    if me.is_some() && me == leader {
+                        return Ok(i);
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no etcd member leads within {timeout:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILLs member `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut m) = self.members[i].take() {
+            m.kill();
+        }
+    }
+
+    /// Starts member `i` again on its data directory and waits until it is healthy.
+    ///
+    /// # Errors
+    /// It is running, or cannot be started.
+    pub fn restart(&mut self, i: usize) -> Result<(), String> {
+        if self.members[i].is_some() {
+            return Err(format!("member {} is running", self.specs[i].name));
+        }
+        let mut m = EtcdProcess::spawn(&self.specs[i])?;
+        m.wait_healthy(START_TIMEOUT)?;
+        self.members[i] = Some(m);
+        Ok(())
+    }
+
+    /// Stops every member by its pid.
+    pub fn stop(&mut self) {
+        for m in self.members.iter_mut().flatten() {
+            m.stop();
+        }
     }
 }
 
@@ -134,6 +323,16 @@ impl Http {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         s.set_nodelay(true)?;
         Ok(Http { reader: BufReader::with_capacity(64 << 10, s), host: addr.to_string() })
+    }
+
+    /// Bounds how long a read or write on the connection may block (`None`: forever).
+    ///
+    /// # Errors
+    /// The socket refuses the option.
+    pub fn set_timeout(&self, limit: Option<Duration>) -> io::Result<()> {
+        let s = self.reader.get_ref();
+        s.set_read_timeout(limit)?;
+        s.set_write_timeout(limit)
     }
 
     /// A handle on the socket, to shut it down from another thread (ends a watch).

@@ -443,6 +443,15 @@ fn test_file(dir: &Path, idx: usize) -> PathBuf {
     dir.join(format!(".tephra-bench-fsync.{}.{idx}.dat", std::process::id()))
 }
 
+/// One buffered full-block row (`block` bytes per commit, `commits` commits, written and
+/// fdatasynced into a preallocated file under `dir`, removed after): what one commit of a
+/// store on `dir` costs, measured without the glommio executor (`tephra-bench cluster` prices
+/// its writes with it).
+pub fn buffered_commits(dir: &Path, block: usize, commits: u64) -> RowResult {
+    let spec = RowSpec { mode: IoMode::Buffered, layout: FileLayout::Preallocated, pattern: Pattern::FullBlocks, block_bytes: block, payload_bytes: block };
+    run_buffered_row(&test_file(dir, 0), spec, Budget::Commits(commits), commits.saturating_mul(block as u64))
+}
+
 fn run_buffered_row(path: &Path, spec: RowSpec, budget: Budget, max_row_bytes: u64) -> RowResult {
     let mut rec = Recorder::new();
     let range = row_range(&spec, budget, max_row_bytes);

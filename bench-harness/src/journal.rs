@@ -21,7 +21,9 @@ use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tephra::client::journal::{fresh_leader, CreateOutcome, JournalError, Journals, JournalsConfig, ListOutcome, ReadOutcome, SetLeaderOutcome, WriteOutcome};
+use tephra::client::journal::{
+    fresh_leader, CreateOutcome, JournalError, Journals, JournalsConfig, ListOutcome, ReadOutcome, Resolution, SetLeaderOutcome, WriteOutcome,
+};
 use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
 
 use crate::append::{self, fmt_us, Clock, Tally};
@@ -207,11 +209,11 @@ pub struct JournalReport {
 }
 
 /// The first record's bytes: all `x` (a fixed payload keeps the client's cost flat).
-fn records(batch: usize, size: usize) -> Vec<Vec<u8>> {
+pub(crate) fn records(batch: usize, size: usize) -> Vec<Vec<u8>> {
     vec![vec![b'x'; size]; batch]
 }
 
-fn journal_error(e: &JournalError) -> String {
+pub(crate) fn journal_error(e: &JournalError) -> String {
     match e {
         JournalError::Unreachable(_) => "unreachable".into(),
         other => {
@@ -221,7 +223,7 @@ fn journal_error(e: &JournalError) -> String {
     }
 }
 
-fn write_outcome_name(o: &WriteOutcome) -> &'static str {
+pub(crate) fn write_outcome_name(o: &WriteOutcome) -> &'static str {
     match o {
         WriteOutcome::Written { .. } => "duplicate",
         WriteOutcome::Refused { .. } => "refused",
@@ -238,7 +240,7 @@ fn write_outcome_name(o: &WriteOutcome) -> &'static str {
 /// Runs `step` on one thread per connection in `conns`, closed loop, until the window ends
 /// or `stop` is set. `step` sends one write and returns the records acknowledged (or an
 /// error's name, after which the writer pauses 100 ms).
-fn closed_loop<C: Send>(
+pub(crate) fn closed_loop<C: Send>(
     conns: Vec<C>,
     warmup: Duration,
     duration: Duration,
@@ -287,8 +289,8 @@ fn closed_loop<C: Send>(
     (*clock_cell.get().expect("set"), tallies)
 }
 
-/// Sums tallies into a run.
-fn summarise(workload: String, system: System, round: usize, clock: &Clock, tallies: &[Tally], stop: &AtomicBool) -> Run {
+/// Sums tallies into a run of `system` (its name in tables).
+pub(crate) fn summarise(workload: String, system: &str, round: usize, clock: &Clock, tallies: &[Tally], stop: &AtomicBool) -> Run {
     let mut all = Tally::default();
     for t in tallies {
         all.merge(t);
@@ -298,7 +300,7 @@ fn summarise(workload: String, system: System, round: usize, clock: &Clock, tall
     let per_sec = |x: u64| if window > 0.0 { x as f64 / window } else { 0.0 };
     Run {
         workload,
-        system: system.name().into(),
+        system: system.into(),
         round,
         records_per_sec: per_sec(all.events_window),
         writes_per_sec: per_sec(all.requests_window),
@@ -319,9 +321,8 @@ fn journals(addr: &str) -> Journals {
     Journals::new(JournalsConfig::new([addr.to_owned()]))
 }
 
-/// Creates `n` journals named `prefix-<i>` in [`TENANT`].
-fn create_journals(addr: &str, prefix: &str, n: usize, mode: Mode, durability: StoreDurability) -> Result<Vec<JournalId>, String> {
-    let mut j = journals(addr);
+/// Creates `n` journals named `prefix-<i>` in [`TENANT`] through `j`.
+pub(crate) fn create_journals(j: &mut Journals, prefix: &str, n: usize, mode: Mode, durability: StoreDurability) -> Result<Vec<JournalId>, String> {
     (0..n)
         .map(|i| match j.create(TENANT, &format!("{prefix}-{i}"), mode, durability) {
             Ok(CreateOutcome::Created { id }) => Ok(id),
@@ -331,8 +332,8 @@ fn create_journals(addr: &str, prefix: &str, n: usize, mode: Mode, durability: S
         .collect()
 }
 
-/// A single-writer session that has won its journal.
-struct Fenced {
+/// A single-writer session that has won its journal (or shares the uuid of one that has).
+pub(crate) struct Fenced {
     j: Journals,
     id: JournalId,
     leader: LeaderUuid,
@@ -340,8 +341,8 @@ struct Fenced {
 }
 
 impl Fenced {
-    fn claim(addr: &str, id: JournalId) -> Result<Fenced, String> {
-        let mut j = journals(addr);
+    /// Wins `id` for a fresh leader uuid through `j` (a `SetLeader` with no previous leader).
+    pub(crate) fn claim(mut j: Journals, id: JournalId) -> Result<Fenced, String> {
         let leader = fresh_leader();
         match j.set_leader(id, leader, None) {
             Ok(SetLeaderOutcome::Won { .. }) => Ok(Fenced { j, id, leader, seq: 0 }),
@@ -350,10 +351,27 @@ impl Fenced {
         }
     }
 
-    /// One fenced write at the session's `next_seq`; `Ok((seq, count))`.
-    fn write(&mut self, recs: &[Vec<u8>]) -> Result<(u64, u64), String> {
+    /// A second session under `self`'s uuid, talking through `j`: both write at the seq they
+    /// believe next, so at most one of two racing writes is accepted.
+    pub(crate) fn join(&self, j: Journals) -> Fenced {
+        Fenced { j, id: self.id, leader: self.leader, seq: self.seq }
+    }
+
+    /// The journal it writes.
+    pub(crate) fn id(&self) -> JournalId {
+        self.id
+    }
+
+    /// One fenced write at the session's `next_seq`; `Ok((seq, count))`. A refusal moves
+    /// the session to the journal's `next_seq` and is the error `refused`. An ambiguous
+    /// write is settled as the client settles one (docs/journals.md §8.3: read back, identical
+    /// re-sends): written is acknowledged, not written is `refused` (another writer under the
+    /// same uuid holds the position, or the write is to be sent again), and one the budget
+    /// could not settle is the error `ambiguous`. A duplicate answer (the identical write sent
+    /// again after that) acknowledges it.
+    pub(crate) fn write(&mut self, recs: &[Vec<u8>]) -> Result<(u64, u64), String> {
         match self.j.write_single(self.id, self.leader, self.seq, recs) {
-            Ok(WriteOutcome::Written { seq, count, duplicate: false, .. }) => {
+            Ok(WriteOutcome::Written { seq, count, .. }) => {
                 self.seq = seq + u64::from(count);
                 Ok((seq, u64::from(count)))
             }
@@ -361,15 +379,27 @@ impl Fenced {
                 self.seq = state.next_seq;
                 Err("refused".into())
             }
+            Ok(WriteOutcome::Ambiguous) => match self.j.resolve(self.id, self.leader, self.seq, recs) {
+                Resolution::Written { seq, count } => {
+                    self.seq = seq + u64::from(count);
+                    Ok((seq, u64::from(count)))
+                }
+                Resolution::NotWritten { state } | Resolution::Truncated { state } => {
+                    self.seq = state.next_seq;
+                    Err("refused".into())
+                }
+                Resolution::Unresolved => Err("ambiguous".into()),
+            },
             Ok(o) => Err(write_outcome_name(&o).into()),
             Err(e) => Err(journal_error(&e)),
         }
     }
 }
 
-/// The records our journals hold in [`TENANT`] (the sum of `next_seq - first_seq`).
-fn ours_held(addr: &str) -> Result<u64, String> {
-    match journals(addr).list(Some(TENANT)) {
+/// The records the journals of [`TENANT`] hold, as `j` lists them (the sum of
+/// `next_seq - first_seq`).
+pub(crate) fn ours_held(j: &mut Journals) -> Result<u64, String> {
+    match j.list(Some(TENANT)) {
         Ok(ListOutcome::Listed(l)) => Ok(l.iter().map(|i| i.state.next_seq - i.state.first_seq).sum()),
         Ok(o) => Err(format!("list: {o:?}")),
         Err(e) => Err(format!("list: {e}")),
@@ -380,14 +410,14 @@ fn run_ours(cfg: &JournalBenchConfig, w: Workload, round: usize, addr: &str, sto
     let label = w.label(cfg.writers);
     let mut run = match w {
         Workload::Single(batch) => {
-            let ids = create_journals(addr, "single", cfg.writers, Mode::Single, cfg.durability)?;
-            let sessions = ids.into_iter().map(|id| Fenced::claim(addr, id)).collect::<Result<Vec<_>, _>>()?;
+            let ids = create_journals(&mut journals(addr), "single", cfg.writers, Mode::Single, cfg.durability)?;
+            let sessions = ids.into_iter().map(|id| Fenced::claim(journals(addr), id)).collect::<Result<Vec<_>, _>>()?;
             let recs = records(batch, cfg.record_size);
             let (clock, tallies) = closed_loop(sessions, cfg.warmup, cfg.duration, stop, |s| s.write(&recs).map(|(_, n)| n));
-            summarise(label, System::Ours, round, &clock, &tallies, stop)
+            summarise(label, System::Ours.name(), round, &clock, &tallies, stop)
         }
         Workload::Multi => {
-            let id = create_journals(addr, "multi", 1, Mode::Multi, cfg.durability)?[0];
+            let id = create_journals(&mut journals(addr), "multi", 1, Mode::Multi, cfg.durability)?[0];
             let recs = records(1, cfg.record_size);
             let conns: Vec<Journals> = (0..cfg.writers).map(|_| journals(addr)).collect();
             let (clock, tallies) = closed_loop(conns, cfg.warmup, cfg.duration, stop, |j| match j.write_multi(id, &recs) {
@@ -395,11 +425,11 @@ fn run_ours(cfg: &JournalBenchConfig, w: Workload, round: usize, addr: &str, sto
                 Ok(o) => Err(write_outcome_name(&o).into()),
                 Err(e) => Err(journal_error(&e)),
             });
-            summarise(label, System::Ours, round, &clock, &tallies, stop)
+            summarise(label, System::Ours.name(), round, &clock, &tallies, stop)
         }
         Workload::Tail => {
-            let id = create_journals(addr, "tail", 1, Mode::Single, cfg.durability)?[0];
-            let session = Fenced::claim(addr, id)?;
+            let id = create_journals(&mut journals(addr), "tail", 1, Mode::Single, cfg.durability)?[0];
+            let session = Fenced::claim(journals(addr), id)?;
             tail_ours(cfg, label, round, addr, id, session, stop)?
         }
         Workload::Dcb => {
@@ -430,7 +460,7 @@ fn run_ours(cfg: &JournalBenchConfig, w: Workload, round: usize, addr: &str, sto
             });
         }
     };
-    let held = ours_held(addr)?;
+    let held = ours_held(&mut journals(addr))?;
     run.check = if held == run.records_acked_total { "held = acked".into() } else { format!("MISMATCH held {held} acked {}", run.records_acked_total) };
     Ok(run)
 }
@@ -482,7 +512,7 @@ fn tail_ours(cfg: &JournalBenchConfig, label: String, round: usize, addr: &str, 
         done.store(true, Ordering::Relaxed);
         (clock, tallies, r.join().expect("reader thread panicked"))
     });
-    let mut run = summarise(label, System::Ours, round, &clock, &tallies, stop);
+    let mut run = summarise(label, System::Ours.name(), round, &clock, &tallies, stop);
     let (h, before) = tail_delays(&acks.lock().expect("acks"), &seen, &clock);
     run.latency = Latency::from_histogram(&h);
     run.seen_before_ack = before;
@@ -492,8 +522,9 @@ fn tail_ours(cfg: &JournalBenchConfig, label: String, round: usize, addr: &str, 
 // ---------------------------------------------------------------------------------------
 // etcd.
 
-/// A fenced etcd writer: `txn(if mod_revision(<prefix>head) == rev then put records and head)`.
-struct EtcdFenced {
+/// A fenced etcd writer: `txn(if mod_revision(<prefix>head) == rev then put records and head
+/// else get head)`.
+pub(crate) struct EtcdFenced {
     http: Http,
     prefix: String,
     rev: i64,
@@ -501,12 +532,25 @@ struct EtcdFenced {
 }
 
 impl EtcdFenced {
-    fn new(addr: std::net::SocketAddr, prefix: String) -> Result<EtcdFenced, String> {
+    /// A writer of the keys under `prefix`, on a new connection to `addr`.
+    pub(crate) fn new(addr: std::net::SocketAddr, prefix: String) -> Result<EtcdFenced, String> {
         Ok(EtcdFenced { http: Http::connect(addr).map_err(|e| format!("connect etcd: {e}"))?, prefix, rev: 0, seq: 0 })
     }
 
-    /// One fenced write of `batch` records (each `value_b64`); `Ok((seq, count))`.
-    fn write(&mut self, batch: usize, value_b64: &str) -> Result<(u64, u64), String> {
+    /// The key prefix it writes under.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Bounds how long a request waits for etcd's answer (none by default).
+    pub(crate) fn set_timeout(&self, limit: Duration) -> Result<(), String> {
+        self.http.set_timeout(Some(limit)).map_err(|e| format!("set timeout: {e}"))
+    }
+
+    /// One fenced write of `batch` records (each `value_b64`); `Ok((seq, count))`. When the
+    /// head moved under it (another writer of the same prefix), the writer takes the head's
+    /// revision and seq from the txn's failure branch and the error is `refused`.
+    pub(crate) fn write(&mut self, batch: usize, value_b64: &str) -> Result<(u64, u64), String> {
         let mut body = String::with_capacity(batch * (value_b64.len() + 80) + 256);
         let head = b64(format!("{}head", self.prefix).as_bytes());
         body.push_str(&format!(r#"{{"compare":[{{"target":"MOD","key":"{head}","result":"EQUAL","mod_revision":"{}"}}],"success":["#, self.rev));
@@ -515,10 +559,14 @@ impl EtcdFenced {
             body.push_str(&format!(r#"{{"request_put":{{"key":"{key}","value":"{value_b64}"}}}},"#));
         }
         let next = b64((self.seq + batch as u64).to_string().as_bytes());
-        body.push_str(&format!(r#"{{"request_put":{{"key":"{head}","value":"{next}"}}}}]}}"#));
+        body.push_str(&format!(r#"{{"request_put":{{"key":"{head}","value":"{next}"}}}}],"failure":[{{"request_range":{{"key":"{head}"}}}}]}}"#));
         let v = self.http.post_json("/v3/kv/txn", &body)?;
         if v.get("succeeded").and_then(|s| s.as_bool()) != Some(true) {
-            return Err("txn failed".into());
+            let kv = v.pointer("/responses/0/response_range/kvs/0").ok_or("txn failed")?;
+            self.rev = kv.get("mod_revision").and_then(|r| r.as_str()).and_then(|r| r.parse().ok()).ok_or("txn failed: no mod_revision")?;
+            let value = kv.get("value").and_then(|x| x.as_str()).and_then(unb64).unwrap_or_default();
+            self.seq = std::str::from_utf8(&value).ok().and_then(|x| x.parse().ok()).ok_or("txn failed: head is no seq")?;
+            return Err("refused".into());
         }
         let rev = v.pointer("/header/revision").and_then(|r| r.as_str()).and_then(|r| r.parse().ok()).ok_or("txn: no revision")?;
         self.rev = rev;
@@ -528,7 +576,8 @@ impl EtcdFenced {
     }
 }
 
-fn io_name(e: String) -> String {
+/// The first word of an error (`io`, `http 503`...), for the error counts.
+pub(crate) fn io_name(e: String) -> String {
     e.split(':').next().unwrap_or("error").to_owned()
 }
 
@@ -539,7 +588,7 @@ fn run_etcd(cfg: &JournalBenchConfig, w: Workload, round: usize, addr: std::net:
         Workload::Single(batch) => {
             let ws = (0..cfg.writers).map(|i| EtcdFenced::new(addr, format!("j{i}/"))).collect::<Result<Vec<_>, _>>()?;
             let (clock, tallies) = closed_loop(ws, cfg.warmup, cfg.duration, stop, |w| w.write(batch, &value).map(|(_, n)| n).map_err(io_name));
-            Ok(summarise(label, System::Etcd, round, &clock, &tallies, stop))
+            Ok(summarise(label, System::Etcd.name(), round, &clock, &tallies, stop))
         }
         Workload::Multi => {
             let conns =
@@ -549,7 +598,7 @@ fn run_etcd(cfg: &JournalBenchConfig, w: Workload, round: usize, addr: std::net:
                 *n += 1;
                 h.post_json("/v3/kv/put", &format!(r#"{{"key":"{key}","value":"{value}"}}"#)).map(|_| 1).map_err(io_name)
             });
-            Ok(summarise(label, System::Etcd, round, &clock, &tallies, stop))
+            Ok(summarise(label, System::Etcd.name(), round, &clock, &tallies, stop))
         }
         Workload::Tail => {
             let writer = EtcdFenced::new(addr, "t/".into())?;
@@ -584,7 +633,7 @@ fn run_etcd(cfg: &JournalBenchConfig, w: Workload, round: usize, addr: std::net:
                 let _ = socket.shutdown(std::net::Shutdown::Both);
                 (clock, tallies, r.join().expect("watch thread panicked"))
             });
-            let mut run = summarise(label, System::Etcd, round, &clock, &tallies, stop);
+            let mut run = summarise(label, System::Etcd.name(), round, &clock, &tallies, stop);
             let (h, before) = tail_delays(&acks.lock().expect("acks"), &seen, &clock);
             run.latency = Latency::from_histogram(&h);
             run.seen_before_ack = before;
@@ -597,20 +646,38 @@ fn run_etcd(cfg: &JournalBenchConfig, w: Workload, round: usize, addr: std::net:
 // ---------------------------------------------------------------------------------------
 // The rounds.
 
-fn failed_run(w: Workload, cfg: &JournalBenchConfig, system: System, round: usize, why: String) -> Run {
-    Run {
-        workload: w.label(cfg.writers),
-        system: system.name().into(),
-        round,
-        records_per_sec: 0.0,
-        writes_per_sec: 0.0,
-        latency: None,
-        records_acked_total: 0,
-        errors: ErrorCounts::new(),
-        check: "-".into(),
-        seen_before_ack: 0,
-        failed: Some(why),
-        timeline_records: Vec::new(),
+impl Run {
+    /// A run of `workload` on `system` that measured nothing: `why`.
+    pub fn failed(workload: String, system: &str, round: usize, why: String) -> Run {
+        Run {
+            workload,
+            system: system.into(),
+            round,
+            records_per_sec: 0.0,
+            writes_per_sec: 0.0,
+            latency: None,
+            records_acked_total: 0,
+            errors: ErrorCounts::new(),
+            check: "-".into(),
+            seen_before_ack: 0,
+            failed: Some(why),
+            timeline_records: Vec::new(),
+        }
+    }
+
+    /// Prints the run's line on stderr (progress while the rounds go on).
+    pub fn progress(&self) {
+        eprintln!(
+            "  round {} {:<10} {:<58} {:>12} records/s  p50 {:>9}  p99 {:>9}  {}{}",
+            self.round,
+            self.system,
+            self.workload,
+            thousands(self.records_per_sec),
+            self.latency.map_or("-".into(), |l| fmt_us(l.p50_us)),
+            self.latency.map_or("-".into(), |l| fmt_us(l.p99_us)),
+            self.check,
+            self.failed.as_deref().map(|f| format!(" FAILED: {f}")).unwrap_or_default()
+        );
     }
 }
 
@@ -649,17 +716,8 @@ fn one_run(cfg: &JournalBenchConfig, w: Workload, system: System, round: usize, 
     let _ = std::fs::remove_dir_all(&data);
     // SAFETY: sync(2) has no preconditions.
     unsafe { libc::sync() };
-    let run = result.unwrap_or_else(|e| failed_run(w, cfg, system, round, e));
-    eprintln!(
-        "  round {round} {:<4} {:<58} {:>12} records/s  p50 {:>9}  p99 {:>9}  {}{}",
-        run.system,
-        run.workload,
-        thousands(run.records_per_sec),
-        run.latency.map_or("-".into(), |l| fmt_us(l.p50_us)),
-        run.latency.map_or("-".into(), |l| fmt_us(l.p99_us)),
-        run.check,
-        run.failed.as_deref().map(|f| format!(" FAILED: {f}")).unwrap_or_default()
-    );
+    let run = result.unwrap_or_else(|e| Run::failed(w.label(cfg.writers), system.name(), round, e));
+    run.progress();
     run
 }
 
@@ -710,12 +768,12 @@ pub fn run(cfg: &JournalBenchConfig, stop: &AtomicBool) -> Result<JournalReport,
     Ok(report)
 }
 
-fn median_f(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median_f(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-fn median_u(mut v: Vec<u64>) -> u64 {
+pub(crate) fn median_u(mut v: Vec<u64>) -> u64 {
     v.sort_unstable();
     v[v.len() / 2]
 }

@@ -15,12 +15,15 @@
 //!   naming a rare tag, on our server, the reference and a full-scan baseline.
 //! - `journal` ([`journal`]): the journal API on our server against a one-member etcd 3.4
 //!   ([`etcd`] starts it and speaks its JSON gateway), side by side.
+//! - `cluster` ([`cluster`]): replicated journals on a three-node cluster of ours against a
+//!   three-member etcd 3.4 cluster, side by side, with failover times.
 
 #![deny(missing_docs)]
 
 pub mod append;
 pub mod chart;
 pub mod cli;
+pub mod cluster;
 pub mod compare;
 pub mod etcd;
 pub mod fsync;

@@ -13,11 +13,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tephra_bench::cli::{
-    AppendArgs, Cli, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs, JournalArgs, ReadArgs, RunArgs, RunDefaults, RunPlan,
-    COMPARE_RUN, EXIT_ROW_FAILED, EXIT_USAGE, JOURNAL_RUN,
+    AppendArgs, Cli, ClusterArgs, Command, CompareArgs, FsyncArgs, IndexCommand, IndexPrepareArgs, IndexRunArgs, JournalArgs, ReadArgs, RunArgs, RunDefaults,
+    RunPlan, CLUSTER_RUN, COMPARE_RUN, EXIT_ROW_FAILED, EXIT_USAGE, JOURNAL_RUN,
 };
 use tephra_bench::fsync::{self, Budget, ProbeConfig};
-use tephra_bench::{append, compare, etcd, journal, logcapture, machine, read, report, server, signals, workload};
+use tephra_bench::{append, cluster, compare, etcd, journal, logcapture, machine, read, report, server, signals, workload};
 
 /// How a subcommand ends: `Ok` with the exit code of a run that went its course, `Err` with
 /// the exit code of one that stopped early (the reason is on stderr by then).
@@ -35,6 +35,7 @@ fn main() -> ExitCode {
             IndexCommand::Run(a) => run_index_run(a),
         },
         Command::Journal(args) => run_journal(args),
+        Command::Cluster(args) => run_cluster(args),
     }
     .unwrap_or_else(|code| code);
     ExitCode::from(code as u8)
@@ -466,37 +467,57 @@ fn run_fsync(args: FsyncArgs) -> Exit {
     finish(fsync::interrupted(), failed, 0)
 }
 
-fn run_journal(args: JournalArgs) -> Exit {
-    let ours = our_server("journal", &args.run.ours)?;
-    let etcd = binary_or_none(
-        "journal",
-        args.etcd.as_deref(),
+/// The etcd binary of `--etcd PATH|none` (`given`), else the default one; `None` (with a loud
+/// warning when none is found) to measure ours only.
+fn etcd_binary(cmd: &str, given: Option<&str>) -> Result<Option<PathBuf>, i32> {
+    binary_or_none(
+        cmd,
+        given,
         |p| format!("--etcd {p} does not exist (scripts/install-etcd.sh)"),
         || {
             let found = etcd::default_etcd();
             if found.is_none() {
-                eprintln!("\n*** tephra-bench journal: etcd not found ($ETCD_BIN, /usr/bin/etcd, PATH): measuring ours only; scripts/install-etcd.sh installs it ***\n");
+                eprintln!(
+                    "\n*** tephra-bench {cmd}: etcd not found ($ETCD_BIN, /usr/bin/etcd, PATH): measuring ours only; scripts/install-etcd.sh installs it ***\n"
+                );
             }
             Ok(found)
         },
-    )?;
-    let batches: Result<Vec<usize>, _> = args.batches.split(',').filter(|b| !b.trim().is_empty()).map(|b| b.trim().parse::<usize>()).collect();
-    let batches = match batches {
-        Ok(b) if b.iter().all(|&x| (1..=1024).contains(&x)) => b,
-        _ => return Err(usage("journal", format!("--batches {:?}: a comma separated list of 1..=1024", args.batches))),
-    };
-    let durability = match args.store_durability.as_str() {
-        "ordered" => tephra::journal::StoreDurability::Ordered,
-        "batched" => tephra::journal::StoreDurability::Batched,
-        other => return Err(usage("journal", format!("--store-durability {other:?}: ordered or batched"))),
-    };
-    let plan = run_plan("journal", &JOURNAL_RUN, &args.run)?;
-    if journal::on_tmpfs(&plan.dir) {
-        eprintln!(
-            "tephra-bench journal: warning: {} is on a RAM-backed filesystem: syncs are nearly free there and the numbers mean nothing",
-            plan.dir.display()
-        );
+    )
+}
+
+/// A comma separated list of numbers in `range` given as `flag`; a usage error otherwise.
+fn number_list(cmd: &str, flag: &str, text: &str, range: std::ops::RangeInclusive<usize>) -> Result<Vec<usize>, i32> {
+    let list: Result<Vec<usize>, _> = text.split(',').filter(|b| !b.trim().is_empty()).map(|b| b.trim().parse::<usize>()).collect();
+    match list {
+        Ok(l) if l.iter().all(|x| range.contains(x)) => Ok(l),
+        _ => Err(usage(cmd, format!("{flag} {text:?}: a comma separated list of {}..={}", range.start(), range.end()))),
     }
+}
+
+/// `--store-durability`: ordered or batched; a usage error otherwise.
+fn store_durability(cmd: &str, text: &str) -> Result<tephra::journal::StoreDurability, i32> {
+    match text {
+        "ordered" => Ok(tephra::journal::StoreDurability::Ordered),
+        "batched" => Ok(tephra::journal::StoreDurability::Batched),
+        other => Err(usage(cmd, format!("--store-durability {other:?}: ordered or batched"))),
+    }
+}
+
+/// Warns when the scratch directory is RAM-backed.
+fn warn_tmpfs(cmd: &str, dir: &std::path::Path) {
+    if journal::on_tmpfs(dir) {
+        eprintln!("tephra-bench {cmd}: warning: {} is on a RAM-backed filesystem: syncs are nearly free there and the numbers mean nothing", dir.display());
+    }
+}
+
+fn run_journal(args: JournalArgs) -> Exit {
+    let ours = our_server("journal", &args.run.ours)?;
+    let etcd = etcd_binary("journal", args.etcd.as_deref())?;
+    let batches = number_list("journal", "--batches", &args.batches, 1..=1024)?;
+    let durability = store_durability("journal", &args.store_durability)?;
+    let plan = run_plan("journal", &JOURNAL_RUN, &args.run)?;
+    warn_tmpfs("journal", &plan.dir);
     let out = plan.out.clone();
     let cfg = journal::JournalBenchConfig {
         ours,
@@ -521,4 +542,40 @@ fn run_journal(args: JournalArgs) -> Exit {
     let _ = print_report("journal", args.json, &rep, |r| r.table.clone());
     eprintln!("tephra-bench journal: results in {}", out.display());
     finish(rep.interrupted, rep.runs.iter().any(|r| r.failed.is_some()), 0)
+}
+
+fn run_cluster(args: ClusterArgs) -> Exit {
+    let ours = our_server("cluster", &args.run.ours)?;
+    let etcd = etcd_binary("cluster", args.etcd.as_deref())?;
+    let writers = number_list("cluster", "--writers", &args.writers, 1..=1024)?;
+    let batches = number_list("cluster", "--batches", &args.batches, 1..=1024)?;
+    let durability = store_durability("cluster", &args.store_durability)?;
+    let plan = run_plan("cluster", &CLUSTER_RUN, &args.run)?;
+    warn_tmpfs("cluster", &plan.dir);
+    let out = plan.out.clone();
+    let cfg = cluster::ClusterBenchConfig {
+        ours,
+        etcd,
+        dir: plan.dir,
+        out: plan.out,
+        journals: args.journals as usize,
+        writers,
+        batches,
+        record_size: args.record_size as usize,
+        readers: args.readers as usize,
+        single_node: !args.no_single_node,
+        failover_trials: args.failover_trials.map_or(if args.run.quick { 2 } else { 5 }, |n| n as usize),
+        rounds: plan.rounds,
+        warmup: plan.warmup,
+        duration: plan.duration,
+        settle: Duration::from_millis(args.settle_ms),
+        durability,
+    };
+    signals::install();
+    let rep = cluster::run(&cfg, &signals::STOP).map_err(|e| run_failed("cluster", e))?;
+    // The exit code does not depend on printing: cluster::run has written the files in --out.
+    let _ = print_report("cluster", args.json, &rep, |r| r.table.clone());
+    eprintln!("tephra-bench cluster: results in {}", out.display());
+    let failed = rep.runs.iter().any(|r| r.run.failed.is_some()) || rep.failover.iter().any(|f| f.failed.is_some());
+    finish(rep.interrupted, failed, 0)
 }

@@ -92,6 +92,11 @@ impl ServerProcess {
     pub fn stop(&mut self) -> Option<i32> {
         self.process.stop(STOP_TIMEOUT)
     }
+
+    /// SIGKILLs the server (a crash, for a failover measurement) and reaps it.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
 }
 
 impl Drop for ServerProcess {
