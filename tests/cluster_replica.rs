@@ -180,7 +180,8 @@ impl Sim {
 
     /// Every up node applied the same commands to the same state.
     fn assert_converged(&mut self) {
-        self.run(30);
+        // Long enough for an election (30 to 60 ticks) and the catch-up after it.
+        self.run(2 * tephra::cluster::replica::ELECTION_TICKS + 30);
         let states: Vec<(u64, &Directory)> = self.nodes.iter().filter(|(_, n)| n.up).map(|(id, n)| (*id, n.replica.directory())).collect();
         for (id, d) in &states[1..] {
             assert_eq!(*d, states[0].1, "node {id} differs from node {}", states[0].0);

@@ -384,6 +384,12 @@ impl<O: Outbox> Node<O> {
     fn round(&mut self) -> bool {
         let first = self.replica.ready();
         self.send(first.send);
+        // What this round applied was decided by a quorum and is durable here (raft applies
+        // only what this node persisted): answered before this round's own sync.
+        self.take_applied();
+        for (token, verdict) in first.verdicts {
+            self.verdict(token, verdict);
+        }
         if let Err(why) = self.persist(&first.persist) {
             tracing::error!(error = %why, "journal log stopped: this node leaves its groups until it restarts");
             self.published.stop(why.clone());
@@ -393,7 +399,7 @@ impl<O: Outbox> Node<O> {
         let second = self.replica.synced();
         self.send(second.send);
         self.take_applied();
-        for (token, verdict) in first.verdicts.into_iter().chain(second.verdicts) {
+        for (token, verdict) in second.verdicts {
             self.verdict(token, verdict);
         }
         true
@@ -423,8 +429,10 @@ impl<O: Outbox> Node<O> {
                     let batched = self.replica.directory().journal(*journal).is_some_and(|e| e.state.durability == StoreDurability::Batched);
                     ordered |= !batched;
                 }
-                // A vote or a term is a promise: never lost to a torn batch.
-                Durable::HardState { .. } => ordered = true,
+                // A vote or a term is a promise, kept once the sync returns: one sync is
+                // enough, since nothing that depends on it leaves before (a torn batch is
+                // rolled back at the restart, and nothing in it was promised).
+                Durable::HardState { .. } => {}
             }
         }
         if self.store.staged() > 0 {

@@ -30,9 +30,9 @@ use std::collections::HashMap;
 
 /// Ticks without word from a leader before a follower stands for election (raft draws the
 /// real timeout between this and twice this).
-pub const ELECTION_TICKS: usize = 10;
+pub const ELECTION_TICKS: usize = 30;
 /// Ticks between a leader's heartbeats.
-pub const HEARTBEAT_TICKS: usize = 3;
+pub const HEARTBEAT_TICKS: usize = 5;
 /// Most bytes of entries in one append message.
 pub const MAX_MESSAGE_BYTES: u64 = 1 << 20;
 /// Most append messages in flight to one follower.
@@ -237,6 +237,8 @@ pub struct Replica<T> {
     stored: HashMap<(JournalId, u64), Loc>,
     /// Proposals that lost their index to a later one of this node, for the next round.
     orphans: Vec<(T, Verdict)>,
+    /// Set while [`Replica::member`] restores the groups from the durable log.
+    restoring: bool,
 }
 
 /// A proposal's or read's context: the proposing node and its tag, so only that node answers.
@@ -273,6 +275,7 @@ impl<T> Replica<T> {
             reader: None,
             stored: HashMap::new(),
             orphans: Vec::new(),
+            restoring: false,
         }
     }
 
@@ -313,8 +316,10 @@ impl<T> Replica<T> {
         let all: Vec<u64> = members.iter().map(|m| m.node).collect();
         r.members = members;
         let items = r.dormant.remove(&DIRECTORY).unwrap_or_default();
+        r.restoring = true;
         r.add_group(DIRECTORY, &all, &items)?;
         r.start_created()?;
+        r.restoring = false;
         Ok(r)
     }
 
@@ -327,8 +332,10 @@ impl<T> Replica<T> {
     }
 
     /// Starts the group of every journal created in the applied entries not yet looked at
-    /// that this node votes in; a new group's leader is sought at once when this node leads
-    /// the directory (so the journal's first write does not wait for an election timeout).
+    /// that this node votes in. A new group's preferred voter (the one at the journal id's
+    /// place among the voters, so leaders spread over the nodes) stands at once, so the
+    /// journal's first write does not wait for an election timeout; not at a restart, where
+    /// the group has its leader already.
     fn start_created(&mut self) -> Result<(), ReplicaError> {
         if self.members.is_empty() {
             return Ok(());
@@ -342,15 +349,15 @@ impl<T> Replica<T> {
             })
             .filter(|j| !self.groups.contains_key(j))
             .collect();
-        let campaign = self.is_leader(DIRECTORY);
         for journal in created {
             let voters = self.voters(journal);
             if !voters.contains(&self.node) {
                 continue;
             }
             let items = self.dormant.remove(&journal).unwrap_or_default();
+            let fresh = items.is_empty() && !self.restoring;
             self.add_group(journal, &voters, &items)?;
-            if campaign {
+            if fresh && voters[(journal.journal % voters.len() as u64) as usize] == self.node {
                 if let Some(g) = self.groups.get_mut(&journal) {
                     let _ = g.raw.campaign();
                 }

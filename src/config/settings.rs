@@ -189,8 +189,8 @@ pub struct ClusterSettings {
     /// [`MAX_ZONE_LEN`] bytes; voters are spread across zones. Unset by default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub zone: Option<String>,
-    /// `cluster.tick_ms`: the consensus tick, in milliseconds (elections after 10 to 20 ticks
-    /// without a leader, heartbeats every 3). Default 10; 1 to [`MAX_TICK_MS`].
+    /// `cluster.tick_ms`: the consensus tick, in milliseconds (elections after 30 to 60 ticks
+    /// without a leader, heartbeats every 5). Default 10; 1 to [`MAX_TICK_MS`].
     pub tick_ms: u64,
 }
 
