@@ -166,6 +166,8 @@ pub struct Node<O: Outbox> {
     releasing: HashMap<JournalId, Instant>,
     /// This data directory's incarnation.
     incarnation: u64,
+    /// Each group's term and vote as last made durable.
+    promised: HashMap<JournalId, (u64, u64)>,
     /// When this node last asked the directory to record it.
     joined: Option<Instant>,
 }
@@ -294,6 +296,7 @@ impl<O: Outbox> Node<O> {
             status_tick: Instant::now().checked_sub(STATUS_PEERS_EVERY).unwrap_or_else(Instant::now),
             releasing: HashMap::new(),
             incarnation,
+            promised: HashMap::new(),
             joined: None,
         };
         node.take_applied();
@@ -407,8 +410,14 @@ impl<O: Outbox> Node<O> {
 
     /// Stages the round's durable items in order and commits them with one group commit;
     /// remembers where each entry lies, for its records once it is applied.
+    ///
+    /// A round whose only news is a higher commit index (no entry, no new term or vote) is
+    /// staged and not synced: nothing that leaves depends on it, and it becomes durable with the
+    /// next sync (a node that forgets it learns it again from its leader). This spares a sync
+    /// per decided batch on every node.
     fn persist(&mut self, items: &[Durable]) -> Result<(), String> {
         let mut ordered = false;
+        let mut sync = false;
         let mut payload = Vec::new();
         let mut stored = Vec::with_capacity(items.len());
         for item in items {
@@ -428,14 +437,20 @@ impl<O: Outbox> Node<O> {
                     stored.push((*journal, entry.index, entry.term, Loc { segment, offset, len: payload.len() as u32 }));
                     let batched = self.replica.directory().journal(*journal).is_some_and(|e| e.state.durability == StoreDurability::Batched);
                     ordered |= !batched;
+                    sync = true;
                 }
                 // A vote or a term is a promise, kept once the sync returns: one sync is
                 // enough, since nothing that depends on it leaves before (a torn batch is
                 // rolled back at the restart, and nothing in it was promised).
-                Durable::HardState { .. } => {}
+                Durable::HardState { journal, state } => {
+                    let promise = (state.term, state.vote);
+                    if self.promised.insert(*journal, promise) != Some(promise) {
+                        sync = true;
+                    }
+                }
             }
         }
-        if self.store.staged() > 0 {
+        if sync && self.store.staged() > 0 {
             let staged = self.store.staged();
             self.store.commit(ordered).map_err(|e| e.to_string())?;
             if let Ok(mut h) = self.published.commit_commands.lock() {
