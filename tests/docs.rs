@@ -14,6 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tephra_test_support as support;
+
 /// The section sign, spelled out so that this file holds none of its own.
 const SECTION: char = '\u{a7}';
 
@@ -406,4 +408,60 @@ fn run_subscription(line: &str, path: &str, expected: &[String]) {
         let _ = r.join();
     }
     assert_eq!(status.code(), Some(0), "`{line}` after Ctrl-C");
+}
+
+/// Every ```` ```kind ```` block of the section under `heading` (up to the next `## `).
+fn blocks_in_section(text: &str, heading: &str, kind: &str) -> Vec<Vec<String>> {
+    let start = text.find(heading).unwrap_or_else(|| panic!("README has no {heading:?}"));
+    let rest = &text[start + heading.len()..];
+    let section = &rest[..rest.find("\n## ").unwrap_or(rest.len())];
+    let open = format!("```{kind}\n");
+    section.split(&open).skip(1).map(|b| b[..b.find("```").expect("an unclosed block")].lines().map(str::to_owned).collect()).collect()
+}
+
+#[test]
+fn the_readme_cluster_walkthrough_runs_against_three_real_servers() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let heading = "## A three-node cluster";
+    let setup = block_after(&readme, heading, "sh");
+    for var in ["TEPHRA__CLUSTER__NODE_ID=$i", "TEPHRA__CLUSTER__BIND=", "TEPHRA__CLUSTER__PEERS=", "export TEPHRA_SERVERS="] {
+        assert!(setup.iter().any(|l| l.contains(var)), "the setup sets {var}: {setup:?}");
+    }
+    let blocks = blocks_in_section(&readme, heading, "console");
+    assert_eq!(blocks.len(), 3, "write, write with node 1 down, read from node 1 back");
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_tephra")).parent().unwrap().to_path_buf();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let mut cluster = support::Cluster::start(&bin.join("tephra-server"), 3, &[]);
+    // The README's client addresses 127.0.0.1:9001..9003 stand for the nodes' real ones.
+    let mut addrs: Vec<String> = (1..=3).map(|i| cluster.node(i).unwrap().addr.to_string()).collect();
+    let run = |block: &[String], addrs: &[String]| {
+        let servers = addrs.join(",");
+        for step in session_steps(block) {
+            let mut line = step.command.clone();
+            for (i, a) in addrs.iter().enumerate() {
+                line = line.replace(&format!("127.0.0.1:900{}", i + 1), a);
+            }
+            let out = Command::new("sh").args(["-c", &line]).env("PATH", &path).env("NO_COLOR", "1").env("TEPHRA_SERVERS", &servers).output().expect("run sh");
+            let actual: Vec<String> =
+                String::from_utf8_lossy(&out.stdout).lines().chain(String::from_utf8_lossy(&out.stderr).lines()).map(str::to_owned).collect();
+            assert_eq!(out.status.code(), Some(step.exit), "exit code of `{line}`; output:\n{}", actual.join("\n"));
+            assert!(lines_match(&step.expected, &actual), "`{line}` printed\n{}\nwhere the README shows\n{}", actual.join("\n"), step.expected.join("\n"));
+        }
+    };
+    run(&blocks[0], &addrs);
+    cluster.kill(1);
+    run(&blocks[1], &addrs);
+    cluster.start_node(1);
+    addrs[0] = cluster.node(1).unwrap().addr.to_string();
+    // "It catches up from the others": give it the moment a restart takes.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !Command::new(bin.join("tephra"))
+        .args(["journal", "--servers", &addrs[0], "read", "acme/payments"])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("next_seq=3"))
+    {
+        assert!(Instant::now() < deadline, "node 1 did not catch up within 20 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    run(&blocks[2], &addrs);
 }
