@@ -248,3 +248,39 @@ fn a_node_whose_data_was_lost_refuses_to_rejoin_as_itself() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("belongs to a cluster member"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn a_leader_past_its_admission_limit_answers_busy_and_the_client_sends_the_write_again() {
+    let env = [("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("PAROS_ADMISSION_ROUNDS", "2")];
+    let cluster = Cluster::start(&server_bin(), 3, &env);
+    let mut c = client(cluster.addrs());
+    let id = loop {
+        match c.create("acme", "busy", Mode::Multi, StoreDurability::Ordered) {
+            Ok(CreateOutcome::Created { id }) => break id,
+            other => panic!("create: {other:?}"),
+        }
+    };
+    let lead = leader(&cluster, id);
+    let addr = cluster.node(lead).unwrap().addr.to_string();
+    let writers: Vec<_> = (0..24)
+        .map(|w| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let mut c = client(vec![addr]);
+                for i in 0..20 {
+                    match c.write_multi(id, &[format!("w{w}-{i}").into_bytes()]).unwrap() {
+                        WriteOutcome::Written { .. } => {}
+                        other => panic!("writer {w} record {i}: {other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let records = read_all(&addr, id);
+    assert_eq!(records.len(), 24 * 20, "every write landed once");
+    let busy: u64 = support::sample(&cluster.node(lead).unwrap().metrics(), "tephra_cluster_busy_total").parse().unwrap();
+    assert!(busy > 0, "24 writers against an admission limit of 2 met BUSY");
+}

@@ -36,8 +36,8 @@ pub const EXIT_REPLACED: i32 = 3;
 
 /// Most calls taken into one round.
 const MAX_CALLS: usize = 4096;
-/// How often the status looks at the peers' links.
-const STATUS_PEERS_EVERY: Duration = Duration::from_millis(100);
+/// How often the status (`cluster status`, `/metrics`) is refreshed.
+const STATUS_EVERY: Duration = Duration::from_millis(50);
 /// How often a deleted journal's name is asked to be freed, until it is.
 const RELEASE_EVERY: Duration = Duration::from_millis(500);
 /// Most peer frames taken into one round.
@@ -159,7 +159,7 @@ pub struct Node<O: Outbox> {
     leaders: HashMap<JournalId, Option<u64>>,
     status: Arc<Mutex<NodeStatus>>,
     next_tick: Instant,
-    /// When the peers' links were last looked at for the status.
+    /// When the status was last refreshed.
     status_tick: Instant,
     /// Deleted journals whose names this node asks the directory to free, with when it last
     /// asked.
@@ -293,7 +293,7 @@ impl<O: Outbox> Node<O> {
             leaders: HashMap::new(),
             status,
             next_tick,
-            status_tick: Instant::now().checked_sub(STATUS_PEERS_EVERY).unwrap_or_else(Instant::now),
+            status_tick: Instant::now().checked_sub(STATUS_EVERY).unwrap_or_else(Instant::now),
             releasing: HashMap::new(),
             incarnation,
             promised: HashMap::new(),
@@ -536,7 +536,7 @@ impl<O: Outbox> Node<O> {
                 };
                 let write = matches!(cmd, Command::Write { .. });
                 let (group, target) = (group_of(&cmd), cmd.target());
-                if write && self.pending() >= self.settings.admission {
+                if write && self.replica.pending() >= self.settings.admission {
                     self.status.lock().unwrap().busy += 1;
                     let _ = reply.send(JournalResponse {
                         outcome: JournalOutcome::Busy as i32,
@@ -564,11 +564,6 @@ impl<O: Outbox> Node<O> {
         let id = JournalId { tenant, journal: journal_id };
         let payload = encode(&Command::CreateJournal { journal: id, name, mode, durability });
         self.propose(DIRECTORY, payload, Token::Answer { reply, target: id });
-    }
-
-    /// Proposals and reads waiting for a verdict here.
-    fn pending(&self) -> usize {
-        self.replica.groups().filter_map(|g| self.replica.status(g)).map(|s| s.pending).sum()
     }
 
     fn propose(&mut self, group: JournalId, command: Vec<u8>, token: Token) {
@@ -724,6 +719,10 @@ impl<O: Outbox> Node<O> {
 
     /// Refreshes what `cluster status` and `/metrics` read.
     fn refresh_status(&mut self) {
+        if self.status_tick.elapsed() < STATUS_EVERY {
+            return;
+        }
+        self.status_tick = Instant::now();
         let groups: Vec<(JournalId, GroupStatus)> = self.replica.groups().filter_map(|g| self.replica.status(g).map(|s| (g, s))).collect();
         let mut changes = 0;
         for (g, s) in &groups {
@@ -732,17 +731,10 @@ impl<O: Outbox> Node<O> {
                 changes += 1;
             }
         }
-        let peers = if self.status_tick.elapsed() >= STATUS_PEERS_EVERY {
-            self.status_tick = Instant::now();
-            Some(self.outbox.peers())
-        } else {
-            None
-        };
+        let peers = self.outbox.peers();
         let mut st = self.status.lock().unwrap();
         st.groups = groups;
-        if let Some(p) = peers {
-            st.peers = p;
-        }
+        st.peers = peers;
         st.leader_changes += changes;
     }
 }

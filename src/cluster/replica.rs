@@ -239,6 +239,8 @@ pub struct Replica<T> {
     orphans: Vec<(T, Verdict)>,
     /// Set while [`Replica::member`] restores the groups from the durable log.
     restoring: bool,
+    /// This node's proposals waiting for a verdict, over every group.
+    waiting: usize,
 }
 
 /// A proposal's or read's context: the proposing node and its tag, so only that node answers.
@@ -276,6 +278,7 @@ impl<T> Replica<T> {
             stored: HashMap::new(),
             orphans: Vec::new(),
             restoring: false,
+            waiting: 0,
         }
     }
 
@@ -364,6 +367,11 @@ impl<T> Replica<T> {
             }
         }
         Ok(())
+    }
+
+    /// This node's proposals waiting for a verdict, over every group.
+    pub fn pending(&self) -> usize {
+        self.waiting
     }
 
     /// The entries applied since the last call, in apply order.
@@ -462,9 +470,10 @@ impl<T> Replica<T> {
             Ok(()) => {
                 let index = g.raw.raft.raft_log.last_index();
                 let term = g.raw.raft.term;
-                if let Some(old) = g.proposals.insert(index, Proposal { token, term }) {
+                match g.proposals.insert(index, Proposal { token, term }) {
                     // An earlier term's proposal whose index this one took: it gets no verdict.
-                    self.orphans.push((old.token, Verdict::NoVerdict { leader: Some(self.node) }));
+                    Some(old) => self.orphans.push((old.token, Verdict::NoVerdict { leader: Some(self.node) })),
+                    None => self.waiting += 1,
                 }
                 Ok(())
             }
@@ -541,7 +550,7 @@ impl<T> Replica<T> {
                     g.confirmed.push((rs.index, token));
                 }
             }
-            apply(&mut self.directory, journal, g, rd.take_committed_entries(), &mut round.verdicts, &mut self.applied);
+            self.waiting -= apply(&mut self.directory, journal, g, rd.take_committed_entries(), &mut round.verdicts, &mut self.applied);
             if !rd.entries().is_empty() {
                 g.raw.mut_store().append(rd.entries()).expect("raft hands out entries that follow its log");
                 round.persist.extend(rd.entries().iter().map(|e| Durable::Entry { journal, entry: e.clone() }));
@@ -553,7 +562,9 @@ impl<T> Replica<T> {
             if let Some(ss) = rd.ss() {
                 if ss.raft_state != StateRole::Leader {
                     let leader = (ss.leader_id != INVALID_ID).then_some(ss.leader_id);
-                    round.verdicts.extend(std::mem::take(&mut g.proposals).into_values().map(|p| (p.token, Verdict::NoVerdict { leader })));
+                    let lost = std::mem::take(&mut g.proposals);
+                    self.waiting -= lost.len();
+                    round.verdicts.extend(lost.into_values().map(|p| (p.token, Verdict::NoVerdict { leader })));
                 }
             }
             round.send_after_sync.extend(rd.take_persisted_messages().into_iter().map(|m| (journal, m)));
@@ -576,7 +587,7 @@ impl<T> Replica<T> {
                 self.carried.push(Durable::HardState { journal, state: store.hard_state().clone() });
             }
             round.send.extend(light.take_messages().into_iter().map(|m| (journal, m)));
-            apply(&mut self.directory, journal, g, light.take_committed_entries(), &mut round.verdicts, &mut self.applied);
+            self.waiting -= apply(&mut self.directory, journal, g, light.take_committed_entries(), &mut round.verdicts, &mut self.applied);
             g.raw.advance_apply();
         }
         self.start_groups();
@@ -620,7 +631,8 @@ fn apply<T>(
     entries: Vec<Entry>,
     verdicts: &mut Vec<(T, Verdict)>,
     applied: &mut Vec<Applied>,
-) {
+) -> usize {
+    let mut answered = 0;
     for e in entries {
         g.applied = e.index;
         let verdict = judge(directory, journal, &e);
@@ -632,6 +644,7 @@ fn apply<T>(
                 break;
             }
             let (index, p) = entry.remove_entry();
+            answered += 1;
             let v = if index == e.index && p.term == e.term { verdict.clone() } else { Verdict::NoVerdict { leader: g.leader() } };
             verdicts.push((p.token, v));
         }
@@ -640,6 +653,7 @@ fn apply<T>(
     let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut g.confirmed).into_iter().partition(|(index, _)| *index <= applied);
     g.confirmed = waiting;
     verdicts.extend(ready.into_iter().map(|(_, t)| (t, Verdict::ReadReady)));
+    answered
 }
 
 /// The journal's answer inside a verdict.
