@@ -254,11 +254,9 @@ fn a_leader_past_its_admission_limit_answers_busy_and_the_client_sends_the_write
     let env = [("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("PAROS_ADMISSION_ROUNDS", "2")];
     let cluster = Cluster::start(&server_bin(), 3, &env);
     let mut c = client(cluster.addrs());
-    let id = loop {
-        match c.create("acme", "busy", Mode::Multi, StoreDurability::Ordered) {
-            Ok(CreateOutcome::Created { id }) => break id,
-            other => panic!("create: {other:?}"),
-        }
+    let id = match c.create("acme", "busy", Mode::Multi, StoreDurability::Ordered) {
+        Ok(CreateOutcome::Created { id }) => id,
+        other => panic!("create: {other:?}"),
     };
     let lead = leader(&cluster, id);
     let addr = cluster.node(lead).unwrap().addr.to_string();
