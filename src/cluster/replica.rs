@@ -560,12 +560,15 @@ impl<T> Replica<T> {
                 round.persist.push(Durable::HardState { journal, state: hs.clone() });
             }
             if let Some(ss) = rd.ss() {
+                let leader = (ss.leader_id != INVALID_ID).then_some(ss.leader_id);
                 if ss.raft_state != StateRole::Leader {
-                    let leader = (ss.leader_id != INVALID_ID).then_some(ss.leader_id);
                     let lost = std::mem::take(&mut g.proposals);
                     self.waiting -= lost.len();
                     round.verdicts.extend(lost.into_values().map(|p| (p.token, Verdict::NoVerdict { leader })));
                 }
+                // A read not yet confirmed when the leader changed is lost with the old leader's
+                // read state (raft drops it): it gets no verdict, and its caller asks again.
+                round.verdicts.extend(std::mem::take(&mut g.reads).into_values().map(|t| (t, Verdict::NoVerdict { leader })));
             }
             round.send_after_sync.extend(rd.take_persisted_messages().into_iter().map(|m| (journal, m)));
             self.readies.push((journal, rd));
