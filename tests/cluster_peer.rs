@@ -79,5 +79,9 @@ fn a_read_index_request_carries_its_context_in_an_entry_that_is_never_logged() {
     let read = Message { msg_type: MessageType::MsgReadIndex as i32, to: 2, from: 1, term: 3, entries: vec![ctx.clone()], ..Message::default() };
     let resp = Message { msg_type: MessageType::MsgReadIndexResp as i32, to: 2, from: 1, term: 3, index: 12, entries: vec![ctx], ..Message::default() };
     let bytes = encode_frame(9, 1, 2, &[(G, read.clone()), (G, resp.clone())]);
-    assert_eq!(decode_frame(&bytes, 9, 2).unwrap(), (1, vec![(G, read), (G, resp)]));
+    assert_eq!(decode_frame(&bytes, 9, 2).unwrap(), (1, vec![(G, read.clone()), (G, resp)]));
+    // A follower (1) forwards node 3's read to its leader (2) under node 3's name.
+    let forwarded = Message { from: 3, ..read };
+    let bytes = encode_frame(9, 1, 2, &[(G, forwarded.clone())]);
+    assert_eq!(decode_frame(&bytes, 9, 2).unwrap(), (1, vec![(G, forwarded)]));
 }

@@ -168,6 +168,10 @@ pub struct Node<O: Outbox> {
     incarnation: u64,
     /// Each group's term and vote as last made durable.
     promised: HashMap<JournalId, (u64, u64)>,
+    /// Set between a round's ready and its sync, when raft takes no proposal.
+    in_round: bool,
+    /// Proposals made while `in_round` (a create's second step), made after the round.
+    deferred: Vec<(JournalId, Vec<u8>, Token)>,
     /// When this node last asked the directory to record it.
     joined: Option<Instant>,
 }
@@ -267,7 +271,7 @@ impl<O: Outbox> Node<O> {
             let mut item = durable::decode(r.payload).map_err(|e| identity_error(&data_dir.join(JOURNALS_DIR), format!("position {}: {e}", r.position)))?;
             if let Durable::Entry { journal, entry } = &mut item {
                 locs.insert((*journal, entry.index), EntryLoc { segment: r.segment, offset: r.offset, records: record_spans(r.payload) });
-                stored.insert((*journal, entry.index), Loc { segment: r.segment, offset: r.offset, len: r.payload.len() as u32 });
+                stored.insert((*journal, entry.index, entry.term), Loc { segment: r.segment, offset: r.offset, len: r.payload.len() as u32 });
                 // Held as its location only: read back from the log when it is applied or sent.
                 entry.data = Vec::new();
             }
@@ -297,6 +301,8 @@ impl<O: Outbox> Node<O> {
             releasing: HashMap::new(),
             incarnation,
             promised: HashMap::new(),
+            in_round: false,
+            deferred: Vec::new(),
             joined: None,
         };
         node.take_applied();
@@ -386,6 +392,7 @@ impl<O: Outbox> Node<O> {
     /// One round (docs/journals.md §9.1); false when the command log failed.
     fn round(&mut self) -> bool {
         let first = self.replica.ready();
+        self.in_round = true;
         self.send(first.send);
         // What this round applied was decided by a quorum and is durable here (raft applies
         // only what this node persisted): answered before this round's own sync.
@@ -394,16 +401,21 @@ impl<O: Outbox> Node<O> {
             self.verdict(token, verdict);
         }
         if let Err(why) = self.persist(&first.persist) {
+            self.in_round = false;
             tracing::error!(error = %why, "journal log stopped: this node leaves its groups until it restarts");
             self.published.stop(why.clone());
             return false;
         }
         self.send(first.send_after_sync);
         let second = self.replica.synced();
+        self.in_round = false;
         self.send(second.send);
         self.take_applied();
         for (token, verdict) in second.verdicts {
             self.verdict(token, verdict);
+        }
+        for (group, command, token) in std::mem::take(&mut self.deferred) {
+            self.propose(group, command, token);
         }
         true
     }
@@ -567,6 +579,11 @@ impl<O: Outbox> Node<O> {
     }
 
     fn propose(&mut self, group: JournalId, command: Vec<u8>, token: Token) {
+        if self.in_round {
+            // Raft takes no new entry between a round's ready and its sync.
+            self.deferred.push((group, command, token));
+            return;
+        }
         match self.replica.propose(group, command.clone(), token) {
             Ok(()) => {}
             Err((token, refused)) => self.refused(group, Some(command), token, refused),

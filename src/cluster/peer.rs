@@ -121,7 +121,9 @@ pub fn decode_frame(bytes: &[u8], cluster: u64, me: u64) -> Result<(u64, Vec<(Jo
     for gm in frame.messages {
         let group = JournalId { tenant: gm.tenant, journal: gm.journal };
         let m = Message::decode(gm.message.as_slice()).map_err(|e| PeerError::BadMessage { group, why: e.to_string() })?;
-        if m.from != frame.from || m.to != frame.to {
+        // A follower forwards a proposal or a read to its leader under the asker's name.
+        let forwarded = matches!(m.get_msg_type(), raft::eraftpb::MessageType::MsgPropose | raft::eraftpb::MessageType::MsgReadIndex);
+        if (m.from != frame.from && !forwarded) || m.to != frame.to {
             return Err(PeerError::Misaddressed { group, from: m.from, to: m.to, frame_from: frame.from, frame_to: frame.to });
         }
         // Only an append's or a forwarded proposal's entries are logged; a read's entry

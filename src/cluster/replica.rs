@@ -233,8 +233,9 @@ pub struct Replica<T> {
     carried: Vec<Durable>,
     /// Reads durable entries back from the node's command log.
     reader: Option<EntryReader>,
-    /// Where each entry found at the restart lies, until its group is added.
-    stored: HashMap<(JournalId, u64), Loc>,
+    /// Where each entry found at the restart lies, by group, index and term, until its group
+    /// is added.
+    stored: HashMap<(JournalId, u64, u64), Loc>,
     /// Proposals that lost their index to a later one of this node, for the next round.
     orphans: Vec<(T, Verdict)>,
     /// Set while [`Replica::member`] restores the groups from the durable log.
@@ -304,7 +305,7 @@ impl<T> Replica<T> {
         node: u64,
         members: Vec<Member>,
         durable: Vec<Durable>,
-        stored: HashMap<(JournalId, u64), Loc>,
+        stored: HashMap<(JournalId, u64, u64), Loc>,
         reader: EntryReader,
     ) -> Result<Replica<T>, ReplicaError> {
         let mut r = Replica::new(node, Directory::new());
@@ -431,7 +432,9 @@ impl<T> Replica<T> {
         for d in durable {
             let gap = |g: super::group_log::Gap| ReplicaError::Gap { journal, index: g.index, last: g.last };
             match d {
-                Durable::Entry { journal: j, entry } if *j == journal => match self.stored.remove(&(journal, entry.index)) {
+                // An index written twice (a new leader overwrote an undecided suffix) is two
+                // items of different terms, each with its own location.
+                Durable::Entry { journal: j, entry } if *j == journal => match self.stored.remove(&(journal, entry.index, entry.term)) {
                     Some(loc) => storage.append_stored(entry.index, entry.term, loc).map_err(gap)?,
                     None => storage.append(std::slice::from_ref(entry)).map_err(gap)?,
                 },
