@@ -1010,3 +1010,37 @@ fn the_proxy_forwards_cuts_holds_and_heals() {
     assert_eq!(proxy.live(), 1);
     assert!(proxy.accepted() >= 3);
 }
+
+#[test]
+fn settling_finds_lost_and_doubled_writes_and_settles_ambiguous_ones() {
+    let call = |invoked, answered, op| Recorded { invoked, answered, op };
+    let write = |token| Op::Write { leader: 0, seq: 0, token };
+    let read = Op::Read { from: 0, limit: 0 };
+    // An acknowledged write that no read shows at its seq: lost.
+    let lost = vec![call(0, Some((1, Ret::Verdict("accepted", 0, 1))), write(7)), call(2, Some((3, Ret::Page(vec![], 0, 0, 0))), read.clone())];
+    assert!(settle(lost).unwrap_err().contains("acknowledged write lost"));
+    // One token at two seqs: applied twice.
+    let twice = vec![call(0, None, write(7)), call(2, Some((3, Ret::Page(vec![7, 7], 0, 2, 0))), read.clone())];
+    assert!(settle(twice).unwrap_err().contains("applied twice"));
+    // One seq showing two tokens.
+    let changed = vec![call(2, Some((3, Ret::Page(vec![7], 0, 1, 0))), read.clone()), call(4, Some((5, Ret::Page(vec![8], 0, 1, 0))), read.clone())];
+    assert!(settle(changed).unwrap_err().contains("seq 0 showed"));
+    // An ambiguous write a read shows is accepted at that seq by the read's answer; one no read
+    // shows (every seq was shown) did nothing and is dropped.
+    let ambiguous = vec![call(0, None, write(7)), call(1, None, write(9)), call(2, Some((3, Ret::Page(vec![7], 0, 1, 0))), read.clone())];
+    let settled = settle(ambiguous).unwrap();
+    assert_eq!(settled.len(), 2);
+    assert_eq!(settled[0].answered, Some((3, Ret::Verdict("accepted", 0, 1))));
+    assert!(check(&Spec(Mode::Multi), &settled).is_linearizable());
+    // An ambiguous single-writer write whose identical re-send was accepted did nothing.
+    let fenced = |token| Op::Write { leader: 1, seq: 0, token };
+    let resent = vec![
+        call(0, Some((1, Ret::Viewed("leader", 1, 0, 0))), Op::SetLeader { new: 1, old: 0 }),
+        call(2, None, fenced(7)),
+        call(4, Some((5, Ret::Verdict("accepted", 0, 1))), fenced(7)),
+        call(6, Some((7, Ret::Page(vec![7], 1, 1, 0))), read),
+    ];
+    let settled = settle(resent).unwrap();
+    assert_eq!(settled.len(), 3);
+    assert!(check(&Spec(Mode::Single), &settled).is_linearizable());
+}
