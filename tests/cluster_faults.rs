@@ -52,7 +52,7 @@ use support::cluster::Cluster;
 use support::fastrand::Rng;
 use support::journal::{leader_of, Ids};
 use support::journal_model::{call_of, ret_of, Op, Ret, Spec};
-use support::linearizable::{check, Call as Recorded};
+use support::linearizable::{check, Call as Recorded, Verdict};
 use support::proxy::{Mode as LinkMode, Proxy};
 use support::JournalConn as Conn;
 use tephra::cluster::placement::{place, DEFAULT_VOTERS};
@@ -286,6 +286,10 @@ impl<'r, 'a> Client<'r, 'a> {
     /// sends that did nothing), recorded. `Some(Some(ret))`: answered; `Some(None)`: lost;
     /// `None`: not done.
     fn perform(&mut self, k: usize, op: &Op) -> Option<Option<Ret>> {
+        // Any voter serves a read: half of them go to a node drawn at random.
+        if matches!(op, Op::Read { .. }) && self.rng.bool() {
+            self.router.target = self.rng.u64(1..=self.run.nodes.size());
+        }
         for _ in 0..8 {
             if self.run.stopping() {
                 return None;
@@ -664,62 +668,79 @@ fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)>
         }
         rounds
     });
-    let report = |what: String| -> (String, String) { (what, dump(&run)) };
+    let mut violations = Vec::new();
     let problems = lock(&run.problems).clone();
     if let Some(p) = problems.first() {
-        return Err(report(format!("{} problem(s) while running; first: {p}", problems.len())));
+        violations.push(format!("{} problem(s) while running; first: {p}", problems.len()));
     }
     let mut lines = Vec::new();
     for k in [SINGLE, MULTI] {
-        let j = run.journals[k];
-        // (c) the same on every voter; non-voters hold no copy.
-        let mut held: Option<(u64, u64, Held, u64)> = None;
-        for id in voters(n, j) {
-            let addr = cluster.node(id).expect("every node runs after the heal").addr;
-            let (invoked, answered, h) = read_everything(&nodes, addr, j, Duration::from_secs(30)).map_err(|e| report(format!("journal {k}: {e}")))?;
-            match &held {
-                None => held = Some((invoked, answered, h, id)),
-                Some((_, _, first, fid)) if *first != h => {
-                    return Err(report(format!("journal {k}: node {fid} holds {first:?} but node {id} holds {h:?}")));
-                }
-                Some(_) => {}
-            }
+        match check_journal(&run, &cluster, k, secs) {
+            Ok(line) => lines.push(line),
+            Err(e) => violations.push(format!("journal {k}: {e}")),
         }
-        let (invoked, answered, held, _) = held.expect("a journal has voters");
-        if held.records.len() as u64 != held.next_seq - held.first_seq {
-            return Err(report(format!("journal {k}: seqs not dense: {} records in {}..{}", held.records.len(), held.first_seq, held.next_seq)));
-        }
-        let last = Op::Read { from: held.first_seq, limit: 0 };
-        let ret = Ret::Page(held.records.clone(), held.leader, held.next_seq, held.first_seq);
-        let mut calls = std::mem::take(&mut *lock(&run.history[k]));
-        calls.push(Recorded { invoked, answered: Some((answered, ret)), op: last });
-        let recorded = calls.len();
-        let ambiguous = calls.iter().filter(|c| c.answered.is_none()).count();
-        let accepted = calls.iter().filter(|c| matches!(c.answered, Some((_, Ret::Verdict("accepted", ..))))).count();
-        // (b), (d) and the settling of ambiguous writes.
-        let calls = settle(calls).map_err(|e| report(format!("journal {k}: {e}")))?;
-        let left = calls.iter().filter(|c| c.answered.is_none()).count();
-        if accepted < 10 {
-            return Err(report(format!("journal {k}: only {accepted} writes accepted in {secs} s of faults")));
-        }
-        // (a) linearizable.
-        let started = Instant::now();
-        let verdict = check(&Spec(MODES[k]), &calls);
-        let took = started.elapsed();
-        if !verdict.is_linearizable() {
-            *lock(&run.history[k]) = calls.clone();
-            return Err(report(format!("journal {k}: not linearizable ({} calls); the longest order found: {verdict:?}", calls.len())));
-        }
-        lines.push(format!(
-            "journal {k} ({:?}): {recorded} calls, {accepted} accepted, {ambiguous} ambiguous ({left} left after settling), {} records held from {}, checked in {took:?}",
-            MODES[k],
-            held.records.len(),
-            held.first_seq
-        ));
-        *lock(&run.history[k]) = calls;
+    }
+    if !violations.is_empty() {
+        return Err((violations.join("; "), dump(&run)));
     }
     lines.extend(lock(&run.log).iter().map(|l| format!("  {l}")));
     Ok(Summary { rounds, lines })
+}
+
+/// The checks of journal `k` once the faults are over (see the module's table): its line of
+/// counts, or the violation found. The journal's history is left settled in `run`.
+fn check_journal(run: &Run, cluster: &Cluster, k: usize, secs: u64) -> Result<String, String> {
+    let j = run.journals[k];
+    // (c) the same on every voter; non-voters hold no copy.
+    let mut held: Option<(u64, u64, Held, u64)> = None;
+    for id in voters(cluster.size(), j) {
+        let addr = cluster.node(id).expect("every node runs after the heal").addr;
+        let (invoked, answered, h) = read_everything(run.nodes, addr, j, Duration::from_secs(30))?;
+        match &held {
+            None => held = Some((invoked, answered, h, id)),
+            Some((_, _, first, fid)) if *first != h => return Err(format!("node {fid} holds {first:?} but node {id} holds {h:?}")),
+            Some(_) => {}
+        }
+    }
+    let (invoked, answered, held, _) = held.expect("a journal has voters");
+    if held.records.len() as u64 != held.next_seq - held.first_seq {
+        return Err(format!("seqs not dense: {} records in {}..{}", held.records.len(), held.first_seq, held.next_seq));
+    }
+    let last = Op::Read { from: held.first_seq, limit: 0 };
+    let ret = Ret::Page(held.records.clone(), held.leader, held.next_seq, held.first_seq);
+    let mut calls = std::mem::take(&mut *lock(&run.history[k]));
+    calls.push(Recorded { invoked, answered: Some((answered, ret)), op: last });
+    let recorded = calls.len();
+    let ambiguous = calls.iter().filter(|c| c.answered.is_none()).count();
+    let accepted = calls.iter().filter(|c| matches!(c.answered, Some((_, Ret::Verdict("accepted", ..))))).count();
+    // (b), (d) and the settling of ambiguous writes.
+    let calls = match settle(calls.clone()) {
+        Ok(settled) => settled,
+        Err(e) => {
+            *lock(&run.history[k]) = calls;
+            return Err(e);
+        }
+    };
+    let left = calls.iter().filter(|c| c.answered.is_none()).count();
+    // (a) linearizable.
+    let started = Instant::now();
+    let verdict = check(&Spec(MODES[k]), &calls);
+    let took = started.elapsed();
+    *lock(&run.history[k]) = calls;
+    if let Verdict::NotLinearizable(longest) = verdict {
+        let h = lock(&run.history[k]);
+        let stuck = longest.last().map(|&i| format!("{:?}", h[i]));
+        return Err(format!("not linearizable ({} calls after settling); the longest order found places {} calls, the last {stuck:?}", h.len(), longest.len()));
+    }
+    if accepted < 10 {
+        return Err(format!("only {accepted} writes accepted in {secs} s of faults"));
+    }
+    Ok(format!(
+        "journal {k} ({:?}): {recorded} calls, {accepted} accepted, {ambiguous} ambiguous ({left} left after settling), {} records held from {}, checked in {took:?}",
+        MODES[k],
+        held.records.len(),
+        held.first_seq
+    ))
 }
 
 /// Settles ambiguous writes from what the reads showed (see the module's notes), after
