@@ -137,8 +137,8 @@ enum Sent {
     /// Sent, and no verdict came: lost, timed out, or `AMBIGUOUS`.
     Lost,
     /// No verdict and nothing done (`NOT_LEADER`, `UNSERVED`, `BUSY`, `UNKNOWN_JOURNAL`, no
-    /// node reachable): the caller may send it again.
-    NotDone,
+    /// node reachable): the caller may send it again. Why, for a message.
+    NotDone(String),
     /// An answer that must never come (`UNAVAILABLE`, `INVALID`, or one that does not fit).
     Wrong(String),
 }
@@ -177,7 +177,7 @@ impl<'a> Router<'a> {
         let Some(conn) = self.connection() else {
             self.next_node();
             std::thread::sleep(Duration::from_millis(20));
-            return (nodes.now(), Sent::NotDone);
+            return (nodes.now(), Sent::NotDone("no connection".to_owned()));
         };
         let invoked = nodes.now();
         let resp = match conn.try_call(call) {
@@ -188,6 +188,7 @@ impl<'a> Router<'a> {
                 return (invoked, Sent::Lost);
             }
         };
+        let why = format!("node {} answered {:?}: {}", self.target, resp.outcome(), resp.message);
         let sent = match resp.outcome() {
             JournalOutcome::Ambiguous => Sent::Lost,
             JournalOutcome::NotLeader => {
@@ -198,16 +199,16 @@ impl<'a> Router<'a> {
                         std::thread::sleep(Duration::from_millis(10));
                     }
                 }
-                Sent::NotDone
+                Sent::NotDone(why)
             }
             JournalOutcome::Unserved | JournalOutcome::UnknownJournal => {
                 self.next_node();
                 std::thread::sleep(Duration::from_millis(10));
-                Sent::NotDone
+                Sent::NotDone(why)
             }
             JournalOutcome::Busy => {
                 std::thread::sleep(Duration::from_millis(20));
-                Sent::NotDone
+                Sent::NotDone(why)
             }
             JournalOutcome::Unavailable | JournalOutcome::Invalid => Sent::Wrong(format!("node {} answered {resp:?}", self.target)),
             _ => Sent::Answer(self.nodes.now(), resp),
@@ -296,7 +297,7 @@ impl<'r, 'a> Client<'r, 'a> {
             }
             let (invoked, sent) = self.router.send(call_of(self.run.journals[k], op));
             match sent {
-                Sent::NotDone => continue,
+                Sent::NotDone(_) => continue,
                 Sent::Wrong(why) => {
                     self.run.problem(format!("client {} {op:?}: {why}", self.me));
                     return None;
@@ -449,6 +450,23 @@ struct Held {
     first_seq: u64,
 }
 
+/// Where two nodes' copies of a journal part: their views, and the first seq whose records
+/// differ with a few records from there on each side.
+fn differ_at(a: &Held, b: &Held) -> String {
+    let views = format!("leader {:#x} vs {:#x}, first_seq {} vs {}, next_seq {} vs {}", a.leader, b.leader, a.first_seq, b.first_seq, a.next_seq, b.next_seq);
+    let seq_a = |s: u64| s.checked_sub(a.first_seq).and_then(|i| a.records.get(i as usize)).copied();
+    let seq_b = |s: u64| s.checked_sub(b.first_seq).and_then(|i| b.records.get(i as usize)).copied();
+    let from = a.first_seq.max(b.first_seq);
+    let to = a.next_seq.max(b.next_seq);
+    match (from..to).find(|&s| seq_a(s) != seq_b(s)) {
+        Some(s) => {
+            let show = |f: &dyn Fn(u64) -> Option<u64>| (s..s + 4).map(|x| f(x).map_or("-".to_owned(), |t| format!("{t:#x}"))).collect::<Vec<_>>().join(" ");
+            format!("{views}; from seq {s}: [{}] vs [{}]", show(&seq_a), show(&seq_b))
+        }
+        None => views,
+    }
+}
+
 /// Reads all of journal `j` from the node at `addr` alone, asking again until it serves (up
 /// to `patience`). The times are those of the first and the last page.
 fn read_everything(nodes: &Nodes, addr: SocketAddr, j: Ids, patience: Duration) -> Result<(u64, u64, Held), String> {
@@ -500,12 +518,14 @@ fn create(nodes: &Nodes, name: &str, mode: JournalMode, durability: JournalDurab
             mode: mode as i32,
             durability: durability as i32,
         });
-        if let (_, Sent::Answer(_, r)) = router.send(call) {
-            if matches!(r.outcome(), JournalOutcome::Created | JournalOutcome::NameTaken) {
-                return (r.tenant, r.journal);
-            }
-        }
-        assert!(Instant::now() < deadline, "no node created {name} within 20 s");
+        let last = match router.send(call) {
+            (_, Sent::Answer(_, r)) if matches!(r.outcome(), JournalOutcome::Created | JournalOutcome::NameTaken) => return (r.tenant, r.journal),
+            (_, Sent::Answer(_, r)) => format!("{r:?}"),
+            (_, Sent::Wrong(why)) => why,
+            (_, Sent::Lost) => "no answer".to_owned(),
+            (_, Sent::NotDone(why)) => why,
+        };
+        assert!(Instant::now() < deadline, "no node created {name} within 20 s; the last answer: {last}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -607,10 +627,12 @@ fn nemesis(cluster: &mut Cluster, run: &Run, rng: &mut Rng, until: Instant) -> u
     rounds
 }
 
-/// Opens every link, resumes every paused node and starts every killed one.
+/// Opens every link, resumes every paused node and starts every killed one. A node that
+/// stopped by itself is a problem (its last lines go to the log) and is started again.
 fn heal(cluster: &mut Cluster, run: &Run) {
     cluster.heal();
     for id in 1..=cluster.size() as u64 {
+        exited(cluster, run, id);
         if cluster.is_paused(id) {
             cluster.resume(id);
             run.note(format!("SIGCONT node {id}"));
@@ -622,6 +644,20 @@ fn heal(cluster: &mut Cluster, run: &Run) {
         }
     }
     run.note("heal".into());
+}
+
+/// Whether node `id` stopped by itself (nobody killed it): then a problem, with its last
+/// lines, and the node counts as stopped.
+fn exited(cluster: &mut Cluster, run: &Run, id: u64) -> bool {
+    if cluster.is_paused(id) {
+        return false;
+    }
+    let Some(log) = cluster.node(id).map(|s| s.log()) else { return false };
+    let Some(status) = cluster.wait_exit(id, Duration::ZERO) else { return false };
+    run.nodes.set(id, None);
+    let tail: Vec<&str> = log.lines().rev().take(8).collect();
+    run.problem(format!("node {id} stopped by itself ({status}); its last lines: {:?}", tail.into_iter().rev().collect::<Vec<_>>()));
+    true
 }
 
 /// The counts printed for a run that held.
@@ -666,6 +702,12 @@ fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)>
         for c in clients {
             c.join().expect("a client thread");
         }
+        for id in 1..=n as u64 {
+            if exited(&mut cluster, run, id) {
+                cluster.start_node(id);
+                run.nodes.set(id, cluster.node(id).map(|s| s.addr));
+            }
+        }
         rounds
     });
     let mut violations = Vec::new();
@@ -704,7 +746,7 @@ fn check_journal(run: &Run, cluster: &Cluster, k: usize, secs: u64) -> Result<St
             let (invoked, answered, h) = read_everything(run.nodes, addr, j, Duration::from_secs(30))?;
             match &held {
                 None => held = Some((invoked, answered, h, id)),
-                Some((_, _, first, fid)) if *first != h => differ = Some(format!("node {fid} holds {first:?} but node {id} holds {h:?}")),
+                Some((_, _, first, fid)) if *first != h => differ = Some(format!("node {fid} and node {id} differ: {}", differ_at(first, &h))),
                 Some(_) => {}
             }
         }

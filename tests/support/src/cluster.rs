@@ -156,6 +156,7 @@ impl Cluster {
     pub fn wait_exit(&mut self, id: u64, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
         let status = self.nodes[id as usize - 1].as_mut()?.wait_exit(timeout)?;
         self.nodes[id as usize - 1] = None;
+        self.paused[id as usize - 1] = false;
         Some(status)
     }
 
