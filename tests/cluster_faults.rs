@@ -507,8 +507,9 @@ fn read_everything(nodes: &Nodes, addr: SocketAddr, j: Ids, patience: Duration) 
     Err(format!("node at {addr} did not serve {j:?} within {patience:?}: {last}"))
 }
 
-/// Creates `tenant/name` through any node, asking again until one takes it.
-fn create(nodes: &Nodes, name: &str, mode: JournalMode, durability: JournalDurability) -> Ids {
+/// Creates `tenant/name` through any node, asking again until one takes it (20 s at most;
+/// then the last answer).
+fn try_create(nodes: &Nodes, name: &str, mode: JournalMode, durability: JournalDurability) -> Result<Ids, String> {
     let mut router = Router::new(nodes, 1);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -519,15 +520,22 @@ fn create(nodes: &Nodes, name: &str, mode: JournalMode, durability: JournalDurab
             durability: durability as i32,
         });
         let last = match router.send(call) {
-            (_, Sent::Answer(_, r)) if matches!(r.outcome(), JournalOutcome::Created | JournalOutcome::NameTaken) => return (r.tenant, r.journal),
+            (_, Sent::Answer(_, r)) if matches!(r.outcome(), JournalOutcome::Created | JournalOutcome::NameTaken) => return Ok((r.tenant, r.journal)),
             (_, Sent::Answer(_, r)) => format!("{r:?}"),
             (_, Sent::Wrong(why)) => why,
             (_, Sent::Lost) => "no answer".to_owned(),
             (_, Sent::NotDone(why)) => why,
         };
-        assert!(Instant::now() < deadline, "no node created {name} within 20 s; the last answer: {last}");
+        if Instant::now() > deadline {
+            return Err(format!("no node created {name} within 20 s; the last answer: {last}"));
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// [`try_create`] that must succeed.
+fn create(nodes: &Nodes, name: &str, mode: JournalMode, durability: JournalDurability) -> Ids {
+    try_create(nodes, name, mode, durability).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The nodes that vote in journal `j`'s group.
@@ -671,8 +679,15 @@ struct Summary {
 fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)> {
     let mut cluster = Cluster::start_proxied(&server_bin(), n, &[("TEPHRA__METRICS__BIND", "127.0.0.1:0")]);
     let nodes = Nodes::new(&cluster);
-    let single = create(&nodes, "orders", JournalMode::Single, JournalDurability::Ordered);
-    let multi = create(&nodes, "events", JournalMode::Multi, JournalDurability::Batched);
+    let created = try_create(&nodes, "orders", JournalMode::Single, JournalDurability::Ordered)
+        .and_then(|single| Ok((single, try_create(&nodes, "events", JournalMode::Multi, JournalDurability::Batched)?)));
+    let (single, multi) = match created {
+        Ok(ids) => ids,
+        Err(e) => {
+            let kept = keep_artifacts(&mut cluster, &artifacts(n, seed));
+            return Err((format!("{e} ({kept})"), String::new()));
+        }
+    };
     let run = Run {
         nodes: &nodes,
         journals: [single, multi],
@@ -723,7 +738,8 @@ fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)>
         }
     }
     if !violations.is_empty() {
-        return Err((violations.join("; "), dump(&run)));
+        let kept = keep_artifacts(&mut cluster, &artifacts(n, seed));
+        return Err((format!("{} ({kept})", violations.join("; ")), dump(&run)));
     }
     lines.extend(lock(&run.log).iter().map(|l| format!("  {l}")));
     Ok(Summary { rounds, lines })
@@ -894,12 +910,49 @@ fn dump(run: &Run) -> String {
     s
 }
 
+/// Where a violation of `seed` on `n` nodes leaves its files: `<dir>.txt` for the report,
+/// `<dir>/` for the nodes' logs and data.
+fn artifacts(n: usize, seed: u64) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cluster-faults").join(format!("nodes{n}-seed{seed}"))
+}
+
+/// Stops every node and keeps what each printed (every process, killed ones included) and a
+/// copy of its data directory under `dir`; says where, or what failed.
+fn keep_artifacts(cluster: &mut Cluster, dir: &std::path::Path) -> String {
+    fn copy(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(to)?;
+        for e in std::fs::read_dir(from)? {
+            let e = e?;
+            if e.file_type()?.is_dir() {
+                copy(&e.path(), &to.join(e.file_name()))?;
+            } else {
+                std::fs::copy(e.path(), to.join(e.file_name()))?;
+            }
+        }
+        Ok(())
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    let mut kept = || -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        for id in 1..=cluster.size() as u64 {
+            cluster.resume(id);
+            cluster.kill(id);
+            std::fs::write(dir.join(format!("node{id}.log")), cluster.log(id))?;
+            copy(&cluster.data_dir(id), &dir.join(format!("node{id}-data")))?;
+        }
+        Ok(())
+    };
+    match kept() {
+        Ok(()) => format!("node logs and data in {}", dir.display()),
+        Err(e) => format!("node logs and data not kept: {e}"),
+    }
+}
+
 /// Runs every seed on `n` nodes; panics naming each seed that found a violation.
 fn fault_seeds(n: usize, default: &[u64]) {
     let _serial = serial();
     let seeds = std::env::var("TEPHRA_FAULT_SEEDS").ok().filter(|s| !s.trim().is_empty()).map_or_else(|| default.to_vec(), |s| parse_seeds(&s));
     let secs = env_number("TEPHRA_FAULT_SECS", 10);
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("cluster-faults");
     let mut failed = Vec::new();
     for seed in seeds {
         let started = Instant::now();
@@ -915,8 +968,8 @@ fn fault_seeds(n: usize, default: &[u64]) {
                 }
             }
             Err((why, detail)) => {
-                std::fs::create_dir_all(&dir).unwrap();
-                let path = dir.join(format!("nodes{n}-seed{seed}.txt"));
+                let path = artifacts(n, seed).with_extension("txt");
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
                 std::fs::write(&path, format!("seed {seed} on {n} nodes: {why}\n\n{detail}")).unwrap();
                 eprintln!("VIOLATION nodes={n} seed={seed}: {why} (history: {})", path.display());
                 failed.push(seed);

@@ -25,6 +25,8 @@ pub struct Cluster {
     nodes: Vec<Option<Server>>,
     /// Whether each node is paused by SIGSTOP now.
     paused: Vec<bool>,
+    /// What each node's earlier processes printed (killed or exited), in order.
+    past_logs: Vec<String>,
     /// Each node's peer address.
     pub peer_addrs: Vec<SocketAddr>,
     /// The proxy in front of each pair's link, keyed `(lower id, higher id)`; empty unless
@@ -69,7 +71,16 @@ impl Cluster {
         }
         let data = (0..n).map(|_| crate::scratch_dir()).collect();
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let mut c = Cluster { binary: binary.to_owned(), nodes: (0..n).map(|_| None).collect(), paused: vec![false; n], peer_addrs, proxies, data, env };
+        let mut c = Cluster {
+            binary: binary.to_owned(),
+            nodes: (0..n).map(|_| None).collect(),
+            paused: vec![false; n],
+            past_logs: vec![String::new(); n],
+            peer_addrs,
+            proxies,
+            data,
+            env,
+        };
         for id in 1..=n as u64 {
             c.start_node(id);
         }
@@ -122,9 +133,25 @@ impl Cluster {
     /// SIGKILLs node `id` (a paused one too).
     pub fn kill(&mut self, id: u64) {
         if let Some(mut s) = self.nodes[id as usize - 1].take() {
-            s.kill();
+            let status = s.kill();
+            self.keep_log(id, &s, status);
         }
         self.paused[id as usize - 1] = false;
+    }
+
+    fn keep_log(&mut self, id: u64, s: &Server, status: std::process::ExitStatus) {
+        let past = &mut self.past_logs[id as usize - 1];
+        past.push_str(&s.log());
+        past.push_str(&format!("--- node {id} process {} ended: {status} ---\n", s.pid()));
+    }
+
+    /// Everything node `id`'s processes printed, the earlier ones (killed or exited) first.
+    pub fn log(&self, id: u64) -> String {
+        let mut log = self.past_logs[id as usize - 1].clone();
+        if let Some(s) = self.node(id) {
+            log.push_str(&s.log());
+        }
+        log
     }
 
     /// Pauses node `id` with SIGSTOP: it holds its sockets but answers nothing.
@@ -155,7 +182,9 @@ impl Cluster {
     /// counted as stopped. `None` when it is still running (or was not).
     pub fn wait_exit(&mut self, id: u64, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
         let status = self.nodes[id as usize - 1].as_mut()?.wait_exit(timeout)?;
-        self.nodes[id as usize - 1] = None;
+        if let Some(s) = self.nodes[id as usize - 1].take() {
+            self.keep_log(id, &s, status);
+        }
         self.paused[id as usize - 1] = false;
         Some(status)
     }
