@@ -7,145 +7,20 @@
 //! kill, seqs are dense, no single-writer write is applied twice, `first_seq` never goes back,
 //! and every answer is one a sequential journal could give at some point inside the call.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::journal::{leader_of, uuid_bytes, write_call, Ids};
-use support::linearizable::{check, Call as Recorded, Model};
+use support::journal::{leader_of, Ids};
+use support::journal_model::{self as model, call_of, Op, Ret, Spec};
+use support::linearizable::{check, Call as Recorded};
 use support::{JournalConn as Conn, Server};
-use tephra::journal::{apply, Call, JournalState, LeaderUuid, Mode, Outcome, Records, StoreDurability};
+use tephra::journal::Mode;
 use tephra::proto::*;
 use tephra_test_support as support;
 
-/// The sequential journal: its state and the records it holds (each record a unique token),
-/// `first_seq..next_seq`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Journal {
-    state: JournalState,
-    records: VecDeque<u64>,
-}
-
-#[derive(Clone, Debug)]
-enum Op {
-    Write { leader: u128, seq: u64, token: u64 },
-    SetLeader { new: u128, old: u128 },
-    Truncate { leader: u128, up_to: u64 },
-    Read { from: u64 },
-}
-
-/// An answer, as much of it as a sequential journal fixes.
-#[derive(Clone, Debug, PartialEq)]
-enum Ret {
-    /// A write's or truncate's or set-leader's outcome name, its seq and count (writes).
-    Verdict(&'static str, u64, u32),
-    /// A verdict that carries the view it was judged against: leader, next_seq, first_seq.
-    Viewed(&'static str, u128, u64, u64),
-    /// A read: the records from `from` and the view.
-    Page(Vec<u64>, u128, u64, u64),
-    /// A read below `first_seq`.
-    ReadTruncated(u64),
-}
-
-fn token_bytes(token: u64) -> [u8; 8] {
-    token.to_be_bytes()
-}
-
-/// The journal's sequential specification, for a journal created in `mode`.
-struct Spec(Mode);
-
-impl Journal {
-    fn invoke(&mut self, op: &Op) -> Ret {
-        let viewed = |name, v: tephra::journal::View| Ret::Viewed(name, v.leader.map_or(0, |l| l.0), v.next_seq, v.first_seq);
-        let call = match *op {
-            Op::Read { from } => {
-                let v = self.state.view();
-                if from < v.first_seq {
-                    return Ret::ReadTruncated(v.first_seq);
-                }
-                let at = (from.min(v.next_seq) - v.first_seq) as usize;
-                return Ret::Page(self.records.iter().skip(at).copied().collect(), v.leader.map_or(0, |l| l.0), v.next_seq, v.first_seq);
-            }
-            Op::Write { leader, seq, token } => {
-                let bytes = token_bytes(token);
-                Call::Write { leader: LeaderUuid(leader).set(), seq, count: 1, digest: Records(&[&bytes]).digest() }
-            }
-            Op::SetLeader { new, old } => Call::SetLeader { new: LeaderUuid(new), old: LeaderUuid(old).set() },
-            Op::Truncate { leader, up_to } => Call::Truncate { leader: LeaderUuid(leader).set(), up_to },
-        };
-        match apply(&mut self.state, &call) {
-            Outcome::Accepted { seq, count } => {
-                if let Op::Write { token, .. } = op {
-                    self.records.push_back(*token);
-                }
-                Ret::Verdict("accepted", seq, count)
-            }
-            Outcome::Duplicate { seq, count } => Ret::Verdict("duplicate", seq, count),
-            Outcome::Refused(v) => viewed("refused", v),
-            Outcome::Truncated(v) => viewed("truncated", v),
-            Outcome::WrongMode(v) => viewed("wrong_mode", v),
-            Outcome::Leader(v) => viewed("leader", v),
-            Outcome::LeaderRefused(v) => viewed("lost", v),
-            Outcome::Trimmed(v) => {
-                while self.records.len() as u64 > v.next_seq - v.first_seq {
-                    self.records.pop_front();
-                }
-                viewed("trimmed", v)
-            }
-            Outcome::TruncateRefused(v) => viewed("truncate_refused", v),
-            Outcome::Noop => Ret::Verdict("noop", 0, 0),
-        }
-    }
-}
-
-impl Model for Spec {
-    type State = Journal;
-    type Op = Op;
-    type Ret = Ret;
-
-    fn init(&self) -> Journal {
-        Journal { state: JournalState::new(self.0, StoreDurability::Ordered), records: VecDeque::new() }
-    }
-
-    fn step(&self, state: &Journal, op: &Op, ret: Option<&Ret>) -> Option<Journal> {
-        let mut next = state.clone();
-        let got = next.invoke(op);
-        (ret.is_none() || ret == Some(&got)).then_some(next)
-    }
-}
-
-/// The server's answer in the model's terms.
+/// The server's answer in the model's terms; an answer that is no verdict fails the test.
 fn ret_of(op: &Op, r: &JournalResponse) -> Ret {
-    let view = r.state.as_ref().map(|s| (leader_of(r), s.next_seq, s.first_seq)).unwrap_or_default();
-    let name = match r.outcome() {
-        JournalOutcome::Accepted => return Ret::Verdict("accepted", r.seq, r.count),
-        JournalOutcome::Duplicate => return Ret::Verdict("duplicate", r.seq, r.count),
-        JournalOutcome::Page => {
-            let records = r.records.iter().map(|b| u64::from_be_bytes(b.as_slice().try_into().unwrap())).collect();
-            return Ret::Page(records, view.0, view.1, view.2);
-        }
-        JournalOutcome::Truncated if matches!(op, Op::Read { .. }) => return Ret::ReadTruncated(view.2),
-        JournalOutcome::Refused => "refused",
-        JournalOutcome::Truncated => "truncated",
-        JournalOutcome::WrongMode => "wrong_mode",
-        JournalOutcome::Leader => "leader",
-        JournalOutcome::Lost => "lost",
-        JournalOutcome::Trimmed => "trimmed",
-        JournalOutcome::TruncateRefused => "truncate_refused",
-        other => panic!("unexpected answer {other:?} to {op:?}: {r:?}"),
-    };
-    Ret::Viewed(name, view.0, view.1, view.2)
-}
-
-fn call_of(j: Ids, op: &Op) -> journal_request::Call {
-    match *op {
-        Op::Write { leader, seq, token } => write_call(j, leader, seq, &[&token_bytes(token)]),
-        Op::SetLeader { new, old } => {
-            journal_request::Call::SetLeader(JournalSetLeader { tenant: j.0, journal: j.1, new: new.to_be_bytes().to_vec(), old: uuid_bytes(old) })
-        }
-        Op::Truncate { leader, up_to } => journal_request::Call::Truncate(JournalTruncate { tenant: j.0, journal: j.1, up_to, leader: uuid_bytes(leader) }),
-        Op::Read { from } => journal_request::Call::Read(JournalRead { tenant: j.0, journal: j.1, from_seq: from, limit: 0, wait_ms: 0 }),
-    }
+    model::ret_of(op, r).unwrap_or_else(|| panic!("unexpected answer {:?} to {op:?}: {r:?}", r.outcome()))
 }
 
 /// The calls recorded so far, per journal (0: the single-writer one, 1: the multi-writer one),
@@ -171,9 +46,9 @@ fn next_op(me: u64, i: u64, k: usize, seen: (u128, u64, u64)) -> Op {
     if k == 1 {
         return match i % 7 {
             0 => Op::Truncate { leader: 0, up_to: first + 2 },
-            1 => Op::Read { from: first.max(next.saturating_sub(3)) },
+            1 => Op::Read { from: first.max(next.saturating_sub(3)), limit: 0 },
             2 => Op::SetLeader { new: 1, old: 0 }, // wrong mode
-            3 => Op::Read { from: first },
+            3 => Op::Read { from: first, limit: 0 },
             _ => Op::Write { leader: 0, seq: 0, token },
         };
     }
@@ -181,9 +56,9 @@ fn next_op(me: u64, i: u64, k: usize, seen: (u128, u64, u64)) -> Op {
     match i % 6 {
         0 => Op::SetLeader { new: uuid, old: leader },
         1..=3 => Op::Write { leader: if i % 5 == 0 { uuid } else { leader.max(1) }, seq: if i % 7 == 0 { next.saturating_sub(1) } else { next }, token },
-        4 => Op::Read { from: first.max(next.saturating_sub(3)) },
+        4 => Op::Read { from: first.max(next.saturating_sub(3)), limit: 0 },
         _ if i % 12 == 5 => Op::Truncate { leader, up_to: first + 1 },
-        _ => Op::Read { from: first },
+        _ => Op::Read { from: first, limit: 0 },
     }
 }
 
@@ -259,7 +134,7 @@ fn concurrent_clients_across_a_kill_see_linearizable_journals() {
     let mut c = Conn::open(server.addr);
     let mut h = history.lock().unwrap();
     for (k, j) in [single, multi].into_iter().enumerate() {
-        let op = Op::Read { from: c.read(j, 0, 0, 0).state.unwrap().first_seq };
+        let op = Op::Read { from: c.read(j, 0, 0, 0).state.unwrap().first_seq, limit: 0 };
         let invoked = h.now();
         let r = c.call(call_of(j, &op));
         let answered = Some((h.now(), ret_of(&op, &r)));
@@ -287,11 +162,12 @@ fn the_checker_refuses_a_lost_acknowledged_write() {
     let lost = [
         claim(),
         call(2, Some((3, Ret::Verdict("accepted", 0, 1))), Op::Write { leader: 1, seq: 0, token: 7 }),
-        call(4, Some((5, Ret::Page(vec![], 1, 0, 0))), Op::Read { from: 0 }),
+        call(4, Some((5, Ret::Page(vec![], 1, 0, 0))), Op::Read { from: 0, limit: 0 }),
     ];
     assert!(!check(&Spec(Mode::Single), &lost).is_linearizable());
     // The same read while the write had no answer is fine (it may not have happened) ...
-    let ambiguous = [claim(), call(2, None, Op::Write { leader: 1, seq: 0, token: 7 }), call(4, Some((5, Ret::Page(vec![], 1, 0, 0))), Op::Read { from: 0 })];
+    let ambiguous =
+        [claim(), call(2, None, Op::Write { leader: 1, seq: 0, token: 7 }), call(4, Some((5, Ret::Page(vec![], 1, 0, 0))), Op::Read { from: 0, limit: 0 })];
     assert!(check(&Spec(Mode::Single), &ambiguous).is_linearizable());
     // ... and a single-writer write applied twice is refused: the retry must be a duplicate.
     let twice = [

@@ -1,10 +1,21 @@
 //! A cluster of server processes on loopback: each node its own data directory, client port
 //! (any free one) and peer port (picked free up front, since every node's `[cluster] peers`
 //! names the others' before they start), configured through `TEPHRA__CLUSTER__*`.
+//!
+//! A cluster started with [`Cluster::start_proxied`] puts a [`Proxy`] in front of each node
+//! pair's link: the lower id dials the higher one (one connection per pair), so node `i` lists
+//! the proxy of the pair `(i, j)` as `j`'s address for every `j > i`, and that proxy forwards to
+//! `j`'s peer port. Partitions ([`Cluster::partition`]) and delays ([`Cluster::set_delay`])
+//! then act on the proxies; SIGSTOP and SIGCONT ([`Cluster::pause`], [`Cluster::resume`]) on
+//! the processes.
 
-use std::net::{SocketAddr, TcpListener};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use crate::proxy::{Mode, Proxy};
 use crate::Server;
 
 /// A running cluster. Every node is killed on drop.
@@ -12,8 +23,15 @@ pub struct Cluster {
     binary: PathBuf,
     /// The nodes, node id `i + 1` at index `i`; `None` while a node is stopped.
     nodes: Vec<Option<Server>>,
+    /// Whether each node is paused by SIGSTOP now.
+    paused: Vec<bool>,
+    /// What each node's earlier processes printed (killed or exited), in order.
+    past_logs: Vec<String>,
     /// Each node's peer address.
     pub peer_addrs: Vec<SocketAddr>,
+    /// The proxy in front of each pair's link, keyed `(lower id, higher id)`; empty unless
+    /// started with [`Cluster::start_proxied`].
+    proxies: BTreeMap<(u64, u64), Proxy>,
     /// Each node's data directory (kept across restarts).
     data: Vec<tempfile::TempDir>,
     /// Environment every node gets besides its cluster settings.
@@ -27,24 +45,66 @@ pub fn free_addr() -> SocketAddr {
 }
 
 impl Cluster {
-    /// Starts `n` nodes (ids 1..=n) of `binary`, each with `env` besides its cluster settings.
+    /// Starts `n` nodes (ids 1..=n) of `binary`, each with `env` besides its cluster settings;
+    /// every node reaches its peers directly.
     ///
     /// # Panics
     /// When a node does not start.
     pub fn start(binary: &Path, n: usize, env: &[(&str, &str)]) -> Cluster {
+        Cluster::start_with(binary, n, env, false)
+    }
+
+    /// [`Cluster::start`] with a [`Proxy`] in front of each node pair's link, all open.
+    pub fn start_proxied(binary: &Path, n: usize, env: &[(&str, &str)]) -> Cluster {
+        Cluster::start_with(binary, n, env, true)
+    }
+
+    fn start_with(binary: &Path, n: usize, env: &[(&str, &str)], proxied: bool) -> Cluster {
         let peer_addrs: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
+        let mut proxies = BTreeMap::new();
+        if proxied {
+            for i in 1..=n as u64 {
+                for j in i + 1..=n as u64 {
+                    proxies.insert((i, j), Proxy::start(peer_addrs[j as usize - 1]));
+                }
+            }
+        }
         let data = (0..n).map(|_| crate::scratch_dir()).collect();
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let mut c = Cluster { binary: binary.to_owned(), nodes: (0..n).map(|_| None).collect(), peer_addrs, data, env };
+        let mut c = Cluster {
+            binary: binary.to_owned(),
+            nodes: (0..n).map(|_| None).collect(),
+            paused: vec![false; n],
+            past_logs: vec![String::new(); n],
+            peer_addrs,
+            proxies,
+            data,
+            env,
+        };
         for id in 1..=n as u64 {
             c.start_node(id);
         }
         c
     }
 
-    /// `"1=HOST:PORT,2=..."` for every node.
-    pub fn peers(&self) -> String {
-        self.peer_addrs.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect::<Vec<_>>().join(",")
+    /// How many nodes the cluster has (running or not).
+    pub fn size(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// `"1=HOST:PORT,2=..."`: the peer addresses node `id` uses (its own entry is its bind
+    /// address, which it ignores; a peer behind a proxy is named by the proxy).
+    pub fn peers(&self, id: u64) -> String {
+        (1..=self.nodes.len() as u64)
+            .map(|j| {
+                let addr = match self.proxies.get(&(id, j)) {
+                    Some(p) => p.addr(),
+                    None => self.peer_addrs[j as usize - 1],
+                };
+                format!("{j}={addr}")
+            })
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// The environment node `id` starts with.
@@ -52,7 +112,7 @@ impl Cluster {
         let mut env = vec![
             ("TEPHRA__CLUSTER__NODE_ID".to_owned(), id.to_string()),
             ("TEPHRA__CLUSTER__BIND".to_owned(), self.peer_addrs[id as usize - 1].to_string()),
-            ("TEPHRA__CLUSTER__PEERS".to_owned(), self.peers()),
+            ("TEPHRA__CLUSTER__PEERS".to_owned(), self.peers(id)),
         ];
         env.extend(self.env.iter().cloned());
         env
@@ -70,18 +130,62 @@ impl Cluster {
         self.nodes[id as usize - 1] = Some(Server::start_on(&self.binary, Some(&data), &env, None));
     }
 
-    /// SIGKILLs node `id`.
+    /// SIGKILLs node `id` (a paused one too).
     pub fn kill(&mut self, id: u64) {
         if let Some(mut s) = self.nodes[id as usize - 1].take() {
-            s.kill();
+            let status = s.kill();
+            self.keep_log(id, &s, status);
         }
+        self.paused[id as usize - 1] = false;
+    }
+
+    fn keep_log(&mut self, id: u64, s: &Server, status: std::process::ExitStatus) {
+        let past = &mut self.past_logs[id as usize - 1];
+        past.push_str(&s.log());
+        past.push_str(&format!("--- node {id} process {} ended: {status} ---\n", s.pid()));
+    }
+
+    /// Everything node `id`'s processes printed, the earlier ones (killed or exited) first.
+    pub fn log(&self, id: u64) -> String {
+        let mut log = self.past_logs[id as usize - 1].clone();
+        if let Some(s) = self.node(id) {
+            log.push_str(&s.log());
+        }
+        log
+    }
+
+    /// Pauses node `id` with SIGSTOP: it holds its sockets but answers nothing.
+    ///
+    /// # Panics
+    /// When it is not running.
+    pub fn pause(&mut self, id: u64) {
+        self.node(id).unwrap_or_else(|| panic!("node {id} is not running")).signal(libc::SIGSTOP);
+        self.paused[id as usize - 1] = true;
+    }
+
+    /// Resumes a paused node `id` with SIGCONT (nothing when it is not paused).
+    pub fn resume(&mut self, id: u64) {
+        if self.paused[id as usize - 1] {
+            if let Some(s) = self.node(id) {
+                s.signal(libc::SIGCONT);
+            }
+            self.paused[id as usize - 1] = false;
+        }
+    }
+
+    /// Whether node `id` is paused now.
+    pub fn is_paused(&self, id: u64) -> bool {
+        self.paused[id as usize - 1]
     }
 
     /// Waits up to `timeout` for node `id` to exit by itself; its exit status, the node then
     /// counted as stopped. `None` when it is still running (or was not).
     pub fn wait_exit(&mut self, id: u64, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
         let status = self.nodes[id as usize - 1].as_mut()?.wait_exit(timeout)?;
-        self.nodes[id as usize - 1] = None;
+        if let Some(s) = self.nodes[id as usize - 1].take() {
+            self.keep_log(id, &s, status);
+        }
+        self.paused[id as usize - 1] = false;
         Some(status)
     }
 
@@ -100,8 +204,72 @@ impl Cluster {
         self.nodes.iter().flatten().map(|s| s.addr.to_string()).collect()
     }
 
-    /// The client address of every node that ran, by id (a stopped node's last one).
+    /// The ids of the running nodes (paused ones included).
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
         (1..=self.nodes.len() as u64).filter(|&id| self.nodes[id as usize - 1].is_some())
+    }
+
+    /// The proxy of the link between `a` and `b` (either order).
+    ///
+    /// # Panics
+    /// When the cluster has no proxies or `a == b`.
+    pub fn proxy(&self, a: u64, b: u64) -> &Proxy {
+        self.proxies.get(&(a.min(b), a.max(b))).expect("a proxied cluster and two distinct nodes")
+    }
+
+    /// Splits the cluster into `sides`: every link between nodes of different sides is put in
+    /// `mode` ([`Mode::Cut`] or [`Mode::Hold`]), every link inside a side is opened (its
+    /// delay kept). A node in no side is a side of its own.
+    ///
+    /// # Panics
+    /// When the cluster has no proxies.
+    pub fn partition(&self, sides: &[&[u64]], mode: Mode) {
+        assert!(!self.proxies.is_empty(), "partitions need Cluster::start_proxied");
+        let side = |n: u64| sides.iter().position(|s| s.contains(&n)).map_or(usize::MAX - n as usize, |i| i);
+        for (&(a, b), p) in &self.proxies {
+            if side(a) == side(b) {
+                p.set_mode(Mode::Open);
+            } else {
+                p.set_mode(mode);
+            }
+        }
+    }
+
+    /// Opens every link and takes every delay away.
+    pub fn heal(&self) {
+        for p in self.proxies.values() {
+            p.heal();
+        }
+    }
+
+    /// Delays every byte on every link by `delay`.
+    pub fn set_delay(&self, delay: Duration) {
+        for p in self.proxies.values() {
+            p.set_delay(delay);
+        }
+    }
+
+    /// The `/metrics` page of node `id`, or `None` when it is not running, is paused, or does
+    /// not answer within `timeout` (the node must have been started with
+    /// `TEPHRA__METRICS__BIND`).
+    pub fn metrics(&self, id: u64, timeout: Duration) -> Option<String> {
+        if self.is_paused(id) {
+            return None;
+        }
+        let addr = self.node(id)?.metrics_addr();
+        let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+        s.set_read_timeout(Some(timeout)).ok()?;
+        s.set_write_timeout(Some(timeout)).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        Some(body)
+    }
+
+    /// The node that says it leads the group of journal `(tenant, journal)` now, from the
+    /// `/metrics` of each running node that is not paused; `None` when none does.
+    pub fn group_leader(&self, tenant: u64, journal: u64) -> Option<u64> {
+        let label = format!("tephra_cluster_group_is_leader{{tenant=\"{tenant:016x}\",journal=\"{journal:016x}\"}} 1");
+        self.ids().find(|&id| self.metrics(id, Duration::from_secs(1)).is_some_and(|m| m.contains(&label)))
     }
 }

@@ -30,9 +30,19 @@ impl JournalConn {
     /// # Errors
     /// The transport's error, or `InvalidData` when the answer to the Hello is not a HelloAck.
     pub fn try_open(addr: SocketAddr) -> std::io::Result<JournalConn> {
+        JournalConn::try_open_timeout(addr, Duration::from_secs(20))
+    }
+
+    /// [`JournalConn::try_open`] where the connect, the Hello and every later call each give
+    /// up after `timeout` (a paused server never answers).
+    ///
+    /// # Errors
+    /// As [`JournalConn::try_open`]; a timeout is `WouldBlock` or `TimedOut`.
+    pub fn try_open_timeout(addr: SocketAddr, timeout: Duration) -> std::io::Result<JournalConn> {
         let other = |e: FrameError| std::io::Error::other(e.to_string());
-        let mut stream = TcpStream::connect(addr)?;
-        stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+        let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
         write_frame(&mut stream, &Request::hello(1, None), DEFAULT_MAX_FRAME_LEN).map_err(other)?;
         let ack: Option<Response> = read_message(&mut stream, DEFAULT_MAX_FRAME_LEN).map_err(other)?;
         match ack {

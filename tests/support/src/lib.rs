@@ -2,8 +2,9 @@
 //! harness (`bench-harness`) share: launching a server binary (ours or the reference) and
 //! waiting for it to listen ([`process`]), a server under test with a watchdog ([`Server`]),
 //! events built from plain values ([`ev`]), raw-frame connections ([`RawConn`]), a
-//! linearizability checker ([`linearizable`]) and TLS
-//! certificates ([`tls`]).
+//! linearizability checker ([`linearizable`]) with the sequential journal it judges journal
+//! histories by ([`journal_model`]), clusters of server processes ([`cluster`]) with a
+//! fault-injecting proxy on each peer link ([`proxy`]), and TLS certificates ([`tls`]).
 //!
 //! An integration test uses it as `use tephra_test_support as support;`.
 #![warn(missing_docs)]
@@ -11,14 +12,18 @@
 pub mod cluster;
 pub mod events;
 pub mod journal;
+pub mod journal_model;
 pub mod linearizable;
 pub mod process;
+pub mod proxy;
 pub mod raw;
 pub mod server;
 pub mod tls;
 
 pub use cluster::Cluster;
 pub use events::ev;
+/// The seeded random numbers of the fault tests.
+pub use fastrand;
 pub use journal::JournalConn;
 pub use process::{parse_listening, scratch_dir, Launch, Process, Readiness};
 pub use raw::{frame_level_error, RawConn};
