@@ -746,6 +746,8 @@ pub fn decode_create(r: &JournalResponse) -> Result<CreateOutcome, JournalError>
         Ok(O::NameTaken) => CreateOutcome::NameTaken { id },
         Ok(O::InvalidName) => CreateOutcome::InvalidName { message: r.message.clone() },
         Ok(O::Ambiguous) => CreateOutcome::Ambiguous,
+        // Refused before consensus by every server asked (no directory leader reachable).
+        Ok(O::NotLeader | O::Unserved) => return Err(JournalError::Unavailable(r.message.clone())),
         _ => return Err(common(r, "create")),
     })
 }

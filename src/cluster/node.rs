@@ -591,6 +591,14 @@ impl<O: Outbox> Node<O> {
     }
 
     fn read(&mut self, group: JournalId, token: Token) {
+        // A read sent to a leader this node cannot reach would wait for nothing: it waits here
+        // for the election instead.
+        if let Some(l) = self.replica.leader(group) {
+            if !self.reachable(l, &self.outbox.peers()) {
+                self.parked.push(Parked { group, command: None, token, until: Instant::now() + self.settings.settle });
+                return;
+            }
+        }
         if let Err((token, refused)) = self.replica.read(group, token) {
             self.refused(group, None, token, refused);
         }
@@ -600,7 +608,13 @@ impl<O: Outbox> Node<O> {
     /// journal is not known here yet, else answered.
     fn refused(&mut self, group: JournalId, command: Option<Vec<u8>>, token: Token, refused: Refused) {
         let known = group == DIRECTORY || self.replica.directory().journal(group).is_some();
-        let wait = matches!(refused, Refused::NotLeader { leader: None }) || (refused == Refused::UnknownGroup && !known);
+        // A leader this node cannot reach is likely gone: wait for the election rather than
+        // send the caller to it.
+        let unreachable = match refused {
+            Refused::NotLeader { leader: Some(l) } => !self.reachable(l, &self.outbox.peers()),
+            _ => false,
+        };
+        let wait = unreachable || matches!(refused, Refused::NotLeader { leader: None }) || (refused == Refused::UnknownGroup && !known);
         if wait {
             self.parked.push(Parked { group, command, token, until: Instant::now() + self.settings.settle });
             return;
@@ -618,11 +632,15 @@ impl<O: Outbox> Node<O> {
 
     /// Tries the parked calls again; those past their wait are answered.
     fn retry_parked(&mut self) {
+        if self.parked.is_empty() {
+            return;
+        }
         let now = Instant::now();
+        let peers = self.outbox.peers();
         for p in std::mem::take(&mut self.parked) {
             let known = p.group == DIRECTORY || self.replica.directory().journal(p.group).is_some();
             let leader = self.replica.leader(p.group);
-            let ready = leader.is_some() || (now >= p.until);
+            let ready = leader.is_some_and(|l| self.reachable(l, &peers)) || (now >= p.until);
             if !ready {
                 self.parked.push(p);
                 continue;
@@ -645,6 +663,11 @@ impl<O: Outbox> Node<O> {
                 }
             }
         }
+    }
+
+    /// Whether node `node` is this one or a peer whose link is up.
+    fn reachable(&self, node: u64, peers: &[(u64, String, bool)]) -> bool {
+        node == self.settings.node || peers.iter().any(|(id, _, up)| *id == node && *up)
     }
 
     /// Answers a call that got no verdict, whatever its token.

@@ -118,7 +118,9 @@ impl Journals {
     ) -> Result<Journals, StoreError> {
         let limits = fit_limits(limits);
         node.admission = limits.admission_rounds as usize;
-        let confirm = node.settle.max(Duration::from_secs(1));
+        // Longer than a call may wait on the node for an election (`settle`), so that a read
+        // that waited gets its confirmation rather than this timeout.
+        let confirm = (node.settle * 2).max(Duration::from_secs(2));
         let node = crate::cluster::node::Node::open(data_dir, limits.segment_size, node, outbox)?;
         let published = node.published();
         let status = node.status();
@@ -262,6 +264,7 @@ impl Journals {
         if let Some(why) = self.published.stopped() {
             return unavailable(&why);
         }
+        let list = matches!(call, Call::List { .. });
         let sent = if admission {
             match self.calls.try_send(call) {
                 Err(flume::TrySendError::Full(_)) => {
@@ -281,6 +284,20 @@ impl Journals {
         };
         if sent.is_err() {
             return unavailable("the journal sequencer has stopped");
+        }
+        // A cluster's list is a read of the directory: bounded as a journal read's
+        // confirmation is, then UNSERVED (the client asks another node).
+        if let (Some(c), true) = (&self.cluster, list) {
+            let answer = futures_lite::future::or(async { rx.recv_async().await.ok() }, async {
+                shards::sleep(c.confirm).await;
+                None
+            })
+            .await;
+            return answer.unwrap_or_else(|| JournalResponse {
+                outcome: JournalOutcome::Unserved as i32,
+                message: format!("this node could not confirm the list with a quorum within {} ms; ask another", c.confirm.as_millis()),
+                ..Default::default()
+            });
         }
         rx.recv_async().await.unwrap_or_else(|_| unavailable("the journal sequencer has stopped"))
     }

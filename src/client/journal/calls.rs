@@ -113,7 +113,10 @@ async fn changing<T: Transport>(t: &mut T, call: Call, busy: fn(&JournalResponse
                 if not_leader {
                     t.next_server();
                 }
-                t.pause(policy.timing.busy_backoff).await;
+                // Redirects back off (20 ms doubling to 320 ms over the limit of 8), so that
+                // they span a leader election (a few hundred milliseconds) rather than racing it.
+                let pause = if not_leader { policy.timing.busy_backoff * (1 << redirects.min(4)) } else { policy.timing.busy_backoff };
+                t.pause(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
             }
         }
     }
@@ -144,14 +147,22 @@ pub(crate) async fn delete<T: Transport>(t: &mut T, id: JournalId) -> Result<Del
     decided(changing(t, delete_call(id), never).await?, decode_delete, DeleteOutcome::Ambiguous)
 }
 
-/// `Journals::list`.
+/// `Journals::list`: a node that cannot confirm the list (`UNSERVED`, `NOT_LEADER`: a cluster
+/// node without a quorum) sends the call to the next server; when none can,
+/// [`JournalError::Unavailable`] with the last one's reason.
 pub(crate) async fn list<T: Transport>(t: &mut T, tenant: Option<&str>) -> Result<ListOutcome, JournalError> {
-    let timeout = t.policy().timing.read_timeout;
-    match ask(t, list_call(tenant), timeout).await? {
-        Exchange::Answer(r) => decode_list(&r),
-        Exchange::Unreachable(why) => Err(JournalError::Unreachable(why)),
-        Exchange::Lost { server, error, .. } => Err(JournalError::NoAnswer { server, error }),
+    let policy = t.policy();
+    let mut why = String::new();
+    for _ in 0..policy.servers.max(1) {
+        match ask(t, list_call(tenant), policy.timing.read_timeout).await? {
+            Exchange::Answer(r) if r.outcome == JournalOutcome::Unserved as i32 || r.outcome == JournalOutcome::NotLeader as i32 => why = r.message,
+            Exchange::Answer(r) => return decode_list(&r),
+            Exchange::Unreachable(why) => return Err(JournalError::Unreachable(why)),
+            Exchange::Lost { server, error, .. } => return Err(JournalError::NoAnswer { server, error }),
+        }
+        t.next_server();
     }
+    Err(JournalError::Unavailable(format!("no server could serve the list: {why}")))
 }
 
 /// `Journals::node_status`: the current server's place in its cluster, `None` for a single
@@ -371,7 +382,9 @@ pub(crate) async fn claim<T: Transport>(t: &mut T, s: &mut Session) -> Result<Cl
         }
         SetLeaderOutcome::WrongMode => ClaimOutcome::WrongMode,
         SetLeaderOutcome::UnknownJournal => ClaimOutcome::UnknownJournal,
-        SetLeaderOutcome::NotLeader { .. } | SetLeaderOutcome::Ambiguous => ClaimOutcome::Ambiguous,
+        // Refused before consensus: nothing changed, as when no server served the read.
+        SetLeaderOutcome::NotLeader { .. } => ClaimOutcome::Unread,
+        SetLeaderOutcome::Ambiguous => ClaimOutcome::Ambiguous,
     })
 }
 
