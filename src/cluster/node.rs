@@ -534,10 +534,7 @@ impl<O: Outbox> Node<O> {
     /// Takes one call from a shard.
     fn call(&mut self, call: Call) {
         if let Some(why) = self.published.stopped() {
-            let reply = match &call {
-                Call::Command { reply, .. } | Call::Create { reply, .. } | Call::List { reply, .. } | Call::Confirm { reply, .. } => reply.clone(),
-            };
-            let _ = reply.send(unavailable(&why));
+            let _ = call.reply().send(unavailable(&why));
             return;
         }
         match call {

@@ -66,6 +66,15 @@ pub enum Call {
     },
 }
 
+impl Call {
+    /// Where the call's answer goes.
+    pub fn reply(&self) -> &flume::Sender<JournalResponse> {
+        match self {
+            Call::Command { reply, .. } | Call::Create { reply, .. } | Call::List { reply, .. } | Call::Confirm { reply, .. } => reply,
+        }
+    }
+}
+
 /// The durable state of one journal as readers see it.
 pub struct Shown {
     /// Its state.
@@ -280,10 +289,7 @@ impl Sequencer {
 
     fn judge(&mut self, call: Call) {
         if let Some(why) = self.published.stopped() {
-            let reply = match &call {
-                Call::Command { reply, .. } | Call::Create { reply, .. } | Call::List { reply, .. } | Call::Confirm { reply, .. } => reply.clone(),
-            };
-            let _ = reply.send(unavailable(&why));
+            let _ = call.reply().send(unavailable(&why));
             return;
         }
         match call {
