@@ -233,6 +233,11 @@ impl Links {
             .collect()
     }
 
+    /// Whether a connection to peer `to` is up (false for a node that is not a peer).
+    pub fn connected(&self, to: u64) -> bool {
+        self.peers.get(&to).is_some_and(|p| p.state.connected.load(Ordering::Acquire))
+    }
+
     /// Incoming connections closed at their handshake (another cluster, an unknown node, a
     /// higher id dialing, no handshake in time).
     pub fn refused_handshakes(&self) -> u64 {

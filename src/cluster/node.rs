@@ -55,6 +55,12 @@ pub trait Outbox: Send {
     fn peers(&self) -> Vec<(u64, String, bool)> {
         Vec::new()
     }
+
+    /// Whether the link to node `node` is up (asked on the path of a call, so without the
+    /// allocation of [`Outbox::peers`]).
+    fn is_up(&self, node: u64) -> bool {
+        self.peers().iter().any(|(id, _, up)| *id == node && *up)
+    }
 }
 
 impl Outbox for super::link::Links {
@@ -64,6 +70,10 @@ impl Outbox for super::link::Links {
 
     fn peers(&self) -> Vec<(u64, String, bool)> {
         self.stats().into_iter().map(|s| (s.peer, s.addr, s.connected)).collect()
+    }
+
+    fn is_up(&self, node: u64) -> bool {
+        self.connected(node)
     }
 }
 
@@ -591,7 +601,7 @@ impl<O: Outbox> Node<O> {
         // A read sent to a leader this node cannot reach would wait for nothing: it waits here
         // for the election instead.
         if let Some(l) = self.replica.leader(group) {
-            if !self.reachable(l, &self.outbox.peers()) {
+            if !self.reachable(l) {
                 self.parked.push(Parked { group, command: None, token, until: Instant::now() + self.settings.settle });
                 return;
             }
@@ -608,7 +618,7 @@ impl<O: Outbox> Node<O> {
         // A leader this node cannot reach is likely gone: wait for the election rather than
         // send the caller to it.
         let unreachable = match refused {
-            Refused::NotLeader { leader: Some(l) } => !self.reachable(l, &self.outbox.peers()),
+            Refused::NotLeader { leader: Some(l) } => !self.reachable(l),
             _ => false,
         };
         let wait = unreachable || matches!(refused, Refused::NotLeader { leader: None }) || (refused == Refused::UnknownGroup && !known);
@@ -633,11 +643,10 @@ impl<O: Outbox> Node<O> {
             return;
         }
         let now = Instant::now();
-        let peers = self.outbox.peers();
         for p in std::mem::take(&mut self.parked) {
             let known = p.group == DIRECTORY || self.replica.directory().journal(p.group).is_some();
             let leader = self.replica.leader(p.group);
-            let ready = leader.is_some_and(|l| self.reachable(l, &peers)) || (now >= p.until);
+            let ready = leader.is_some_and(|l| self.reachable(l)) || (now >= p.until);
             if !ready {
                 self.parked.push(p);
                 continue;
@@ -663,8 +672,8 @@ impl<O: Outbox> Node<O> {
     }
 
     /// Whether node `node` is this one or a peer whose link is up.
-    fn reachable(&self, node: u64, peers: &[(u64, String, bool)]) -> bool {
-        node == self.settings.node || peers.iter().any(|(id, _, up)| *id == node && *up)
+    fn reachable(&self, node: u64) -> bool {
+        node == self.settings.node || self.outbox.is_up(node)
     }
 
     /// Answers a call that got no verdict, whatever its token.

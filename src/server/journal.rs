@@ -52,6 +52,23 @@ struct Cluster {
     confirm: Duration,
 }
 
+impl Cluster {
+    /// The node's answer to a call confirmed by a quorum (a read's go-ahead, a list), or
+    /// `UNSERVED` when none comes within `confirm` (the client asks another node).
+    async fn confirmed(&self, rx: &flume::Receiver<JournalResponse>, what: &str) -> JournalResponse {
+        let answer = futures_lite::future::or(async { rx.recv_async().await.ok() }, async {
+            shards::sleep(self.confirm).await;
+            None
+        })
+        .await;
+        answer.unwrap_or_else(|| JournalResponse {
+            outcome: JournalOutcome::Unserved as i32,
+            message: format!("this node could not confirm the {what} with a quorum within {} ms; ask another", self.confirm.as_millis()),
+            ..Default::default()
+        })
+    }
+}
+
 /// The limits with `max_batch_bytes` lowered, if needed, so that the largest write the limits
 /// let through fits one segment of the command log (else it would pass the limits and be
 /// refused for good), as the event log's writer does with its batch limit.
@@ -288,16 +305,7 @@ impl Journals {
         // A cluster's list is a read of the directory: bounded as a journal read's
         // confirmation is, then UNSERVED (the client asks another node).
         if let (Some(c), true) = (&self.cluster, list) {
-            let answer = futures_lite::future::or(async { rx.recv_async().await.ok() }, async {
-                shards::sleep(c.confirm).await;
-                None
-            })
-            .await;
-            return answer.unwrap_or_else(|| JournalResponse {
-                outcome: JournalOutcome::Unserved as i32,
-                message: format!("this node could not confirm the list with a quorum within {} ms; ask another", c.confirm.as_millis()),
-                ..Default::default()
-            });
+            return c.confirmed(&rx, "list").await;
         }
         rx.recv_async().await.unwrap_or_else(|_| unavailable("the journal sequencer has stopped"))
     }
@@ -344,21 +352,9 @@ impl Journals {
             if self.calls.send_async(Call::Confirm { journal: id, reply }).await.is_err() {
                 return unavailable("the journal node has stopped");
             }
-            let confirmed = futures_lite::future::or(async { rx.recv_async().await.ok() }, async {
-                shards::sleep(c.confirm).await;
-                None
-            })
-            .await;
-            match confirmed {
-                Some(resp) if resp.outcome == JournalOutcome::Page as i32 => {}
-                Some(resp) => return resp,
-                None => {
-                    return JournalResponse {
-                        outcome: JournalOutcome::Unserved as i32,
-                        message: format!("this node could not confirm the read with a quorum within {} ms; ask another", c.confirm.as_millis()),
-                        ..Default::default()
-                    }
-                }
+            let resp = c.confirmed(&rx, "read").await;
+            if resp.outcome != JournalOutcome::Page as i32 {
+                return resp;
             }
         }
         let Some(shown) = self.published.journal(id).filter(|_| id.is_set()) else {
