@@ -21,7 +21,7 @@ use crate::journal::apply::Outcome;
 use crate::journal::command::{decode, Command, EntryId};
 use crate::journal::held::{Held, Holdings, Loc};
 use crate::journal::sequencer::{invalid, list, outcome, respond, unavailable, wire_view, Call, Published};
-use crate::journal::store::{JournalStore, StoreError, JOURNALS_DIR};
+use crate::journal::store::{Commit, JournalStore, StoreError, JOURNALS_DIR};
 use crate::journal::{Answer, JournalId, Mode, StoreDurability};
 use crate::proto::{JournalOutcome, JournalResponse};
 
@@ -106,6 +106,56 @@ enum Input {
     Gone,
     /// The peer links are gone.
     Idle,
+    /// The group commit in flight ran.
+    Synced(Result<(), StoreError>),
+}
+
+/// Rounds whose durable items one group commit makes durable, and what waits for it.
+#[derive(Default)]
+struct Batch {
+    /// Each group's readies, for [`Replica::persisted`].
+    readies: Vec<(JournalId, u64)>,
+    /// Messages that leave once the batch is durable.
+    after: Vec<(JournalId, Message)>,
+    /// Each entry and where it lies, for [`Replica::stored`].
+    stored: Vec<(JournalId, u64, u64, Loc)>,
+    /// Whether an entry of an `ordered` journal (or of the directory) is in it.
+    ordered: bool,
+    /// Whether it holds a promise that needs a sync (else at most higher commit indexes).
+    sync: bool,
+}
+
+/// The thread that runs group commits for the node loop, one at a time and in order.
+struct Syncer {
+    commits: flume::Sender<Commit>,
+    done: flume::Receiver<Result<(), StoreError>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Syncer {
+    fn start(node: u64) -> std::io::Result<Syncer> {
+        let (commits, todo) = flume::unbounded::<Commit>();
+        let (tell, done) = flume::unbounded();
+        let thread = std::thread::Builder::new().name(format!("journal-sync-{node}")).spawn(move || {
+            for c in todo.iter() {
+                if tell.send(c.run()).is_err() {
+                    return;
+                }
+            }
+        })?;
+        Ok(Syncer { commits, done, thread: Some(thread) })
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once the commit in flight (if any) ran.
+        let (closed, _) = flume::bounded(0);
+        drop(std::mem::replace(&mut self.commits, closed));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// What a verdict answers.
@@ -176,12 +226,11 @@ pub struct Node<O: Outbox> {
     releasing: HashMap<JournalId, Instant>,
     /// This data directory's incarnation.
     incarnation: u64,
-    /// Each group's term and vote as last made durable.
-    promised: HashMap<JournalId, (u64, u64)>,
-    /// Set between a round's ready and its sync, when raft takes no proposal.
-    in_round: bool,
-    /// Proposals made while `in_round` (a create's second step), made after the round.
-    deferred: Vec<(JournalId, Vec<u8>, Token)>,
+    /// Rounds staged in the command log and not yet handed to the syncer.
+    open: Batch,
+    /// Rounds whose group commit the syncer is running.
+    flight: Option<Batch>,
+    syncer: Syncer,
     /// When this node last asked the directory to record it.
     joined: Option<Instant>,
 }
@@ -295,6 +344,7 @@ impl<O: Outbox> Node<O> {
         let published = Arc::new(Published::new(store.segments()));
         let status = Arc::new(Mutex::new(NodeStatus { node: settings.node, zone: settings.zone.clone(), ..NodeStatus::default() }));
         let next_tick = Instant::now() + settings.tick;
+        let syncer = Syncer::start(settings.node).map_err(|e| identity_error(&data_dir.join(JOURNALS_DIR), format!("starting the sync thread: {e}")))?;
         let mut node = Node {
             settings,
             replica,
@@ -310,9 +360,9 @@ impl<O: Outbox> Node<O> {
             status_tick: Instant::now().checked_sub(STATUS_EVERY).unwrap_or_else(Instant::now),
             releasing: HashMap::new(),
             incarnation,
-            promised: HashMap::new(),
-            in_round: false,
-            deferred: Vec::new(),
+            open: Batch::default(),
+            flight: None,
+            syncer,
             joined: None,
         };
         node.take_applied();
@@ -335,15 +385,31 @@ impl<O: Outbox> Node<O> {
         loop {
             let wait = self.next_tick.saturating_duration_since(Instant::now());
             let mut gone = false;
+            let done = self.syncer.done.clone();
             let mut selector = flume::Selector::new().recv(&calls, |r| r.map(Input::Call).unwrap_or(Input::Gone));
             if !inbox.is_disconnected() {
                 selector = selector.recv(&inbox, |r| r.map(Input::Frame).unwrap_or(Input::Idle));
             }
+            if self.flight.is_some() {
+                selector = selector.recv(&done, |r| Input::Synced(r.unwrap_or_else(|_| Err(stopped("the sync thread ended")))));
+            }
             match selector.wait_timeout(wait) {
                 Ok(Input::Call(call)) => self.call(call),
                 Ok(Input::Frame(frame)) => self.step(frame),
+                Ok(Input::Synced(r)) => {
+                    if !self.synced(r) {
+                        return;
+                    }
+                }
                 Ok(Input::Gone) => gone = true,
                 Ok(Input::Idle) | Err(_) => {}
+            }
+            if self.flight.is_some() {
+                if let Ok(r) = self.syncer.done.try_recv() {
+                    if !self.synced(r) {
+                        return;
+                    }
+                }
             }
             for _ in 0..MAX_CALLS {
                 match calls.try_recv() {
@@ -370,8 +436,16 @@ impl<O: Outbox> Node<O> {
                     return;
                 }
             }
+            if !self.flush() {
+                return;
+            }
             self.refresh_status();
             if gone {
+                // What is in flight finishes; what is staged is given up, as by a crash.
+                if self.flight.is_some() {
+                    let r = self.syncer.done.recv().unwrap_or_else(|_| Err(stopped("the sync thread ended")));
+                    self.synced(r);
+                }
                 return;
             }
         }
@@ -399,89 +473,121 @@ impl<O: Outbox> Node<O> {
         std::process::exit(EXIT_REPLACED);
     }
 
-    /// One round (docs/journals.md §9.1); false when the command log failed.
+    /// One round (docs/journals.md §9.1): sends what may leave, answers what was applied
+    /// (decided by a quorum and durable here), and stages what must become durable into the
+    /// open batch; false when the command log failed.
     fn round(&mut self) -> bool {
-        let first = self.replica.ready();
-        self.in_round = true;
-        self.send(first.send);
-        // What this round applied was decided by a quorum and is durable here (raft applies
-        // only what this node persisted): answered before this round's own sync.
+        let round = self.replica.ready();
+        self.send(round.send);
         self.take_applied();
-        for (token, verdict) in first.verdicts {
+        for (token, verdict) in round.verdicts {
             self.verdict(token, verdict);
         }
-        if let Err(why) = self.persist(&first.persist) {
-            self.in_round = false;
-            tracing::error!(error = %why, "journal log stopped: this node leaves its groups until it restarts");
-            self.published.stop(why.clone());
-            return false;
+        if let Err(why) = self.stage(&round.persist) {
+            return self.fail(&why);
         }
-        self.send(first.send_after_sync);
-        let second = self.replica.synced();
-        self.in_round = false;
-        self.send(second.send);
-        self.take_applied();
-        for (token, verdict) in second.verdicts {
-            self.verdict(token, verdict);
+        self.open.sync |= round.must_sync;
+        self.open.readies.extend(round.readies);
+        self.open.after.extend(round.send_after_sync);
+        true
+    }
+
+    /// Stops this node's journals after the command log failed: it leaves its groups until it
+    /// restarts (fail-stop). Returns false.
+    fn fail(&mut self, why: &str) -> bool {
+        tracing::error!(error = %why, "journal log stopped: this node leaves its groups until it restarts");
+        self.published.stop(why.to_owned());
+        false
+    }
+
+    /// Hands the open batch to the syncer when no group commit is in flight. A batch with
+    /// no promise in it (at most higher commit indexes) is done at once, unsynced: nothing
+    /// that leaves depends on it, and it becomes durable with the next sync (a node that
+    /// forgets it learns it again from its leader). This spares a sync per decided batch on
+    /// every node. False when the command log failed.
+    fn flush(&mut self) -> bool {
+        if self.flight.is_some() || self.open.readies.is_empty() {
+            return true;
         }
-        for (group, command, token) in std::mem::take(&mut self.deferred) {
-            self.propose(group, command, token);
+        let batch = std::mem::take(&mut self.open);
+        if !batch.sync {
+            self.done(batch);
+            return true;
+        }
+        let staged = self.store.staged();
+        match self.store.begin_commit(batch.ordered) {
+            Ok(Some(commit)) => {
+                if let Ok(mut h) = self.published.commit_commands.lock() {
+                    let _ = h.record(staged);
+                }
+                if self.syncer.commits.send(commit).is_err() {
+                    return self.fail("the sync thread ended");
+                }
+                self.flight = Some(batch);
+            }
+            Ok(None) => self.done(batch),
+            Err(e) => return self.fail(&e.to_string()),
         }
         true
     }
 
-    /// Stages the round's durable items in order and commits them with one group commit;
-    /// remembers where each entry lies, for its records once it is applied.
-    ///
-    /// A round whose only news is a higher commit index (no entry, no new term or vote) is
-    /// staged and not synced: nothing that leaves depends on it, and it becomes durable with the
-    /// next sync (a node that forgets it learns it again from its leader). This spares a sync
-    /// per decided batch on every node.
-    fn persist(&mut self, items: &[Durable]) -> Result<(), String> {
-        let mut ordered = false;
-        let mut sync = false;
+    /// Takes the result of the group commit in flight; false when it failed.
+    fn synced(&mut self, result: Result<(), StoreError>) -> bool {
+        self.store.end_commit(&result);
+        if let Err(e) = result {
+            self.flight = None;
+            return self.fail(&e.to_string());
+        }
+        if let Some(batch) = self.flight.take() {
+            self.done(batch);
+        }
+        true
+    }
+
+    /// A batch is durable: each group keeps only where its entries lie, raft learns it, and
+    /// the messages that promise it leave.
+    fn done(&mut self, batch: Batch) {
+        for (journal, index, term, loc) in batch.stored {
+            self.replica.stored(journal, index, term, loc);
+        }
+        self.replica.persisted(&batch.readies);
+        self.send(batch.after);
+    }
+
+    /// Waits for the group commit in flight, if any; false when it failed.
+    fn settle_flight(&mut self) -> bool {
+        if self.flight.is_none() {
+            return true;
+        }
+        let r = self.syncer.done.recv().unwrap_or_else(|_| Err(stopped("the sync thread ended")));
+        self.synced(r)
+    }
+
+    /// Stages a round's durable items in order in the open batch of the command log, and
+    /// remembers where each entry lies, for its records once it is applied. A segment that is
+    /// full is committed (after the commit in flight) and left for a new one.
+    fn stage(&mut self, items: &[Durable]) -> Result<(), String> {
         let mut payload = Vec::new();
-        let mut stored = Vec::with_capacity(items.len());
         for item in items {
             payload.clear();
             durable::encode(item, &mut payload).map_err(|e| format!("a durable item did not encode: {e}"))?;
             if !self.store.fits(payload.len()) {
                 self.store.check_len(payload.len()).map_err(|e| e.to_string())?;
+                if !self.settle_flight() {
+                    return Err(self.published.stopped().unwrap_or_else(|| "the command log stopped".into()));
+                }
                 self.store.commit(true).map_err(|e| e.to_string())?;
                 self.store.roll_over().map_err(|e| e.to_string())?;
             }
             let (_, offset) = self.store.stage(&payload);
-            match item {
-                Durable::Entry { journal, entry } => {
-                    let segment = self.store.active_base();
-                    let loc = EntryLoc { segment, offset, records: record_spans(&payload) };
-                    self.locs.insert((*journal, entry.index), loc);
-                    stored.push((*journal, entry.index, entry.term, Loc { segment, offset, len: payload.len() as u32 }));
-                    let batched = self.replica.directory().journal(*journal).is_some_and(|e| e.state.durability == StoreDurability::Batched);
-                    ordered |= !batched;
-                    sync = true;
-                }
-                // A vote or a term is a promise, kept once the sync returns: one sync is
-                // enough, since nothing that depends on it leaves before (a torn batch is
-                // rolled back at the restart, and nothing in it was promised).
-                Durable::HardState { journal, state } => {
-                    let promise = (state.term, state.vote);
-                    if self.promised.insert(*journal, promise) != Some(promise) {
-                        sync = true;
-                    }
-                }
+            if let Durable::Entry { journal, entry } = item {
+                let segment = self.store.active_base();
+                let loc = EntryLoc { segment, offset, records: record_spans(&payload) };
+                self.locs.insert((*journal, entry.index), loc);
+                self.open.stored.push((*journal, entry.index, entry.term, Loc { segment, offset, len: payload.len() as u32 }));
+                let batched = self.replica.directory().journal(*journal).is_some_and(|e| e.state.durability == StoreDurability::Batched);
+                self.open.ordered |= !batched;
             }
-        }
-        if sync && self.store.staged() > 0 {
-            let staged = self.store.staged();
-            self.store.commit(ordered).map_err(|e| e.to_string())?;
-            if let Ok(mut h) = self.published.commit_commands.lock() {
-                let _ = h.record(staged);
-            }
-        }
-        // Durable now: each group keeps only where its entries lie.
-        for (journal, index, term, loc) in stored {
-            self.replica.stored(journal, index, term, loc);
         }
         Ok(())
     }
@@ -586,11 +692,6 @@ impl<O: Outbox> Node<O> {
     }
 
     fn propose(&mut self, group: JournalId, command: Vec<u8>, token: Token) {
-        if self.in_round {
-            // Raft takes no new entry between a round's ready and its sync.
-            self.deferred.push((group, command, token));
-            return;
-        }
         match self.replica.propose(group, command.clone(), token) {
             Ok(()) => {}
             Err((token, refused)) => self.refused(group, Some(command), token, refused),
@@ -783,6 +884,11 @@ impl<O: Outbox> Node<O> {
         st.peers = peers;
         st.leader_changes += changes;
     }
+}
+
+/// The error of a command log whose syncer is gone.
+fn stopped(why: &str) -> StoreError {
+    StoreError::Stopped { what: "fdatasync", path: PathBuf::from(JOURNALS_DIR), source: std::io::Error::other(why.to_owned()) }
 }
 
 /// A command encoded by the node itself.

@@ -8,9 +8,14 @@
 //! | step | what | why |
 //! |---|---|---|
 //! | 1 | send [`Round::send`] | a leader's appends may leave before its own copy is durable |
-//! | 2 | make [`Round::persist`] durable, in order (one sync for every group) | entries and hard states |
-//! | 3 | send [`Round::send_after_sync`] | votes and acknowledgements promise what is now durable |
-//! | 4 | call [`Replica::synced`] and carry out its round (sends and verdicts only) | raft learns what is durable |
+//! | 2 | answer [`Round::verdicts`] | what a round applied was decided by a quorum and is durable here |
+//! | 3 | make [`Round::persist`] durable, in order (one sync for every group), whenever it suits | entries and hard states |
+//! | 4 | then send [`Round::send_after_sync`] | votes and acknowledgements promise what is now durable |
+//! | 5 | then call [`Replica::persisted`] with [`Round::readies`] | raft learns what is durable; the next round applies what it decided |
+//!
+//! Rounds do not wait for their syncs: the caller may take the next round (and step, tick,
+//! propose) while an earlier round's items are being synced, as long as rounds are made
+//! durable in the order handed out. Raft hands out for applying only entries durable here.
 //!
 //! A call's verdict comes from applying its decided entry here (chosen is not applied: a write
 //! is answered only once this node applied it). Source: docs/journals.md §9.
@@ -159,11 +164,19 @@ pub struct Round<T> {
     pub send_after_sync: Vec<(JournalId, Message)>,
     /// Calls answered: a proposal's or read's token and its verdict.
     pub verdicts: Vec<(T, Verdict)>,
+    /// Each group's ready taken this round, by its number: handed to [`Replica::persisted`]
+    /// once [`Round::persist`] is durable.
+    pub readies: Vec<(JournalId, u64)>,
+    /// Whether [`Round::persist`] holds a promise (an entry, a new term or vote) that must be
+    /// synced before [`Round::send_after_sync`] leaves; when false it holds at most higher
+    /// commit indexes, which may wait for a later sync (a node that forgets one learns it
+    /// again from its leader).
+    pub must_sync: bool,
 }
 
 impl<T> Default for Round<T> {
     fn default() -> Round<T> {
-        Round { send: Vec::new(), persist: Vec::new(), send_after_sync: Vec::new(), verdicts: Vec::new() }
+        Round { send: Vec::new(), persist: Vec::new(), send_after_sync: Vec::new(), verdicts: Vec::new(), readies: Vec::new(), must_sync: false }
     }
 }
 
@@ -220,8 +233,6 @@ pub struct Replica<T> {
     directory: Directory,
     next_tag: u64,
     logger: slog::Logger,
-    /// The readies of the round handed out by [`Replica::ready`], for [`Replica::synced`].
-    readies: Vec<(JournalId, raft::Ready)>,
     /// Entries applied since [`Replica::take_applied`] last ran.
     applied: Vec<Applied>,
     /// The cluster's members; empty when groups are added by hand (no directory group).
@@ -229,8 +240,6 @@ pub struct Replica<T> {
     /// Durable items of groups this node votes in but has not started yet (their creation is
     /// not applied here yet), kept from the restart.
     dormant: BTreeMap<JournalId, Vec<Durable>>,
-    /// Hard states whose commit index moved after a sync, made durable with the next round.
-    carried: Vec<Durable>,
     /// Reads durable entries back from the node's command log.
     reader: Option<EntryReader>,
     /// Where each entry found at the restart lies, by group, index and term, until its group
@@ -270,11 +279,9 @@ impl<T> Replica<T> {
             directory,
             next_tag: 1,
             logger,
-            readies: Vec::new(),
             applied: Vec::new(),
             members: Vec::new(),
             dormant: BTreeMap::new(),
-            carried: Vec::new(),
             reader: None,
             stored: HashMap::new(),
             orphans: Vec::new(),
@@ -382,7 +389,7 @@ impl<T> Replica<T> {
 
     /// Whether any group has work for a round ([`Replica::ready`]).
     pub fn has_ready(&mut self) -> bool {
-        !self.carried.is_empty() || self.groups.values_mut().any(|g| g.raw.has_ready())
+        !self.orphans.is_empty() || self.groups.values_mut().any(|g| g.raw.has_ready())
     }
 
     /// The leader this node believes `journal`'s group has.
@@ -534,12 +541,11 @@ impl<T> Replica<T> {
         }
     }
 
-    /// Collects the round's work from every group (see the module table). The next call must
-    /// be [`Replica::synced`], once [`Round::persist`] is durable.
+    /// Collects the round's work from every group (see the module table) and hands each
+    /// group's ready back to raft at once: the round's entries are held in memory (and read
+    /// from there) until [`Replica::persisted`] says they are durable.
     pub fn ready(&mut self) -> Round<T> {
-        assert!(self.readies.is_empty(), "ready() again before synced()");
         let mut round = Round::default();
-        round.persist.append(&mut self.carried);
         round.verdicts.append(&mut self.orphans);
         for (&journal, g) in &mut self.groups {
             if !g.raw.has_ready() {
@@ -574,30 +580,24 @@ impl<T> Replica<T> {
                 round.verdicts.extend(std::mem::take(&mut g.reads).into_values().map(|t| (t, Verdict::NoVerdict { leader })));
             }
             round.send_after_sync.extend(rd.take_persisted_messages().into_iter().map(|m| (journal, m)));
-            self.readies.push((journal, rd));
+            round.must_sync |= rd.must_sync();
+            round.readies.push((journal, rd.number()));
+            g.raw.advance_append_async(rd);
+            g.raw.advance_apply();
         }
         self.start_groups();
         round
     }
 
-    /// Tells raft that the last round's [`Round::persist`] is durable, and returns what
-    /// follows from it: messages that may leave now and verdicts of entries applied.
-    pub fn synced(&mut self) -> Round<T> {
-        let mut round = Round::default();
-        for (journal, rd) in std::mem::take(&mut self.readies) {
-            let g = self.groups.get_mut(&journal).expect("a group with a ready");
-            let mut light = g.raw.advance(rd);
-            if let Some(commit) = light.commit_index() {
-                let store = g.raw.mut_store();
-                store.set_commit(commit);
-                self.carried.push(Durable::HardState { journal, state: store.hard_state().clone() });
+    /// Tells raft that the items of the rounds that handed out `readies` are durable (every
+    /// earlier round's too): each group counts its own entries toward the decision, and the
+    /// next [`Replica::ready`] applies what that decided. A group gone since is skipped.
+    pub fn persisted(&mut self, readies: &[(JournalId, u64)]) {
+        for &(journal, number) in readies {
+            if let Some(g) = self.groups.get_mut(&journal) {
+                g.raw.on_persist_ready(number);
             }
-            round.send.extend(light.take_messages().into_iter().map(|m| (journal, m)));
-            self.waiting -= apply(&mut self.directory, journal, g, light.take_committed_entries(), &mut round.verdicts, &mut self.applied);
-            g.raw.advance_apply();
         }
-        self.start_groups();
-        round
     }
 
     /// [`Replica::start_created`] at the end of a round; a group that cannot start (its

@@ -149,12 +149,45 @@ impl Segments {
     }
 }
 
+/// One group commit handed out by [`JournalStore::begin_commit`], made durable by
+/// [`Commit::run`] on any thread: its blocks written with O_DIRECT at their place in the
+/// segment and synced (under `ordered`: the records, a sync, then the commit marker, a sync).
+pub struct Commit {
+    file: Arc<File>,
+    path: PathBuf,
+    /// File offset of the first block.
+    start: u64,
+    /// Under `ordered`: the records without their marker, padded to blocks.
+    records: Option<AlignedBuf>,
+    /// The records and their marker, padded to blocks.
+    full: AlignedBuf,
+}
+
+impl Commit {
+    /// Writes and syncs the batch; blocks for the device's time.
+    ///
+    /// # Errors
+    /// [`StoreError::Stopped`] naming the failed `write` or `fdatasync`; the caller hands it
+    /// to [`JournalStore::end_commit`].
+    pub fn run(&self) -> Result<(), StoreError> {
+        let stop = |what, source| StoreError::Stopped { what, path: self.path.clone(), source };
+        if let Some(records) = &self.records {
+            self.file.write_all_at(records.as_slice(), self.start).map_err(|e| stop("write", e))?;
+            sync(&self.file).map_err(|e| stop("fdatasync", e))?;
+            crate::fault::crash_point("journal_between_syncs");
+        }
+        self.file.write_all_at(self.full.as_slice(), self.start).map_err(|e| stop("write", e))?;
+        sync(&self.file).map_err(|e| stop("fdatasync", e))
+    }
+}
+
 /// The segment being written: its O_DIRECT handle and the batch being staged, laid out as it
 /// will sit in the file.
 struct Active {
     base: u64,
     path: PathBuf,
-    file: File,
+    /// Shared with a [`Commit`] in flight on another thread.
+    file: Arc<File>,
     /// File offset of `buf[0]` (a multiple of [`BLOCK`]).
     start: u64,
     /// The partial block already in the file, then the staged records.
@@ -174,7 +207,7 @@ impl Active {
         seg.file.read_exact_at(&mut tail, start).map_err(io)?;
         let mut buf = AlignedBuf::with_capacity(1 << 20);
         buf.extend_from_slice(&tail);
-        Ok(Active { base: seg.base, path: seg.path.clone(), file, start, prefix: tail.len(), buf, limit })
+        Ok(Active { base: seg.base, path: seg.path.clone(), file: Arc::new(file), start, prefix: tail.len(), buf, limit })
     }
 
     fn end(&self) -> u64 {
@@ -362,7 +395,7 @@ impl JournalStore {
 
     /// Makes the open batch durable: under `ordered`, the records, a sync, the commit marker,
     /// a sync; under `batched` (`ordered == false`), records and marker, one sync. Nothing is
-    /// answered before this returns.
+    /// answered before this returns. No [`Commit`] may be in flight.
     ///
     /// # Errors
     /// [`StoreError::Stopped`]: the log is stopped for good (fail-stop), and so is every later
@@ -379,6 +412,52 @@ impl JournalStore {
             self.failed = Some(format!("{what} failed: {source}"));
         }
         r
+    }
+
+    /// Hands the open batch out as a [`Commit`] to be made durable on another thread, so the
+    /// caller can stage the next batch meanwhile; `None` when nothing is staged. The batch is
+    /// laid out exactly as [`JournalStore::commit`] writes it (under `ordered`, the records,
+    /// then the ordered mark and the commit marker). Commits must run one at a time, in the
+    /// order handed out (each rewrites the partial last block of the one before), and the
+    /// caller reports each result with [`JournalStore::end_commit`]. Nothing staged may be
+    /// answered before its commit ran. Source: docs/journals.md §9.1.
+    ///
+    /// # Errors
+    /// [`StoreError::Stopped`] when an earlier write or sync failed (fail-stop).
+    pub fn begin_commit(&mut self, ordered: bool) -> Result<Option<Commit>, StoreError> {
+        if let Some(why) = &self.failed {
+            return Err(StoreError::Stopped { what: "earlier write", path: self.active.path.clone(), source: std::io::Error::other(why.clone()) });
+        }
+        if self.staged == 0 {
+            return Ok(None);
+        }
+        let records = ordered.then(|| {
+            let mut b = AlignedBuf::with_capacity(self.active.buf.len());
+            b.extend_from_slice(self.active.buf.as_slice());
+            b.pad_to_block();
+            b
+        });
+        let mut marker = Vec::with_capacity(ORDERED_MARK_LEN + MARKER_LEN);
+        if ordered {
+            frame_control(&[ORDERED_MARK], &mut marker);
+        }
+        frame_marker(self.next_position - 1, &mut marker);
+        self.active.buf.extend_from_slice(&marker);
+        let mut full = AlignedBuf::with_capacity(self.active.buf.len());
+        full.extend_from_slice(self.active.buf.as_slice());
+        full.pad_to_block();
+        let commit = Commit { file: Arc::clone(&self.active.file), path: self.active.path.clone(), start: self.active.start, records, full };
+        self.active.settle();
+        self.staged = 0;
+        Ok(Some(commit))
+    }
+
+    /// Takes the result of a [`Commit`] handed out by [`JournalStore::begin_commit`]: a failed
+    /// one stops the log for good (fail-stop), as a failed [`JournalStore::commit`] does.
+    pub fn end_commit(&mut self, result: &Result<(), StoreError>) {
+        if let Err(StoreError::Stopped { what, source, .. }) = result {
+            self.failed.get_or_insert_with(|| format!("{what} failed: {source}"));
+        }
     }
 
     fn write_and_sync(&mut self, ordered: bool) -> Result<(), StoreError> {
@@ -462,7 +541,8 @@ impl JournalStore {
         })
     }
 
-    /// Starts a new segment at the next position (the open batch must be committed).
+    /// Starts a new segment at the next position (the open batch must be committed, and no
+    /// [`Commit`] be in flight).
     ///
     /// # Errors
     /// [`StoreError::Log`] when the segment cannot be created (the log then goes on in the
