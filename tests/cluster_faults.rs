@@ -518,6 +518,7 @@ fn try_create(nodes: &Nodes, name: &str, mode: JournalMode, durability: JournalD
             journal_name: name.into(),
             mode: mode as i32,
             durability: durability as i32,
+            survive: None,
         });
         let last = match router.send(call) {
             (_, Sent::Answer(_, r)) if matches!(r.outcome(), JournalOutcome::Created | JournalOutcome::NameTaken) => return Ok((r.tenant, r.journal)),

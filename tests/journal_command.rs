@@ -73,6 +73,20 @@ fn golden_directory_commands() {
     assert_eq!(hex(&enc(&j, z)), format!("{}00000100{}", head(17, 0, 0, J.tenant, J.journal), hex(b"o")));
 }
 
+/// A cluster's create with its placement (kind 21) and a member's join with its zone (kind 22):
+/// docs/journals.md §9.3 and §9.5.
+#[test]
+fn golden_cluster_placement_commands() {
+    let e = EntryId { term: 2, index: 9 };
+    let j = Command::CreatePlaced { journal: J, name: "orders", mode: Mode::Multi, durability: StoreDurability::Ordered, survive: 1, voters: vec![1, 3, 4] };
+    assert_eq!(
+        hex(&enc(&j, e)),
+        format!("{}01000103{}{}{}0600{}", head(21, 2, 9, J.tenant, J.journal), "0100000000000000", "0300000000000000", "0400000000000000", hex(b"orders"))
+    );
+    let z = Command::JoinZone { node: 5, incarnation: 0x1122, zone: "eu-1" };
+    assert_eq!(hex(&enc(&z, EntryId::default())), format!("{}{}0400{}", head(22, 0, 0, 5, 0), "2211000000000000", hex(b"eu-1")));
+}
+
 #[test]
 fn every_decode_error() {
     let good = enc(&Command::CreateJournal { journal: J, name: "orders", mode: Mode::Single, durability: StoreDurability::Ordered }, EntryId::default());
@@ -109,7 +123,7 @@ fn every_decode_error() {
 
 fn command() -> impl Strategy<Value = (u8, u64, u64, u128, u128, u64, Vec<Vec<u8>>, String)> {
     (
-        0u8..9,
+        0u8..11,
         any::<u64>(),
         any::<u64>(),
         any::<u128>(),
@@ -134,7 +148,16 @@ proptest! {
             5 => Command::CreateJournal { journal, name: &name, mode: if n % 2 == 0 { Mode::Single } else { Mode::Multi }, durability: if u1 % 2 == 0 { StoreDurability::Ordered } else { StoreDurability::Batched } },
             6 => Command::DeleteJournal { journal },
             7 => Command::ReleaseName { journal },
-            _ => Command::Join { node: a, incarnation: n },
+            8 => Command::Join { node: a, incarnation: n },
+            9 => Command::CreatePlaced {
+                journal,
+                name: &name,
+                mode: Mode::Multi,
+                durability: StoreDurability::Batched,
+                survive: (n % 128) as u8,
+                voters: recs.iter().map(|r| r.len() as u64).collect(),
+            },
+            _ => Command::JoinZone { node: a, incarnation: n, zone: &name },
         };
         let entry = EntryId { term, index };
         let bytes = enc(&c, entry);

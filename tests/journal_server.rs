@@ -99,10 +99,20 @@ fn bad_input_gets_a_clear_answer_and_moves_nothing() {
     assert_eq!(r.outcome(), JournalOutcome::Invalid);
     assert!(r.message.contains("16 bytes"), "{}", r.message);
     // Names: malformed, taken.
-    let r = c.call(journal_request::Call::Create(JournalCreate { tenant_name: "acme".into(), journal_name: "a/b".into(), mode: 0, durability: 0 }));
+    let create = |name: &str, survive: Option<u32>| JournalCreate { tenant_name: "acme".into(), journal_name: name.into(), mode: 1, durability: 0, survive };
+    let r = c.call(journal_request::Call::Create(create("a/b", None)));
     assert_eq!(r.outcome(), JournalOutcome::InvalidName);
-    let r = c.call(journal_request::Call::Create(JournalCreate { tenant_name: "acme".into(), journal_name: "orders".into(), mode: 1, durability: 0 }));
+    let r = c.call(journal_request::Call::Create(create("orders", None)));
     assert_eq!((r.outcome(), r.tenant, r.journal), (JournalOutcome::NameTaken, j.0, j.1));
+    // A single node keeps one copy: --survive machines=1 cannot be placed, 0 can; F past 127
+    // is malformed. A refused create leaves no journal behind.
+    let r = c.call(journal_request::Call::Create(create("copies", Some(1))));
+    assert_eq!(r.outcome(), JournalOutcome::Unplaceable, "{r:?}");
+    assert!(r.message.contains("needs 3 nodes"), "{}", r.message);
+    let r = c.call(journal_request::Call::Create(create("copies", Some(128))));
+    assert_eq!(r.outcome(), JournalOutcome::Invalid, "{r:?}");
+    let r = c.call(journal_request::Call::Create(create("copies", Some(0))));
+    assert_eq!(r.outcome(), JournalOutcome::Created, "{r:?}");
     // Truncate past next_seq is clamped; a read far past the tail is an empty page.
     let r = c.call(journal_request::Call::Truncate(JournalTruncate { tenant: j.0, journal: j.1, up_to: 99, leader: 7u128.to_be_bytes().to_vec() }));
     assert_eq!((r.outcome(), r.state.as_ref().unwrap().first_seq), (JournalOutcome::Trimmed, 0));

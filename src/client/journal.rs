@@ -518,6 +518,12 @@ pub enum CreateOutcome {
         /// The server's text.
         message: String,
     },
+    /// The cluster cannot place the durability asked for (`--survive machines=F` needs 2F+1
+    /// nodes); nothing changed.
+    Unplaceable {
+        /// The server's text: how many nodes it needs and has.
+        message: String,
+    },
     /// No answer: create again, and a `NameTaken` names the journal if the first one landed.
     Ambiguous,
 }
@@ -551,6 +557,10 @@ pub struct JournalInfo {
     pub durability: StoreDurability,
     /// The view.
     pub state: View,
+    /// In a cluster, F of `--survive machines=F` the journal was placed for.
+    pub survive: Option<u8>,
+    /// In a cluster, the node ids of its group's voters, ascending (empty on a single node).
+    pub voters: Vec<u64>,
 }
 
 /// The answer to a list.
@@ -745,6 +755,7 @@ pub fn decode_create(r: &JournalResponse) -> Result<CreateOutcome, JournalError>
         Ok(O::Created) => CreateOutcome::Created { id },
         Ok(O::NameTaken) => CreateOutcome::NameTaken { id },
         Ok(O::InvalidName) => CreateOutcome::InvalidName { message: r.message.clone() },
+        Ok(O::Unplaceable) => CreateOutcome::Unplaceable { message: r.message.clone() },
         Ok(O::Ambiguous) => CreateOutcome::Ambiguous,
         // Refused before consensus by every server asked (no directory leader reachable).
         Ok(O::NotLeader | O::Unserved) => return Err(JournalError::Unavailable(r.message.clone())),
@@ -800,6 +811,8 @@ pub fn decode_list(r: &JournalResponse) -> Result<ListOutcome, JournalError> {
             mode,
             durability,
             state,
+            survive: j.survive.and_then(|f| u8::try_from(f).ok()),
+            voters: j.voters.clone(),
         });
     }
     Ok(ListOutcome::Listed(out))
@@ -926,7 +939,7 @@ fn checked_name<'a>(name: &'a str, which: &str) -> Result<&'a str, NameError> {
 ///
 /// # Errors
 /// [`NameError::Malformed`] for a name that breaks the name rules.
-pub fn create_call(tenant: &str, journal: &str, mode: Mode, durability: StoreDurability) -> Result<Call, JournalError> {
+pub fn create_call(tenant: &str, journal: &str, mode: Mode, durability: StoreDurability, survive: Option<u8>) -> Result<Call, JournalError> {
     Ok(Call::Create(wire::JournalCreate {
         tenant_name: checked_name(tenant, "tenant")?.to_owned(),
         journal_name: checked_name(journal, "journal")?.to_owned(),
@@ -938,6 +951,7 @@ pub fn create_call(tenant: &str, journal: &str, mode: Mode, durability: StoreDur
             StoreDurability::Ordered => wire::JournalDurability::Ordered,
             StoreDurability::Batched => wire::JournalDurability::Batched,
         } as i32,
+        survive: survive.map(u32::from),
     }))
 }
 
@@ -1198,7 +1212,24 @@ impl Journals {
     /// [`NameError::Malformed`] (nothing sent) for a name that breaks the name rules; no
     /// server reachable; `INVALID`, `UNAVAILABLE` or an answer that is not a create's.
     pub fn create(&mut self, tenant: &str, journal: &str, mode: Mode, durability: StoreDurability) -> Result<CreateOutcome, JournalError> {
-        block_on(calls::create(self, tenant, journal, mode, durability))
+        block_on(calls::create(self, tenant, journal, mode, durability, None))
+    }
+
+    /// As [`create`](Self::create), asking for a journal that survives the loss of `machines`
+    /// nodes (`--survive machines=F`: a group of 2F+1 voters, docs/journals.md §9.5); a
+    /// single node takes only 0. `Unplaceable` when the cluster has fewer than 2F+1 nodes.
+    ///
+    /// # Errors
+    /// As [`create`](Self::create).
+    pub fn create_surviving(
+        &mut self,
+        tenant: &str,
+        journal: &str,
+        mode: Mode,
+        durability: StoreDurability,
+        machines: u8,
+    ) -> Result<CreateOutcome, JournalError> {
+        block_on(calls::create(self, tenant, journal, mode, durability, Some(machines)))
     }
 
     /// Deletes a journal and frees its disk.
@@ -1539,6 +1570,8 @@ mod tests {
             mode: Mode::Single,
             durability: StoreDurability::Ordered,
             state: View::default(),
+            survive: None,
+            voters: Vec::new(),
         }
     }
 
@@ -1625,11 +1658,14 @@ mod tests {
             mode: wire::JournalMode::Multi as i32,
             durability: wire::JournalDurability::Batched as i32,
             state: Some(wire::JournalView { leader: vec![], next_seq: 3, first_seq: 1 }),
+            survive: Some(2),
+            voters: vec![1, 2, 3, 4, 5],
         }];
         match decode_list(&listed).unwrap() {
             ListOutcome::Listed(l) => {
                 assert_eq!(l[0].mode, Mode::Multi);
                 assert_eq!(l[0].durability, StoreDurability::Batched);
+                assert_eq!((l[0].survive, l[0].voters.as_slice()), (Some(2), &[1, 2, 3, 4, 5][..]));
                 assert_eq!(l[0].state, view(None, 3, 1));
             }
             other => panic!("{other:?}"),

@@ -72,7 +72,7 @@ pub enum DurableError {
 /// The group a command belongs to.
 pub fn group_of(command: &Command<'_>) -> JournalId {
     match command.kind() {
-        Kind::CreateTenant | Kind::CreateJournal | Kind::ReleaseName | Kind::Join => DIRECTORY,
+        Kind::CreateTenant | Kind::CreateJournal | Kind::CreatePlaced | Kind::ReleaseName | Kind::Join | Kind::JoinZone => DIRECTORY,
         _ => command.target(),
     }
 }

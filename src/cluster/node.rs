@@ -163,7 +163,15 @@ enum Token {
     /// A call's answer; `target` is the journal whose state a write's answer shows.
     Answer { reply: flume::Sender<JournalResponse>, target: JournalId },
     /// The first step of a create: the tenant; the journal follows.
-    Tenant { tenant: String, journal: String, mode: Mode, durability: StoreDurability, journal_id: u64, reply: flume::Sender<JournalResponse> },
+    Tenant {
+        tenant: String,
+        journal: String,
+        mode: Mode,
+        durability: StoreDurability,
+        journal_id: u64,
+        survive: Option<u8>,
+        reply: flume::Sender<JournalResponse>,
+    },
     /// A confirmed read.
     Confirm(flume::Sender<JournalResponse>),
     /// A list, answered once the directory read is confirmed.
@@ -196,6 +204,8 @@ pub struct NodeStatus {
     pub zone: Option<String>,
     /// Each peer: its id, the address it is reached at, whether its link is up.
     pub peers: Vec<(u64, String, bool)>,
+    /// Each member's zone as the directory records it.
+    pub zones: std::collections::BTreeMap<u64, String>,
     /// Each group held here and how it stands.
     pub groups: Vec<(JournalId, GroupStatus)>,
     /// Times a group here saw its leader change.
@@ -672,22 +682,69 @@ impl<O: Outbox> Node<O> {
                 }
                 self.propose(group, payload, Token::Answer { reply, target });
             }
-            Call::Create { tenant, journal, mode, durability, tenant_id, journal_id, reply } => match self.replica.directory().tenant_named(&tenant) {
-                Some((tid, _)) => self.create_journal(tid, &journal, mode, durability, journal_id, reply),
-                None => {
-                    let cmd = Command::CreateTenant { tenant: tenant_id, name: &tenant };
-                    let payload = encode(&cmd);
-                    self.propose(DIRECTORY, payload, Token::Tenant { tenant, journal, mode, durability, journal_id, reply });
+            Call::Create { tenant, journal, mode, durability, tenant_id, journal_id, survive, reply } => {
+                // Refused before anything changes, the tenant included.
+                if let Err(resp) = self.place(JournalId { tenant: 0, journal: journal_id }, survive) {
+                    let _ = reply.send(*resp);
+                    return;
                 }
-            },
+                match self.replica.directory().tenant_named(&tenant) {
+                    Some((tid, _)) => self.create_journal(tid, &journal, mode, durability, journal_id, survive, reply),
+                    None => {
+                        let cmd = Command::CreateTenant { tenant: tenant_id, name: &tenant };
+                        let payload = encode(&cmd);
+                        self.propose(DIRECTORY, payload, Token::Tenant { tenant, journal, mode, durability, journal_id, survive, reply });
+                    }
+                }
+            }
             Call::List { tenant, reply } => self.read(DIRECTORY, Token::List { tenant, reply }),
             Call::Confirm { journal, reply } => self.read(journal, Token::Confirm(reply)),
         }
     }
 
-    fn create_journal(&mut self, tenant: u64, name: &str, mode: Mode, durability: StoreDurability, journal_id: u64, reply: flume::Sender<JournalResponse>) {
+    /// Where journal `journal`'s group goes: F (of `--survive machines=F`, default 1) and
+    /// 2F+1 voters placed over the members, across their zones as the directory records them
+    /// (docs/journals.md §9.5). Without an F asked for, a cluster of fewer than three members
+    /// places every member.
+    ///
+    /// # Errors
+    /// `UNPLACEABLE` when an F was asked for and the cluster has fewer than 2F+1 members.
+    fn place(&self, journal: JournalId, survive: Option<u8>) -> Result<(u8, Vec<u64>), Box<JournalResponse>> {
+        let members: Vec<Member> = self
+            .settings
+            .members
+            .iter()
+            .map(|m| Member { node: m.node, zone: self.replica.directory().zone(m.node).map(str::to_owned).or_else(|| m.zone.clone()) })
+            .collect();
+        let f = survive.unwrap_or(1);
+        let need = 2 * usize::from(f) + 1;
+        if survive.is_some() && need > members.len() {
+            return Err(Box::new(crate::journal::sequencer::unplaceable(f, members.len())));
+        }
+        let count = need.min(members.len());
+        Ok(((count.saturating_sub(1) / 2) as u8, super::placement::place(journal, &members, count)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_journal(
+        &mut self,
+        tenant: u64,
+        name: &str,
+        mode: Mode,
+        durability: StoreDurability,
+        journal_id: u64,
+        survive: Option<u8>,
+        reply: flume::Sender<JournalResponse>,
+    ) {
         let id = JournalId { tenant, journal: journal_id };
-        let payload = encode(&Command::CreateJournal { journal: id, name, mode, durability });
+        let (survive, voters) = match self.place(id, survive) {
+            Ok(p) => p,
+            Err(resp) => {
+                let _ = reply.send(*resp);
+                return;
+            }
+        };
+        let payload = encode(&Command::CreatePlaced { journal: id, name, mode, durability, survive, voters });
         self.propose(DIRECTORY, payload, Token::Answer { reply, target: id });
     }
 
@@ -798,9 +855,9 @@ impl<O: Outbox> Node<O> {
                 }
                 let _ = reply.send(resp);
             }
-            (Token::Tenant { tenant, journal, mode, durability, journal_id, reply }, Verdict::Applied(answer)) => {
+            (Token::Tenant { tenant, journal, mode, durability, journal_id, survive, reply }, Verdict::Applied(answer)) => {
                 match self.replica.directory().tenant_named(&tenant) {
-                    Some((tid, _)) => self.create_journal(tid, &journal, mode, durability, journal_id, reply),
+                    Some((tid, _)) => self.create_journal(tid, &journal, mode, durability, journal_id, survive, reply),
                     None => {
                         let _ = reply.send(respond(&answer));
                     }
@@ -848,19 +905,32 @@ impl<O: Outbox> Node<O> {
     /// (asked every [`RELEASE_EVERY`] until it does), and stops the process with
     /// [`EXIT_REPLACED`] when it records another one: this node's data was lost or replaced.
     fn check_member(&mut self) {
+        let zone = self.settings.zone.as_deref();
         match self.replica.directory().member(self.settings.node) {
-            Some(i) if i == self.incarnation => {}
+            // Recorded; its zone too, when it has one (a zone changed in the configuration is
+            // recorded again).
+            Some(i) if i == self.incarnation && (zone.is_none() || self.replica.directory().zone(self.settings.node) == zone) => {}
+            Some(i) if i == self.incarnation => self.join(),
             Some(i) => {
                 self.replaced(&format!("the cluster knows this node by a data directory of incarnation {i:016x}, and this one is {:016x}", self.incarnation))
             }
-            None => {
-                if self.joined.is_none_or(|t| t.elapsed() >= RELEASE_EVERY) {
-                    let join = encode(&Command::Join { node: self.settings.node, incarnation: self.incarnation });
-                    if self.replica.forward(DIRECTORY, join) {
-                        self.joined = Some(Instant::now());
-                    }
-                }
-            }
+            None => self.join(),
+        }
+    }
+
+    /// Asks the directory to record this node, its incarnation and its zone (at most every
+    /// [`RELEASE_EVERY`]).
+    fn join(&mut self) {
+        if self.joined.is_some_and(|t| t.elapsed() < RELEASE_EVERY) {
+            return;
+        }
+        let (node, incarnation) = (self.settings.node, self.incarnation);
+        let join = match self.settings.zone.as_deref() {
+            Some(zone) => encode(&Command::JoinZone { node, incarnation, zone }),
+            None => encode(&Command::Join { node, incarnation }),
+        };
+        if self.replica.forward(DIRECTORY, join) {
+            self.joined = Some(Instant::now());
         }
     }
 
@@ -879,7 +949,9 @@ impl<O: Outbox> Node<O> {
             }
         }
         let peers = self.outbox.peers();
+        let zones = self.settings.members.iter().filter_map(|m| Some((m.node, self.replica.directory().zone(m.node)?.to_owned()))).collect();
         let mut st = self.status.lock().unwrap();
+        st.zones = zones;
         st.groups = groups;
         st.peers = peers;
         st.leader_changes += changes;

@@ -334,10 +334,15 @@ impl<T> Replica<T> {
         Ok(r)
     }
 
-    /// The voters of `journal`'s group: placed over the members (docs/journals.md §9.5).
+    /// The voters of `journal`'s group (docs/journals.md §9.5): every member for the
+    /// directory; for a journal, those its creation recorded ([`Command::CreatePlaced`]), else
+    /// (a journal created before creations recorded them) three placed over the members.
     pub fn voters(&self, journal: JournalId) -> Vec<u64> {
         if journal == DIRECTORY {
             return self.members.iter().map(|m| m.node).collect();
+        }
+        if let Some(p) = self.directory.journal(journal).and_then(|e| e.placement.as_ref()) {
+            return p.voters.clone();
         }
         super::placement::place(journal, &self.members, super::placement::DEFAULT_VOTERS)
     }

@@ -250,7 +250,7 @@ fn decode_journal(r: &mut Reader<'_>, holdings: &mut Holdings) -> Result<(Journa
     if seq != next_seq {
         return Err(format!("journal {id}: held records end at {seq}, next_seq is {next_seq}"));
     }
-    Ok((id, Entry { name, state }))
+    Ok((id, Entry { name, state, placement: None }))
 }
 
 /// A cursor over the body that says what it ran out on.

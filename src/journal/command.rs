@@ -18,7 +18,9 @@
 //! `new u128 | old u128`; Truncate `leader u128 | up_to u64`; Noop, DeleteJournal and
 //! ReleaseName empty; Join `incarnation u64` (the node id in the tenant field);
 //! CreateTenant `name_len u16 | name`; CreateJournal `mode u8 | durability u8 | name_len u16 |
-//! name`. A uuid of 0 is "none".
+//! name`; CreatePlaced (a cluster's create) `mode u8 | durability u8 | survive u8 | count u8 |
+//! count × voter u64 | name_len u16 | name`; JoinZone `incarnation u64 | zone_len u16 | zone`.
+//! A uuid of 0 is "none".
 
 use super::model::{JournalId, LeaderUuid, Mode, Seq, StoreDurability};
 
@@ -45,14 +47,31 @@ pub enum Kind {
     CreateJournal = 17,
     /// The end of a journal.
     DeleteJournal = 18,
+    /// A cluster's second step of a deletion: the name is free.
     ReleaseName = 19,
+    /// A cluster member's data directory.
     Join = 20,
+    /// A cluster's new journal, with the machines it survives and its voters.
+    CreatePlaced = 21,
+    /// A cluster member's data directory and its zone.
+    JoinZone = 22,
 }
 
 impl Kind {
     /// Every kind, for decoding.
-    const ALL: [Kind; 9] =
-        [Kind::Write, Kind::SetLeader, Kind::Truncate, Kind::Noop, Kind::CreateTenant, Kind::CreateJournal, Kind::DeleteJournal, Kind::ReleaseName, Kind::Join];
+    const ALL: [Kind; 11] = [
+        Kind::Write,
+        Kind::SetLeader,
+        Kind::Truncate,
+        Kind::Noop,
+        Kind::CreateTenant,
+        Kind::CreateJournal,
+        Kind::DeleteJournal,
+        Kind::ReleaseName,
+        Kind::Join,
+        Kind::CreatePlaced,
+        Kind::JoinZone,
+    ];
 
     fn from_u8(b: u8) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| *k as u8 == b)
@@ -145,6 +164,33 @@ pub enum Command<'a> {
         /// The data directory's incarnation, drawn when it was made.
         incarnation: u64,
     },
+    /// A cluster's new journal (docs/journals.md §9.5): as [`Command::CreateJournal`], with
+    /// the machine failures it survives and the voters the cluster placed its group on, so
+    /// every node starts the same group whatever members it knows.
+    CreatePlaced {
+        /// Its id (both halves non-zero; the tenant exists).
+        journal: JournalId,
+        /// Its name within the tenant.
+        name: &'a str,
+        /// Its writer mode.
+        mode: Mode,
+        /// Its store durability.
+        durability: StoreDurability,
+        /// F of `--survive machines=F`: the group has 2F+1 voters.
+        survive: u8,
+        /// The voters' node ids, ascending (at most 255).
+        voters: Vec<u64>,
+    },
+    /// As [`Command::Join`], with the node's zone: the directory keeps the zone a member last
+    /// said it is in, for placing voters across zones.
+    JoinZone {
+        /// The node id.
+        node: u64,
+        /// The data directory's incarnation.
+        incarnation: u64,
+        /// The node's zone.
+        zone: &'a str,
+    },
 }
 
 /// Why a command payload did not decode. Each names what was wrong, so that a refused
@@ -187,6 +233,8 @@ impl Command<'_> {
             Command::DeleteJournal { .. } => Kind::DeleteJournal,
             Command::ReleaseName { .. } => Kind::ReleaseName,
             Command::Join { .. } => Kind::Join,
+            Command::CreatePlaced { .. } => Kind::CreatePlaced,
+            Command::JoinZone { .. } => Kind::JoinZone,
         }
     }
 
@@ -198,10 +246,11 @@ impl Command<'_> {
             | Command::Truncate { journal, .. }
             | Command::Noop { journal }
             | Command::CreateJournal { journal, .. }
+            | Command::CreatePlaced { journal, .. }
             | Command::DeleteJournal { journal }
             | Command::ReleaseName { journal } => journal,
             Command::CreateTenant { tenant, .. } => JournalId { tenant, journal: 0 },
-            Command::Join { node, .. } => JournalId { tenant: node, journal: 0 },
+            Command::Join { node, .. } | Command::JoinZone { node, .. } => JournalId { tenant: node, journal: 0 },
         }
     }
 
@@ -216,6 +265,8 @@ impl Command<'_> {
                 Command::CreateTenant { name, .. } => 2 + name.len(),
                 Command::Join { .. } => 8,
                 Command::CreateJournal { name, .. } => 4 + name.len(),
+                Command::CreatePlaced { name, voters, .. } => 6 + 8 * voters.len() + name.len(),
+                Command::JoinZone { zone, .. } => 10 + zone.len(),
             }
     }
 
@@ -262,17 +313,39 @@ impl Command<'_> {
             Command::CreateTenant { name: n, .. } => name(n, out),
             Command::Join { incarnation, .. } => out.extend_from_slice(&incarnation.to_le_bytes()),
             Command::CreateJournal { name: n, mode, durability, .. } => {
-                out.push(match mode {
-                    Mode::Single => 0,
-                    Mode::Multi => 1,
-                });
-                out.push(match durability {
-                    StoreDurability::Ordered => 0,
-                    StoreDurability::Batched => 1,
-                });
+                out.push(mode_byte(*mode));
+                out.push(durability_byte(*durability));
                 name(n, out);
             }
+            Command::CreatePlaced { name: n, mode, durability, survive, voters, .. } => {
+                out.push(mode_byte(*mode));
+                out.push(durability_byte(*durability));
+                out.push(*survive);
+                out.push(u8::try_from(voters.len()).expect("over 255 voters"));
+                for v in voters {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                name(n, out);
+            }
+            Command::JoinZone { incarnation, zone, .. } => {
+                out.extend_from_slice(&incarnation.to_le_bytes());
+                name(zone, out);
+            }
         }
+    }
+}
+
+fn mode_byte(mode: Mode) -> u8 {
+    match mode {
+        Mode::Single => 0,
+        Mode::Multi => 1,
+    }
+}
+
+fn durability_byte(durability: StoreDurability) -> u8 {
+    match durability {
+        StoreDurability::Ordered => 0,
+        StoreDurability::Batched => 1,
     }
 }
 
@@ -302,6 +375,20 @@ impl<'a> Reader<'a> {
     }
     fn uuid(&mut self, what: &'static str) -> Result<LeaderUuid, CommandError> {
         Ok(LeaderUuid(u128::from_le_bytes(self.take(16, what)?.try_into().unwrap())))
+    }
+    fn mode(&mut self) -> Result<Mode, CommandError> {
+        match self.u8("mode")? {
+            0 => Ok(Mode::Single),
+            1 => Ok(Mode::Multi),
+            b => Err(CommandError::UnknownEnum("mode", b)),
+        }
+    }
+    fn durability(&mut self) -> Result<StoreDurability, CommandError> {
+        match self.u8("store durability")? {
+            0 => Ok(StoreDurability::Ordered),
+            1 => Ok(StoreDurability::Batched),
+            b => Err(CommandError::UnknownEnum("store durability", b)),
+        }
     }
     fn name(&mut self) -> Result<&'a str, CommandError> {
         let n = self.u16("name length")? as usize;
@@ -348,18 +435,16 @@ pub fn decode(payload: &[u8]) -> Result<(EntryId, Command<'_>), CommandError> {
         Kind::CreateTenant => Command::CreateTenant { tenant: journal.tenant, name: r.name()? },
         Kind::Join => Command::Join { node: journal.tenant, incarnation: r.u64("incarnation")? },
         Kind::CreateJournal => {
-            let mode = match r.u8("mode")? {
-                0 => Mode::Single,
-                1 => Mode::Multi,
-                b => return Err(CommandError::UnknownEnum("mode", b)),
-            };
-            let durability = match r.u8("store durability")? {
-                0 => StoreDurability::Ordered,
-                1 => StoreDurability::Batched,
-                b => return Err(CommandError::UnknownEnum("store durability", b)),
-            };
+            let (mode, durability) = (r.mode()?, r.durability()?);
             Command::CreateJournal { journal, name: r.name()?, mode, durability }
         }
+        Kind::CreatePlaced => {
+            let (mode, durability, survive) = (r.mode()?, r.durability()?, r.u8("survive")?);
+            let count = r.u8("voter count")? as usize;
+            let voters = (0..count).map(|_| r.u64("voter")).collect::<Result<Vec<u64>, _>>()?;
+            Command::CreatePlaced { journal, name: r.name()?, mode, durability, survive, voters }
+        }
+        Kind::JoinZone => Command::JoinZone { node: journal.tenant, incarnation: r.u64("incarnation")?, zone: r.name()? },
     };
     if !r.0.is_empty() {
         return Err(CommandError::Trailing(r.0.len()));

@@ -39,6 +39,19 @@ pub struct Entry {
     pub name: String,
     /// Its state.
     pub state: JournalState,
+    /// In a cluster, where its group was placed ([`Command::CreatePlaced`]); `None` on a
+    /// single node, and for a journal created by [`Command::CreateJournal`] in a cluster (its
+    /// voters follow from the members, docs/journals.md §9.5).
+    pub placement: Option<Placement>,
+}
+
+/// Where a cluster placed a journal's group (docs/journals.md §9.5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// F of `--survive machines=F`.
+    pub survive: u8,
+    /// The voters' node ids, ascending: 2F+1 of them.
+    pub voters: Vec<u64>,
 }
 
 /// The answer to one command of the log.
@@ -80,8 +93,9 @@ pub struct Directory {
     tenants: BTreeMap<u64, Tenant>,
     tenant_names: HashMap<String, u64>,
     journals: BTreeMap<JournalId, Entry>,
-    /// A cluster's members: node id to the incarnation of its data directory.
-    members: BTreeMap<u64, u64>,
+    /// A cluster's members: node id to the incarnation of its data directory and the zone it
+    /// last said it is in.
+    members: BTreeMap<u64, (u64, Option<String>)>,
 }
 
 impl Directory {
@@ -152,12 +166,14 @@ impl Directory {
             }
         }
         for (id, entry) in journals {
-            let Entry { name, state } = entry;
+            let Entry { name, state, placement } = entry;
             state.validate().map_err(|e| format!("journal {id}: {e}"))?;
             if !matches!(d.create_journal(id, &name, state.mode, state.durability), Answer::JournalCreated { .. }) {
                 return Err(format!("journal {id} ({name:?}) has an unknown tenant, a zero id, an invalid name, or an id or name already used"));
             }
-            d.journals.get_mut(&id).expect("just created").state = state;
+            let e = d.journals.get_mut(&id).expect("just created");
+            e.state = state;
+            e.placement = placement;
         }
         Ok(d)
     }
@@ -166,11 +182,26 @@ impl Directory {
         match command {
             Command::CreateTenant { tenant, name } => self.create_tenant(*tenant, name),
             Command::CreateJournal { journal, name, mode, durability } => self.create_journal(*journal, name, *mode, *durability),
+            Command::CreatePlaced { journal, name, mode, durability, survive, voters } => {
+                let answer = self.create_journal(*journal, name, *mode, *durability);
+                if let (Answer::JournalCreated { .. }, Some(e)) = (&answer, self.journals.get_mut(journal)) {
+                    e.placement = Some(Placement { survive: *survive, voters: voters.clone() });
+                }
+                answer
+            }
             Command::DeleteJournal { journal } => self.delete_journal(*journal),
             Command::ReleaseName { journal } => self.release_name(*journal),
             Command::Join { node, incarnation } => {
                 // The first incarnation seen for a node id stays.
-                self.members.entry(*node).or_insert(*incarnation);
+                self.members.entry(*node).or_insert((*incarnation, None));
+                Answer::Journal(Outcome::Noop)
+            }
+            Command::JoinZone { node, incarnation, zone } => {
+                // As Join; the zone follows what the recorded incarnation last said.
+                let m = self.members.entry(*node).or_insert((*incarnation, None));
+                if m.0 == *incarnation {
+                    m.1 = Some((*zone).to_owned());
+                }
                 Answer::Journal(Outcome::Noop)
             }
             Command::Write { journal, leader, seq, records } => {
@@ -232,7 +263,7 @@ impl Directory {
             return Answer::NameTaken { existing: journal };
         }
         t.journals.insert(name.to_owned(), journal.journal);
-        self.journals.insert(journal, Entry { name: name.to_owned(), state: JournalState::new(mode, durability) });
+        self.journals.insert(journal, Entry { name: name.to_owned(), state: JournalState::new(mode, durability), placement: None });
         Answer::JournalCreated { journal }
     }
 
@@ -248,9 +279,14 @@ impl Directory {
         }
     }
 
+    /// The zone cluster member `node` last said it is in, if it joined with one.
+    pub fn zone(&self, node: u64) -> Option<&str> {
+        self.members.get(&node).and_then(|m| m.1.as_deref())
+    }
+
     /// The incarnation recorded for cluster member `node`, if it joined.
     pub fn member(&self, node: u64) -> Option<u64> {
-        self.members.get(&node).copied()
+        self.members.get(&node).map(|m| m.0)
     }
 
     /// The names whose journal is gone (deleted in its group, name not yet released).

@@ -44,6 +44,8 @@ pub enum Call {
         tenant_id: u64,
         /// The id the journal gets.
         journal_id: u64,
+        /// F of `--survive machines=F` when the caller named it (0 to 127).
+        survive: Option<u8>,
         /// Where the answer goes.
         reply: flume::Sender<JournalResponse>,
     },
@@ -297,7 +299,10 @@ impl Sequencer {
                 let answer = self.command(&payload);
                 self.answer(reply, answer);
             }
-            Call::Create { tenant, journal, mode, durability, tenant_id, journal_id, reply } => {
+            Call::Create { survive: Some(f), reply, .. } if f > 0 => {
+                let _ = reply.send(unplaceable(f, 1));
+            }
+            Call::Create { tenant, journal, mode, durability, tenant_id, journal_id, reply, .. } => {
                 let answer = self.create(&tenant, &journal, mode, durability, tenant_id, journal_id);
                 self.answer(reply, answer);
             }
@@ -484,10 +489,22 @@ pub fn list(directory: &Directory, tenant: &str) -> JournalResponse {
                 mode: wire_mode(e.state.mode) as i32,
                 durability: wire_durability(e.state.durability) as i32,
                 state: Some(wire_view(e.state.view())),
+                survive: e.placement.as_ref().map(|p| u32::from(p.survive)),
+                voters: e.placement.as_ref().map(|p| p.voters.clone()).unwrap_or_default(),
             });
         }
     }
     JournalResponse { outcome: JournalOutcome::Listed as i32, journals, ..Default::default() }
+}
+
+/// `UNPLACEABLE`: `--survive machines=F` needs 2F+1 nodes and the cluster has `nodes`.
+pub fn unplaceable(f: u8, nodes: usize) -> JournalResponse {
+    let need = 2 * usize::from(f) + 1;
+    JournalResponse {
+        outcome: JournalOutcome::Unplaceable as i32,
+        message: format!("--survive machines={f} needs {need} nodes (2F+1) and this cluster has {nodes}; nothing changed"),
+        ..Default::default()
+    }
 }
 
 /// Records where an accepted write's records lie, trims held records after a truncation, and

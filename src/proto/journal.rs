@@ -140,6 +140,10 @@ pub struct JournalCreate {
     /// Field 4: the store durability.
     #[prost(enumeration = "JournalDurability", tag = "4")]
     pub durability: i32,
+    /// Field 5: F of `--survive machines=F` (the journal's group gets 2F+1 voters in a
+    /// cluster); unset: the server's default (F = 1 in a cluster, one copy on a single node).
+    #[prost(uint32, optional, tag = "5")]
+    pub survive: ::core::option::Option<u32>,
 }
 
 /// Deletes a journal and frees its disk.
@@ -273,6 +277,9 @@ pub struct PeerReport {
     /// Field 3: whether the link is up.
     #[prost(bool, tag = "3")]
     pub connected: bool,
+    /// Field 4: the zone the cluster's directory records for the peer (empty: none yet).
+    #[prost(string, tag = "4")]
+    pub zone: ::prost::alloc::string::String,
 }
 
 /// What a client sees of a journal.
@@ -313,6 +320,12 @@ pub struct JournalInfo {
     /// Field 7: the view.
     #[prost(message, optional, tag = "7")]
     pub state: ::core::option::Option<JournalView>,
+    /// Field 8: in a cluster, F of `--survive machines=F` the journal was placed for.
+    #[prost(uint32, optional, tag = "8")]
+    pub survive: ::core::option::Option<u32>,
+    /// Field 9: in a cluster, the node ids of the journal group's voters, ascending.
+    #[prost(uint64, repeated, tag = "9")]
+    pub voters: ::prost::alloc::vec::Vec<u64>,
 }
 
 /// A journal's writer mode on the wire.
@@ -392,4 +405,7 @@ pub enum JournalOutcome {
     /// leader's entry took its place, so the call may or may not take effect (replication,
     /// docs/journals.md §9.2). The caller settles it as a lost answer.
     Ambiguous = 24,
+    /// Create: the cluster cannot place the durability asked for (`--survive machines=F`
+    /// needs 2F+1 nodes); nothing changed. `message` says how many it has.
+    Unplaceable = 25,
 }

@@ -28,8 +28,10 @@ pub struct JournalMetrics {
 
 /// The call kinds as `/metrics` labels them, in the order of [`JournalMetrics::calls`].
 pub const CALL_KINDS: [&str; 8] = ["write", "read", "truncate", "set_leader", "create", "delete", "list", "status"];
-/// Outcome numbers counted (`JOURNAL_OUTCOME` 0..=24).
-const OUTCOMES: usize = 25;
+/// Outcome numbers counted (`JOURNAL_OUTCOME` 0..=25).
+const OUTCOMES: usize = 26;
+/// The largest F of `--survive machines=F` a create may ask for (2F+1 voters fit one byte).
+pub const MAX_SURVIVE: u8 = 127;
 
 /// The node's journals as a shard sees them: the way to the sequencer, the published durable
 /// state, and the limits.
@@ -272,7 +274,12 @@ impl Journals {
             Ok(JournalDurability::Batched) => StoreDurability::Batched,
             Err(_) => return Err(Box::new(invalid("unknown store durability"))),
         };
-        Ok(Call::Create { tenant: c.tenant_name, journal: c.journal_name, mode, durability, tenant_id: random_id(), journal_id: random_id(), reply })
+        let survive = match c.survive.map(u8::try_from) {
+            None => None,
+            Some(Ok(f)) if f <= MAX_SURVIVE => Some(f),
+            Some(_) => return Err(Box::new(invalid(&format!("--survive machines=F takes F from 0 to {MAX_SURVIVE}")))),
+        };
+        Ok(Call::Create { tenant: c.tenant_name, journal: c.journal_name, mode, durability, tenant_id: random_id(), journal_id: random_id(), survive, reply })
     }
 
     /// Queues a call for the sequencer (answering `BUSY` when the admission queue is full and
@@ -336,7 +343,11 @@ impl Journals {
                         voters: g.voters,
                     })
                     .collect(),
-                peers: st.peers.into_iter().map(|(node, addr, connected)| crate::proto::PeerReport { node, addr, connected }).collect(),
+                peers: st
+                    .peers
+                    .into_iter()
+                    .map(|(node, addr, connected)| crate::proto::PeerReport { node, addr, connected, zone: st.zones.get(&node).cloned().unwrap_or_default() })
+                    .collect(),
                 leader_changes: st.leader_changes,
             })
         });

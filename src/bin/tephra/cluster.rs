@@ -98,7 +98,14 @@ fn text_of(s: &Seen, names: &BTreeMap<(u64, u64), String>, decided: &BTreeMap<(u
     };
     let zone = if r.zone.is_empty() { String::new() } else { format!(" zone {}", r.zone) };
     let led = r.groups.iter().filter(|g| g.role == "leader").count();
-    let peers: Vec<String> = r.peers.iter().map(|p| format!("{} {}", p.node, if p.connected { "up" } else { "DOWN" })).collect();
+    let peers: Vec<String> = r
+        .peers
+        .iter()
+        .map(|p| {
+            let zone = if p.zone.is_empty() { String::new() } else { format!(" ({})", p.zone) };
+            format!("{}{zone} {}", p.node, if p.connected { "up" } else { "DOWN" })
+        })
+        .collect();
     let mut t = format!("node {} ({}){zone}: leads {led} of {} groups; peers: {}\n", r.node, s.addr, r.groups.len(), peers.join(", "));
     t.push_str(&format!("  {:<40} {:<13} {:>6} {:>6} {:>10} {:>10} {:>7}", "group", "role", "leader", "term", "commit", "applied", "behind"));
     for gr in &r.groups {
@@ -142,7 +149,8 @@ fn json_of(s: &Seen, names: &BTreeMap<(u64, u64), String>, decided: &BTreeMap<(u
             })
         })
         .collect();
-    let peers: Vec<Value> = r.peers.iter().map(|p| json!({"node": p.node, "addr": p.addr, "connected": p.connected})).collect();
+    let peers: Vec<Value> =
+        r.peers.iter().map(|p| json!({"node": p.node, "addr": p.addr, "connected": p.connected, "zone": (!p.zone.is_empty()).then_some(&p.zone)})).collect();
     json!({
         "addr": s.addr,
         "node": r.node,

@@ -58,7 +58,7 @@ pub fn exit_for(outcome: &str) -> u8 {
     match outcome {
         "accepted" | "duplicate" | "leader" | "owned" | "trimmed" | "created" | "deleted" | "listed" | "found" | "page" => EXIT_OK,
         "refused" | "lost" | "superseded" | "not_written" | "not_owner" | "truncated" | "wrong_mode" | "too_large" | "name_taken" | "unknown_journal"
-        | "unknown_tenant" => EXIT_NOT_DONE,
+        | "unknown_tenant" | "unplaceable" => EXIT_NOT_DONE,
         "invalid_name" => EXIT_USAGE,
         "ambiguous" | "unresolved" => EXIT_AMBIGUOUS,
         "busy" | "unserved" | "not_leader" => EXIT_NO_SERVER,
@@ -140,6 +140,16 @@ struct CreateArgs {
     /// How each store commits a batch, fixed at creation.
     #[arg(long, value_enum, default_value = "ordered")]
     store_durability: StoreArg,
+    /// The machine failures the journal survives, `machines=F`: its group gets 2F+1 voters
+    /// in a cluster (default F = 1); a single node takes only `machines=0`.
+    #[arg(long, value_name = "machines=F", value_parser = parse_survive)]
+    survive: Option<u8>,
+}
+
+/// `machines=F`, F from 0 to 127.
+fn parse_survive(s: &str) -> Result<u8, String> {
+    let f = s.strip_prefix("machines=").ok_or_else(|| format!("{s:?}: --survive takes machines=F"))?;
+    f.parse::<u8>().ok().filter(|f| *f <= 127).ok_or_else(|| format!("{s:?}: F is a whole number from 0 to 127"))
 }
 
 /// A verb that takes one journal.
@@ -476,6 +486,7 @@ pub fn create_answer(name: &str, mode: Mode, store: StoreDurability, o: &CreateO
             .set("store", store_name(store)),
         CreateOutcome::NameTaken { id } => Answer::new("name_taken", format!("name taken: {name} is id={id}")).set("journal", name).set("id", id.to_string()),
         CreateOutcome::InvalidName { message } => Answer::new("invalid_name", format!("invalid name: {message}")).set("message", message.as_str()),
+        CreateOutcome::Unplaceable { message } => Answer::new("unplaceable", format!("unplaceable: {message}")).set("message", message.as_str()),
         CreateOutcome::Ambiguous => Answer::new("ambiguous", "ambiguous: no answer came back; create again to learn whether it exists"),
     }
 }
@@ -489,15 +500,29 @@ pub fn delete_answer(name: &str, o: &DeleteOutcome) -> Answer {
     }
 }
 
-/// A journal as JSON: `{journal, id, mode, store, state}`.
+/// A journal as JSON: `{journal, id, mode, store, state}`, and in a cluster `survive` (F) and
+/// `voters` (node ids) when its creation recorded them.
 pub fn info_json(j: &JournalInfo) -> Value {
-    json!({
+    let mut v = json!({
         "journal": format!("{}/{}", j.tenant_name, j.name),
         "id": j.id.to_string(),
         "mode": mode_name(j.mode),
         "store": store_name(j.durability),
         "state": state_json(&j.state),
-    })
+    });
+    if let (Some(f), Value::Object(m)) = (j.survive, &mut v) {
+        m.insert("survive".into(), json!(f));
+        m.insert("voters".into(), json!(j.voters));
+    }
+    v
+}
+
+/// ` survive=F voters=A,B,C` for a journal placed in a cluster, else nothing.
+fn placement_text(j: &JournalInfo) -> String {
+    match j.survive {
+        Some(f) => format!(" survive=machines={f} voters={}", j.voters.iter().map(u64::to_string).collect::<Vec<_>>().join(",")),
+        None => String::new(),
+    }
 }
 
 /// The `list` table: a header and one row per journal, columns space-aligned.
@@ -661,7 +686,11 @@ fn create(g: &Global, j: &mut Journals, a: &CreateArgs) -> Result<(), CliError> 
         StoreArg::Ordered => StoreDurability::Ordered,
         StoreArg::Batched => StoreDurability::Batched,
     };
-    let o = j.create(&tenant, &journal, mode, store).map_err(failed)?;
+    let o = match a.survive {
+        Some(f) => j.create_surviving(&tenant, &journal, mode, store, f),
+        None => j.create(&tenant, &journal, mode, store),
+    }
+    .map_err(failed)?;
     finish(g, &create_answer(&format!("{tenant}/{journal}"), mode, store, &o))
 }
 
@@ -692,13 +721,14 @@ fn show(g: &Global, j: &mut Journals, a: &OneArgs) -> Result<(), CliError> {
     match j.show(&name) {
         Ok(info) => {
             let text = format!(
-                "{}/{} id={} mode={} store={} {}",
+                "{}/{} id={} mode={} store={} {}{}",
                 info.tenant_name,
                 info.name,
                 info.id,
                 mode_name(info.mode),
                 store_name(info.durability),
-                state_text(&info.state)
+                state_text(&info.state),
+                placement_text(&info)
             );
             let mut answer = Answer::new("found", text);
             if let Value::Object(m) = info_json(&info) {
@@ -1087,6 +1117,8 @@ mod tests {
             mode: Mode::Single,
             durability: StoreDurability::Ordered,
             state: v(leader, next, first),
+            survive: None,
+            voters: Vec::new(),
         };
         let table = list_table(&[info("acme", "orders", Some(0x7), 0, 12), info("acme", "b", None, 3, 3)]);
         let lines: Vec<&str> = table.lines().collect();

@@ -166,7 +166,7 @@ impl<S: Sleep> AsyncJournals<S> {
     /// [`NameError::Malformed`](crate::client::journal::NameError::Malformed) (nothing sent)
     /// for a name that breaks the name rules; as the [type](Self) says.
     pub async fn create(&self, tenant: &str, journal: &str, mode: Mode, durability: StoreDurability) -> Result<CreateOutcome, JournalError> {
-        calls::create(&mut &*self, tenant, journal, mode, durability).await
+        calls::create(&mut &*self, tenant, journal, mode, durability, None).await
     }
 
     /// Deletes a journal and frees its disk.

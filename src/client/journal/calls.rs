@@ -137,8 +137,9 @@ pub(crate) async fn create<T: Transport>(
     journal: &str,
     mode: Mode,
     durability: StoreDurability,
+    survive: Option<u8>,
 ) -> Result<CreateOutcome, JournalError> {
-    let call = create_call(tenant, journal, mode, durability)?;
+    let call = create_call(tenant, journal, mode, durability, survive)?;
     decided(changing(t, call, never).await?, decode_create, CreateOutcome::Ambiguous)
 }
 

@@ -36,6 +36,8 @@ pub struct Cluster {
     data: Vec<tempfile::TempDir>,
     /// Environment every node gets besides its cluster settings.
     env: Vec<(String, String)>,
+    /// Each node's `cluster.zone`, when set.
+    zones: Vec<Option<String>>,
 }
 
 /// A free loopback port (bound and released; a race with another process is possible but
@@ -51,15 +53,20 @@ impl Cluster {
     /// # Panics
     /// When a node does not start.
     pub fn start(binary: &Path, n: usize, env: &[(&str, &str)]) -> Cluster {
-        Cluster::start_with(binary, n, env, false)
+        Cluster::start_with(binary, n, env, false, &[])
+    }
+
+    /// [`Cluster::start`] with one node per entry of `zones`, node `i + 1` in `zones[i]`.
+    pub fn start_zoned(binary: &Path, zones: &[&str], env: &[(&str, &str)]) -> Cluster {
+        Cluster::start_with(binary, zones.len(), env, false, zones)
     }
 
     /// [`Cluster::start`] with a [`Proxy`] in front of each node pair's link, all open.
     pub fn start_proxied(binary: &Path, n: usize, env: &[(&str, &str)]) -> Cluster {
-        Cluster::start_with(binary, n, env, true)
+        Cluster::start_with(binary, n, env, true, &[])
     }
 
-    fn start_with(binary: &Path, n: usize, env: &[(&str, &str)], proxied: bool) -> Cluster {
+    fn start_with(binary: &Path, n: usize, env: &[(&str, &str)], proxied: bool, zones: &[&str]) -> Cluster {
         let peer_addrs: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
         let mut proxies = BTreeMap::new();
         if proxied {
@@ -80,6 +87,7 @@ impl Cluster {
             proxies,
             data,
             env,
+            zones: (0..n).map(|i| zones.get(i).map(|z| z.to_string())).collect(),
         };
         for id in 1..=n as u64 {
             c.start_node(id);
@@ -114,6 +122,9 @@ impl Cluster {
             ("TEPHRA__CLUSTER__BIND".to_owned(), self.peer_addrs[id as usize - 1].to_string()),
             ("TEPHRA__CLUSTER__PEERS".to_owned(), self.peers(id)),
         ];
+        if let Some(z) = &self.zones[id as usize - 1] {
+            env.push(("TEPHRA__CLUSTER__ZONE".to_owned(), z.clone()));
+        }
         env.extend(self.env.iter().cloned());
         env
     }

@@ -89,6 +89,7 @@ impl JournalConn {
             journal_name: journal.into(),
             mode: mode as i32,
             durability: durability as i32,
+            survive: None,
         }));
         assert_eq!(r.outcome(), JournalOutcome::Created, "{r:?}");
         (r.tenant, r.journal)

@@ -1,0 +1,133 @@
+//! Where a cluster places a journal's group (docs/journals.md §9.5), on five real
+//! `tephra-server` processes in zones a, a, b, b, c: `--survive machines=F` gets 2F+1 voters
+//! (default F = 1), three voters go to three zones, an F the cluster cannot place is refused
+//! `UNPLACEABLE` with nothing created, and a journal placed for F = 2 keeps taking writes with
+//! two of its voters killed.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use support::Cluster;
+use tephra::client::journal::{CreateOutcome, JournalError, JournalInfo, Journals, JournalsConfig, ListOutcome, ReadOutcome, SetLeaderOutcome, WriteOutcome};
+use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
+use tephra_test_support as support;
+
+const ZONES: [&str; 5] = ["a", "a", "b", "b", "c"];
+const A: LeaderUuid = LeaderUuid(0xa);
+
+fn client(servers: Vec<String>) -> Journals {
+    let mut c = JournalsConfig::new(servers);
+    c.request_timeout = Duration::from_secs(10);
+    c.read_timeout = Duration::from_secs(3);
+    Journals::new(c)
+}
+
+/// Creates `acme/name` surviving `survive` machines (`None`: the default), retrying while the
+/// cluster elects its directory's leader.
+fn create(c: &mut Journals, name: &str, survive: Option<u8>) -> CreateOutcome {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = match survive {
+            Some(f) => c.create_surviving("acme", name, Mode::Single, StoreDurability::Ordered, f),
+            None => c.create("acme", name, Mode::Single, StoreDurability::Ordered),
+        };
+        match o {
+            Ok(CreateOutcome::Ambiguous) | Err(JournalError::Unavailable(_) | JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
+                assert!(Instant::now() < deadline, "create {name}: no verdict within 20 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(o) => return o,
+            Err(e) => panic!("create {name}: {e}"),
+        }
+    }
+}
+
+fn info(c: &mut Journals, name: &str) -> Option<JournalInfo> {
+    match c.list(Some("acme")).unwrap() {
+        ListOutcome::Listed(all) => all.into_iter().find(|j| j.name == name),
+        ListOutcome::UnknownTenant => None,
+    }
+}
+
+fn zones_of(voters: &[u64]) -> BTreeSet<&'static str> {
+    voters.iter().map(|v| ZONES[*v as usize - 1]).collect()
+}
+
+/// Waits until node 1's directory records the zone of every other node (each node asks to be
+/// recorded with its zone once the directory has a leader).
+fn wait_for_zones(c: &mut Journals) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(Some(r)) = c.node_status() {
+            let known: Vec<(u64, String)> = r.peers.iter().map(|p| (p.node, p.zone.clone())).collect();
+            if known.len() == 4 && known.iter().all(|(n, z)| z == ZONES[*n as usize - 1]) {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the directory did not record every zone within 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn write(c: &mut Journals, id: JournalId, seq: u64, record: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.write_single(id, A, seq, &[record.to_vec()]) {
+            Ok(WriteOutcome::Written { seq: s, .. }) => {
+                assert_eq!(s, seq);
+                return;
+            }
+            Ok(WriteOutcome::Ambiguous | WriteOutcome::NotLeader { .. } | WriteOutcome::Busy)
+            | Err(JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
+                assert!(Instant::now() < deadline, "no verdict for the write at {seq} within 20 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("write at {seq}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn journals_get_two_f_plus_one_voters_across_zones_and_an_unplaceable_f_changes_nothing() {
+    let server = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"));
+    let mut cluster = Cluster::start_zoned(&server, &ZONES, &[]);
+    let mut first = client(vec![cluster.node(1).unwrap().addr.to_string()]);
+    wait_for_zones(&mut first);
+    let mut c = client(cluster.addrs());
+
+    // The default (F = 1) and F = 1 asked for: three voters, one in each zone.
+    for (i, survive) in [None, Some(1), None, Some(1), None, Some(1)].into_iter().enumerate() {
+        let name = format!("three-{i}");
+        assert!(matches!(create(&mut c, &name, survive), CreateOutcome::Created { .. }), "{name}");
+        let j = info(&mut c, &name).unwrap();
+        assert_eq!(j.survive, Some(1), "{name}");
+        assert_eq!(j.voters.len(), 3, "{name}: {:?}", j.voters);
+        assert_eq!(zones_of(&j.voters), BTreeSet::from(["a", "b", "c"]), "{name}: voters {:?}", j.voters);
+    }
+    // F = 0: one voter; F = 2: every node.
+    assert!(matches!(create(&mut c, "one", Some(0)), CreateOutcome::Created { .. }));
+    let one = info(&mut c, "one").unwrap();
+    assert_eq!((one.survive, one.voters.len()), (Some(0), 1));
+    let CreateOutcome::Created { id: five } = create(&mut c, "five", Some(2)) else { panic!("five not created") };
+    let j = info(&mut c, "five").unwrap();
+    assert_eq!((j.survive, j.voters), (Some(2), vec![1, 2, 3, 4, 5]));
+
+    // F = 3 needs seven nodes: refused, and no journal of that name appears.
+    match create(&mut c, "seven", Some(3)) {
+        CreateOutcome::Unplaceable { message } => assert!(message.contains("needs 7 nodes") && message.contains("has 5"), "{message}"),
+        other => panic!("F = 3 on five nodes: {other:?}"),
+    }
+    assert!(info(&mut c, "seven").is_none(), "an unplaceable create left a journal behind");
+
+    // The F = 2 journal survives two of its voters.
+    assert!(matches!(c.set_leader(five, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    write(&mut c, five, 0, b"before");
+    cluster.kill(4);
+    cluster.kill(5);
+    let mut c = client(cluster.addrs()[..3].to_vec());
+    write(&mut c, five, 1, b"after");
+    match c.read(five, 0, 0, 0).unwrap() {
+        ReadOutcome::Page { records, .. } => assert_eq!(records, vec![b"before".to_vec(), b"after".to_vec()]),
+        other => panic!("read: {other:?}"),
+    }
+}
