@@ -46,7 +46,7 @@ struct Node {
 impl Node {
     fn start(id: u64, listener: TcpListener, peers: &BTreeMap<u64, String>) -> Node {
         let (tx, inbox) = flume::unbounded();
-        let links = Links::start_on(listener, id, cluster(), peers, tx).expect("links start");
+        let links = Links::start_on(listener, id, cluster(), peers, None, tx).expect("links start");
         Node { id, links, inbox }
     }
 
@@ -320,8 +320,8 @@ fn a_node_gone_costs_nothing_and_is_heard_again_once_back() {
 #[test]
 fn start_binds_and_refuses_an_address_in_use() {
     let (tx, _rx) = flume::unbounded();
-    let a = Links::start(1, cluster(), "127.0.0.1:0", &BTreeMap::new(), tx.clone()).unwrap();
+    let a = Links::start(1, cluster(), "127.0.0.1:0", &BTreeMap::new(), None, tx.clone()).unwrap();
     assert!(a.stats().is_empty() && a.local_addr().port() != 0);
-    let e = Links::start(2, cluster(), &a.local_addr().to_string(), &BTreeMap::new(), tx).err().expect("the port is taken");
+    let e = Links::start(2, cluster(), &a.local_addr().to_string(), &BTreeMap::new(), None, tx).err().expect("the port is taken");
     assert_eq!(e.kind(), ErrorKind::AddrInUse);
 }
