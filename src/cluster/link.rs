@@ -470,10 +470,9 @@ fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, Route>)
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|e| e.to_string())?;
     let session = match &shared.tls {
         None => None,
-        Some(tls) => Some(
-            tls.accept(stream, Instant::now() + HANDSHAKE_TIMEOUT)
-                .map_err(|e| format!("TLS handshake failed (a peer speaks TLS 1.3 with a certificate signed by cluster.tls_ca): {e}"))?,
-        ),
+        Some(tls) => Some(tls.accept(stream, Instant::now() + HANDSHAKE_TIMEOUT).map_err(|e| {
+            format!("TLS handshake failed: {e} (every node needs [tls] with a certificate signed by the CA each node names as cluster.tls_ca)")
+        })?),
     };
     let read = match &session {
         None => read_frame(&mut &*stream),

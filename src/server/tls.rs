@@ -127,7 +127,11 @@ pub enum TlsError {
     },
     /// This node's own certificate would be refused by its peers: not signed by the CA (or
     /// through the chain `tls.cert` holds), expired, or not usable both to serve and to dial.
-    #[error("tls.cert {} would be refused by the peers, which check it against cluster.tls_ca {}: {source}", cert.display(), ca.display())]
+    #[error(
+        "tls.cert {} would be refused by the other nodes, which check it against cluster.tls_ca {} (it must be signed by that CA, be current, and serve both as a TLS server's and a client's certificate): {source}",
+        cert.display(),
+        ca.display()
+    )]
     NotSignedByCa {
         /// `tls.cert`.
         cert: PathBuf,
