@@ -622,22 +622,38 @@ impl Link {
         for addr in self.state.addr.to_socket_addrs().map_err(Dial::Unreachable)? {
             match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
                 Ok(stream) => {
-                    configure(&stream).map_err(Dial::Unreachable)?;
-                    let hello = encode_frame(self.shared.cluster, self.shared.me, self.state.id, &[]);
-                    let Some(tls) = &self.shared.tls else {
-                        write_frame(&mut &stream, &hello).map_err(Dial::Unreachable)?;
-                        return Ok(Conn { tcp: stream, tls: None });
-                    };
-                    let session = tls.connect(&stream, &self.state.addr, Instant::now() + HANDSHAKE_TIMEOUT).map_err(Dial::Tls)?;
-                    stream.set_read_timeout(None).map_err(Dial::Unreachable)?;
-                    let handle = stream.try_clone().map_err(Dial::Unreachable)?;
-                    write_frames_tls(&mut TlsWrite::new(handle, Arc::clone(&session)), &[hello]).map_err(Dial::Unreachable)?;
-                    return Ok(Conn { tcp: stream, tls: Some(session) });
+                    // Published so that stopping the links closes a TLS handshake waiting on the
+                    // peer; checked after publishing, as Drop closes `current` after setting
+                    // `stop`.
+                    *lock(&self.state.current) = stream.try_clone().ok();
+                    if self.stopping() {
+                        return Err(Dial::Unreachable(io::Error::other("the links are stopping")));
+                    }
+                    let greeted = self.greet(stream);
+                    if greeted.is_err() {
+                        lock(&self.state.current).take();
+                    }
+                    return greeted;
                 }
                 Err(e) => last = e,
             }
         }
         Err(Dial::Unreachable(last))
+    }
+
+    /// Makes a dialed connection's TLS handshake (on a TLS link) and sends the handshake frame.
+    fn greet(&self, stream: TcpStream) -> Result<Conn, Dial> {
+        configure(&stream).map_err(Dial::Unreachable)?;
+        let hello = encode_frame(self.shared.cluster, self.shared.me, self.state.id, &[]);
+        let Some(tls) = &self.shared.tls else {
+            write_frame(&mut &stream, &hello).map_err(Dial::Unreachable)?;
+            return Ok(Conn { tcp: stream, tls: None });
+        };
+        let session = tls.connect(&stream, &self.state.addr, Instant::now() + HANDSHAKE_TIMEOUT).map_err(Dial::Tls)?;
+        stream.set_read_timeout(None).map_err(Dial::Unreachable)?;
+        let handle = stream.try_clone().map_err(Dial::Unreachable)?;
+        write_frames_tls(&mut TlsWrite::new(handle, Arc::clone(&session)), &[hello]).map_err(Dial::Unreachable)?;
+        Ok(Conn { tcp: stream, tls: Some(session) })
     }
 
     /// Serves one connection until it closes, is replaced, or the links stop: a reader
@@ -747,6 +763,12 @@ fn read(mut input: Input, generation: u64, shared: &Shared, state: &PeerState, c
     let peer = state.id;
     loop {
         let refusal = match read_frame(&mut input) {
+            // What a TLS session refused (an alert from the peer, such as its refusal of this
+            // node's certificate, or a record that does not decrypt): worth a warning.
+            Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::InvalidData && !shared.stop.load(Ordering::SeqCst) => {
+                tracing::warn!(peer, "link to node {peer}: TLS session failed, closing the link: {e}");
+                None
+            }
             Err(ReadError::Io(e)) => {
                 if !shared.stop.load(Ordering::SeqCst) {
                     tracing::debug!(peer, error = %e, "link to node {peer}: connection ended");
