@@ -5,7 +5,7 @@
 //! | side | what it checks |
 //! |---|---|
 //! | the dialer | the acceptor's chain against the CA, and that its certificate is valid for the host of the address the dialer lists it at (a DNS name or an IP address), as any TLS client does |
-//! | the acceptor | the dialer's chain against the CA during the TLS handshake; then, once the handshake frame names the dialer, that its certificate is valid for the host the acceptor lists that node at ([`PeerTls::check_name`]) |
+//! | the acceptor | the dialer's chain against the CA during the TLS handshake; then, once the handshake frame names the dialer, that its certificate is valid for the host the acceptor lists that node at (`PeerTls::check_name`) |
 //!
 //! Each connection makes a full handshake (no session tickets, no resumption), so a node whose
 //! certificate is no longer trusted is refused at its next connection.
