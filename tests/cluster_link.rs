@@ -3,7 +3,10 @@
 //! oversized length, a forged sender, a wrong-direction or unknown handshake) closes only its own
 //! link, and the link comes back; a newer connection replaces an older one; a node that is gone
 //! costs its peers nothing (sends drop at once) and is talked to again once it is back on its
-//! address. Every wait is a deadline loop; no sleep is an assertion.
+//! address. With TLS (certificates from a test CA): frames both ways; a node whose certificate
+//! another CA signed, or one not valid for the host its peers list it at, is refused both as a
+//! dialer and as an acceptor while the good links work; a plaintext peer is refused and the TLS
+//! node goes on. Every wait is a deadline loop; no sleep is an assertion.
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
@@ -13,8 +16,10 @@ use std::time::{Duration, Instant};
 use raft::eraftpb::{Message, MessageType};
 use tephra::cluster::link::{Inbound, LinkStats, Links, MAX_FRAME};
 use tephra::cluster::peer::{decode_frame, encode_frame};
+use tephra::cluster::tls::PeerTls;
 use tephra::config::cluster_id;
 use tephra::journal::JournalId;
+use tephra_test_support::TestCa;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const G: JournalId = JournalId { tenant: 7, journal: 9 };
@@ -45,8 +50,12 @@ struct Node {
 
 impl Node {
     fn start(id: u64, listener: TcpListener, peers: &BTreeMap<u64, String>) -> Node {
+        Node::start_with(id, listener, peers, None)
+    }
+
+    fn start_with(id: u64, listener: TcpListener, peers: &BTreeMap<u64, String>, tls: Option<PeerTls>) -> Node {
         let (tx, inbox) = flume::unbounded();
-        let links = Links::start_on(listener, id, cluster(), peers, tx).expect("links start");
+        let links = Links::start_on(listener, id, cluster(), peers, tls, tx).expect("links start");
         Node { id, links, inbox }
     }
 
@@ -320,8 +329,168 @@ fn a_node_gone_costs_nothing_and_is_heard_again_once_back() {
 #[test]
 fn start_binds_and_refuses_an_address_in_use() {
     let (tx, _rx) = flume::unbounded();
-    let a = Links::start(1, cluster(), "127.0.0.1:0", &BTreeMap::new(), tx.clone()).unwrap();
+    let a = Links::start(1, cluster(), "127.0.0.1:0", &BTreeMap::new(), None, tx.clone()).unwrap();
     assert!(a.stats().is_empty() && a.local_addr().port() != 0);
-    let e = Links::start(2, cluster(), &a.local_addr().to_string(), &BTreeMap::new(), tx).err().expect("the port is taken");
+    let e = Links::start(2, cluster(), &a.local_addr().to_string(), &BTreeMap::new(), None, tx).err().expect("the port is taken");
     assert_eq!(e.kind(), ErrorKind::AddrInUse);
+}
+
+/// TLS for a node: a certificate `ca` signs for `names`, and `trusted` as the CA of its peers.
+fn peer_tls(ca: &TestCa, names: &[&str], trusted: &TestCa) -> PeerTls {
+    let (cert, key) = ca.issue(names);
+    let chain = rustls_pemfile::certs(&mut cert.as_bytes()).collect::<Result<Vec<_>, _>>().unwrap();
+    let key = rustls_pemfile::private_key(&mut key.as_bytes()).unwrap().unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut trusted.pem().as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    PeerTls::new(chain, key, roots).unwrap()
+}
+
+/// `n` listeners and the peer map naming each at `127.0.0.1`.
+fn listeners(n: usize) -> (Vec<TcpListener>, BTreeMap<u64, String>) {
+    let ls: Vec<TcpListener> = (0..n).map(|_| listener()).collect();
+    let all = peers(&ls.iter().enumerate().map(|(i, l)| (i as u64 + 1, l.local_addr().unwrap())).collect::<Vec<_>>());
+    (ls, all)
+}
+
+#[test]
+fn tls_links_carry_frames_both_ways_intact() {
+    let ca = TestCa::new("cluster CA");
+    let (ls, all) = listeners(3);
+    let nodes: Vec<Node> = ls.into_iter().enumerate().map(|(i, l)| Node::start_with(i as u64 + 1, l, &all, Some(peer_tls(&ca, &["127.0.0.1"], &ca)))).collect();
+    let mut term = 10;
+    for a in &nodes {
+        for b in &nodes {
+            if a.id != b.id {
+                term += 1;
+                assert_eq!(deliver(a, b, term).messages, messages(a.id, b.id, term));
+            }
+        }
+    }
+    // A burst, each way, with a frame of many records among small ones: every frame arrives
+    // intact and in order.
+    let (a, b) = (&nodes[0], &nodes[2]);
+    let big = |t: u64| vec![(G, Message { context: vec![t as u8; 3 << 20], ..heartbeat(a.id, b.id, t) })];
+    for t in 1_000..2_000 {
+        let m = if t == 1_500 { big(t) } else { messages(a.id, b.id, t) };
+        a.links.send(b.id, encode_frame(cluster(), a.id, b.id, &m));
+        b.links.send(a.id, encode_frame(cluster(), b.id, a.id, &messages(b.id, a.id, t)));
+    }
+    let deadline = Instant::now() + DEADLINE;
+    for (to, from) in [(b, a), (a, b)] {
+        for t in 1_000..2_000 {
+            // Passing over what `deliver` sent again before the burst.
+            let got = std::iter::from_fn(|| to.inbox.recv_deadline(deadline).ok()).find(|i| i.messages[0].1.term >= 1_000).expect("the whole burst arrives");
+            let want = if t == 1_500 && from.id == a.id { big(t) } else { messages(from.id, to.id, t) };
+            assert!(got.from == from.id && got.messages == want, "node {} from {}: frame {t}", to.id, from.id);
+        }
+    }
+    for n in &nodes {
+        assert_eq!(n.links.refused_handshakes(), 0);
+        for s in n.links.stats() {
+            assert!(s.connects == 1 && s.refused == 0, "node {}: {s:?}", n.id);
+        }
+    }
+}
+
+/// Sends `from` → `to` frames until `done`; afterwards, every frame `to` heard came from
+/// `good` (the bad peer's never arrived).
+fn refused_while(from: &Node, to: &Node, good: u64, what: &str, mut done: impl FnMut() -> bool) {
+    let mut term = 1;
+    wait_until(what, || {
+        term += 1;
+        from.links.send(to.id, encode_frame(cluster(), from.id, to.id, &messages(from.id, to.id, term)));
+        done()
+    });
+    assert!(to.inbox.drain().all(|i| i.from == good), "node {} heard node {}", to.id, from.id);
+}
+
+#[test]
+fn a_node_whose_certificate_another_ca_signed_is_refused_both_ways() {
+    let (ca, other) = (TestCa::new("cluster CA"), TestCa::new("another CA"));
+    // Nodes 1 and 4 have certificates of another CA (trusting the cluster's, so that only
+    // the others' refusal keeps them out): node 1 dials 2 and 3, which refuse it as
+    // acceptors; 2 and 3 dial 4, and refuse it as dialers.
+    let (ls, all) = listeners(4);
+    let nodes: Vec<Node> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let id = i as u64 + 1;
+            let signer = if id == 1 || id == 4 { &other } else { &ca };
+            Node::start_with(id, l, &all, Some(peer_tls(signer, &["127.0.0.1"], &ca)))
+        })
+        .collect();
+    let (n1, n2, n3, n4) = (&nodes[0], &nodes[1], &nodes[2], &nodes[3]);
+    deliver(n2, n3, 1);
+    deliver(n3, n2, 2);
+    refused_while(n1, n2, 3, "nodes 2 and 3 refused node 1 twice each and node 4 refused its dialers", || {
+        n2.links.refused_handshakes() >= 2 && n3.links.refused_handshakes() >= 2 && n4.links.refused_handshakes() >= 4
+    });
+    for good in [n2, n3] {
+        for bad in [1, 4] {
+            let s = good.stats(bad);
+            assert!(!s.connected && s.connects == 0 && s.received == 0, "node {}: {s:?}", good.id);
+        }
+    }
+    // The good link never noticed.
+    deliver(n2, n3, 3);
+    deliver(n3, n2, 4);
+    assert_eq!((n2.stats(3).connects, n3.stats(2).connects), (1, 1));
+}
+
+#[test]
+fn a_certificate_not_valid_for_the_host_a_node_is_listed_at_is_refused_both_ways() {
+    let ca = TestCa::new("cluster CA");
+    // Everyone lists nodes 1 and 3 at 127.0.0.1, but their certificates name only localhost;
+    // node 4 is listed at localhost, which its certificate names.
+    let (ls, mut all) = listeners(4);
+    let port4 = ls[3].local_addr().unwrap().port();
+    all.insert(4, format!("localhost:{port4}"));
+    let names: [&[&str]; 4] = [&["localhost"], &["127.0.0.1"], &["localhost"], &["localhost"]];
+    let nodes: Vec<Node> = ls.into_iter().enumerate().map(|(i, l)| Node::start_with(i as u64 + 1, l, &all, Some(peer_tls(&ca, names[i], &ca)))).collect();
+    let (n1, n2, n3, n4) = (&nodes[0], &nodes[1], &nodes[2], &nodes[3]);
+    // A name is checked as a DNS name too: node 2 reaches node 4 at localhost, and node 4
+    // finds node 2's certificate valid for 127.0.0.1, where it lists node 2.
+    deliver(n2, n4, 1);
+    deliver(n4, n2, 2);
+    // Node 1 dials node 2 and is refused by it (the acceptor's check, after the handshake
+    // frame names node 1); node 2 dials node 3 and refuses its certificate (the dialer's).
+    refused_while(n1, n2, 4, "node 2 refused node 1 twice and node 3 refused node 2 twice", || {
+        n2.links.refused_handshakes() >= 2 && n3.links.refused_handshakes() >= 2
+    });
+    for (node, bad) in [(n2, 1), (n2, 3), (n4, 3)] {
+        let s = node.stats(bad);
+        assert!(!s.connected && s.connects == 0 && s.received == 0, "node {}: {s:?}", node.id);
+    }
+    deliver(n2, n4, 3);
+    assert_eq!((n2.stats(4).connects, n4.stats(2).connects), (1, 1));
+}
+
+#[test]
+fn a_plaintext_peer_is_refused_by_a_tls_node_which_goes_on() {
+    let ca = TestCa::new("cluster CA");
+    let (mut ls, all) = listeners(3);
+    let l3 = ls.pop().unwrap();
+    let addr2 = ls[1].local_addr().unwrap();
+    let tls: Vec<Node> = ls.into_iter().enumerate().map(|(i, l)| Node::start_with(i as u64 + 1, l, &all, Some(peer_tls(&ca, &["127.0.0.1"], &ca)))).collect();
+    let (n1, n2) = (&tls[0], &tls[1]);
+    deliver(n1, n2, 1);
+    // A plaintext dialer saying it is node 1, as a node without [tls] would: refused.
+    let mut fake = Fake::dial(addr2);
+    fake.write(&encode_frame(cluster(), 1, 2, &[]));
+    fake.write(&encode_frame(cluster(), 1, 2, &messages(1, 2, 50)));
+    fake.closed();
+    assert_eq!(n2.links.refused_handshakes(), 1);
+    // A plaintext node 3: node 2's TLS dial is refused by it (its hello is no frame), and
+    // node 2 never counts a link to it.
+    let n3 = Node::start(3, l3, &all);
+    refused_while(n2, &n3, 0, "node 3 refused node 2's TLS hello twice", || n3.links.refused_handshakes() >= 2);
+    assert!(!n2.stats(3).connected && n2.stats(3).connects == 0);
+    // Node 1's link never noticed.
+    deliver(n1, n2, 2);
+    deliver(n2, n1, 3);
+    assert_eq!((n1.stats(2).connects, n2.stats(1).connects), (1, 1));
+    assert!(n2.inbox.drain().all(|i| i.from == 1));
 }

@@ -2,11 +2,13 @@
 //! (docs/journals.md §9.5): a journal created on any node is written through the blocking
 //! client with every node listed, each node serves the same records, and the journal goes on
 //! through the SIGKILL of its group's leader and serves everything after the node comes back.
+//! With `[tls]` and `cluster.tls_ca`, clients and peers speak TLS only, and a node whose
+//! certificate the CA did not sign refuses to start.
 
 use std::time::{Duration, Instant};
 
 use support::Cluster;
-use tephra::client::journal::{CreateOutcome, DeleteOutcome, JournalError, Journals, JournalsConfig, ReadOutcome, SetLeaderOutcome, WriteOutcome};
+use tephra::client::journal::{CreateOutcome, DeleteOutcome, JournalError, Journals, JournalsConfig, JournalsTls, ReadOutcome, SetLeaderOutcome, WriteOutcome};
 use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
 use tephra_test_support as support;
 
@@ -48,7 +50,11 @@ fn write(c: &mut Journals, id: JournalId, seq: u64, records: &[Vec<u8>]) -> u64 
 
 /// Every record of `id` as node `addr` serves it, from 0.
 fn read_all(addr: &str, id: JournalId) -> Vec<Vec<u8>> {
-    let mut c = client(vec![addr.to_owned()]);
+    read_all_with(&mut client(vec![addr.to_owned()]), addr, id)
+}
+
+/// Every record of `id` as `c`'s server (at `addr`) serves it, from 0.
+fn read_all_with(c: &mut Journals, addr: &str, id: JournalId) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -281,4 +287,70 @@ fn a_leader_past_its_admission_limit_answers_busy_and_the_client_sends_the_write
     assert_eq!(records.len(), 24 * 20, "every write landed once");
     let busy: u64 = support::sample(&cluster.node(lead).unwrap().metrics(), "tephra_cluster_busy_total").parse().unwrap();
     assert!(busy > 0, "24 writers against an admission limit of 2 met BUSY");
+}
+
+/// A client of `servers` over TLS, trusting `ca` and checking each server's address.
+fn tls_client(servers: Vec<String>, ca: &std::path::Path) -> Journals {
+    let mut c = JournalsConfig::new(servers);
+    c.request_timeout = Duration::from_secs(10);
+    c.read_timeout = Duration::from_secs(3);
+    c.tls = Some(JournalsTls { config: tephra::client::tls::config_with_custom_ca(ca).unwrap(), server_name: None });
+    Journals::new(c)
+}
+
+#[test]
+fn a_cluster_with_tls_serves_clients_and_peers_over_tls_only() {
+    let certs = support::scratch_dir();
+    let (ca, cert, key) = support::TestCa::new("cluster CA").write(certs.path(), &["127.0.0.1", "localhost"]);
+    let (ca_s, cert_s, key_s) = (ca.display().to_string(), cert.display().to_string(), key.display().to_string());
+    let env = [("TEPHRA__TLS__CERT", cert_s.as_str()), ("TEPHRA__TLS__KEY", key_s.as_str()), ("TEPHRA__CLUSTER__TLS_CA", ca_s.as_str())];
+    let cluster = Cluster::start(&server_bin(), 3, &env);
+    let mut c = tls_client(cluster.addrs(), &ca);
+    let id = create(&mut c, "sealed");
+    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    let all: Vec<Vec<u8>> = (0..60).map(record).collect();
+    let mut seq = 0;
+    for chunk in all.chunks(7) {
+        seq = write(&mut c, id, seq, chunk);
+    }
+    for addr in cluster.addrs() {
+        assert_eq!(read_all_with(&mut tls_client(vec![addr.clone()], &ca), &addr, id), all, "node {addr}");
+    }
+    for n in 1..=3 {
+        let log = cluster.log(n);
+        assert!(log.lines().any(|l| l.contains("cluster member") && l.contains("tls=true")), "node {n}:\n{log}");
+    }
+    // The peer port speaks TLS only: a plaintext peer's handshake frame is refused, said so.
+    let mut plain = std::net::TcpStream::connect(cluster.peer_addrs[2]).unwrap();
+    let hello = tephra::cluster::peer::encode_frame(tephra::config::cluster_id([1, 2, 3]), 1, 3, &[]);
+    let _ = std::io::Write::write_all(&mut plain, &[&(hello.len() as u32).to_le_bytes()[..], &hello].concat());
+    plain.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = std::io::Read::read_to_end(&mut plain, &mut Vec::new());
+    let node3 = cluster.node(3).unwrap();
+    assert!(node3.log_shows("TLS handshake failed", Duration::from_secs(10)), "{}", node3.log());
+    // And the cluster goes on.
+    assert_eq!(write(&mut c, id, seq, &[record(60)]), 61);
+}
+
+#[test]
+fn a_node_whose_certificate_the_cluster_ca_did_not_sign_refuses_to_start() {
+    let certs = support::scratch_dir();
+    let (_, cert, key) = support::TestCa::new("one CA").write(certs.path(), &["127.0.0.1"]);
+    let other = certs.path().join("other-ca.pem");
+    std::fs::write(&other, support::TestCa::new("another CA").pem()).unwrap();
+    let (cert_s, key_s, other_s) = (cert.display().to_string(), key.display().to_string(), other.display().to_string());
+    let missing = certs.path().join("missing.pem").display().to_string();
+    for (ca, says) in [(other_s.as_str(), "would be refused by the other nodes"), (missing.as_str(), "cannot read cluster.tls_ca")] {
+        let env = [
+            ("TEPHRA__CLUSTER__NODE_ID", "1"),
+            ("TEPHRA__CLUSTER__BIND", "127.0.0.1:1"),
+            ("TEPHRA__CLUSTER__PEERS", "2=127.0.0.1:2"),
+            ("TEPHRA__TLS__CERT", cert_s.as_str()),
+            ("TEPHRA__TLS__KEY", key_s.as_str()),
+            ("TEPHRA__CLUSTER__TLS_CA", ca),
+        ];
+        let out = support::run_to_exit(&server_bin(), &["--bind", "127.0.0.1:0"], &env, None, Duration::from_secs(30));
+        assert_eq!(out.code, Some(1), "{out:?}");
+        assert!(out.stderr.contains(says) && out.stderr.contains(ca), "{ca}: {}", out.stderr);
+    }
 }

@@ -1,6 +1,7 @@
 //! The `[cluster]` section: absent by default, set from the file and from `TEPHRA__CLUSTER__*`
 //! (the peer list as one comma-separated variable), every refusal naming what is wrong, the
-//! parsed members and the cluster id.
+//! parsed members and the cluster id; `cluster.tls_ca` required with `[tls]` and refused
+//! without it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -131,6 +132,30 @@ fn zone_length_and_tick_bounds() {
     for bad in ["0", "1001"] {
         assert_eq!(invalid(resolve(&[base[0], base[1], ("TEPHRA__CLUSTER__TICK_MS", bad)])), format!("cluster.tick_ms must be between 1 and 1000, got {bad}"));
     }
+}
+
+#[test]
+fn tls_ca_goes_with_tls_and_only_with_it() {
+    let base = [("TEPHRA__CLUSTER__NODE_ID", "1"), ("TEPHRA__CLUSTER__BIND", "127.0.0.1:9401")];
+    let tls = [("TEPHRA__TLS__CERT", "/etc/tephra/node-1.pem"), ("TEPHRA__TLS__KEY", "/etc/tephra/node-1.key")];
+    let ca = ("TEPHRA__CLUSTER__TLS_CA", "/etc/tephra/ca.pem");
+    // Both: peer links use TLS, trusting that CA.
+    let c = resolve(&[base[0], base[1], tls[0], tls[1], ca]).unwrap().cluster.unwrap();
+    assert_eq!(c.tls_ca.as_deref(), Some(Path::new("/etc/tephra/ca.pem")));
+    let file = "[tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\n[cluster]\nnode_id = 1\nbind = \"127.0.0.1:9401\"\ntls_ca = \"/ca.pem\"\n";
+    assert_eq!(from_file(file).unwrap().cluster.unwrap().tls_ca.as_deref(), Some(Path::new("/ca.pem")));
+    // Neither: plain TCP, as before.
+    assert_eq!(resolve(&base).unwrap().cluster.unwrap().tls_ca, None);
+    // [tls] alone, cluster.tls_ca alone, an empty path: refused, saying what to set.
+    assert_eq!(
+        invalid(resolve(&[base[0], base[1], tls[0], tls[1]])),
+        "cluster peer links use TLS when [tls] is set: set cluster.tls_ca to the CA that signed every node's certificate"
+    );
+    let e = invalid(resolve(&[base[0], base[1], ca]));
+    assert!(e.starts_with("cluster.tls_ca is set but [tls] is not") && e.contains("set tls.cert and tls.key"), "{e}");
+    assert_eq!(invalid(resolve(&[base[0], base[1], tls[0], tls[1], ("TEPHRA__CLUSTER__TLS_CA", "")])), "cluster.tls_ca must not be empty");
+    // A single node with [tls] needs no CA.
+    assert!(resolve(&tls).is_ok());
 }
 
 #[test]

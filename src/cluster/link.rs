@@ -12,6 +12,7 @@
 //! | refusal | a later frame that does not decode, or names another sender than the handshake, closes that link only; the dialer reconnects |
 //! | replacement | a newer connection from the same peer replaces the old one, which is closed |
 //! | queues | per peer, at most [`QUEUE_FRAMES`] frames wait; a writer drains them through a buffer and flushes when the queue is momentarily empty, so many frames go in few system calls |
+//! | TLS | with a [`PeerTls`], every connection is mutual TLS 1.3 ([`super::tls`]), its handshake done before the handshake frame; a connection whose TLS handshake fails (no TLS, a certificate the CA did not sign or not valid for the peer's host) is refused like a bad handshake frame, and the dialer tries again as after a failed dial. The queued frames go into the session without a copy, many to a record |
 //!
 //! Threads: one acceptor, one link thread per peer (it dials or takes the accepted
 //! connection, and writes), one reader per connection (it decodes and hands each frame's
@@ -19,7 +20,7 @@
 //! Source: docs/journals.md §9.4.
 
 use std::collections::BTreeMap;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, BufWriter, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,6 +30,7 @@ use std::time::{Duration, Instant};
 use raft::eraftpb::Message;
 
 use super::peer::{decode_frame, encode_frame};
+use super::tls::{PeerTls, Session, TlsRead, TlsWrite};
 use crate::journal::JournalId;
 
 /// Largest peer frame, in bytes, sent or accepted (64 MiB). A longer length prefix closes the
@@ -40,7 +42,8 @@ pub const QUEUE_FRAMES: usize = 4096;
 pub const MIN_BACKOFF: Duration = Duration::from_millis(20);
 /// Longest pause between a dialer's attempts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
-/// How long an accepted connection has to deliver its handshake frame.
+/// How long an accepted connection has to deliver its handshake frame (and, on TLS links,
+/// how long the TLS handshake may take).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one write may block (a peer that stopped reading) before its link is closed.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -100,6 +103,8 @@ struct Shared {
     cluster: u64,
     stop: AtomicBool,
     inbox: flume::Sender<Inbound>,
+    /// TLS on every connection, when set.
+    tls: Option<PeerTls>,
     /// Incoming connections refused at their handshake.
     refused_handshakes: AtomicU64,
     /// A connection the acceptor is reading a handshake from, to close when stopping.
@@ -128,10 +133,75 @@ struct PeerState {
     current: Mutex<Option<TcpStream>>,
 }
 
+/// One peer connection: its socket and, on a TLS link, its session.
+struct Conn {
+    tcp: TcpStream,
+    tls: Option<Session>,
+}
+
+impl Conn {
+    /// The reading half, on a handle of its own on the socket.
+    fn input(&self) -> io::Result<Input> {
+        let tcp = self.tcp.try_clone()?;
+        Ok(match &self.tls {
+            None => Input::Plain(BufReader::with_capacity(READ_BUFFER, tcp)),
+            Some(s) => Input::Tls(TlsRead::new(tcp, Arc::clone(s))),
+        })
+    }
+
+    /// The writing half.
+    fn output(self) -> Output {
+        match self.tls {
+            None => Output::Plain(BufWriter::with_capacity(WRITE_BUFFER, self.tcp)),
+            Some(s) => Output::Tls(TlsWrite::new(self.tcp, s)),
+        }
+    }
+}
+
+/// The reading half of a connection: buffered reads of the socket, or the TLS session's
+/// plaintext (which is buffered already).
+enum Input {
+    Plain(BufReader<TcpStream>),
+    Tls(TlsRead),
+}
+
+impl Input {
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Input::Plain(r) => r.get_ref(),
+            Input::Tls(r) => r.socket(),
+        }
+    }
+}
+
+impl Read for Input {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Input::Plain(r) => r.read(buf),
+            Input::Tls(r) => r.read(buf),
+        }
+    }
+}
+
+/// The writing half of a connection: a buffer in front of the socket, or the TLS session.
+enum Output {
+    Plain(BufWriter<TcpStream>),
+    Tls(TlsWrite),
+}
+
+impl Output {
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Output::Plain(w) => w.get_ref(),
+            Output::Tls(w) => w.socket(),
+        }
+    }
+}
+
 /// What a link thread is told besides frames to send.
 enum Control {
     /// The acceptor took a connection from this peer (handshake checked).
-    Accepted(TcpStream),
+    Accepted(Conn),
     /// The reader of connection `generation` ended; the link is down.
     Closed(u64),
     /// [`Links`] is being dropped.
@@ -144,15 +214,17 @@ impl Links {
     ///
     /// # Errors
     /// The bind's error (address in use, not resolvable, ...), or a thread that cannot start.
-    pub fn start(me: u64, cluster: u64, bind: &str, peers: &BTreeMap<u64, String>, inbox: flume::Sender<Inbound>) -> io::Result<Links> {
+    pub fn start(me: u64, cluster: u64, bind: &str, peers: &BTreeMap<u64, String>, tls: Option<PeerTls>, inbox: flume::Sender<Inbound>) -> io::Result<Links> {
         let listener = TcpListener::bind(bind)?;
-        Links::start_on(listener, me, cluster, peers, inbox)
+        Links::start_on(listener, me, cluster, peers, tls, inbox)
     }
 
     /// Starts the links of node `me` of `cluster` on an already bound listener: an acceptor
     /// thread and one link per peer of `peers` (node id to `HOST:PORT`; an entry for `me` is
     /// ignored). Every peer's messages go to `inbox`, one [`Inbound`] per frame; a bounded inbox
-    /// that is full holds the readers (and through TCP the senders) back.
+    /// that is full holds the readers (and through TCP the senders) back. With `tls`, every
+    /// connection is mutual TLS ([`super::tls`]): a peer is reached and accepted only over TLS,
+    /// with a certificate of the CA valid for the host `peers` lists it at.
     ///
     /// Binding first lets a caller learn every node's port before any starts, as tests with
     /// several nodes on port 0 do: bind each node's listener, build the peer maps from their
@@ -160,10 +232,18 @@ impl Links {
     ///
     /// # Errors
     /// Cloning the listener's handle, or a thread that cannot start.
-    pub fn start_on(listener: TcpListener, me: u64, cluster: u64, peers: &BTreeMap<u64, String>, inbox: flume::Sender<Inbound>) -> io::Result<Links> {
+    pub fn start_on(
+        listener: TcpListener,
+        me: u64,
+        cluster: u64,
+        peers: &BTreeMap<u64, String>,
+        tls: Option<PeerTls>,
+        inbox: flume::Sender<Inbound>,
+    ) -> io::Result<Links> {
         let local = listener.local_addr()?;
         let handle = listener.try_clone()?;
-        let shared = Arc::new(Shared { me, cluster, stop: AtomicBool::new(false), inbox, refused_handshakes: AtomicU64::new(0), pending: Mutex::new(None) });
+        let shared =
+            Arc::new(Shared { me, cluster, stop: AtomicBool::new(false), inbox, tls, refused_handshakes: AtomicU64::new(0), pending: Mutex::new(None) });
         let mut links = Links { shared: Arc::clone(&shared), local, listener: handle, acceptor: None, peers: BTreeMap::new() };
         for (&id, addr) in peers.iter().filter(|(&id, _)| id != me) {
             let state = Arc::new(PeerState {
@@ -188,7 +268,7 @@ impl Links {
                 peer.thread = Some(thread);
             }
         }
-        let routes: BTreeMap<u64, flume::Sender<Control>> = links.peers.iter().map(|(&id, p)| (id, p.control.clone())).collect();
+        let routes: BTreeMap<u64, Route> = links.peers.iter().map(|(&id, p)| (id, Route { control: p.control.clone(), addr: p.state.addr.clone() })).collect();
         links.acceptor = Some(std::thread::Builder::new().name("tephra-link-accept".into()).spawn(move || accept(listener, &shared, &routes))?);
         Ok(links)
     }
@@ -306,11 +386,23 @@ fn read_frame(r: &mut impl Read) -> Result<Vec<u8>, ReadError> {
     Ok(frame)
 }
 
+/// A frame's length prefix.
+fn length_prefix(frame: &[u8]) -> io::Result<[u8; 4]> {
+    u32::try_from(frame.len()).map(u32::to_le_bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame above 4 GiB"))
+}
+
 /// Writes one length-prefixed frame (buffered).
 fn write_frame(w: &mut impl Write, frame: &[u8]) -> io::Result<()> {
-    let len = u32::try_from(frame.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame above 4 GiB"))?;
-    w.write_all(&len.to_le_bytes())?;
+    w.write_all(&length_prefix(frame)?)?;
     w.write_all(frame)
+}
+
+/// Writes length-prefixed `frames` into a TLS session: the prefixes and the frames go in as
+/// they are (no copy before encryption), many frames to a record.
+fn write_frames_tls(w: &mut TlsWrite, frames: &[Vec<u8>]) -> io::Result<()> {
+    let prefixes = frames.iter().map(|f| length_prefix(f)).collect::<io::Result<Vec<_>>>()?;
+    let mut slices: Vec<IoSlice<'_>> = prefixes.iter().zip(frames).flat_map(|(p, f)| [IoSlice::new(p), IoSlice::new(f)]).collect();
+    w.write_all_slices(&mut slices)
 }
 
 /// Socket options of every peer connection: no Nagle delay, bounded writes, keepalive probes
@@ -322,9 +414,16 @@ fn configure(stream: &TcpStream) -> io::Result<()> {
     socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
 }
 
+/// Where the acceptor hands a peer's connections: its link thread, and the address this node
+/// lists it at (which its TLS certificate must be valid for).
+struct Route {
+    control: flume::Sender<Control>,
+    addr: String,
+}
+
 /// The acceptor: takes each incoming connection, checks its handshake and hands it to its
 /// peer's link thread.
-fn accept(listener: TcpListener, shared: &Shared, routes: &BTreeMap<u64, flume::Sender<Control>>) {
+fn accept(listener: TcpListener, shared: &Shared, routes: &BTreeMap<u64, Route>) {
     loop {
         let accepted = listener.accept();
         if shared.stop.load(Ordering::SeqCst) {
@@ -348,9 +447,9 @@ fn accept(listener: TcpListener, shared: &Shared, routes: &BTreeMap<u64, flume::
         let checked = handshake(&stream, shared, routes);
         lock(&shared.pending).take();
         match checked {
-            Ok(from) => {
+            Ok((from, tls)) => {
                 if let Some(route) = routes.get(&from) {
-                    let _ = route.send(Control::Accepted(stream));
+                    let _ = route.control.send(Control::Accepted(Conn { tcp: stream, tls }));
                 }
             }
             Err(why) => {
@@ -364,11 +463,25 @@ fn accept(listener: TcpListener, shared: &Shared, routes: &BTreeMap<u64, flume::
     }
 }
 
-/// Reads and checks an accepted connection's handshake: the sender's id, or why it is refused.
-fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, flume::Sender<Control>>) -> Result<u64, String> {
+/// Makes an accepted connection's TLS handshake (on a TLS link), then reads and checks its
+/// handshake frame: the sender's id and the TLS session, or why it is refused.
+fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, Route>) -> Result<(u64, Option<Session>), String> {
     configure(stream).map_err(|e| format!("socket options: {e}"))?;
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|e| e.to_string())?;
-    let frame = read_frame(&mut &*stream).map_err(|e| match e {
+    let session = match &shared.tls {
+        None => None,
+        Some(tls) => Some(tls.accept(stream, Instant::now() + HANDSHAKE_TIMEOUT).map_err(|e| {
+            format!("TLS handshake failed: {e} (every node needs [tls] with a certificate signed by the CA each node names as cluster.tls_ca)")
+        })?),
+    };
+    let read = match &session {
+        None => read_frame(&mut &*stream),
+        Some(s) => {
+            let tcp = stream.try_clone().map_err(|e| e.to_string())?;
+            read_frame(&mut TlsRead::new(tcp, Arc::clone(s)))
+        }
+    };
+    let frame = read.map_err(|e| match e {
         ReadError::Io(e) => format!("no handshake within {HANDSHAKE_TIMEOUT:?}: {e}"),
         ReadError::TooLong(len) => format!("handshake length {len} is above the {MAX_FRAME}-byte limit"),
     })?;
@@ -382,8 +495,11 @@ fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, flume::
     if !messages.is_empty() {
         return Err(format!("node {from}'s handshake carries {} messages; it carries none", messages.len()));
     }
+    if let (Some(s), Some(route)) = (&session, routes.get(&from)) {
+        PeerTls::check_name(s, &route.addr).map_err(|e| format!("node {from}: {e}"))?;
+    }
     stream.set_read_timeout(None).map_err(|e| e.to_string())?;
-    Ok(from)
+    Ok((from, session))
 }
 
 /// One peer's link thread: it dials (lower id) or takes accepted connections (higher id),
@@ -399,12 +515,21 @@ struct Link {
     generation: u64,
 }
 
+/// Why a dial failed.
+enum Dial {
+    /// No connection: the address does not resolve, nothing listens, the socket failed.
+    Unreachable(io::Error),
+    /// Connected, but the TLS handshake failed (the peer's certificate is refused, the peer
+    /// refused ours or does not speak TLS, no handshake in time).
+    Tls(io::Error),
+}
+
 /// How serving one connection ended.
 enum End {
     /// The connection failed or the peer closed it.
     Closed,
     /// A newer connection from the peer replaces it.
-    Replaced(TcpStream),
+    Replaced(Conn),
     /// The links are stopping.
     Stop,
 }
@@ -419,7 +544,7 @@ impl Link {
     }
 
     fn run(mut self) {
-        let mut next: Option<TcpStream> = None;
+        let mut next: Option<Conn> = None;
         let mut backoff = MIN_BACKOFF;
         loop {
             if self.stopping() {
@@ -430,7 +555,7 @@ impl Link {
                 None if self.dials() => match self.dial() {
                     Ok(s) => s,
                     Err(e) => {
-                        tracing::debug!(peer = self.state.id, error = %e, "could not reach node {} at {}", self.state.id, self.state.addr);
+                        self.dial_failed(&e);
                         match self.pause(backoff) {
                             Some(End::Stop) => return,
                             Some(End::Replaced(s)) => next = Some(s),
@@ -466,6 +591,17 @@ impl Link {
         }
     }
 
+    /// Logs a failed dial: a peer that cannot be reached at debug level (it may just be down),
+    /// a failed TLS handshake as a warning (a certificate or configuration to fix).
+    fn dial_failed(&self, e: &Dial) {
+        let (peer, addr) = (self.state.id, &self.state.addr);
+        match e {
+            Dial::Unreachable(e) => tracing::debug!(peer, error = %e, "could not reach node {peer} at {addr}"),
+            Dial::Tls(e) if !self.stopping() => tracing::warn!(peer, "link to node {peer}: TLS handshake with {addr} failed; trying again: {e}"),
+            Dial::Tls(_) => {}
+        }
+    }
+
     /// Waits `d` before the next dial; `Some` when told to stop (or handed a connection).
     fn pause(&self, d: Duration) -> Option<End> {
         let deadline = Instant::now() + d;
@@ -479,29 +615,54 @@ impl Link {
         }
     }
 
-    /// Connects to the peer and sends the handshake.
-    fn dial(&self) -> io::Result<TcpStream> {
+    /// Connects to the peer, makes the TLS handshake (on a TLS link) and sends the handshake
+    /// frame.
+    fn dial(&self) -> Result<Conn, Dial> {
         let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{} resolves to no address", self.state.addr));
-        for addr in self.state.addr.to_socket_addrs()? {
+        for addr in self.state.addr.to_socket_addrs().map_err(Dial::Unreachable)? {
             match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
                 Ok(stream) => {
-                    configure(&stream)?;
-                    write_frame(&mut &stream, &encode_frame(self.shared.cluster, self.shared.me, self.state.id, &[]))?;
-                    return Ok(stream);
+                    // Published so that stopping the links closes a TLS handshake waiting on the
+                    // peer; checked after publishing, as Drop closes `current` after setting
+                    // `stop`.
+                    *lock(&self.state.current) = stream.try_clone().ok();
+                    if self.stopping() {
+                        return Err(Dial::Unreachable(io::Error::other("the links are stopping")));
+                    }
+                    let greeted = self.greet(stream);
+                    if greeted.is_err() {
+                        lock(&self.state.current).take();
+                    }
+                    return greeted;
                 }
                 Err(e) => last = e,
             }
         }
-        Err(last)
+        Err(Dial::Unreachable(last))
+    }
+
+    /// Makes a dialed connection's TLS handshake (on a TLS link) and sends the handshake frame.
+    fn greet(&self, stream: TcpStream) -> Result<Conn, Dial> {
+        configure(&stream).map_err(Dial::Unreachable)?;
+        let hello = encode_frame(self.shared.cluster, self.shared.me, self.state.id, &[]);
+        let Some(tls) = &self.shared.tls else {
+            write_frame(&mut &stream, &hello).map_err(Dial::Unreachable)?;
+            return Ok(Conn { tcp: stream, tls: None });
+        };
+        let session = tls.connect(&stream, &self.state.addr, Instant::now() + HANDSHAKE_TIMEOUT).map_err(Dial::Tls)?;
+        stream.set_read_timeout(None).map_err(Dial::Unreachable)?;
+        let handle = stream.try_clone().map_err(Dial::Unreachable)?;
+        write_frames_tls(&mut TlsWrite::new(handle, Arc::clone(&session)), &[hello]).map_err(Dial::Unreachable)?;
+        Ok(Conn { tcp: stream, tls: Some(session) })
     }
 
     /// Serves one connection until it closes, is replaced, or the links stop: a reader
     /// thread on it, and the queued frames written to it.
-    fn serve(&mut self, stream: TcpStream) -> End {
+    fn serve(&mut self, conn: Conn) -> End {
         let peer = self.state.id;
         self.generation += 1;
         let generation = self.generation;
-        let reader = match (stream.try_clone(), stream.try_clone()) {
+        let reader = match (conn.input(), conn.tcp.try_clone()) {
             (Ok(r), Ok(handle)) => {
                 *lock(&self.state.current) = Some(handle);
                 let (shared, state, control) = (Arc::clone(&self.shared), Arc::clone(&self.state), self.control_tx.clone());
@@ -514,18 +675,18 @@ impl Link {
             Err(e) => {
                 tracing::warn!(peer, error = %e, "link to node {peer}: could not start its reader");
                 lock(&self.state.current).take();
-                let _ = stream.shutdown(Shutdown::Both);
+                let _ = conn.tcp.shutdown(Shutdown::Both);
                 return End::Closed;
             }
         };
         // Stop may have come between the check in `run` and publishing `current`.
         if self.stopping() {
-            let _ = stream.shutdown(Shutdown::Both);
+            let _ = conn.tcp.shutdown(Shutdown::Both);
         }
         self.state.connects.fetch_add(1, Ordering::Relaxed);
         self.state.connected.store(true, Ordering::Release);
         tracing::info!(peer, addr = %self.state.addr, "link to node {peer} is up");
-        let mut out = BufWriter::with_capacity(WRITE_BUFFER, stream);
+        let mut out = conn.output();
         let end = loop {
             let event = flume::Selector::new().recv(&self.frames, |f| f.map_or(Err(None), Ok)).recv(&self.control, |c| Err(c.ok())).wait();
             match event {
@@ -548,7 +709,7 @@ impl Link {
         };
         self.state.connected.store(false, Ordering::Release);
         lock(&self.state.current).take();
-        let _ = out.get_ref().shutdown(Shutdown::Both);
+        let _ = out.socket().shutdown(Shutdown::Both);
         let _ = reader.join();
         let stale = self.frames.drain().count() as u64;
         self.state.dropped.fetch_add(stale, Ordering::Relaxed);
@@ -559,7 +720,11 @@ impl Link {
     }
 
     /// Writes `first` and whatever else is queued, then flushes.
-    fn write(&self, out: &mut BufWriter<TcpStream>, first: Vec<u8>) -> io::Result<()> {
+    fn write(&self, out: &mut Output, first: Vec<u8>) -> io::Result<()> {
+        let out = match out {
+            Output::Plain(out) => out,
+            Output::Tls(out) => return self.write_tls(out, first),
+        };
         write_frame(out, &first)?;
         self.state.sent.fetch_add(1, Ordering::Relaxed);
         for frame in self.frames.try_iter().take(QUEUE_FRAMES) {
@@ -568,15 +733,42 @@ impl Link {
         }
         out.flush()
     }
+
+    /// [`Link::write`] on a TLS link: `first` and whatever else is queued go into the session
+    /// in batches of about [`WRITE_BUFFER`] bytes, each sent before the next is taken.
+    fn write_tls(&self, out: &mut TlsWrite, first: Vec<u8>) -> io::Result<()> {
+        let mut queued = self.frames.try_iter().take(QUEUE_FRAMES);
+        let mut batch = vec![first];
+        loop {
+            let mut bytes = batch[0].len();
+            while bytes < WRITE_BUFFER {
+                let Some(frame) = queued.next() else { break };
+                bytes += frame.len();
+                batch.push(frame);
+            }
+            write_frames_tls(out, &batch)?;
+            self.state.sent.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            batch.clear();
+            match queued.next() {
+                Some(frame) => batch.push(frame),
+                None => return out.flush(),
+            }
+        }
+    }
 }
 
 /// A connection's reader: decodes each frame and hands its messages to the inbox, until the
 /// connection ends or a frame is refused; then closes the connection and tells the link thread.
-fn read(stream: TcpStream, generation: u64, shared: &Shared, state: &PeerState, control: &flume::Sender<Control>) {
+fn read(mut input: Input, generation: u64, shared: &Shared, state: &PeerState, control: &flume::Sender<Control>) {
     let peer = state.id;
-    let mut input = BufReader::with_capacity(READ_BUFFER, &stream);
     loop {
         let refusal = match read_frame(&mut input) {
+            // What a TLS session refused (an alert from the peer, such as its refusal of this
+            // node's certificate, or a record that does not decrypt): worth a warning.
+            Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::InvalidData && !shared.stop.load(Ordering::SeqCst) => {
+                tracing::warn!(peer, "link to node {peer}: TLS session failed, closing the link: {e}");
+                None
+            }
             Err(ReadError::Io(e)) => {
                 if !shared.stop.load(Ordering::SeqCst) {
                     tracing::debug!(peer, error = %e, "link to node {peer}: connection ended");
@@ -603,7 +795,7 @@ fn read(stream: TcpStream, generation: u64, shared: &Shared, state: &PeerState, 
         }
         break;
     }
-    let _ = stream.shutdown(Shutdown::Both);
+    let _ = input.socket().shutdown(Shutdown::Both);
     let _ = control.send(Control::Closed(generation));
 }
 

@@ -11,6 +11,7 @@
 //! | [`node`] | the loop that drives one node's replica: command log, peers, calls |
 //! | [`peer`] | the frame one node sends another: many groups' consensus messages, checked on receipt |
 //! | [`link`] | the peer transport: one TCP connection per node pair carrying those frames, queues that never block the sender |
+//! | [`tls`] | mutual TLS 1.3 on those connections when the node serves TLS |
 //!
 //! The command log and the loop that drives a [`replica::Replica`] live at
 //! the edges. Source: docs/journals.md §9.
@@ -22,3 +23,4 @@ pub mod node;
 pub mod peer;
 pub mod placement;
 pub mod replica;
+pub mod tls;

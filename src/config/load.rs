@@ -298,7 +298,7 @@ fn key_kinds() -> Table {
         metrics: MetricsSettings { bind: Some(String::new()) },
         tls: TlsSettings { cert: Some(PathBuf::new()), key: Some(PathBuf::new()) },
         auth: AuthSettings { tokens: vec![TokenSettings::default()], ..AuthSettings::default() },
-        cluster: Some(ClusterSettings { peers: vec![String::new()], zone: Some(String::new()), ..ClusterSettings::default() }),
+        cluster: Some(ClusterSettings { peers: vec![String::new()], zone: Some(String::new()), tls_ca: Some(PathBuf::new()), ..ClusterSettings::default() }),
         ..Settings::default()
     };
     match Value::try_from(&full) {

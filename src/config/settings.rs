@@ -192,11 +192,16 @@ pub struct ClusterSettings {
     /// `cluster.tick_ms`: the consensus tick, in milliseconds (elections after 30 to 60 ticks
     /// without a leader, heartbeats every 5). Default 10; 1 to [`MAX_TICK_MS`].
     pub tick_ms: u64,
+    /// `cluster.tls_ca`: path to the PEM bundle of the CA that signed every node's certificate.
+    /// Required when `[tls]` is set (peer links then use mutual TLS with this node's
+    /// `tls.cert` and `tls.key`), refused without it. Unset by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for ClusterSettings {
     fn default() -> Self {
-        ClusterSettings { node_id: 0, bind: String::new(), peers: Vec::new(), zone: None, tick_ms: DEFAULT_TICK_MS }
+        ClusterSettings { node_id: 0, bind: String::new(), peers: Vec::new(), zone: None, tick_ms: DEFAULT_TICK_MS, tls_ca: None }
     }
 }
 

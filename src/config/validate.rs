@@ -57,7 +57,8 @@ impl Settings {
     /// - with a `[cluster]` section: `cluster.node_id` set and non-zero, `cluster.bind` a
     ///   `HOST:PORT` other than `bind`, every `cluster.peers` entry well-formed and each id
     ///   listed once ([`ClusterSettings::members`]), `cluster.zone` at most 64 bytes,
-    ///   `cluster.tick_ms` from 1 to 1000.
+    ///   `cluster.tick_ms` from 1 to 1000, `cluster.tls_ca` set (not empty) exactly when `[tls]`
+    ///   is (peer links use TLS when the client listener does).
     ///
     /// [`resolve`](super::resolve) calls this; call it yourself on a hand-built `Settings`.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -141,6 +142,15 @@ impl Settings {
         if !(1..=MAX_TICK_MS).contains(&c.tick_ms) {
             return Err(ConfigError::invalid(format!("cluster.tick_ms must be between 1 and {MAX_TICK_MS}, got {}", c.tick_ms)));
         }
-        Ok(())
+        match (&c.tls_ca, self.tls.enabled()) {
+            (Some(ca), _) if ca.as_os_str().is_empty() => Err(ConfigError::invalid("cluster.tls_ca must not be empty")),
+            (None, true) => Err(ConfigError::invalid(
+                "cluster peer links use TLS when [tls] is set: set cluster.tls_ca to the CA that signed every node's certificate",
+            )),
+            (Some(_), false) => Err(ConfigError::invalid(
+                "cluster.tls_ca is set but [tls] is not: peer links use TLS only with this node's own certificate; set tls.cert and tls.key, or leave cluster.tls_ca out",
+            )),
+            _ => Ok(()),
+        }
     }
 }

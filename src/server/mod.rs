@@ -123,6 +123,7 @@ pub fn start_follower(settings: Settings, poll: std::time::Duration) -> Result<R
 fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result<Running, StartError> {
     check_host()?;
     let tls = tls::load(&settings)?;
+    let peer_tls = tls::load_peer(&settings)?;
     let bind = settings.bind_addr()?;
     // An address another listener holds is refused before the data directory is touched (a
     // refused start must not create or open a store).
@@ -132,7 +133,7 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
     let n = shard_count(&ctx);
     let writer = start_writer(opened.writer)?;
     if opened.follower.is_none() {
-        let journals = start_journals(&ctx.settings).inspect_err(|_| ctx.shutdown())?;
+        let journals = start_journals(&ctx.settings, peer_tls).inspect_err(|_| ctx.shutdown())?;
         let _ = ctx.journals.set(journals);
     }
     // Again right before binding, since opening a large store takes a while.
@@ -145,8 +146,8 @@ fn start_mode(settings: Settings, follow: Option<std::time::Duration>) -> Result
 }
 
 /// Starts the journals: the single-node sequencer, or with `[cluster]` the node's loop and its
-/// peer links (docs/journals.md §9.5).
-fn start_journals(settings: &Settings) -> Result<journal::Journals, StartError> {
+/// peer links (docs/journals.md §9.5), over TLS with `peer_tls`.
+fn start_journals(settings: &Settings, peer_tls: Option<crate::cluster::tls::PeerTls>) -> Result<journal::Journals, StartError> {
     let (limits, frame) = (settings.journal.clone(), settings.server.max_frame_len);
     let Some(c) = &settings.cluster else {
         return journal::Journals::start(&settings.data_dir, limits, frame).map_err(StartError::Journals);
@@ -167,9 +168,10 @@ fn start_journals(settings: &Settings) -> Result<journal::Journals, StartError> 
         settle: std::time::Duration::from_secs(1),
     };
     let (inbox_tx, inbox) = flume::bounded(4096);
-    let links = crate::cluster::link::Links::start(c.node_id, cluster, &c.bind, &peers, inbox_tx)
+    let tls = peer_tls.is_some();
+    let links = crate::cluster::link::Links::start(c.node_id, cluster, &c.bind, &peers, peer_tls, inbox_tx)
         .map_err(|e| StartError::Cluster(format!("cannot listen for peers on {}: {e}", c.bind)))?;
-    tracing::info!(node = c.node_id, cluster = format!("{cluster:016x}"), peer_addr = %links.local_addr(), peers = peers.len(), "cluster member");
+    tracing::info!(node = c.node_id, cluster = format!("{cluster:016x}"), peer_addr = %links.local_addr(), peers = peers.len(), tls, "cluster member");
     journal::Journals::start_cluster(&settings.data_dir, limits, frame, node, links, inbox).map_err(StartError::Journals)
 }
 

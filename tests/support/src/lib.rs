@@ -28,4 +28,4 @@ pub use journal::JournalConn;
 pub use process::{parse_listening, scratch_dir, Launch, Process, Readiness};
 pub use raw::{frame_level_error, RawConn};
 pub use server::{crash_points_binary, reference_binary, run_to_exit, sample, stats_until, Exited, Server, FAST_WAIT_TICK};
-pub use tls::{ca_self_signed, self_signed, tls_config_with_tokens, tls_server_at_its_connection_cap, tls_toml, AUTH_TOML};
+pub use tls::{ca_self_signed, self_signed, tls_config_with_tokens, tls_server_at_its_connection_cap, tls_toml, TestCa, AUTH_TOML};

@@ -1,5 +1,6 @@
 //! Certificates for TLS tests: self-signed `localhost` certificates written as PEM files, the
-//! `[tls]` table naming them, and a TLS server held at its connection cap.
+//! `[tls]` table naming them, a TLS server held at its connection cap, and a CA that signs
+//! node certificates ([`TestCa`]).
 
 use std::path::{Path, PathBuf};
 
@@ -70,4 +71,50 @@ pub fn tls_server_at_its_connection_cap(binary: &Path) -> (Server, PathBuf, temp
     let config = tephra::client::tls::config_with_custom_ca(&cert).expect("trust the certificate");
     let held = tephra::client::Client::connect_tls_with(srv.addr, "localhost", config, None).expect("the one connection");
     (srv, cert, certs, held)
+}
+
+/// A certificate authority for tests: a self-signed CA certificate that signs node
+/// certificates. The node certificates carry no extended key usage, so each serves both as a
+/// TLS server's and as a TLS client's (as a node's does on the peer links).
+pub struct TestCa {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl TestCa {
+    /// A fresh CA whose certificate's common name is `name`.
+    pub fn new(name: &str) -> TestCa {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        TestCa { cert, key }
+    }
+
+    /// The CA's certificate, PEM.
+    pub fn pem(&self) -> String {
+        self.cert.pem()
+    }
+
+    /// A certificate valid for `names` (DNS names; IP addresses become IP address names),
+    /// signed by this CA, and its private key: `(certificate PEM, key PEM)`.
+    pub fn issue(&self, names: &[&str]) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+        params.is_ca = rcgen::IsCa::ExplicitNoCa;
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// Writes this CA's certificate as `ca.pem` and a certificate for `names` it signed as
+    /// `cert.pem` with its key as `key.pem`, into `dir`: their paths `(ca, cert, key)`.
+    pub fn write(&self, dir: &Path, names: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
+        let (cert_pem, key_pem) = self.issue(names);
+        let (ca, cert, key) = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+        std::fs::write(&ca, self.pem()).unwrap();
+        std::fs::write(&cert, cert_pem).unwrap();
+        std::fs::write(&key, key_pem).unwrap();
+        (ca, cert, key)
+    }
 }
