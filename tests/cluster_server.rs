@@ -242,9 +242,31 @@ fn a_node_whose_data_was_lost_refuses_to_rejoin_as_itself() {
     std::thread::sleep(Duration::from_millis(500));
     cluster.kill(3);
     std::fs::remove_dir_all(cluster.data_dir(3)).unwrap();
-    cluster.start_node(3);
-    let status = cluster.wait_exit(3, Duration::from_secs(15)).expect("the wiped node stops by itself");
-    assert_eq!(status.code(), Some(3), "exit 3: do not restart");
+    // Started by hand: it may stop before it would print its ready line.
+    let mut wiped = std::process::Command::new(server_bin())
+        .args(["--bind", "127.0.0.1:0", "--data-dir"])
+        .arg(cluster.data_dir(3))
+        .envs(cluster.node_env(3))
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = wiped.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(15) {
+            let _ = wiped.kill();
+            panic!("the wiped node did not stop by itself within 15 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(wiped.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(3), "exit 3: do not restart; it said: {stderr}");
+    assert!(stderr.contains("do not restart this node"), "{stderr}");
     // The others go on.
     let mut c = client(cluster.addrs());
     assert_eq!(write(&mut c, id, 1, &[record(1)]), 2);
