@@ -90,9 +90,15 @@ fn every_refusal_is_its_own() {
     let other = command(&Command::Truncate { journal: DIRECTORY, leader: None, up_to: 0 });
     let wrong = Durable::Entry { journal: J, entry: entry(1, 2, other) };
     assert!(matches!(encode(&wrong, &mut out), Err(DurableError::WrongGroup { index: 2, .. })));
-    let mut conf = entry(1, 3, vec![1]);
+    // Configuration changes: raft's ConfChangeV2 in a journal's group only; v1 never.
+    let mut conf = entry(1, 3, vec![0xff]);
     conf.entry_type = EntryType::EntryConfChangeV2 as i32;
-    assert!(matches!(encode(&Durable::Entry { journal: J, entry: conf }, &mut out), Err(DurableError::Unsupported { index: 3, .. })));
+    assert!(matches!(encode(&Durable::Entry { journal: J, entry: conf.clone() }, &mut out), Err(DurableError::BadConfChange { index: 3, .. })));
+    conf.data = Vec::new();
+    assert!(matches!(encode(&Durable::Entry { journal: DIRECTORY, entry: conf }, &mut out), Err(DurableError::Unsupported { index: 3, .. })));
+    let mut v1 = entry(1, 4, Vec::new());
+    v1.entry_type = EntryType::EntryConfChange as i32;
+    assert!(matches!(encode(&Durable::Entry { journal: J, entry: v1 }, &mut out), Err(DurableError::Unsupported { index: 4, .. })));
     assert!(out.is_empty(), "a refused item appends nothing");
     let hs = enc(&Durable::HardState { journal: J, state: HardState::default() });
     assert_eq!(decode(&hs[..HARD_STATE_LEN - 1]), Err(DurableError::HardState("wrong length")));
@@ -100,4 +106,24 @@ fn every_refusal_is_its_own() {
     reserved[5] = 1;
     assert_eq!(decode(&reserved), Err(DurableError::HardState("non-zero reserved bytes")));
     assert!(matches!(decode(b"\x01\x63"), Err(DurableError::Payload(_))));
+}
+
+/// A configuration change entry (kind 7): its term, index and group in the head, raft's
+/// `ConfChangeV2` after it (docs/journals.md §9.3); an empty change (leave the joint
+/// configuration) is a bare head.
+#[test]
+fn golden_configuration_change() {
+    let mut e = entry(3, 12, vec![0x08, 0x01]);
+    e.entry_type = EntryType::EntryConfChangeV2 as i32;
+    let item = Durable::Entry { journal: J, entry: e };
+    let bytes = enc(&item);
+    let head =
+        format!("0107000000000000{}{}{}{}", hex(&3u64.to_le_bytes()), hex(&12u64.to_le_bytes()), hex(&J.tenant.to_le_bytes()), hex(&J.journal.to_le_bytes()));
+    assert_eq!(hex(&bytes), format!("{head}0801"));
+    assert_eq!(decode(&bytes), Ok(item));
+    let mut leave = entry(3, 13, Vec::new());
+    leave.entry_type = EntryType::EntryConfChangeV2 as i32;
+    let bytes = enc(&Durable::Entry { journal: J, entry: leave.clone() });
+    assert_eq!(bytes.len(), 40);
+    assert_eq!(decode(&bytes), Ok(Durable::Entry { journal: J, entry: leave }));
 }

@@ -8,7 +8,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use support::Cluster;
-use tephra::client::journal::{CreateOutcome, JournalError, JournalInfo, Journals, JournalsConfig, ListOutcome, ReadOutcome, SetLeaderOutcome, WriteOutcome};
+use tephra::client::journal::{
+    ConfigureOutcome, CreateOutcome, JournalError, JournalInfo, Journals, JournalsConfig, ListOutcome, ReadOutcome, SetLeaderOutcome, WriteOutcome,
+};
 use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
 use tephra_test_support as support;
 
@@ -129,5 +131,107 @@ fn journals_get_two_f_plus_one_voters_across_zones_and_an_unplaceable_f_changes_
     match c.read(five, 0, 0, 0).unwrap() {
         ReadOutcome::Page { records, .. } => assert_eq!(records, vec![b"before".to_vec(), b"after".to_vec()]),
         other => panic!("read: {other:?}"),
+    }
+}
+
+/// The voters of `id`'s group as its leader reports them (`cluster status`), once a leader
+/// reports any.
+fn group_voters(cluster: &Cluster, id: JournalId) -> Option<Vec<u64>> {
+    for addr in cluster.addrs() {
+        let mut c = client(vec![addr]);
+        if let Ok(Some(r)) = c.node_status() {
+            if let Some(g) = r.groups.iter().find(|g| g.tenant == id.tenant && g.journal == id.journal && g.role == "leader") {
+                let mut v = g.voters.clone();
+                v.sort_unstable();
+                return Some(v);
+            }
+        }
+    }
+    None
+}
+
+/// Waits until `id`'s group's leader reports exactly `want` as voters.
+fn wait_for_voters(cluster: &Cluster, id: JournalId, want: &[u64]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = group_voters(cluster, id);
+        if now.as_deref() == Some(want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{id}: voters {now:?}, not {want:?}, after 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn configure_moves_a_journal_to_more_voters_and_back_while_writes_go_on() {
+    let server = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"));
+    let cluster = Cluster::start_zoned(&server, &ZONES, &[]);
+    let mut first = client(vec![cluster.node(1).unwrap().addr.to_string()]);
+    wait_for_zones(&mut first);
+    let mut c = client(cluster.addrs());
+    let CreateOutcome::Created { id } = create(&mut c, "moving", None) else { panic!("not created") };
+    let three = info(&mut c, "moving").unwrap().voters;
+    assert_eq!(three.len(), 3);
+    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+
+    // A writer goes on through both changes; every write it was told landed must be there.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, addrs) = (std::sync::Arc::clone(&stop), cluster.addrs());
+        std::thread::spawn(move || {
+            let mut c = client(addrs);
+            let mut seq = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || seq < 20 {
+                write(&mut c, id, seq, format!("r{seq}").as_bytes());
+                seq += 1;
+            }
+            seq
+        })
+    };
+
+    assert_eq!(c.configure(id, 2).unwrap(), ConfigureOutcome::Configured);
+    let j = info(&mut c, "moving").unwrap();
+    assert_eq!((j.survive, j.voters.clone()), (Some(2), vec![1, 2, 3, 4, 5]));
+    wait_for_voters(&cluster, id, &[1, 2, 3, 4, 5]);
+    match c.configure(id, 3).unwrap() {
+        ConfigureOutcome::Unplaceable { message } => assert!(message.contains("needs 7 nodes"), "{message}"),
+        other => panic!("F = 3 on five nodes: {other:?}"),
+    }
+    assert_eq!(info(&mut c, "moving").unwrap().survive, Some(2), "an unplaceable configure changed nothing");
+    assert_eq!(c.configure(id, 1).unwrap(), ConfigureOutcome::Configured);
+    let back = info(&mut c, "moving").unwrap().voters;
+    assert_eq!(back.len(), 3);
+    wait_for_voters(&cluster, id, &back);
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.join().unwrap();
+    // Every voter of the final group serves every acknowledged record, in order.
+    for v in &back {
+        let mut r = client(vec![cluster.node(*v).unwrap().addr.to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match r.read(id, 0, 0, 0) {
+                Ok(ReadOutcome::Page { records, state, .. }) if state.next_seq >= written && records.len() as u64 >= written => {
+                    let want: Vec<Vec<u8>> = (0..written).map(|s| format!("r{s}").into_bytes()).collect();
+                    assert_eq!(records[..written as usize], want[..], "node {v}");
+                    break;
+                }
+                other => {
+                    assert!(Instant::now() < deadline, "node {v} did not serve the {written} records: {other:?}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+    // A node left out by the last change holds no copy any more.
+    let out: Vec<u64> = (1..=5).filter(|n| !back.contains(n)).collect();
+    for n in out {
+        let mut s = client(vec![cluster.node(n).unwrap().addr.to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.node_status().unwrap().unwrap().groups.iter().any(|g| g.tenant == id.tenant && g.journal == id.journal) {
+            assert!(Instant::now() < deadline, "node {n} still holds the journal's group after it left");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }

@@ -83,6 +83,8 @@ fn golden_cluster_placement_commands() {
         hex(&enc(&j, e)),
         format!("{}01000103{}{}{}0600{}", head(21, 2, 9, J.tenant, J.journal), "0100000000000000", "0300000000000000", "0400000000000000", hex(b"orders"))
     );
+    let c = Command::Configure { journal: J, survive: 2, voters: vec![2, 5] };
+    assert_eq!(hex(&enc(&c, e)), format!("{}0202{}{}", head(23, 2, 9, J.tenant, J.journal), "0200000000000000", "0500000000000000"));
     let z = Command::JoinZone { node: 5, incarnation: 0x1122, zone: "eu-1" };
     assert_eq!(hex(&enc(&z, EntryId::default())), format!("{}{}0400{}", head(22, 0, 0, 5, 0), "2211000000000000", hex(b"eu-1")));
 }
@@ -123,7 +125,7 @@ fn every_decode_error() {
 
 fn command() -> impl Strategy<Value = (u8, u64, u64, u128, u128, u64, Vec<Vec<u8>>, String)> {
     (
-        0u8..11,
+        0u8..12,
         any::<u64>(),
         any::<u64>(),
         any::<u128>(),
@@ -157,6 +159,7 @@ proptest! {
                 survive: (n % 128) as u8,
                 voters: recs.iter().map(|r| r.len() as u64).collect(),
             },
+            10 => Command::Configure { journal, survive: (n % 128) as u8, voters: recs.iter().map(|r| r.len() as u64).collect() },
             _ => Command::JoinZone { node: a, incarnation: n, zone: &name },
         };
         let entry = EntryId { term, index };

@@ -52,12 +52,12 @@ fn golden_accepted_response() {
 fn outcome_numbers_are_fixed() {
     // Index i is the outcome numbered i on the wire.
     let names = "Unspecified Accepted Duplicate Refused Truncated WrongMode TooLarge UnknownJournal Busy Leader Lost Trimmed \
-                 TruncateRefused Page Unserved Created NameTaken InvalidName Deleted Listed UnknownTenant NotLeader Invalid Unavailable Ambiguous Unplaceable";
+                 TruncateRefused Page Unserved Created NameTaken InvalidName Deleted Listed UnknownTenant NotLeader Invalid Unavailable Ambiguous Unplaceable Configured";
     for (n, name) in names.split_whitespace().enumerate() {
         let o = JournalOutcome::try_from(n as i32).unwrap_or_else(|_| panic!("no outcome numbered {n}"));
         assert_eq!(format!("{o:?}"), name, "outcome {n}");
     }
-    assert!(JournalOutcome::try_from(26).is_err());
+    assert!(JournalOutcome::try_from(27).is_err());
 }
 
 #[test]

@@ -542,6 +542,23 @@ pub enum DeleteOutcome {
     Ambiguous,
 }
 
+/// The answer to a configure (docs/journals.md §9.8).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigureOutcome {
+    /// The directory holds the new durability; the journal's group moves to its new voters
+    /// next, writes going on.
+    Configured,
+    /// The cluster cannot place it (`--survive machines=F` needs 2F+1 nodes); nothing changed.
+    Unplaceable {
+        /// The server's text.
+        message: String,
+    },
+    /// No such journal.
+    UnknownJournal,
+    /// No answer: configure again (the same F twice is harmless).
+    Ambiguous,
+}
+
 /// One journal as a list names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JournalInfo {
@@ -775,6 +792,28 @@ pub fn decode_delete(r: &JournalResponse) -> Result<DeleteOutcome, JournalError>
         Ok(O::Ambiguous) => DeleteOutcome::Ambiguous,
         _ => return Err(common(r, "delete")),
     })
+}
+
+/// The outcome of a configure's answer.
+///
+/// # Errors
+/// As [`decode_write`]; `NOT_LEADER` or `UNSERVED` from every server as
+/// [`JournalError::Unavailable`].
+pub fn decode_configure(r: &JournalResponse) -> Result<ConfigureOutcome, JournalError> {
+    use JournalOutcome as O;
+    Ok(match JournalOutcome::try_from(r.outcome) {
+        Ok(O::Configured) => ConfigureOutcome::Configured,
+        Ok(O::Unplaceable) => ConfigureOutcome::Unplaceable { message: r.message.clone() },
+        Ok(O::UnknownJournal) => ConfigureOutcome::UnknownJournal,
+        Ok(O::Ambiguous) => ConfigureOutcome::Ambiguous,
+        Ok(O::NotLeader | O::Unserved) => return Err(JournalError::Unavailable(r.message.clone())),
+        _ => return Err(common(r, "configure")),
+    })
+}
+
+/// The call that sets journal `id`'s `--survive machines=F`.
+pub fn configure_call(id: JournalId, machines: u8) -> Call {
+    Call::Configure(wire::JournalConfigure { tenant: id.tenant, journal: id.journal, survive: u32::from(machines) })
 }
 
 /// The outcome of a list's answer.
@@ -1238,6 +1277,16 @@ impl Journals {
     /// As [`create`](Self::create).
     pub fn delete(&mut self, id: JournalId) -> Result<DeleteOutcome, JournalError> {
         block_on(calls::delete(self, id))
+    }
+
+    /// Sets journal `id`'s `--survive machines=F` (docs/journals.md §9.8): in a cluster its
+    /// group moves to 2F+1 voters by joint consensus, every record kept and writes going on;
+    /// a single node takes only 0.
+    ///
+    /// # Errors
+    /// As [`create`](Self::create).
+    pub fn configure(&mut self, id: JournalId, machines: u8) -> Result<ConfigureOutcome, JournalError> {
+        block_on(calls::configure(self, id, machines))
     }
 
     /// Lists the journals of the tenant named `tenant`, or of every tenant for `None`.

@@ -7,6 +7,7 @@
 //! | an entry carrying a command | the command, with the entry's term and index in its head (bytes 8..24) |
 //! | a new leader's empty entry | a Noop command for the group, with the entry's term and index |
 //! | a hard state | kind 6, the group in the head, then `term u64`, `vote u64`, `commit u64` |
+//! | a configuration change entry | kind 7, the entry's term and index and the group in the head, then raft's `ConfChangeV2`, protobuf-encoded (empty: leave the joint configuration) |
 //!
 //! A command's group follows from its kind: directory commands (create tenant, create journal,
 //! release a deleted journal's name) and a Noop for `(0, 0)` belong to the directory group
@@ -23,6 +24,9 @@ pub const DIRECTORY: JournalId = JournalId { tenant: 0, journal: 0 };
 
 /// The kind byte of a hard-state record.
 pub const HARD_STATE: u8 = 6;
+
+/// The kind byte of a configuration change entry's record.
+pub const CONF_CHANGE: u8 = 7;
 
 /// Bytes of a hard-state record's payload.
 pub const HARD_STATE_LEN: usize = COMMAND_HEAD + 24;
@@ -61,6 +65,20 @@ pub enum DurableError {
         /// Its type.
         kind: EntryType,
     },
+    /// A configuration change entry whose change does not decode.
+    #[error("entry {index} of group {group}: configuration change does not decode: {why}")]
+    BadConfChange {
+        /// The group.
+        group: JournalId,
+        /// The entry's index.
+        index: u64,
+        /// The decoder's words.
+        why: String,
+    },
+    /// A configuration change record that is short, of an unknown version, or with non-zero
+    /// reserved bytes.
+    #[error("configuration change record: short, unknown version or non-zero reserved bytes")]
+    ConfRecord,
     /// A payload that is not a durable item.
     #[error("durable item: {0}")]
     Payload(#[from] CommandError),
@@ -72,7 +90,7 @@ pub enum DurableError {
 /// The group a command belongs to.
 pub fn group_of(command: &Command<'_>) -> JournalId {
     match command.kind() {
-        Kind::CreateTenant | Kind::CreateJournal | Kind::CreatePlaced | Kind::ReleaseName | Kind::Join | Kind::JoinZone => DIRECTORY,
+        Kind::CreateTenant | Kind::CreateJournal | Kind::CreatePlaced | Kind::ReleaseName | Kind::Join | Kind::JoinZone | Kind::Configure => DIRECTORY,
         _ => command.target(),
     }
 }
@@ -98,6 +116,14 @@ pub fn encode(item: &Durable, out: &mut Vec<u8>) -> Result<(), DurableError> {
         Durable::Entry { journal, entry } => {
             check_entry(*journal, entry)?;
             let id = EntryId { term: entry.term, index: entry.index };
+            if entry.get_entry_type() == EntryType::EntryConfChangeV2 {
+                out.extend_from_slice(&[VERSION, CONF_CHANGE, 0, 0, 0, 0, 0, 0]);
+                for v in [id.term, id.index, journal.tenant, journal.journal] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                out.extend_from_slice(&entry.data);
+                return Ok(());
+            }
             if entry.data.is_empty() {
                 Command::Noop { journal: *journal }.encode(id, out);
                 return Ok(());
@@ -120,6 +146,9 @@ pub fn encode(item: &Durable, out: &mut Vec<u8>) -> Result<(), DurableError> {
 pub fn check_entry(group: JournalId, entry: &Entry) -> Result<(), DurableError> {
     let index = entry.index;
     let kind = entry.get_entry_type();
+    if kind == EntryType::EntryConfChangeV2 && group != DIRECTORY {
+        return conf_change(&entry.data).map(|_| ()).map_err(|why| DurableError::BadConfChange { group, index, why });
+    }
     if kind != EntryType::EntryNormal {
         return Err(DurableError::Unsupported { group, index, kind });
     }
@@ -154,9 +183,29 @@ pub fn decode(payload: &[u8]) -> Result<Durable, DurableError> {
         let state = HardState { term: u(40), vote: u(48), commit: u(56) };
         return Ok(Durable::HardState { journal, state });
     }
+    if payload.get(1) == Some(&CONF_CHANGE) {
+        if payload.len() < COMMAND_HEAD || payload[0] != VERSION || payload[2..8].iter().any(|&b| b != 0) {
+            return Err(DurableError::ConfRecord);
+        }
+        let u = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap());
+        let journal = JournalId { tenant: u(24), journal: u(32) };
+        let entry =
+            Entry { entry_type: EntryType::EntryConfChangeV2 as i32, term: u(8), index: u(16), data: payload[COMMAND_HEAD..].to_vec(), ..Entry::default() };
+        check_entry(journal, &entry)?;
+        return Ok(Durable::Entry { journal, entry });
+    }
     let (id, cmd) = decode_command(payload)?;
     let journal = group_of(&cmd);
     let data = if matches!(cmd, Command::Noop { .. }) { Vec::new() } else { payload.to_vec() };
     let entry = Entry { entry_type: EntryType::EntryNormal as i32, term: id.term, index: id.index, data, ..Entry::default() };
     Ok(Durable::Entry { journal, entry })
+}
+
+/// Decodes a configuration change entry's data (raft's `ConfChangeV2`, protobuf; empty is the
+/// change that leaves a joint configuration).
+///
+/// # Errors
+/// The decoder's words.
+pub fn conf_change(data: &[u8]) -> Result<raft::eraftpb::ConfChangeV2, String> {
+    <raft::eraftpb::ConfChangeV2 as prost_011::Message>::decode(data).map_err(|e| e.to_string())
 }

@@ -83,6 +83,11 @@ impl GroupLog {
         self.hard_state = hs;
     }
 
+    /// Replaces the configuration (after a configuration change was applied).
+    pub fn set_conf_state(&mut self, cs: ConfState) {
+        self.conf_state = cs;
+    }
+
     /// Sets the commit index of the hard state.
     pub fn set_commit(&mut self, commit: u64) {
         self.hard_state.commit = commit;

@@ -698,6 +698,14 @@ impl<O: Outbox> Node<O> {
                 }
             }
             Call::List { tenant, reply } => self.read(DIRECTORY, Token::List { tenant, reply }),
+            Call::Configure { journal, survive, reply } => match self.place(journal, Some(survive)) {
+                Ok((survive, voters)) => {
+                    self.propose(DIRECTORY, encode(&Command::Configure { journal, survive, voters }), Token::Answer { reply, target: journal })
+                }
+                Err(resp) => {
+                    let _ = reply.send(*resp);
+                }
+            },
             Call::Confirm { journal, reply } => self.read(journal, Token::Confirm(reply)),
         }
     }

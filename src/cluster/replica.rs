@@ -347,6 +347,15 @@ impl<T> Replica<T> {
         super::placement::place(journal, &self.members, super::placement::DEFAULT_VOTERS)
     }
 
+    /// The voters `journal`'s group was created with: every copy starts from them and replays
+    /// the configuration changes in its log (docs/journals.md §9.8).
+    fn initial_voters(&self, journal: JournalId) -> Vec<u64> {
+        match self.directory.journal(journal).and_then(|e| e.placement.as_ref()) {
+            Some(p) => p.initial.clone(),
+            None => self.voters(journal),
+        }
+    }
+
     /// Starts the group of every journal created in the applied entries not yet looked at
     /// that this node votes in. A new group's preferred voter (the one at the journal id's
     /// place among the voters, so leaders spread over the nodes) stands at once, so the
@@ -356,23 +365,25 @@ impl<T> Replica<T> {
         if self.members.is_empty() {
             return Ok(());
         }
-        let created: Vec<JournalId> = self
+        // A journal's creation, or a configuration that names this node a voter.
+        let created: Vec<(JournalId, bool)> = self
             .applied
             .iter()
             .filter_map(|a| match (&a.answer, a.group == DIRECTORY) {
-                (Some(Answer::JournalCreated { journal }), true) => Some(*journal),
+                (Some(Answer::JournalCreated { journal }), true) => Some((*journal, true)),
+                (Some(Answer::Configured { journal }), true) => Some((*journal, false)),
                 _ => None,
             })
-            .filter(|j| !self.groups.contains_key(j))
             .collect();
-        for journal in created {
-            let voters = self.voters(journal);
-            if !voters.contains(&self.node) {
+        for (journal, creation) in created {
+            let initial = self.initial_voters(journal);
+            if self.groups.contains_key(&journal) || !(initial.contains(&self.node) || self.voters(journal).contains(&self.node)) {
                 continue;
             }
             let items = self.dormant.remove(&journal).unwrap_or_default();
-            let fresh = items.is_empty() && !self.restoring;
-            self.add_group(journal, &voters, &items)?;
+            let fresh = creation && items.is_empty() && !self.restoring;
+            self.add_group(journal, &initial, &items)?;
+            let voters = initial;
             if fresh && voters[(journal.journal % voters.len() as u64) as usize] == self.node {
                 if let Some(g) = self.groups.get_mut(&journal) {
                     let _ = g.raw.campaign();
@@ -455,13 +466,22 @@ impl<T> Replica<T> {
             }
         }
         let commit = storage.hard_state().commit.min(storage.last());
+        let mut changes = Vec::new();
         for index in 1..=commit {
             let e = storage.entry(index)?;
+            if e.get_entry_type() == EntryType::EntryConfChangeV2 {
+                changes.push(e.clone());
+            }
             let answer = judge(&mut self.directory, journal, &e);
             self.applied.push(Applied { group: journal, index: e.index, answer: answer_of(answer) });
         }
         let raw = RawNode::new(&config(self.node, commit), storage, &self.logger)?;
-        self.groups.insert(journal, Group { raw, proposals: BTreeMap::new(), reads: BTreeMap::new(), confirmed: Vec::new(), applied: commit });
+        let mut g = Group { raw, proposals: BTreeMap::new(), reads: BTreeMap::new(), confirmed: Vec::new(), applied: commit };
+        // The configuration changes applied before the restart, again, in order.
+        for e in &changes {
+            apply_conf_change(journal, &mut g, e);
+        }
+        self.groups.insert(journal, g);
         Ok(())
     }
 
@@ -539,10 +559,72 @@ impl<T> Replica<T> {
         Ok(())
     }
 
-    /// Advances every group's logical clock by one tick.
+    /// Advances every group's logical clock by one tick, and moves each group this node leads
+    /// toward the voters the directory records for it.
     pub fn tick(&mut self) {
         for g in self.groups.values_mut() {
             g.raw.tick();
+        }
+        self.reconfigure();
+    }
+
+    /// Joint consensus, driven by each group's leader (docs/journals.md §9.8): a group in a
+    /// joint configuration leaves it; a group whose voters are not those the directory records
+    /// enters the joint configuration of its voters and those. One change at a time: nothing
+    /// is proposed while a change is not yet applied (raft also refuses a new leader's change
+    /// until it applied its predecessors' entries).
+    fn reconfigure(&mut self) {
+        use raft::eraftpb::{ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2};
+        for (journal, g) in &mut self.groups {
+            if *journal == DIRECTORY || g.raw.raft.state != StateRole::Leader || g.raw.raft.has_pending_conf() {
+                continue;
+            }
+            let Some(p) = self.directory.journal(*journal).and_then(|e| e.placement.as_ref()) else { continue };
+            let cs = g.raw.raft.prs().conf().to_conf_state();
+            let cc = if !cs.voters_outgoing.is_empty() {
+                ConfChangeV2::default()
+            } else {
+                let mut current = cs.voters.clone();
+                current.sort_unstable();
+                if current == p.voters {
+                    continue;
+                }
+                let change = |node_id: u64, add: bool| ConfChangeSingle {
+                    change_type: if add { ConfChangeType::AddNode } else { ConfChangeType::RemoveNode } as i32,
+                    node_id,
+                };
+                let mut changes: Vec<ConfChangeSingle> = p.voters.iter().filter(|v| !current.contains(v)).map(|&v| change(v, true)).collect();
+                changes.extend(current.iter().filter(|v| !p.voters.contains(v)).map(|&v| change(v, false)));
+                ConfChangeV2 { transition: ConfChangeTransition::Explicit as i32, changes, context: Vec::new() }
+            };
+            if let Err(err) = g.raw.propose_conf_change(Vec::new(), cc) {
+                tracing::warn!(%journal, %err, "a configuration change was not proposed; tried again at the next tick");
+            }
+        }
+    }
+
+    /// Stops the groups this node left: a journal group whose applied configuration and whose
+    /// recorded voters both leave this node out. Its waiting calls get no verdict.
+    fn stop_removed(&mut self, verdicts: &mut Vec<(T, Verdict)>) {
+        let gone: Vec<JournalId> = self
+            .groups
+            .iter()
+            .filter(|(j, g)| {
+                let cs = g.raw.raft.prs().conf().to_conf_state();
+                **j != DIRECTORY
+                    && !cs.voters.contains(&self.node)
+                    && !cs.voters_outgoing.contains(&self.node)
+                    && self.directory.journal(**j).and_then(|e| e.placement.as_ref()).is_some_and(|p| !p.voters.contains(&self.node))
+            })
+            .map(|(j, _)| *j)
+            .collect();
+        for j in gone {
+            let g = self.groups.remove(&j).expect("listed above");
+            self.waiting -= g.proposals.len();
+            verdicts.extend(g.proposals.into_values().map(|p| (p.token, Verdict::NoVerdict { leader: None })));
+            verdicts.extend(g.reads.into_values().map(|t| (t, Verdict::NoVerdict { leader: None })));
+            verdicts.extend(g.confirmed.into_iter().map(|(_, t)| (t, Verdict::NoVerdict { leader: None })));
+            tracing::info!(journal = %j, "this node left the journal's group");
         }
     }
 
@@ -591,6 +673,7 @@ impl<T> Replica<T> {
             g.raw.advance_apply();
         }
         self.start_groups();
+        self.stop_removed(&mut round.verdicts);
         round
     }
 
@@ -646,6 +729,9 @@ fn apply<T>(
     let mut answered = 0;
     for e in entries {
         g.applied = e.index;
+        if e.get_entry_type() == EntryType::EntryConfChangeV2 {
+            apply_conf_change(journal, g, &e);
+        }
         let verdict = judge(directory, journal, &e);
         applied.push(Applied { group: journal, index: e.index, answer: answer_of(verdict.clone()) });
         // A proposal below this index that is still waiting lost its place to another leader's
@@ -665,6 +751,22 @@ fn apply<T>(
     g.confirmed = waiting;
     verdicts.extend(ready.into_iter().map(|(_, t)| (t, Verdict::ReadReady)));
     answered
+}
+
+/// Applies a decided configuration change entry to the group's configuration (raft's joint
+/// consensus: entering the joint configuration of old and new voters, or leaving it).
+fn apply_conf_change<T>(journal: JournalId, g: &mut Group<T>, e: &Entry) {
+    let cc = match super::durable::conf_change(&e.data) {
+        Ok(cc) => cc,
+        Err(why) => {
+            tracing::error!(%journal, index = e.index, %why, "a decided configuration change does not decode; skipped");
+            return;
+        }
+    };
+    match g.raw.apply_conf_change(&cc) {
+        Ok(cs) => g.raw.mut_store().set_conf_state(cs),
+        Err(err) => tracing::error!(%journal, index = e.index, %err, "a decided configuration change was refused by raft"),
+    }
 }
 
 /// The journal's answer inside a verdict.

@@ -19,7 +19,8 @@
 //! ReleaseName empty; Join `incarnation u64` (the node id in the tenant field);
 //! CreateTenant `name_len u16 | name`; CreateJournal `mode u8 | durability u8 | name_len u16 |
 //! name`; CreatePlaced (a cluster's create) `mode u8 | durability u8 | survive u8 | count u8 |
-//! count × voter u64 | name_len u16 | name`; JoinZone `incarnation u64 | zone_len u16 | zone`.
+//! count × voter u64 | name_len u16 | name`; JoinZone `incarnation u64 | zone_len u16 | zone`;
+//! Configure `survive u8 | count u8 | count × voter u64`.
 //! A uuid of 0 is "none".
 
 use super::model::{JournalId, LeaderUuid, Mode, Seq, StoreDurability};
@@ -55,11 +56,13 @@ pub enum Kind {
     CreatePlaced = 21,
     /// A cluster member's data directory and its zone.
     JoinZone = 22,
+    /// A cluster journal's new durability and the voters it moves to.
+    Configure = 23,
 }
 
 impl Kind {
     /// Every kind, for decoding.
-    const ALL: [Kind; 11] = [
+    const ALL: [Kind; 12] = [
         Kind::Write,
         Kind::SetLeader,
         Kind::Truncate,
@@ -71,6 +74,7 @@ impl Kind {
         Kind::Join,
         Kind::CreatePlaced,
         Kind::JoinZone,
+        Kind::Configure,
     ];
 
     fn from_u8(b: u8) -> Option<Kind> {
@@ -181,6 +185,17 @@ pub enum Command<'a> {
         /// The voters' node ids, ascending (at most 255).
         voters: Vec<u64>,
     },
+    /// A cluster journal's new `--survive machines=F` and the voters its group moves to
+    /// (docs/journals.md §9.8): the directory records them; the group's leader then changes
+    /// the group's configuration by joint consensus.
+    Configure {
+        /// The journal.
+        journal: JournalId,
+        /// F of `--survive machines=F`.
+        survive: u8,
+        /// The voters' node ids, ascending (at most 255).
+        voters: Vec<u64>,
+    },
     /// As [`Command::Join`], with the node's zone: the directory keeps the zone a member last
     /// said it is in, for placing voters across zones.
     JoinZone {
@@ -235,6 +250,7 @@ impl Command<'_> {
             Command::Join { .. } => Kind::Join,
             Command::CreatePlaced { .. } => Kind::CreatePlaced,
             Command::JoinZone { .. } => Kind::JoinZone,
+            Command::Configure { .. } => Kind::Configure,
         }
     }
 
@@ -247,6 +263,7 @@ impl Command<'_> {
             | Command::Noop { journal }
             | Command::CreateJournal { journal, .. }
             | Command::CreatePlaced { journal, .. }
+            | Command::Configure { journal, .. }
             | Command::DeleteJournal { journal }
             | Command::ReleaseName { journal } => journal,
             Command::CreateTenant { tenant, .. } => JournalId { tenant, journal: 0 },
@@ -267,6 +284,7 @@ impl Command<'_> {
                 Command::CreateJournal { name, .. } => 4 + name.len(),
                 Command::CreatePlaced { name, voters, .. } => 6 + 8 * voters.len() + name.len(),
                 Command::JoinZone { zone, .. } => 10 + zone.len(),
+                Command::Configure { voters, .. } => 2 + 8 * voters.len(),
             }
     }
 
@@ -330,6 +348,13 @@ impl Command<'_> {
             Command::JoinZone { incarnation, zone, .. } => {
                 out.extend_from_slice(&incarnation.to_le_bytes());
                 name(zone, out);
+            }
+            Command::Configure { survive, voters, .. } => {
+                out.push(*survive);
+                out.push(u8::try_from(voters.len()).expect("over 255 voters"));
+                for v in voters {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
             }
         }
     }
@@ -443,6 +468,12 @@ pub fn decode(payload: &[u8]) -> Result<(EntryId, Command<'_>), CommandError> {
             let count = r.u8("voter count")? as usize;
             let voters = (0..count).map(|_| r.u64("voter")).collect::<Result<Vec<u64>, _>>()?;
             Command::CreatePlaced { journal, name: r.name()?, mode, durability, survive, voters }
+        }
+        Kind::Configure => {
+            let survive = r.u8("survive")?;
+            let count = r.u8("voter count")? as usize;
+            let voters = (0..count).map(|_| r.u64("voter")).collect::<Result<Vec<u64>, _>>()?;
+            Command::Configure { journal, survive, voters }
         }
         Kind::JoinZone => Command::JoinZone { node: journal.tenant, incarnation: r.u64("incarnation")?, zone: r.name()? },
     };

@@ -45,13 +45,17 @@ pub struct Entry {
     pub placement: Option<Placement>,
 }
 
-/// Where a cluster placed a journal's group (docs/journals.md §9.5).
+/// Where a cluster placed a journal's group (docs/journals.md §9.5, §9.8).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
-    /// F of `--survive machines=F`.
+    /// F of `--survive machines=F`, as last configured.
     pub survive: u8,
-    /// The voters' node ids, ascending: 2F+1 of them.
+    /// The voters' node ids, ascending: 2F+1 of them, as last configured (the group moves to
+    /// them by joint consensus).
     pub voters: Vec<u64>,
+    /// The voters the group was created with: every copy of the group starts from them and
+    /// replays the configuration changes in its log.
+    pub initial: Vec<u64>,
 }
 
 /// The answer to one command of the log.
@@ -80,6 +84,11 @@ pub enum Answer {
     UnknownTenant,
     /// The journal does not exist (or an id half is 0).
     UnknownJournal,
+    /// The journal's new durability is recorded (a cluster's `configure`).
+    Configured {
+        /// The journal.
+        journal: JournalId,
+    },
     /// The journal and its records are gone; `view` was its last state.
     Deleted {
         /// Its last state.
@@ -185,7 +194,7 @@ impl Directory {
             Command::CreatePlaced { journal, name, mode, durability, survive, voters } => {
                 let answer = self.create_journal(*journal, name, *mode, *durability);
                 if let (Answer::JournalCreated { .. }, Some(e)) = (&answer, self.journals.get_mut(journal)) {
-                    e.placement = Some(Placement { survive: *survive, voters: voters.clone() });
+                    e.placement = Some(Placement { survive: *survive, voters: voters.clone(), initial: voters.clone() });
                 }
                 answer
             }
@@ -196,6 +205,19 @@ impl Directory {
                 self.members.entry(*node).or_insert((*incarnation, None));
                 Answer::Journal(Outcome::Noop)
             }
+            Command::Configure { journal, survive, voters } => match self.journals.get_mut(journal) {
+                Some(e) if journal.is_set() => {
+                    match &mut e.placement {
+                        Some(p) => {
+                            p.survive = *survive;
+                            p.voters = voters.clone();
+                        }
+                        None => return Answer::UnknownJournal,
+                    }
+                    Answer::Configured { journal: *journal }
+                }
+                _ => Answer::UnknownJournal,
+            },
             Command::JoinZone { node, incarnation, zone } => {
                 // As Join; the zone follows what the recorded incarnation last said.
                 let m = self.members.entry(*node).or_insert((*incarnation, None));

@@ -49,6 +49,16 @@ pub enum Call {
         /// Where the answer goes.
         reply: flume::Sender<JournalResponse>,
     },
+    /// Record `journal`'s new `--survive machines=F` (a cluster moves its group to 2F+1 voters;
+    /// a single node takes only 0). Answered `CONFIGURED`, `UNPLACEABLE` or `UNKNOWN_JOURNAL`.
+    Configure {
+        /// The journal.
+        journal: JournalId,
+        /// F.
+        survive: u8,
+        /// Where the answer goes.
+        reply: flume::Sender<JournalResponse>,
+    },
     /// Confirm that this node may serve a read of `journal` now (replication: a quorum
     /// confirmed the leader's commit index and this node applied up to it, docs/journals.md
     /// §9.2). The answer is `PAGE` (go), `UNSERVED` or `UNKNOWN_JOURNAL`; a single node
@@ -72,7 +82,11 @@ impl Call {
     /// Where the call's answer goes.
     pub fn reply(&self) -> &flume::Sender<JournalResponse> {
         match self {
-            Call::Command { reply, .. } | Call::Create { reply, .. } | Call::List { reply, .. } | Call::Confirm { reply, .. } => reply,
+            Call::Command { reply, .. }
+            | Call::Create { reply, .. }
+            | Call::List { reply, .. }
+            | Call::Confirm { reply, .. }
+            | Call::Configure { reply, .. } => reply,
         }
     }
 }
@@ -308,6 +322,15 @@ impl Sequencer {
             }
             Call::Confirm { reply, .. } => {
                 let _ = reply.send(outcome(JournalOutcome::Page));
+            }
+            // One node, one copy: F = 0 is what it has already.
+            Call::Configure { journal, survive, reply } => {
+                let resp = match (self.directory.journal(journal), survive) {
+                    (None, _) => outcome(JournalOutcome::UnknownJournal),
+                    (Some(_), 0) => outcome(JournalOutcome::Configured),
+                    (Some(_), f) => unplaceable(f, 1),
+                };
+                let _ = reply.send(resp);
             }
             Call::List { tenant, reply } => {
                 let answer = self.list(&tenant);
@@ -604,6 +627,9 @@ pub fn respond(answer: &Answer) -> JournalResponse {
         Answer::UnknownTenant => outcome(JournalOutcome::UnknownTenant),
         Answer::UnknownJournal => outcome(JournalOutcome::UnknownJournal),
         Answer::Deleted { state } => with_view(JournalOutcome::Deleted, &state.view()),
+        Answer::Configured { journal } => {
+            JournalResponse { outcome: JournalOutcome::Configured as i32, tenant: journal.tenant, journal: journal.journal, ..Default::default() }
+        }
     }
 }
 

@@ -13,7 +13,7 @@
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct JournalRequest {
     /// Fields 1-8: the call. `None` is answered `INVALID`.
-    #[prost(oneof = "journal_request::Call", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "journal_request::Call", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub call: ::core::option::Option<journal_request::Call>,
 }
 
@@ -46,7 +46,25 @@ pub mod journal_request {
         /// Field 8: how this node stands in its cluster (answered `LISTED` with `node`).
         #[prost(message, tag = "8")]
         Status(super::NodeStatusRequest),
+        /// Field 9: a journal's new durability (answered `CONFIGURED`).
+        #[prost(message, tag = "9")]
+        Configure(super::JournalConfigure),
     }
+}
+
+/// `configure --survive machines=F`: a cluster journal's group moves to 2F+1 voters
+/// (docs/journals.md §9.8).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct JournalConfigure {
+    /// Field 1: the tenant id.
+    #[prost(uint64, tag = "1")]
+    pub tenant: u64,
+    /// Field 2: the journal id.
+    #[prost(uint64, tag = "2")]
+    pub journal: u64,
+    /// Field 3: F of `--survive machines=F` (0 to 127).
+    #[prost(uint32, tag = "3")]
+    pub survive: u32,
 }
 
 /// `Write(leader?, seq, records)`.
@@ -408,4 +426,7 @@ pub enum JournalOutcome {
     /// Create: the cluster cannot place the durability asked for (`--survive machines=F`
     /// needs 2F+1 nodes); nothing changed. `message` says how many it has.
     Unplaceable = 25,
+    /// Configure: the directory holds the journal's new durability; its group moves to its
+    /// new voters next, writes going on.
+    Configured = 26,
 }

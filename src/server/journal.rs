@@ -27,9 +27,9 @@ pub struct JournalMetrics {
 }
 
 /// The call kinds as `/metrics` labels them, in the order of [`JournalMetrics::calls`].
-pub const CALL_KINDS: [&str; 8] = ["write", "read", "truncate", "set_leader", "create", "delete", "list", "status"];
-/// Outcome numbers counted (`JOURNAL_OUTCOME` 0..=25).
-const OUTCOMES: usize = 26;
+pub const CALL_KINDS: [&str; 9] = ["write", "read", "truncate", "set_leader", "create", "delete", "list", "status", "configure"];
+/// Outcome numbers counted (`JOURNAL_OUTCOME` 0..=26).
+const OUTCOMES: usize = 27;
 /// The largest F of `--survive machines=F` a create may ask for (2F+1 voters fit one byte).
 pub const MAX_SURVIVE: u8 = 127;
 
@@ -196,6 +196,7 @@ impl Journals {
             journal_request::Call::Delete(_) => 5,
             journal_request::Call::List(_) => 6,
             journal_request::Call::Status(_) => 7,
+            journal_request::Call::Configure(_) => 8,
         };
         let started = Instant::now();
         let resp = match call {
@@ -251,6 +252,14 @@ impl Journals {
             journal_request::Call::Delete(d) => (encode(&Command::DeleteJournal { journal: known(d.tenant, d.journal)? }), false),
             journal_request::Call::Create(c) => return Ok((self.create(c, reply)?, rx, false)),
             journal_request::Call::List(l) => return Ok((Call::List { tenant: l.tenant_name, reply }, rx, false)),
+            journal_request::Call::Configure(c) => {
+                let journal = known(c.tenant, c.journal)?;
+                let survive = u8::try_from(c.survive).ok().filter(|f| *f <= MAX_SURVIVE);
+                let Some(survive) = survive else {
+                    return Err(Box::new(invalid(&format!("--survive machines=F takes F from 0 to {MAX_SURVIVE}"))));
+                };
+                return Ok((Call::Configure { journal, survive, reply }, rx, false));
+            }
         };
         Ok((Call::Command { payload: cmd, reply }, rx, admission))
     }

@@ -16,8 +16,8 @@ use base64::Engine as _;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{json, Map, Value};
 use tephra::client::journal::{
-    fresh_leader, parse_leader, ClaimOutcome, CreateOutcome, DeleteOutcome, JournalError, JournalInfo, JournalRef, JournalWriter, Journals, JournalsConfig,
-    JournalsTls, ListOutcome, NameError, ReadOutcome, SetLeaderOutcome, TruncateOutcome, WriteOutcome, WriterOutcome,
+    fresh_leader, parse_leader, ClaimOutcome, ConfigureOutcome, CreateOutcome, DeleteOutcome, JournalError, JournalInfo, JournalRef, JournalWriter, Journals,
+    JournalsConfig, JournalsTls, ListOutcome, NameError, ReadOutcome, SetLeaderOutcome, TruncateOutcome, WriteOutcome, WriterOutcome,
 };
 use tephra::client::tls;
 use tephra::journal::{JournalId, LeaderUuid, Mode, Seq, StoreDurability, View};
@@ -56,7 +56,7 @@ const TAIL_WAIT_MS: u64 = 1_000;
 /// The exit code of an answer's outcome (docs/journals.md §8.5).
 pub fn exit_for(outcome: &str) -> u8 {
     match outcome {
-        "accepted" | "duplicate" | "leader" | "owned" | "trimmed" | "created" | "deleted" | "listed" | "found" | "page" => EXIT_OK,
+        "accepted" | "duplicate" | "leader" | "owned" | "trimmed" | "created" | "deleted" | "listed" | "found" | "page" | "configured" => EXIT_OK,
         "refused" | "lost" | "superseded" | "not_written" | "not_owner" | "truncated" | "wrong_mode" | "too_large" | "name_taken" | "unknown_journal"
         | "unknown_tenant" | "unplaceable" => EXIT_NOT_DONE,
         "invalid_name" => EXIT_USAGE,
@@ -87,6 +87,9 @@ enum Verb {
     /// Delete a journal and free its disk.
     #[command(override_usage = "tephra journal delete [OPTIONS] <J>")]
     Delete(OneArgs),
+    /// Set the machine failures a journal survives: its group moves to 2F+1 voters.
+    #[command(override_usage = "tephra journal configure [OPTIONS] <J> --survive machines=F")]
+    Configure(ConfigureArgs),
     /// List the journals of a tenant (of every tenant without one) as a table.
     #[command(override_usage = "tephra journal list [OPTIONS] [TENANT]")]
     List(ListArgs),
@@ -150,6 +153,17 @@ struct CreateArgs {
 fn parse_survive(s: &str) -> Result<u8, String> {
     let f = s.strip_prefix("machines=").ok_or_else(|| format!("{s:?}: --survive takes machines=F"))?;
     f.parse::<u8>().ok().filter(|f| *f <= 127).ok_or_else(|| format!("{s:?}: F is a whole number from 0 to 127"))
+}
+
+/// `tephra journal configure`.
+#[derive(Debug, Args)]
+struct ConfigureArgs {
+    /// The journal.
+    #[arg(value_name = "J")]
+    journal: String,
+    /// `machines=F`: the group gets 2F+1 voters (a single node takes only `machines=0`).
+    #[arg(long, value_name = "machines=F", value_parser = parse_survive)]
+    survive: u8,
 }
 
 /// A verb that takes one journal.
@@ -500,6 +514,18 @@ pub fn delete_answer(name: &str, o: &DeleteOutcome) -> Answer {
     }
 }
 
+/// The answer to a configure of `name` to `survive`.
+pub fn configure_answer(name: &str, survive: u8, o: &ConfigureOutcome) -> Answer {
+    match o {
+        ConfigureOutcome::Configured => {
+            Answer::new("configured", format!("configured {name} survive=machines={survive}")).set("journal", name).set("survive", u64::from(survive))
+        }
+        ConfigureOutcome::Unplaceable { message } => Answer::new("unplaceable", format!("unplaceable: {message}")).set("message", message.as_str()),
+        ConfigureOutcome::UnknownJournal => unknown_journal(),
+        ConfigureOutcome::Ambiguous => Answer::new("ambiguous", "ambiguous: no answer came back; configure again"),
+    }
+}
+
 /// A journal as JSON: `{journal, id, mode, store, state}`, and in a cluster `survive` (F) and
 /// `voters` (node ids) when its creation recorded them.
 pub fn info_json(j: &JournalInfo) -> Value {
@@ -663,6 +689,11 @@ pub fn run(g: &Global, args: &JournalArgs) -> Result<(), CliError> {
             let id = resolve(g, &mut j, &a.journal)?;
             let o = j.delete(id).map_err(failed)?;
             finish(g, &delete_answer(&a.journal, &o))
+        }
+        Verb::Configure(a) => {
+            let id = resolve(g, &mut j, &a.journal)?;
+            let o = j.configure(id, a.survive).map_err(failed)?;
+            finish(g, &configure_answer(&a.journal, a.survive, &o))
         }
         Verb::List(a) => list(g, &mut j, a),
         Verb::Show(a) => show(g, &mut j, a),

@@ -148,6 +148,11 @@ pub(crate) async fn delete<T: Transport>(t: &mut T, id: JournalId) -> Result<Del
     decided(changing(t, delete_call(id), never).await?, decode_delete, DeleteOutcome::Ambiguous)
 }
 
+/// `Journals::configure`.
+pub(crate) async fn configure<T: Transport>(t: &mut T, id: JournalId, machines: u8) -> Result<super::ConfigureOutcome, JournalError> {
+    decided(changing(t, super::configure_call(id, machines), never).await?, super::decode_configure, super::ConfigureOutcome::Ambiguous)
+}
+
 /// `Journals::list`: a node that cannot confirm the list (`UNSERVED`, `NOT_LEADER`: a cluster
 /// node without a quorum) sends the call to the next server; when none can,
 /// [`JournalError::Unavailable`] with the last one's reason.
