@@ -225,7 +225,18 @@ fn a_locked_memory_limit_too_low_for_the_runtime_is_told_so() {
             Ok(())
         });
     }
-    let out = cmd.output().unwrap();
+    // The fresh copy may still be open for writing in a child another test thread forked:
+    // exec fails with ETXTBSY until that child execs, so retry that briefly.
+    let mut tries = 0;
+    let out = loop {
+        match cmd.output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => break other.unwrap(),
+        }
+    };
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(

@@ -120,7 +120,19 @@ impl Launch {
             }
         }
         let spawned_at = Instant::now();
-        let mut child = cmd.spawn().map_err(|e| format!("spawn {}: {e}", binary.display()))?;
+        // A script or binary a test has just written may still be open for writing in a child
+        // another test thread forked meanwhile (until that child's exec closes it): exec then
+        // fails with ETXTBSY for a moment, so retry that for up to a second.
+        let mut busy_tries = 0;
+        let mut child = loop {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && busy_tries < 100 => {
+                    busy_tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => break other.map_err(|e| format!("spawn {}: {e}", binary.display()))?,
+            }
+        };
         let log = log.map(|f| Arc::new(Mutex::new(f)));
         if let (Some(log), Some(header)) = (&log, log_header) {
             let _ = writeln!(log.lock().unwrap(), "{}", header.replace("{pid}", &child.id().to_string()));
