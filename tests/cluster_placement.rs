@@ -121,6 +121,26 @@ fn journals_get_two_f_plus_one_voters_across_zones_and_an_unplaceable_f_changes_
     }
     assert!(info(&mut c, "seven").is_none(), "an unplaceable create left a journal behind");
 
+    // A tenant's default: set before the tenant exists (it is created), taken by the journals
+    // created in it without an F of their own; an F of their own still wins. An unplaceable
+    // default and an invalid name change nothing.
+    match c.configure_tenant("deep", 3).unwrap() {
+        ConfigureOutcome::Unplaceable { message } => assert!(message.contains("needs 7 nodes"), "{message}"),
+        other => panic!("tenant default F = 3 on five nodes: {other:?}"),
+    }
+    assert_eq!(c.list(Some("deep")).unwrap(), ListOutcome::UnknownTenant, "an unplaceable tenant default created the tenant");
+    assert_eq!(c.configure_tenant("no/slash", 1).unwrap(), ConfigureOutcome::InvalidName);
+    assert_eq!(c.configure_tenant("deep", 2).unwrap(), ConfigureOutcome::Configured);
+    assert!(matches!(c.create("deep", "wide", Mode::Multi, StoreDurability::Ordered).unwrap(), CreateOutcome::Created { .. }));
+    assert!(matches!(c.create_surviving("deep", "narrow", Mode::Multi, StoreDurability::Ordered, 0).unwrap(), CreateOutcome::Created { .. }));
+    let ListOutcome::Listed(deep) = c.list(Some("deep")).unwrap() else { panic!("tenant deep not listed") };
+    let of = |name: &str| deep.iter().find(|j| j.name == name).map(|j| (j.survive, j.voters.len()));
+    assert_eq!((of("wide"), of("narrow")), (Some((Some(2), 5)), Some((Some(0), 1))));
+    // The tenant's existing journals keep their F when its default changes.
+    assert_eq!(c.configure_tenant("deep", 1).unwrap(), ConfigureOutcome::Configured);
+    let ListOutcome::Listed(deep) = c.list(Some("deep")).unwrap() else { panic!("tenant deep not listed") };
+    assert_eq!(deep.iter().find(|j| j.name == "wide").map(|j| j.survive), Some(Some(2)));
+
     // The F = 2 journal survives two of its voters.
     assert!(matches!(c.set_leader(five, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
     write(&mut c, five, 0, b"before");

@@ -80,6 +80,10 @@ fn bad_arguments_exit_2_before_anything_is_sent() {
         (&["write", "acme/orders"], "required"),
         (&["create", "id:1/2"], "by name, not by id"),
         (&["list", "café"], "is not a tenant name"),
+        (&["configure", "--tenant", "a/b", "--survive", "machines=1"], "is not a tenant name"),
+        (&["configure", "--survive", "machines=1"], "required"),
+        (&["configure", "acme/orders", "--tenant", "acme", "--survive", "machines=1"], "cannot be used with"),
+        (&["configure", "acme/orders", "--survive", "machines=128"], "from 0 to 127"),
     ] {
         let o = journal(addr, args);
         assert_code(&o, 2);
@@ -210,6 +214,13 @@ fn list_show_ids_and_prefixes_name_journals() {
     assert_eq!(stdout(&o).trim(), "unknown tenant nobody");
     let v = json(&expect(a, &["--json", "list"], 0));
     assert_eq!(v["journals"].as_array().unwrap().len(), 2);
+    // One node keeps one copy: F = 0 is what a journal or a tenant's default already has.
+    let out = expect(a, &["configure", "acme/bills", "--survive", "machines=0"], 0);
+    assert_eq!(out.trim(), "configured acme/bills survive=machines=0");
+    let out = expect(a, &["configure", "--tenant", "acme", "--survive", "machines=0"], 0);
+    assert_eq!(out.trim(), "configured tenant acme: new journals survive=machines=0");
+    let v = json(&expect(a, &["--json", "configure", "--tenant", "acme", "--survive", "machines=1"], 3));
+    assert_eq!(v["outcome"], "unplaceable", "{v}");
     let out = expect(a, &["delete", "acme/bills"], 0);
     assert!(out.starts_with("deleted acme/bills"), "{out}");
     assert_code(&journal(a, &["show", "acme/bills"]), 3);

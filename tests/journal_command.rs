@@ -89,6 +89,14 @@ fn golden_cluster_placement_commands() {
     assert_eq!(hex(&enc(&z, EntryId::default())), format!("{}{}0400{}", head(22, 0, 0, 5, 0), "2211000000000000", hex(b"eu-1")));
 }
 
+/// A tenant's default F (kind 24): `survive u8 | name_len u16 | name`, the tenant id in the
+/// head (docs/journals.md §4.2, §9.8).
+#[test]
+fn golden_tenant_default_command() {
+    let t = Command::ConfigureTenant { tenant: 7, name: "acme", survive: 2 };
+    assert_eq!(hex(&enc(&t, EntryId { term: 3, index: 4 })), format!("{}020400{}", head(24, 3, 4, 7, 0), hex(b"acme")));
+}
+
 #[test]
 fn every_decode_error() {
     let good = enc(&Command::CreateJournal { journal: J, name: "orders", mode: Mode::Single, durability: StoreDurability::Ordered }, EntryId::default());
@@ -160,6 +168,7 @@ proptest! {
                 voters: recs.iter().map(|r| r.len() as u64).collect(),
             },
             10 => Command::Configure { journal, survive: (n % 128) as u8, voters: recs.iter().map(|r| r.len() as u64).collect() },
+            11 => Command::ConfigureTenant { tenant: a, name: &name, survive: (n % 128) as u8 },
             _ => Command::JoinZone { node: a, incarnation: n, zone: &name },
         };
         let entry = EntryId { term, index };

@@ -113,6 +113,14 @@ fn bad_input_gets_a_clear_answer_and_moves_nothing() {
     assert_eq!(r.outcome(), JournalOutcome::Invalid, "{r:?}");
     let r = c.call(journal_request::Call::Create(create("copies", Some(0))));
     assert_eq!(r.outcome(), JournalOutcome::Created, "{r:?}");
+    // So does a tenant's default; names and ids together, a bad name and F past 127 are refused.
+    let tenant = |name: &str, ids: u64, survive: u32| JournalConfigure { tenant: ids, journal: ids, survive, tenant_name: name.into() };
+    assert_eq!(c.call(journal_request::Call::Configure(tenant("acme", 0, 0))).outcome(), JournalOutcome::Configured);
+    let r = c.call(journal_request::Call::Configure(tenant("acme", 0, 1)));
+    assert!(r.outcome() == JournalOutcome::Unplaceable && r.message.contains("needs 3 nodes"), "{r:?}");
+    assert_eq!(c.call(journal_request::Call::Configure(tenant("a/b", 0, 0))).outcome(), JournalOutcome::InvalidName);
+    assert_eq!(c.call(journal_request::Call::Configure(tenant("acme", 5, 0))).outcome(), JournalOutcome::Invalid);
+    assert_eq!(c.call(journal_request::Call::Configure(tenant("acme", 0, 128))).outcome(), JournalOutcome::Invalid);
     // Truncate past next_seq is clamped; a read far past the tail is an empty page.
     let r = c.call(journal_request::Call::Truncate(JournalTruncate { tenant: j.0, journal: j.1, up_to: 99, leader: 7u128.to_be_bytes().to_vec() }));
     assert_eq!((r.outcome(), r.state.as_ref().unwrap().first_seq), (JournalOutcome::Trimmed, 0));

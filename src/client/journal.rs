@@ -555,6 +555,9 @@ pub enum ConfigureOutcome {
     },
     /// No such journal.
     UnknownJournal,
+    /// A tenant name that is not a valid name (1 to 64 bytes of ASCII letters, digits, `.`,
+    /// `_` and `-`, not starting with `.` or `-`).
+    InvalidName,
     /// No answer: configure again (the same F twice is harmless).
     Ambiguous,
 }
@@ -805,6 +808,7 @@ pub fn decode_configure(r: &JournalResponse) -> Result<ConfigureOutcome, Journal
         Ok(O::Configured) => ConfigureOutcome::Configured,
         Ok(O::Unplaceable) => ConfigureOutcome::Unplaceable { message: r.message.clone() },
         Ok(O::UnknownJournal) => ConfigureOutcome::UnknownJournal,
+        Ok(O::InvalidName) => ConfigureOutcome::InvalidName,
         Ok(O::Ambiguous) => ConfigureOutcome::Ambiguous,
         Ok(O::NotLeader | O::Unserved) => return Err(JournalError::Unavailable(r.message.clone())),
         _ => return Err(common(r, "configure")),
@@ -813,7 +817,13 @@ pub fn decode_configure(r: &JournalResponse) -> Result<ConfigureOutcome, Journal
 
 /// The call that sets journal `id`'s `--survive machines=F`.
 pub fn configure_call(id: JournalId, machines: u8) -> Call {
-    Call::Configure(wire::JournalConfigure { tenant: id.tenant, journal: id.journal, survive: u32::from(machines) })
+    Call::Configure(wire::JournalConfigure { tenant: id.tenant, journal: id.journal, survive: u32::from(machines), tenant_name: String::new() })
+}
+
+/// The call that sets the default `--survive machines=F` of the tenant named `tenant` (for the
+/// journals created in it later without an F of their own; a new tenant is created).
+pub fn configure_tenant_call(tenant: &str, machines: u8) -> Call {
+    Call::Configure(wire::JournalConfigure { tenant: 0, journal: 0, survive: u32::from(machines), tenant_name: tenant.to_owned() })
 }
 
 /// The outcome of a list's answer.
@@ -1287,6 +1297,17 @@ impl Journals {
     /// As [`create`](Self::create).
     pub fn configure(&mut self, id: JournalId, machines: u8) -> Result<ConfigureOutcome, JournalError> {
         block_on(calls::configure(self, id, machines))
+    }
+
+    /// Sets the default `--survive machines=F` of the tenant named `tenant` (docs/journals.md
+    /// §9.8): journals created in it later without an F of their own get 2F+1 voters; journals
+    /// it already has keep theirs. A tenant of that name that does not exist yet is created.
+    /// A single node takes only 0.
+    ///
+    /// # Errors
+    /// As [`create`](Self::create); an invalid tenant name as [`JournalError::Unexpected`].
+    pub fn configure_tenant(&mut self, tenant: &str, machines: u8) -> Result<ConfigureOutcome, JournalError> {
+        block_on(calls::configure_tenant(self, tenant, machines))
     }
 
     /// Lists the journals of the tenant named `tenant`, or of every tenant for `None`.

@@ -10,7 +10,8 @@
 //! | a configuration change entry | kind 7, the entry's term and index and the group in the head, then raft's `ConfChangeV2`, protobuf-encoded (empty: leave the joint configuration) |
 //!
 //! A command's group follows from its kind: directory commands (create tenant, create journal,
-//! release a deleted journal's name) and a Noop for `(0, 0)` belong to the directory group
+//! release a deleted journal's name, joins, configure a journal or a tenant's default) and a
+//! Noop for `(0, 0)` belong to the directory group
 //! [`DIRECTORY`]; the others, a deletion included, to the journal they name. Source: docs/journals.md §9.3.
 
 use raft::eraftpb::{Entry, EntryType, HardState};
@@ -90,7 +91,14 @@ pub enum DurableError {
 /// The group a command belongs to.
 pub fn group_of(command: &Command<'_>) -> JournalId {
     match command.kind() {
-        Kind::CreateTenant | Kind::CreateJournal | Kind::CreatePlaced | Kind::ReleaseName | Kind::Join | Kind::JoinZone | Kind::Configure => DIRECTORY,
+        Kind::CreateTenant
+        | Kind::CreateJournal
+        | Kind::CreatePlaced
+        | Kind::ReleaseName
+        | Kind::Join
+        | Kind::JoinZone
+        | Kind::Configure
+        | Kind::ConfigureTenant => DIRECTORY,
         _ => command.target(),
     }
 }

@@ -683,6 +683,8 @@ impl<O: Outbox> Node<O> {
                 self.propose(group, payload, Token::Answer { reply, target });
             }
             Call::Create { tenant, journal, mode, durability, tenant_id, journal_id, survive, reply } => {
+                // Without an F of its own the journal takes its tenant's default, if one is set.
+                let survive = survive.or_else(|| self.replica.directory().tenant_named(&tenant).and_then(|(_, t)| t.survive));
                 // Refused before anything changes, the tenant included.
                 if let Err(resp) = self.place(JournalId { tenant: 0, journal: journal_id }, survive) {
                     let _ = reply.send(*resp);
@@ -702,6 +704,16 @@ impl<O: Outbox> Node<O> {
                 Ok((survive, voters)) => {
                     self.propose(DIRECTORY, encode(&Command::Configure { journal, survive, voters }), Token::Answer { reply, target: journal })
                 }
+                Err(resp) => {
+                    let _ = reply.send(*resp);
+                }
+            },
+            Call::ConfigureTenant { tenant, tenant_id, survive, reply } => match self.place(JournalId { tenant: 0, journal: tenant_id }, Some(survive)) {
+                Ok(_) => self.propose(
+                    DIRECTORY,
+                    encode(&Command::ConfigureTenant { tenant: tenant_id, name: &tenant, survive }),
+                    Token::Answer { reply, target: JournalId { tenant: tenant_id, journal: 0 } },
+                ),
                 Err(resp) => {
                     let _ = reply.send(*resp);
                 }

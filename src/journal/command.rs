@@ -20,7 +20,8 @@
 //! CreateTenant `name_len u16 | name`; CreateJournal `mode u8 | durability u8 | name_len u16 |
 //! name`; CreatePlaced (a cluster's create) `mode u8 | durability u8 | survive u8 | count u8 |
 //! count × voter u64 | name_len u16 | name`; JoinZone `incarnation u64 | zone_len u16 | zone`;
-//! Configure `survive u8 | count u8 | count × voter u64`.
+//! Configure `survive u8 | count u8 | count × voter u64`; ConfigureTenant `survive u8 |
+//! name_len u16 | name` (the tenant id in the head).
 //! A uuid of 0 is "none".
 
 use super::model::{JournalId, LeaderUuid, Mode, Seq, StoreDurability};
@@ -58,11 +59,14 @@ pub enum Kind {
     JoinZone = 22,
     /// A cluster journal's new durability and the voters it moves to.
     Configure = 23,
+    /// A tenant's default durability for the journals created in it later (the tenant is
+    /// created with it if new).
+    ConfigureTenant = 24,
 }
 
 impl Kind {
     /// Every kind, for decoding.
-    const ALL: [Kind; 12] = [
+    const ALL: [Kind; 13] = [
         Kind::Write,
         Kind::SetLeader,
         Kind::Truncate,
@@ -75,6 +79,7 @@ impl Kind {
         Kind::CreatePlaced,
         Kind::JoinZone,
         Kind::Configure,
+        Kind::ConfigureTenant,
     ];
 
     fn from_u8(b: u8) -> Option<Kind> {
@@ -196,6 +201,17 @@ pub enum Command<'a> {
         /// The voters' node ids, ascending (at most 255).
         voters: Vec<u64>,
     },
+    /// A tenant's default `--survive machines=F` (docs/journals.md §9.8): journals created in
+    /// it later without an F of their own get this one. A tenant of that name that does not
+    /// exist yet is created with `tenant` as its id.
+    ConfigureTenant {
+        /// The id the tenant gets if it is new (an existing tenant keeps its own).
+        tenant: u64,
+        /// The tenant's name.
+        name: &'a str,
+        /// F of `--survive machines=F`.
+        survive: u8,
+    },
     /// As [`Command::Join`], with the node's zone: the directory keeps the zone a member last
     /// said it is in, for placing voters across zones.
     JoinZone {
@@ -251,6 +267,7 @@ impl Command<'_> {
             Command::CreatePlaced { .. } => Kind::CreatePlaced,
             Command::JoinZone { .. } => Kind::JoinZone,
             Command::Configure { .. } => Kind::Configure,
+            Command::ConfigureTenant { .. } => Kind::ConfigureTenant,
         }
     }
 
@@ -266,7 +283,7 @@ impl Command<'_> {
             | Command::Configure { journal, .. }
             | Command::DeleteJournal { journal }
             | Command::ReleaseName { journal } => journal,
-            Command::CreateTenant { tenant, .. } => JournalId { tenant, journal: 0 },
+            Command::CreateTenant { tenant, .. } | Command::ConfigureTenant { tenant, .. } => JournalId { tenant, journal: 0 },
             Command::Join { node, .. } | Command::JoinZone { node, .. } => JournalId { tenant: node, journal: 0 },
         }
     }
@@ -285,6 +302,7 @@ impl Command<'_> {
                 Command::CreatePlaced { name, voters, .. } => 6 + 8 * voters.len() + name.len(),
                 Command::JoinZone { zone, .. } => 10 + zone.len(),
                 Command::Configure { voters, .. } => 2 + 8 * voters.len(),
+                Command::ConfigureTenant { name, .. } => 3 + name.len(),
             }
     }
 
@@ -355,6 +373,10 @@ impl Command<'_> {
                 for v in voters {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
+            }
+            Command::ConfigureTenant { name: n, survive, .. } => {
+                out.push(*survive);
+                name(n, out);
             }
         }
     }
@@ -474,6 +496,10 @@ pub fn decode(payload: &[u8]) -> Result<(EntryId, Command<'_>), CommandError> {
             let count = r.u8("voter count")? as usize;
             let voters = (0..count).map(|_| r.u64("voter")).collect::<Result<Vec<u64>, _>>()?;
             Command::Configure { journal, survive, voters }
+        }
+        Kind::ConfigureTenant => {
+            let survive = r.u8("survive")?;
+            Command::ConfigureTenant { tenant: journal.tenant, name: r.name()?, survive }
         }
         Kind::JoinZone => Command::JoinZone { node: journal.tenant, incarnation: r.u64("incarnation")?, zone: r.name()? },
     };

@@ -30,6 +30,9 @@ pub struct Tenant {
     pub name: String,
     /// Its journals: name to journal id (the second half).
     pub journals: BTreeMap<String, u64>,
+    /// In a cluster, F of `--survive machines=F` for the journals created in it without one
+    /// ([`Command::ConfigureTenant`]); `None`: the cluster's default.
+    pub survive: Option<u8>,
 }
 
 /// One journal: its name within its tenant and its state.
@@ -218,6 +221,19 @@ impl Directory {
                 }
                 _ => Answer::UnknownJournal,
             },
+            Command::ConfigureTenant { tenant, name, survive } => {
+                let id = match self.tenant_names.get(*name) {
+                    Some(&id) => id,
+                    None => match self.create_tenant(*tenant, name) {
+                        Answer::TenantCreated { tenant } => tenant,
+                        refused => return refused,
+                    },
+                };
+                if let Some(t) = self.tenants.get_mut(&id) {
+                    t.survive = Some(*survive);
+                }
+                Answer::Configured { journal: JournalId { tenant: id, journal: 0 } }
+            }
             Command::JoinZone { node, incarnation, zone } => {
                 // As Join; the zone follows what the recorded incarnation last said.
                 let m = self.members.entry(*node).or_insert((*incarnation, None));
@@ -267,7 +283,7 @@ impl Directory {
             return Answer::NameTaken { existing: JournalId { tenant, journal: 0 } };
         }
         self.tenant_names.insert(name.to_owned(), tenant);
-        self.tenants.insert(tenant, Tenant { name: name.to_owned(), journals: BTreeMap::new() });
+        self.tenants.insert(tenant, Tenant { name: name.to_owned(), journals: BTreeMap::new(), survive: None });
         Answer::TenantCreated { tenant }
     }
 

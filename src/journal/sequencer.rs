@@ -59,6 +59,20 @@ pub enum Call {
         /// Where the answer goes.
         reply: flume::Sender<JournalResponse>,
     },
+    /// Record the tenant `tenant`'s default `--survive machines=F` for the journals created in
+    /// it later without an F of their own (a new tenant is created with `tenant_id`). Answered
+    /// `CONFIGURED` (with the tenant's id), `UNPLACEABLE` or `INVALID_NAME`; a single node takes
+    /// only 0, its only F, and records nothing.
+    ConfigureTenant {
+        /// The tenant's name.
+        tenant: String,
+        /// The id the tenant gets if it is new.
+        tenant_id: u64,
+        /// F.
+        survive: u8,
+        /// Where the answer goes.
+        reply: flume::Sender<JournalResponse>,
+    },
     /// Confirm that this node may serve a read of `journal` now (replication: a quorum
     /// confirmed the leader's commit index and this node applied up to it, docs/journals.md
     /// §9.2). The answer is `PAGE` (go), `UNSERVED` or `UNKNOWN_JOURNAL`; a single node
@@ -86,7 +100,8 @@ impl Call {
             | Call::Create { reply, .. }
             | Call::List { reply, .. }
             | Call::Confirm { reply, .. }
-            | Call::Configure { reply, .. } => reply,
+            | Call::Configure { reply, .. }
+            | Call::ConfigureTenant { reply, .. } => reply,
         }
     }
 }
@@ -330,6 +345,10 @@ impl Sequencer {
                     (Some(_), 0) => outcome(JournalOutcome::Configured),
                     (Some(_), f) => unplaceable(f, 1),
                 };
+                let _ = reply.send(resp);
+            }
+            Call::ConfigureTenant { survive, reply, .. } => {
+                let resp = if survive == 0 { outcome(JournalOutcome::Configured) } else { unplaceable(survive, 1) };
                 let _ = reply.send(resp);
             }
             Call::List { tenant, reply } => {

@@ -52,8 +52,9 @@ pub mod journal_request {
     }
 }
 
-/// `configure --survive machines=F`: a cluster journal's group moves to 2F+1 voters
-/// (docs/journals.md §9.8).
+/// `configure --survive machines=F`: a cluster journal's group moves to 2F+1 voters; with
+/// `tenant_name` set instead of the ids, the tenant's default for journals created in it
+/// later (docs/journals.md §9.8).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct JournalConfigure {
     /// Field 1: the tenant id.
@@ -65,6 +66,10 @@ pub struct JournalConfigure {
     /// Field 3: F of `--survive machines=F` (0 to 127).
     #[prost(uint32, tag = "3")]
     pub survive: u32,
+    /// Field 4: a tenant's name: set (with both ids 0), the call sets that tenant's default F,
+    /// creating the tenant if it is new.
+    #[prost(string, tag = "4")]
+    pub tenant_name: ::prost::alloc::string::String,
 }
 
 /// `Write(leader?, seq, records)`.

@@ -253,12 +253,21 @@ impl Journals {
             journal_request::Call::Create(c) => return Ok((self.create(c, reply)?, rx, false)),
             journal_request::Call::List(l) => return Ok((Call::List { tenant: l.tenant_name, reply }, rx, false)),
             journal_request::Call::Configure(c) => {
-                let journal = known(c.tenant, c.journal)?;
                 let survive = u8::try_from(c.survive).ok().filter(|f| *f <= MAX_SURVIVE);
                 let Some(survive) = survive else {
                     return Err(Box::new(invalid(&format!("--survive machines=F takes F from 0 to {MAX_SURVIVE}"))));
                 };
-                return Ok((Call::Configure { journal, survive, reply }, rx, false));
+                if c.tenant_name.is_empty() {
+                    let journal = known(c.tenant, c.journal)?;
+                    return Ok((Call::Configure { journal, survive, reply }, rx, false));
+                }
+                if c.tenant != 0 || c.journal != 0 {
+                    return Err(Box::new(invalid("a configure names a tenant by name or a journal by ids, not both")));
+                }
+                if !valid_name(&c.tenant_name) {
+                    return Err(Box::new(invalid_name()));
+                }
+                return Ok((Call::ConfigureTenant { tenant: c.tenant_name, tenant_id: random_id(), survive, reply }, rx, false));
             }
         };
         Ok((Call::Command { payload: cmd, reply }, rx, admission))
@@ -267,11 +276,7 @@ impl Journals {
     /// Checks a create's names, mode and durability, and draws its ids.
     fn create(&self, c: JournalCreate, reply: flume::Sender<JournalResponse>) -> Result<Call, Box<JournalResponse>> {
         if !valid_name(&c.tenant_name) || !valid_name(&c.journal_name) {
-            return Err(Box::new(JournalResponse {
-                outcome: JournalOutcome::InvalidName as i32,
-                message: "a name is 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'".into(),
-                ..Default::default()
-            }));
+            return Err(Box::new(invalid_name()));
         }
         let mode = match JournalMode::try_from(c.mode) {
             Ok(JournalMode::Single) => Mode::Single,
@@ -472,5 +477,14 @@ fn random_id() -> u64 {
         if hi != 0 {
             return hi;
         }
+    }
+}
+
+/// `INVALID_NAME`, saying what a name may be.
+fn invalid_name() -> JournalResponse {
+    JournalResponse {
+        outcome: JournalOutcome::InvalidName as i32,
+        message: "a name is 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'".into(),
+        ..Default::default()
     }
 }

@@ -87,8 +87,9 @@ enum Verb {
     /// Delete a journal and free its disk.
     #[command(override_usage = "tephra journal delete [OPTIONS] <J>")]
     Delete(OneArgs),
-    /// Set the machine failures a journal survives: its group moves to 2F+1 voters.
-    #[command(override_usage = "tephra journal configure [OPTIONS] <J> --survive machines=F")]
+    /// Set the machine failures a journal survives (its group moves to 2F+1 voters), or with
+    /// --tenant the default of the journals created in a tenant later.
+    #[command(override_usage = "tephra journal configure [OPTIONS] (<J> | --tenant <TENANT>) --survive machines=F")]
     Configure(ConfigureArgs),
     /// List the journals of a tenant (of every tenant without one) as a table.
     #[command(override_usage = "tephra journal list [OPTIONS] [TENANT]")]
@@ -159,8 +160,12 @@ fn parse_survive(s: &str) -> Result<u8, String> {
 #[derive(Debug, Args)]
 struct ConfigureArgs {
     /// The journal.
-    #[arg(value_name = "J")]
-    journal: String,
+    #[arg(value_name = "J", required_unless_present = "tenant", conflicts_with = "tenant")]
+    journal: Option<String>,
+    /// A tenant instead of a journal: set the default F of the journals created in it later
+    /// without --survive (the tenant is created if missing; its journals keep their F).
+    #[arg(long, value_name = "TENANT")]
+    tenant: Option<String>,
     /// `machines=F`: the group gets 2F+1 voters (a single node takes only `machines=0`).
     #[arg(long, value_name = "machines=F", value_parser = parse_survive)]
     survive: u8,
@@ -522,8 +527,31 @@ pub fn configure_answer(name: &str, survive: u8, o: &ConfigureOutcome) -> Answer
         }
         ConfigureOutcome::Unplaceable { message } => Answer::new("unplaceable", format!("unplaceable: {message}")).set("message", message.as_str()),
         ConfigureOutcome::UnknownJournal => unknown_journal(),
+        ConfigureOutcome::InvalidName => invalid_tenant(name),
         ConfigureOutcome::Ambiguous => Answer::new("ambiguous", "ambiguous: no answer came back; configure again"),
     }
+}
+
+/// The answer to a configure of tenant `tenant`'s default to `survive`.
+pub fn configure_tenant_answer(tenant: &str, survive: u8, o: &ConfigureOutcome) -> Answer {
+    match o {
+        ConfigureOutcome::Configured => Answer::new("configured", format!("configured tenant {tenant}: new journals survive=machines={survive}"))
+            .set("tenant", tenant)
+            .set("survive", u64::from(survive)),
+        ConfigureOutcome::InvalidName | ConfigureOutcome::UnknownJournal => invalid_tenant(tenant),
+        other => configure_answer(tenant, survive, other),
+    }
+}
+
+/// `invalid_name` for a tenant name.
+fn invalid_tenant(tenant: &str) -> Answer {
+    let message = not_a_tenant_name(tenant);
+    Answer::new("invalid_name", format!("invalid name: {message}")).set("message", message)
+}
+
+/// What a tenant name may be, for one that is not.
+fn not_a_tenant_name(tenant: &str) -> String {
+    format!("{tenant:?} is not a tenant name: 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'")
 }
 
 /// A journal as JSON: `{journal, id, mode, store, state}`, and in a cluster `survive` (F) and
@@ -690,11 +718,21 @@ pub fn run(g: &Global, args: &JournalArgs) -> Result<(), CliError> {
             let o = j.delete(id).map_err(failed)?;
             finish(g, &delete_answer(&a.journal, &o))
         }
-        Verb::Configure(a) => {
-            let id = resolve(g, &mut j, &a.journal)?;
-            let o = j.configure(id, a.survive).map_err(failed)?;
-            finish(g, &configure_answer(&a.journal, a.survive, &o))
-        }
+        Verb::Configure(a) => match (&a.journal, &a.tenant) {
+            (Some(journal), _) => {
+                let id = resolve(g, &mut j, journal)?;
+                let o = j.configure(id, a.survive).map_err(failed)?;
+                finish(g, &configure_answer(journal, a.survive, &o))
+            }
+            (None, Some(tenant)) => {
+                if !tephra::journal::valid_name(tenant) {
+                    return Err(CliError { code: EXIT_USAGE, message: not_a_tenant_name(tenant), wire: None, details: None });
+                }
+                let o = j.configure_tenant(tenant, a.survive).map_err(failed)?;
+                finish(g, &configure_tenant_answer(tenant, a.survive, &o))
+            }
+            (None, None) => unreachable!("clap requires J or --tenant"),
+        },
         Verb::List(a) => list(g, &mut j, a),
         Verb::Show(a) => show(g, &mut j, a),
         Verb::SetLeader(a) => set_leader(g, &mut j, a),
@@ -727,8 +765,7 @@ fn create(g: &Global, j: &mut Journals, a: &CreateArgs) -> Result<(), CliError> 
 
 fn list(g: &Global, j: &mut Journals, a: &ListArgs) -> Result<(), CliError> {
     if let Some(t) = a.tenant.as_deref().filter(|t| !tephra::journal::valid_name(t)) {
-        let message = format!("{t:?} is not a tenant name: 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'");
-        return Err(CliError { code: EXIT_USAGE, message, wire: None, details: None });
+        return Err(CliError { code: EXIT_USAGE, message: not_a_tenant_name(t), wire: None, details: None });
     }
     match j.list(a.tenant.as_deref()).map_err(failed)? {
         ListOutcome::UnknownTenant => {

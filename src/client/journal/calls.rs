@@ -153,6 +153,11 @@ pub(crate) async fn configure<T: Transport>(t: &mut T, id: JournalId, machines: 
     decided(changing(t, super::configure_call(id, machines), never).await?, super::decode_configure, super::ConfigureOutcome::Ambiguous)
 }
 
+/// `Journals::configure_tenant`.
+pub(crate) async fn configure_tenant<T: Transport>(t: &mut T, tenant: &str, machines: u8) -> Result<super::ConfigureOutcome, JournalError> {
+    decided(changing(t, super::configure_tenant_call(tenant, machines), never).await?, super::decode_configure, super::ConfigureOutcome::Ambiguous)
+}
+
 /// `Journals::list`: a node that cannot confirm the list (`UNSERVED`, `NOT_LEADER`: a cluster
 /// node without a quorum) sends the call to the next server; when none can,
 /// [`JournalError::Unavailable`] with the last one's reason.
