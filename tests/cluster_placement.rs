@@ -255,3 +255,56 @@ fn configure_moves_a_journal_to_more_voters_and_back_while_writes_go_on() {
         }
     }
 }
+
+/// `NOT_LEADER` answers to writes, summed over every node's `/metrics`.
+fn not_leader_answers(cluster: &Cluster) -> u64 {
+    let mut n = 0;
+    for id in cluster.ids().collect::<Vec<_>>() {
+        let page = cluster.metrics(id, Duration::from_secs(5)).expect("metrics");
+        for line in page.lines().filter(|l| l.starts_with("tephra_journal_calls_total{call=\"write\",outcome=\"NotLeader\"}")) {
+            n += line.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
+        }
+    }
+    n
+}
+
+/// A client follows `NOT_LEADER`'s hint (docs/journals.md §9.2): once it has heard from the
+/// servers involved, a write to a journal led elsewhere costs one redirect, where walking the
+/// list of five would cost 2.5 on average between two journals led by different nodes.
+#[test]
+fn a_client_follows_the_leader_hint_to_the_server_it_names() {
+    let server = std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"));
+    let cluster = Cluster::start(&server, 5, &[("TEPHRA__METRICS__BIND", "127.0.0.1:0")]);
+    let mut c = client(cluster.addrs());
+    // Two one-voter journals on different nodes (the voter leads its group).
+    let mut placed: Vec<(JournalId, u64)> = Vec::new();
+    for i in 0.. {
+        assert!(i < 40, "forty one-voter journals all landed on one node");
+        let name = format!("solo-{i}");
+        let CreateOutcome::Created { id } = create(&mut c, &name, Some(0)) else { panic!("{name} not created") };
+        let voter = info(&mut c, &name).unwrap().voters[0];
+        if placed.iter().all(|(_, v)| *v != voter) {
+            placed.push((id, voter));
+        }
+        if placed.len() == 2 {
+            break;
+        }
+    }
+    let (a, b) = (placed[0].0, placed[1].0);
+    for id in [a, b] {
+        assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    }
+    // Warm up: the client hears from both voters.
+    for seq in 0..2 {
+        write(&mut c, a, seq, b"warm");
+        write(&mut c, b, seq, b"warm");
+    }
+    let before = not_leader_answers(&cluster);
+    let switches = 20;
+    for k in 0..switches / 2 {
+        write(&mut c, a, 2 + k, b"a");
+        write(&mut c, b, 2 + k, b"b");
+    }
+    let redirects = not_leader_answers(&cluster) - before;
+    assert!(redirects <= switches, "{redirects} NOT_LEADER answers for {switches} switches between journals led by nodes {} and {}", placed[0].1, placed[1].1);
+}

@@ -1134,6 +1134,9 @@ pub struct Journals {
     answered: bool,
     /// The server `conn` talks to, or the next to try.
     current: usize,
+    /// Each server's node id as its answers named it (0: not known yet, or no cluster member):
+    /// a `NOT_LEADER` answer's hint names a node, and this says which server that is.
+    nodes: Vec<u64>,
 }
 
 impl fmt::Debug for Journals {
@@ -1145,7 +1148,8 @@ impl fmt::Debug for Journals {
 impl Journals {
     /// A handle; it connects on the first call.
     pub fn new(config: JournalsConfig) -> Journals {
-        Journals { config, conn: None, answered: false, current: 0 }
+        let nodes = vec![0; config.servers.len()];
+        Journals { config, conn: None, answered: false, current: 0, nodes }
     }
 
     /// The configuration.
@@ -1236,6 +1240,9 @@ impl Journals {
         match client.recv(id) {
             Ok(response::Kind::Journal(r)) => {
                 self.answered = true;
+                if let Some(n) = self.nodes.get_mut(self.current) {
+                    *n = r.answered_by;
+                }
                 Ok(Exchange::Answer(r))
             }
             Ok(other) => {
@@ -1422,9 +1429,32 @@ impl Transport for Journals {
         self.move_on()
     }
 
+    fn redirect(&mut self, leader: u64) {
+        let to = redirect_target(self.current, &self.nodes, leader);
+        self.conn = None;
+        self.current = to;
+    }
+
     async fn pause(&mut self, duration: Duration) {
         std::thread::sleep(duration)
     }
+}
+
+/// The server a call goes to after `NOT_LEADER` from server `current` (docs/journals.md §9.2):
+/// the server known to be node `leader` (the answer's hint, 0 for none), else the next one
+/// after `current` not known to be another node, else simply the next one. `nodes` holds each
+/// server's node id as learned from its answers (0: not known).
+pub(crate) fn redirect_target(current: usize, nodes: &[u64], leader: u64) -> usize {
+    let n = nodes.len().max(1);
+    if leader != 0 {
+        if let Some(i) = nodes.iter().position(|&id| id == leader) {
+            return i;
+        }
+        if let Some(i) = (1..n).map(|k| (current + k) % n).find(|&i| nodes[i] == 0) {
+            return i;
+        }
+    }
+    (current + 1) % n
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1541,6 +1571,20 @@ mod tests {
 
     fn view(leader: Option<LeaderUuid>, next_seq: Seq, first_seq: Seq) -> View {
         View { leader, next_seq, first_seq }
+    }
+
+    /// After `NOT_LEADER`: the server known to be the hinted node; else the next server not
+    /// known to be another node; without a hint, or when every server is known, the next one.
+    #[test]
+    fn a_redirect_goes_to_the_hinted_node_when_a_server_is_known_to_be_it() {
+        assert_eq!(redirect_target(0, &[1, 2, 3, 4, 5], 4), 3);
+        assert_eq!(redirect_target(4, &[1, 2, 3, 4, 5], 1), 0);
+        assert_eq!(redirect_target(0, &[1, 2, 0, 0, 5], 4), 2, "the first server not known to be another node");
+        assert_eq!(redirect_target(3, &[0, 2, 3, 4, 5], 9), 0, "wraps around to the unknown one");
+        assert_eq!(redirect_target(1, &[1, 2, 3], 7), 2, "every server known, none the hint: the next");
+        assert_eq!(redirect_target(2, &[1, 2, 3], 0), 0, "no hint: the next");
+        assert_eq!(redirect_target(0, &[0], 3), 0, "one server");
+        assert_eq!(redirect_target(0, &[], 3), 0, "no servers");
     }
 
     #[test]

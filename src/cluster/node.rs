@@ -806,9 +806,11 @@ impl<O: Outbox> Node<O> {
         }
         let resp = match refused {
             Refused::NotLeader { leader } => not_leader(leader, command.is_none()),
+            // No copy here: a voter the directory records is the node to ask.
             Refused::UnknownGroup => JournalResponse {
                 outcome: if command.is_none() { JournalOutcome::Unserved } else { JournalOutcome::NotLeader } as i32,
                 message: "this node holds no copy of the journal; ask another".into(),
+                leader_node: self.replica.voters(group).first().copied().unwrap_or(0),
                 ..Default::default()
             },
         };
@@ -997,5 +999,5 @@ fn not_leader(leader: Option<u64>, read: bool) -> JournalResponse {
         None => "no leader of this journal's group is known here yet; ask another node".to_owned(),
     };
     let o = if read { JournalOutcome::Unserved } else { JournalOutcome::NotLeader };
-    JournalResponse { outcome: o as i32, message, ..Default::default() }
+    JournalResponse { outcome: o as i32, message, leader_node: leader.unwrap_or(0), ..Default::default() }
 }

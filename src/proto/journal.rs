@@ -233,6 +233,15 @@ pub struct JournalResponse {
     /// is no cluster member.
     #[prost(message, optional, boxed, tag = "13")]
     pub node: ::core::option::Option<::prost::alloc::boxed::Box<NodeReport>>,
+    /// Field 14: `NOT_LEADER`, `UNSERVED`: the node to ask instead, the hint a client follows
+    /// (docs/journals.md §9.2): the journal group's leader as the answering node knows it, or
+    /// one of the group's voters from a node that holds no copy; 0: none known.
+    #[prost(uint64, tag = "14")]
+    pub leader_node: u64,
+    /// Field 15: the answering node's id in its cluster (0 on a server that is no cluster
+    /// member), set on every answer, so a client learns which of its servers is which node.
+    #[prost(uint64, tag = "15")]
+    pub answered_by: u64,
 }
 
 /// `Status()`: how the node asked stands in its cluster (docs/journals.md §9.7).

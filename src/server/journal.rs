@@ -49,6 +49,8 @@ pub struct Journals {
 
 /// A cluster member's side of the shards' journal calls.
 struct Cluster {
+    /// This node's id.
+    node: u64,
     status: Arc<Mutex<crate::cluster::node::NodeStatus>>,
     /// How long a read waits for its confirmation before it is answered `UNSERVED`.
     confirm: Duration,
@@ -143,12 +145,13 @@ impl Journals {
         let node = crate::cluster::node::Node::open(data_dir, limits.segment_size, node, outbox)?;
         let published = node.published();
         let status = node.status();
+        let id = status.lock().unwrap().node;
         let (calls, rx) = flume::bounded(limits.admission_rounds.min(1 << 20) as usize);
         std::thread::Builder::new()
             .name("tephra-node".into())
             .spawn(move || node.run(rx, inbox))
             .map_err(|source| StoreError::Log(crate::log::LogError::Io { path: data_dir.to_owned(), source }))?;
-        Ok(Journals::with(calls, published, limits, max_frame_len, Some(Cluster { status, confirm })))
+        Ok(Journals::with(calls, published, limits, max_frame_len, Some(Cluster { node: id, status, confirm })))
     }
 
     fn with(calls: flume::Sender<Call>, published: Arc<Published>, limits: JournalSettings, max_frame_len: u32, cluster: Option<Cluster>) -> Journals {
@@ -199,7 +202,7 @@ impl Journals {
             journal_request::Call::Configure(_) => 8,
         };
         let started = Instant::now();
-        let resp = match call {
+        let mut resp = match call {
             journal_request::Call::Read(r) => self.read(r).await,
             journal_request::Call::Status(_) => self.status(),
             call => match self.prepare(call) {
@@ -215,6 +218,7 @@ impl Journals {
                 let _ = h.record(started.elapsed().as_micros().max(1) as u64);
             }
         }
+        resp.answered_by = self.cluster.as_ref().map_or(0, |c| c.node);
         resp
     }
 

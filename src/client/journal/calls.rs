@@ -64,6 +64,13 @@ pub(crate) trait Transport {
     /// Moves on to the next server (dropping any connection to this one).
     fn next_server(&mut self);
 
+    /// Moves on after `NOT_LEADER` whose hint names node `leader` (0: none): to the server
+    /// known to be that node when there is one. By default, the next server.
+    fn redirect(&mut self, leader: u64) {
+        let _ = leader;
+        self.next_server();
+    }
+
     /// Waits `duration`.
     fn pause(&mut self, duration: Duration) -> impl Future<Output = ()>;
 }
@@ -87,8 +94,8 @@ async fn ask<T: Transport>(t: &mut T, call: Call, timeout: Duration) -> Result<E
     }
 }
 
-/// Sends a call that changes a journal, following `NOT_LEADER` to the next server (up to the
-/// redirect limit) and re-sending after `BUSY` (`busy` says which answers are busy) until the
+/// Sends a call that changes a journal, following `NOT_LEADER` to the leader it names (else to
+/// the next server; up to the redirect limit) and re-sending after `BUSY` (`busy` says which answers are busy) until the
 /// request timeout. Returns the last answer, `None` when it was lost.
 async fn changing<T: Transport>(t: &mut T, call: Call, busy: fn(&JournalResponse) -> bool) -> Result<Option<JournalResponse>, JournalError> {
     let policy = t.policy();
@@ -111,7 +118,7 @@ async fn changing<T: Transport>(t: &mut T, call: Call, busy: fn(&JournalResponse
                     return Ok(Some(r));
                 }
                 if not_leader {
-                    t.next_server();
+                    t.redirect(r.leader_node);
                 }
                 // Redirects back off (20 ms doubling to 320 ms over the limit of 8), so that
                 // they span a leader election (a few hundred milliseconds) rather than racing it.
