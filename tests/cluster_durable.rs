@@ -127,3 +127,63 @@ fn golden_configuration_change() {
     assert_eq!(bytes.len(), 40);
     assert_eq!(decode(&bytes), Ok(Durable::Entry { journal: J, entry: leave }));
 }
+
+/// A journal group's snapshot data and its record in the command log (kind 8):
+/// docs/journals.md §9.9.
+#[test]
+fn golden_snapshot() {
+    use tephra::cluster::snapshot;
+    use tephra::journal::{BatchMark, JournalState};
+    let state = JournalState {
+        mode: Mode::Single,
+        durability: StoreDurability::Batched,
+        leader: Some(LeaderUuid(0xab)),
+        term: 2,
+        first_seq: 5,
+        next_seq: 9,
+        batches: [BatchMark { seq: 7, count: 2, leader: LeaderUuid(0xab), digest: 0x1234 }].into(),
+    };
+    let data = snapshot::encode(4, &state);
+    let u64s = |v: &[u64]| v.iter().map(|x| hex(&x.to_le_bytes())).collect::<String>();
+    let want = format!(
+        "0100000000000000{}0001000000000000{}{}{}{}{}{}{}",
+        u64s(&[4]),
+        hex(&0xabu128.to_le_bytes()),
+        u64s(&[2, 5, 9]),
+        "01000000",
+        u64s(&[7]),
+        "02000000",
+        hex(&0xabu128.to_le_bytes()),
+        hex(&0x1234u128.to_le_bytes()),
+    );
+    assert_eq!(hex(&data), want);
+    assert_eq!(snapshot::decode(&data), Ok((4, state.clone())));
+
+    let mut snap = raft::eraftpb::Snapshot { data: data.clone(), ..Default::default() };
+    snap.mut_metadata().term = 3;
+    snap.mut_metadata().index = 40;
+    snap.mut_metadata().set_conf_state(raft::eraftpb::ConfState::from((vec![1, 2, 3], vec![])));
+    let item = Durable::Snapshot { journal: J, snapshot: snap };
+    let bytes = enc(&item);
+    let head = format!("0108000000000000{}{}{}", u64s(&[3, 40]), hex(&J.tenant.to_le_bytes()), hex(&J.journal.to_le_bytes()));
+    assert_eq!(hex(&bytes), format!("{head}050000000a03010203{}", hex(&data)));
+    assert_eq!(decode(&bytes).unwrap(), item);
+
+    // Every refusal of the data, and a record whose data or configuration is cut short.
+    let refused = |mut d: Vec<u8>, at: usize, b: u8| {
+        d[at] = b;
+        snapshot::decode(&d).unwrap_err()
+    };
+    assert_eq!(refused(data.clone(), 0, 2), snapshot::SnapshotError::Version(2));
+    assert_eq!(refused(data.clone(), 3, 1), snapshot::SnapshotError::Reserved);
+    assert_eq!(refused(data.clone(), 20, 1), snapshot::SnapshotError::Reserved);
+    assert_eq!(refused(data.clone(), 16, 2), snapshot::SnapshotError::UnknownEnum("mode", 2));
+    assert_eq!(refused(data.clone(), 17, 9), snapshot::SnapshotError::UnknownEnum("store durability", 9));
+    assert_eq!(refused(data.clone(), 48, 10), snapshot::SnapshotError::State("first_seq is past next_seq"));
+    assert!(matches!(refused(data.clone(), 40, 0), snapshot::SnapshotError::State(_)), "a leader without a term");
+    assert_eq!(snapshot::decode(&data[..67]), Err(snapshot::SnapshotError::Length { need: 68, got: 67 }));
+    assert_eq!(snapshot::decode(&data[..100]), Err(snapshot::SnapshotError::Length { need: 112, got: 100 }));
+    for cut in [10, 43, 46, bytes.len() - 1] {
+        assert!(matches!(decode(&bytes[..cut]), Err(DurableError::SnapshotRecord(_))), "cut at {cut}");
+    }
+}

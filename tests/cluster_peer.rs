@@ -85,3 +85,24 @@ fn a_read_index_request_carries_its_context_in_an_entry_that_is_never_logged() {
     let bytes = encode_frame(9, 1, 2, &[(G, forwarded.clone())]);
     assert_eq!(decode_frame(&bytes, 9, 2).unwrap(), (1, vec![(G, forwarded)]));
 }
+
+/// A snapshot passes only for a journal group and with data that decodes as a journal
+/// snapshot (docs/journals.md §9.9): the directory group is never compacted.
+#[test]
+fn snapshots_pass_only_for_journal_groups_with_journal_state() {
+    use tephra::cluster::durable::DIRECTORY;
+    use tephra::journal::{JournalState, Mode, StoreDurability};
+    let data = tephra::cluster::snapshot::encode(0, &JournalState::new(Mode::Multi, StoreDurability::Ordered));
+    let snap = |data: Vec<u8>| {
+        let mut m = Message { msg_type: MessageType::MsgSnapshot as i32, to: 2, from: 1, term: 3, ..Message::default() };
+        m.mut_snapshot().data = data;
+        m.mut_snapshot().mut_metadata().index = 9;
+        m
+    };
+    let good = encode_frame(9, 1, 2, &[(G, snap(data.clone()))]);
+    assert_eq!(decode_frame(&good, 9, 2).unwrap(), (1, vec![(G, snap(data.clone()))]));
+    let directory = encode_frame(9, 1, 2, &[(DIRECTORY, snap(data.clone()))]);
+    assert!(matches!(decode_frame(&directory, 9, 2), Err(PeerError::BadSnapshot { .. })));
+    let junk = encode_frame(9, 1, 2, &[(G, snap(vec![1, 2, 3]))]);
+    assert!(matches!(decode_frame(&junk, 9, 2), Err(PeerError::BadSnapshot { .. })));
+}

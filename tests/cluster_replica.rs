@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use raft::eraftpb::Message;
 use tephra::cluster::durable;
-use tephra::cluster::replica::{Durable, Refused, Replica, Round, Verdict};
+use tephra::cluster::replica::{Durable, Refused, Replica, Round, SnapshotCounts, Verdict};
 use tephra::journal::{Answer, Command, Directory, EntryId, JournalId, LeaderUuid, Mode, Outcome, StoreDurability};
 
 const SINGLE: JournalId = JournalId { tenant: 1, journal: 1 };
@@ -48,10 +48,12 @@ struct Node {
 }
 
 impl Node {
-    /// Starts node `id` from its durable log, read back through the command-log layout.
-    fn start(id: u64, disk: Vec<Vec<u8>>) -> Node {
+    /// Starts node `id` from its durable log, read back through the command-log layout, taking
+    /// a snapshot candidate every `snapshot_entries` applied entries of a group.
+    fn start(id: u64, disk: Vec<Vec<u8>>, snapshot_entries: u64) -> Node {
         let items: Vec<Durable> = disk.iter().map(|p| durable::decode(p).unwrap()).collect();
         let mut replica = Replica::new(id, directory());
+        replica.set_snapshot_entries(snapshot_entries);
         for j in [SINGLE, MULTI] {
             replica.add_group(j, &VOTERS, &items).unwrap();
         }
@@ -78,12 +80,41 @@ struct Sim {
     isolated: Vec<u64>,
     verdicts: BTreeMap<u64, Verdict>,
     next_call: u64,
+    /// Entries between snapshot candidates on every node.
+    snapshot_entries: u64,
+    /// Snapshots installed and logs compacted by nodes since crashed (their replicas are gone).
+    gone: SnapshotCounts,
 }
 
 impl Sim {
     fn new() -> Sim {
-        let nodes = VOTERS.iter().map(|&id| (id, Node::start(id, Vec::new()))).collect();
-        Sim { nodes, lag: false, net: VecDeque::new(), isolated: Vec::new(), verdicts: BTreeMap::new(), next_call: 1 }
+        Sim::with_snapshots(tephra::cluster::replica::SNAPSHOT_ENTRIES)
+    }
+
+    /// Three nodes that take a snapshot candidate every `snapshot_entries` applied entries.
+    fn with_snapshots(snapshot_entries: u64) -> Sim {
+        let nodes = VOTERS.iter().map(|&id| (id, Node::start(id, Vec::new(), snapshot_entries))).collect();
+        Sim {
+            nodes,
+            lag: false,
+            net: VecDeque::new(),
+            isolated: Vec::new(),
+            verdicts: BTreeMap::new(),
+            next_call: 1,
+            snapshot_entries,
+            gone: SnapshotCounts::default(),
+        }
+    }
+
+    /// Snapshots installed and logs compacted over every node, crashed ones included.
+    fn snapshots(&self) -> SnapshotCounts {
+        let mut c = self.gone;
+        for n in self.nodes.values() {
+            let s = n.replica.snapshot_counts();
+            c.installed += s.installed;
+            c.compacted += s.compacted;
+        }
+        c
     }
 
     fn take(&mut self, from: u64, round: Round<u64>, sent: bool) {
@@ -190,8 +221,12 @@ impl Sim {
     }
 
     fn restart(&mut self, id: u64) {
-        let disk = std::mem::take(&mut self.nodes.get_mut(&id).unwrap().disk);
-        self.nodes.insert(id, Node::start(id, disk));
+        let node = self.nodes.get_mut(&id).unwrap();
+        let s = node.replica.snapshot_counts();
+        self.gone.installed += s.installed;
+        self.gone.compacted += s.compacted;
+        let disk = std::mem::take(&mut node.disk);
+        self.nodes.insert(id, Node::start(id, disk, self.snapshot_entries));
     }
 
     /// Every up node applied the same commands to the same state.
@@ -328,9 +363,12 @@ impl Rng {
 fn random_schedules_of_writes_partitions_and_crashes_keep_every_acknowledged_write() {
     // Acknowledged (multi-writer, fenced) writes, without and with lagging syncs.
     let mut totals = [(0, 0); 2];
+    let mut snapshots = SnapshotCounts::default();
     for seed in 1..=60u64 {
         let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
-        let mut sim = Sim::new();
+        // Every third seed, groups compact their logs every few entries once the multi-writer
+        // journal's truncations pass them, and nodes back from a crash catch up by snapshots.
+        let mut sim = if seed % 3 == 0 { Sim::with_snapshots(8) } else { Sim::new() };
         // Every other seed, each node's sync lags a round behind its ready.
         sim.lag = seed % 2 == 0;
         // What each acknowledged multi-writer write said: its seq; and how many were sent.
@@ -372,6 +410,13 @@ fn random_schedules_of_writes_partitions_and_crashes_keep_every_acknowledged_wri
                         }
                     }
                 }
+                10 => {
+                    let at = 1 + rng.below(3);
+                    if sim.nodes[&at].up {
+                        let up_to = sim.state(at, MULTI).next_seq.saturating_sub(2);
+                        let _ = sim.propose(at, MULTI, encode(&Command::Truncate { journal: MULTI, leader: None, up_to }));
+                    }
+                }
                 6..=9 => {
                     let at = 1 + rng.below(3);
                     let record = format!("step {step}").into_bytes();
@@ -407,6 +452,9 @@ fn random_schedules_of_writes_partitions_and_crashes_keep_every_acknowledged_wri
             sim.restart(id);
         }
         sim.assert_converged();
+        let s = sim.snapshots();
+        snapshots.installed += s.installed;
+        snapshots.compacted += s.compacted;
         let next = sim.state(1, MULTI).next_seq;
         let mut seqs: Vec<u64> = acked.values().copied().collect();
         seqs.sort_unstable();
@@ -428,6 +476,7 @@ fn random_schedules_of_writes_partitions_and_crashes_keep_every_acknowledged_wri
         }
     }
     assert!(totals.iter().all(|t| t.0 > 30 * 10 && t.1 > 30 * 10), "too few writes acknowledged to mean anything: {totals:?}");
+    assert!(snapshots.compacted > 20 && snapshots.installed > 0, "too few compactions and snapshots to mean anything: {snapshots:?}");
 }
 
 #[test]

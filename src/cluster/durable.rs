@@ -8,13 +8,14 @@
 //! | a new leader's empty entry | a Noop command for the group, with the entry's term and index |
 //! | a hard state | kind 6, the group in the head, then `term u64`, `vote u64`, `commit u64` |
 //! | a configuration change entry | kind 7, the entry's term and index and the group in the head, then raft's `ConfChangeV2`, protobuf-encoded (empty: leave the joint configuration) |
+//! | a snapshot | kind 8, the snapshot's term and index and the group in the head, then `conf_len u32`, raft's `ConfState` protobuf-encoded (`conf_len` bytes), then the snapshot data ([`super::snapshot`]) |
 //!
 //! A command's group follows from its kind: directory commands (create tenant, create journal,
 //! release a deleted journal's name, joins, configure a journal or a tenant's default) and a
 //! Noop for `(0, 0)` belong to the directory group
 //! [`DIRECTORY`]; the others, a deletion included, to the journal they name. Source: docs/journals.md §9.3.
 
-use raft::eraftpb::{Entry, EntryType, HardState};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
 
 use super::replica::Durable;
 use crate::journal::command::{decode as decode_command, Command, CommandError, EntryId, Kind, COMMAND_HEAD, VERSION};
@@ -28,6 +29,9 @@ pub const HARD_STATE: u8 = 6;
 
 /// The kind byte of a configuration change entry's record.
 pub const CONF_CHANGE: u8 = 7;
+
+/// The kind byte of a snapshot's record.
+pub const SNAPSHOT: u8 = 8;
 
 /// Bytes of a hard-state record's payload.
 pub const HARD_STATE_LEN: usize = COMMAND_HEAD + 24;
@@ -80,6 +84,10 @@ pub enum DurableError {
     /// reserved bytes.
     #[error("configuration change record: short, unknown version or non-zero reserved bytes")]
     ConfRecord,
+    /// A snapshot record that is short, of an unknown version, with non-zero reserved bytes, a
+    /// configuration that does not decode, or data that does not decode.
+    #[error("snapshot record: {0}")]
+    SnapshotRecord(String),
     /// A payload that is not a durable item.
     #[error("durable item: {0}")]
     Payload(#[from] CommandError),
@@ -119,6 +127,18 @@ pub fn encode(item: &Durable, out: &mut Vec<u8>) -> Result<(), DurableError> {
             for v in [state.term, state.vote, state.commit] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
+            Ok(())
+        }
+        Durable::Snapshot { journal, snapshot } => {
+            let meta = snapshot.get_metadata();
+            out.extend_from_slice(&[VERSION, SNAPSHOT, 0, 0, 0, 0, 0, 0]);
+            for v in [meta.term, meta.index, journal.tenant, journal.journal] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            let conf = prost_011::Message::encode_to_vec(meta.get_conf_state());
+            out.extend_from_slice(&(conf.len() as u32).to_le_bytes());
+            out.extend_from_slice(&conf);
+            out.extend_from_slice(&snapshot.data);
             Ok(())
         }
         Durable::Entry { journal, entry } => {
@@ -202,11 +222,38 @@ pub fn decode(payload: &[u8]) -> Result<Durable, DurableError> {
         check_entry(journal, &entry)?;
         return Ok(Durable::Entry { journal, entry });
     }
+    if payload.get(1) == Some(&SNAPSHOT) {
+        return decode_snapshot(payload);
+    }
     let (id, cmd) = decode_command(payload)?;
     let journal = group_of(&cmd);
     let data = if matches!(cmd, Command::Noop { .. }) { Vec::new() } else { payload.to_vec() };
     let entry = Entry { entry_type: EntryType::EntryNormal as i32, term: id.term, index: id.index, data, ..Entry::default() };
     Ok(Durable::Entry { journal, entry })
+}
+
+/// Reads a snapshot record (kind 8) back, checking its data decodes.
+fn decode_snapshot(payload: &[u8]) -> Result<Durable, DurableError> {
+    let bad = |why: &str| DurableError::SnapshotRecord(why.to_owned());
+    if payload.len() < COMMAND_HEAD + 4 || payload[0] != VERSION || payload[2..8].iter().any(|&b| b != 0) {
+        return Err(bad("short, unknown version or non-zero reserved bytes"));
+    }
+    let u = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap());
+    let journal = JournalId { tenant: u(24), journal: u(32) };
+    let conf_len = u32::from_le_bytes(payload[COMMAND_HEAD..COMMAND_HEAD + 4].try_into().unwrap()) as usize;
+    let rest = &payload[COMMAND_HEAD + 4..];
+    if rest.len() < conf_len {
+        return Err(bad("its configuration is cut short"));
+    }
+    let conf = <ConfState as prost_011::Message>::decode(&rest[..conf_len]).map_err(|e| bad(&format!("configuration: {e}")))?;
+    let data = rest[conf_len..].to_vec();
+    super::snapshot::decode(&data).map_err(|e| bad(&e.to_string()))?;
+    let mut snapshot = Snapshot { data, ..Snapshot::default() };
+    let meta = snapshot.mut_metadata();
+    meta.term = u(8);
+    meta.index = u(16);
+    meta.set_conf_state(conf);
+    Ok(Durable::Snapshot { journal, snapshot })
 }
 
 /// Decodes a configuration change entry's data (raft's `ConfChangeV2`, protobuf; empty is the

@@ -39,7 +39,13 @@ impl Slot {
 /// A group's log. See the module documentation.
 pub struct GroupLog {
     hard_state: HardState,
+    /// The configuration as applied here.
     conf_state: ConfState,
+    /// The index of the last configuration change entry applied here (0: none), or the one a
+    /// snapshot's configuration reflects.
+    conf_index: u64,
+    /// The snapshot the log starts after (index 0: none yet, the log starts at 1).
+    snap: Snapshot,
     /// The index of `slots[0]`.
     first: u64,
     slots: VecDeque<Slot>,
@@ -67,6 +73,8 @@ impl GroupLog {
         GroupLog {
             hard_state: HardState::default(),
             conf_state: ConfState::from((voters.to_vec(), Vec::<u64>::new())),
+            conf_index: 0,
+            snap: Snapshot::default(),
             first: 1,
             slots: VecDeque::new(),
             reader,
@@ -83,9 +91,50 @@ impl GroupLog {
         self.hard_state = hs;
     }
 
-    /// Replaces the configuration (after a configuration change was applied).
-    pub fn set_conf_state(&mut self, cs: ConfState) {
+    /// Replaces the configuration after the configuration change entry at `index` was applied.
+    pub fn set_conf_state(&mut self, cs: ConfState, index: u64) {
         self.conf_state = cs;
+        self.conf_index = index;
+    }
+
+    /// The index of the last configuration change entry the configuration holds.
+    pub fn conf_index(&self) -> u64 {
+        self.conf_index
+    }
+
+    /// The index of the snapshot the log starts after (0: none).
+    pub fn snapshot_index(&self) -> u64 {
+        self.snap.get_metadata().index
+    }
+
+    /// Drops the entries up to `snapshot`'s index, which this node has applied and holds
+    /// durable (docs/journals.md §9.9); `snapshot` is what a follower that needs them gets.
+    ///
+    /// # Errors
+    /// [`Gap`] when the snapshot's index is past the last entry held; nothing changes then.
+    pub fn compact(&mut self, snapshot: Snapshot) -> Result<(), Gap> {
+        let index = snapshot.get_metadata().index;
+        if index > self.last() {
+            return Err(Gap { index, last: self.last() });
+        }
+        if index >= self.first {
+            self.slots.drain(..(index + 1 - self.first) as usize);
+            self.first = index + 1;
+        }
+        self.snap = snapshot;
+        Ok(())
+    }
+
+    /// Replaces the whole log with `snapshot` from the group's leader (or found durable at a
+    /// restart): the log starts after its index, with its configuration.
+    pub fn install(&mut self, snapshot: Snapshot) {
+        let meta = snapshot.get_metadata();
+        self.slots.clear();
+        self.first = meta.index + 1;
+        self.conf_state = meta.get_conf_state().clone();
+        self.conf_index = super::snapshot::decode(&snapshot.data).map_or(0, |(conf_index, _)| conf_index);
+        self.hard_state.commit = self.hard_state.commit.max(meta.index);
+        self.snap = snapshot;
     }
 
     /// Sets the commit index of the hard state.
@@ -195,8 +244,8 @@ impl Storage for GroupLog {
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
         if idx == self.first - 1 {
-            // Nothing is compacted yet: the index before the first is the empty log's 0.
-            return Ok(0);
+            // The snapshot's (0 for the empty log's index 0).
+            return Ok(self.snap.get_metadata().term);
         }
         if idx < self.first {
             return Err(raft::Error::Store(StorageError::Compacted));
@@ -212,8 +261,18 @@ impl Storage for GroupLog {
         Ok(self.last())
     }
 
+    /// The snapshot the log starts after, with the configuration as applied here now (and
+    /// the index of the last change it holds), so a voter added after the snapshot's index
+    /// finds itself in it; the receiver skips the changes up to that index when it applies
+    /// the entries after the snapshot (docs/journals.md §9.9).
     fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        // Nothing is compacted, so a follower never needs one.
-        Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable))
+        if self.snap.get_metadata().index == 0 {
+            return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
+        }
+        let (_, state) = super::snapshot::decode(&self.snap.data).map_err(|e| other(format!("the group's snapshot: {e}")))?;
+        let mut snap = self.snap.clone();
+        snap.data = super::snapshot::encode(self.conf_index, &state);
+        snap.mut_metadata().set_conf_state(self.conf_state.clone());
+        Ok(snap)
     }
 }

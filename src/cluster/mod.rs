@@ -7,6 +7,7 @@
 //! | [`replica`] | one node's groups: proposals, peer messages, ticks in; entries and hard states to make durable, messages to send, verdicts out (sans-IO) |
 //! | [`group_log`] | one group's log as consensus reads it: terms in memory, entries read back from the command log |
 //! | [`durable`] | how those entries and hard states lie in the node's command log |
+//! | [`snapshot`] | a journal group's snapshot: the journal's state at the snapshot's index (pure) |
 //! | [`placement`] | which members vote in a journal's group (pure) |
 //! | [`node`] | the loop that drives one node's replica: command log, peers, calls |
 //! | [`peer`] | the frame one node sends another: many groups' consensus messages, checked on receipt |
@@ -23,4 +24,5 @@ pub mod node;
 pub mod peer;
 pub mod placement;
 pub mod replica;
+pub mod snapshot;
 pub mod tls;

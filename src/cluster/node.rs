@@ -96,6 +96,9 @@ pub struct NodeSettings {
     /// journal's creation to arrive here, before it is answered `NOT_LEADER` or
     /// `UNKNOWN_JOURNAL`.
     pub settle: Duration,
+    /// Entries a journal group applies between two snapshot candidates (0: its log is never
+    /// compacted; docs/journals.md §9.9).
+    pub snapshot_entries: u64,
 }
 
 /// What woke the loop.
@@ -214,6 +217,8 @@ pub struct NodeStatus {
     pub busy: u64,
     /// Reads answered `UNSERVED`.
     pub unserved: u64,
+    /// Snapshots sent, installed, and group logs compacted, since the start.
+    pub snapshots: crate::cluster::replica::SnapshotCounts,
 }
 
 /// One cluster node's journals: its replica, its command log and the state it publishes.
@@ -349,8 +354,9 @@ impl<O: Outbox> Node<O> {
         })?;
         let segments = store.segments();
         let reader: super::group_log::EntryReader = Arc::new(move |loc| segments.read(loc));
-        let replica = Replica::member(settings.node, settings.members.clone(), items, stored, reader)
+        let mut replica = Replica::member(settings.node, settings.members.clone(), items, stored, reader)
             .map_err(|e| identity_error(&data_dir.join(JOURNALS_DIR), format!("restoring the consensus groups: {e}")))?;
+        replica.set_snapshot_entries(settings.snapshot_entries);
         let published = Arc::new(Published::new(store.segments()));
         let status = Arc::new(Mutex::new(NodeStatus { node: settings.node, zone: settings.zone.clone(), ..NodeStatus::default() }));
         let next_tick = Instant::now() + settings.tick;
@@ -620,6 +626,13 @@ impl<O: Outbox> Node<O> {
     /// Brings the held records and the published state up to the entries applied.
     fn take_applied(&mut self) {
         let mut changed = BTreeSet::new();
+        // A snapshot's journal state: the records below its first_seq go, as do the places of
+        // entries it replaced that will never be applied.
+        for (group, index, first_seq) in self.replica.take_installed() {
+            self.holdings.trim(group, first_seq);
+            self.locs.retain(|(j, i), _| *j != group || *i > index);
+            changed.insert(group);
+        }
         for Applied { group, index, answer } in self.replica.take_applied() {
             let loc = self.locs.remove(&(group, index));
             match answer {
@@ -977,6 +990,7 @@ impl<O: Outbox> Node<O> {
         st.groups = groups;
         st.peers = peers;
         st.leader_changes += changes;
+        st.snapshots = self.replica.snapshot_counts();
     }
 }
 

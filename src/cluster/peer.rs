@@ -95,6 +95,15 @@ pub enum PeerError {
     /// An entry inside cannot be logged for its group (not a journal command of the group).
     #[error(transparent)]
     BadEntry(#[from] DurableError),
+    /// A snapshot inside whose data is not a journal snapshot, or one for the directory group
+    /// (which is never compacted).
+    #[error("group {group}: snapshot refused: {why}")]
+    BadSnapshot {
+        /// The group.
+        group: JournalId,
+        /// What was wrong.
+        why: String,
+    },
 }
 
 /// Encodes the messages `from` sends `to` in `cluster` as one frame.
@@ -132,6 +141,12 @@ pub fn decode_frame(bytes: &[u8], cluster: u64, me: u64) -> Result<(u64, Vec<(Jo
             for e in &m.entries {
                 check_entry(group, e)?;
             }
+        }
+        if m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot {
+            if group == super::durable::DIRECTORY {
+                return Err(PeerError::BadSnapshot { group, why: "the directory group is never compacted".into() });
+            }
+            super::snapshot::decode(&m.get_snapshot().data).map_err(|e| PeerError::BadSnapshot { group, why: e.to_string() })?;
         }
         out.push((group, m));
     }

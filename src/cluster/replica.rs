@@ -22,15 +22,15 @@
 
 use std::collections::BTreeMap;
 
-use raft::eraftpb::{Entry, EntryType, HardState, Message};
-use raft::{Config, RawNode, ReadOnlyOption, StateRole, INVALID_ID};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
+use raft::{Config, ProgressState, RawNode, ReadOnlyOption, SnapshotStatus, StateRole, Storage, INVALID_ID};
 use slog::Drain;
 
 use super::durable::DIRECTORY;
 use super::group_log::{EntryReader, GroupLog};
 use crate::journal::command::Command;
 use crate::journal::held::Loc;
-use crate::journal::{decode_command, Answer, Directory, JournalId};
+use crate::journal::{decode_command, Answer, Directory, JournalId, JournalState};
 use std::collections::HashMap;
 
 /// Ticks without word from a leader before a follower stands for election (raft draws the
@@ -42,6 +42,12 @@ pub const HEARTBEAT_TICKS: usize = 5;
 pub const MAX_MESSAGE_BYTES: u64 = 1 << 20;
 /// Most append messages in flight to one follower.
 pub const MAX_INFLIGHT: usize = 256;
+/// Entries a journal group applies between two snapshot candidates, by default
+/// (`cluster.snapshot_entries`, docs/journals.md §9.9).
+pub const SNAPSHOT_ENTRIES: u64 = 4096;
+/// Ticks a leader waits for a follower to install a snapshot it sent before it sends it again
+/// (the message may have been lost with its link).
+pub const SNAPSHOT_RETRY_TICKS: u32 = 100;
 
 /// What a round needs durable, in the order handed out: an entry of a group's log (a later
 /// entry at an index already held replaces it and everything after it) or a group's hard
@@ -61,6 +67,15 @@ pub enum Durable {
         journal: JournalId,
         /// Term, vote and commit index.
         state: HardState,
+    },
+    /// A snapshot of `journal`'s group (docs/journals.md §9.9): taken here when the group's
+    /// log was compacted, or installed from the leader; the group's log starts after its index.
+    Snapshot {
+        /// The group.
+        journal: JournalId,
+        /// Its index, term and configuration, and the journal's state there
+        /// ([`super::snapshot`]).
+        snapshot: Snapshot,
     },
 }
 
@@ -151,6 +166,14 @@ pub enum ReplicaError {
     /// The group already exists.
     #[error("the group for {0} already exists on this node")]
     GroupExists(JournalId),
+    /// A durable snapshot of the group whose data does not decode.
+    #[error("group {journal}: its snapshot does not decode: {why}")]
+    Snapshot {
+        /// The group.
+        journal: JournalId,
+        /// What was wrong.
+        why: String,
+    },
 }
 
 /// The work of one round (see the module table).
@@ -217,6 +240,33 @@ struct Group<T> {
     /// Reads with a read index, waiting for this node to apply up to it.
     confirmed: Vec<(u64, T)>,
     applied: u64,
+    /// The journal's state at an applied index, kept until the journal's `first_seq` passes
+    /// every record it holds; the group's log is then compacted to it.
+    candidate: Option<Candidate>,
+    /// The applied index of the last candidate or snapshot.
+    captured: u64,
+    /// Followers a snapshot was sent to, and the ticks since.
+    snapshot_sent: BTreeMap<u64, u32>,
+}
+
+/// A journal's state at one applied index, a snapshot to be (docs/journals.md §9.9).
+struct Candidate {
+    index: u64,
+    term: u64,
+    conf: ConfState,
+    conf_index: u64,
+    state: JournalState,
+}
+
+/// Snapshots this node's groups sent and installed since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotCounts {
+    /// Snapshots sent to followers whose next entry was compacted.
+    pub sent: u64,
+    /// Snapshots installed here from a leader.
+    pub installed: u64,
+    /// Group logs compacted here.
+    pub compacted: u64,
 }
 
 impl<T> Group<T> {
@@ -251,6 +301,12 @@ pub struct Replica<T> {
     restoring: bool,
     /// This node's proposals waiting for a verdict, over every group.
     waiting: usize,
+    /// Entries a journal group applies between snapshot candidates (0: never compacted).
+    snapshot_every: u64,
+    /// Groups that installed a snapshot since [`Replica::take_installed`] last ran, with its
+    /// index and its journal's `first_seq`.
+    installed: Vec<(JournalId, u64, u64)>,
+    counts: SnapshotCounts,
 }
 
 /// A proposal's or read's context: the proposing node and its tag, so only that node answers.
@@ -287,7 +343,28 @@ impl<T> Replica<T> {
             orphans: Vec::new(),
             restoring: false,
             waiting: 0,
+            snapshot_every: SNAPSHOT_ENTRIES,
+            installed: Vec::new(),
+            counts: SnapshotCounts::default(),
         }
+    }
+
+    /// Sets the entries a journal group applies between snapshot candidates (0: its log is
+    /// never compacted). Default [`SNAPSHOT_ENTRIES`].
+    pub fn set_snapshot_entries(&mut self, every: u64) {
+        self.snapshot_every = every;
+    }
+
+    /// The journals whose group installed a snapshot (here, or found at the restart) since the
+    /// last call, each with the snapshot's index and the journal's `first_seq` there: the node
+    /// drops the records it holds below it.
+    pub fn take_installed(&mut self) -> Vec<(JournalId, u64, u64)> {
+        std::mem::take(&mut self.installed)
+    }
+
+    /// Snapshots sent and installed, and logs compacted, since the start.
+    pub fn snapshot_counts(&self) -> SnapshotCounts {
+        self.counts
     }
 
     /// Notes that `journal`'s entry at `index` of `term` is durable at `loc` in the node's
@@ -320,7 +397,7 @@ impl<T> Replica<T> {
         r.stored = stored;
         for d in durable {
             let group = match &d {
-                Durable::Entry { journal, .. } | Durable::HardState { journal, .. } => *journal,
+                Durable::Entry { journal, .. } | Durable::HardState { journal, .. } | Durable::Snapshot { journal, .. } => *journal,
             };
             r.dormant.entry(group).or_default().push(d);
         }
@@ -452,9 +529,28 @@ impl<T> Replica<T> {
             return Err(ReplicaError::GroupExists(journal));
         }
         let mut storage = GroupLog::new(voters, self.reader.clone());
+        let mut restored = None;
         for d in durable {
             let gap = |g: super::group_log::Gap| ReplicaError::Gap { journal, index: g.index, last: g.last };
             match d {
+                // The log starts after it: entries up to its index are compacted or replaced.
+                Durable::Snapshot { journal: j, snapshot } if *j == journal => {
+                    let index = snapshot.get_metadata().index;
+                    if index >= storage.snapshot_index() {
+                        match super::snapshot::decode(&snapshot.data) {
+                            Ok((_, state)) => restored = Some(state),
+                            Err(e) => return Err(ReplicaError::Snapshot { journal, why: e.to_string() }),
+                        }
+                        if index > storage.last() || storage.term(index).ok() != Some(snapshot.get_metadata().term) {
+                            storage.install(snapshot.clone());
+                        } else {
+                            storage.compact(snapshot.clone()).map_err(gap)?;
+                        }
+                    }
+                }
+                Durable::Entry { journal: j, entry } if *j == journal && entry.index <= storage.snapshot_index() => {
+                    self.stored.remove(&(journal, entry.index, entry.term));
+                }
                 // An index written twice (a new leader overwrote an undecided suffix) is two
                 // items of different terms, each with its own location.
                 Durable::Entry { journal: j, entry } if *j == journal => match self.stored.remove(&(journal, entry.index, entry.term)) {
@@ -466,8 +562,13 @@ impl<T> Replica<T> {
             }
         }
         let commit = storage.hard_state().commit.min(storage.last());
+        if let Some(state) = restored {
+            self.directory.restore_state(journal, state.clone());
+            self.installed.push((journal, storage.snapshot_index(), state.first_seq));
+        }
+        let snapshot_index = storage.snapshot_index();
         let mut changes = Vec::new();
-        for index in 1..=commit {
+        for index in snapshot_index + 1..=commit {
             let e = storage.entry(index)?;
             if e.get_entry_type() == EntryType::EntryConfChangeV2 {
                 changes.push(e.clone());
@@ -476,7 +577,16 @@ impl<T> Replica<T> {
             self.applied.push(Applied { group: journal, index: e.index, answer: answer_of(answer) });
         }
         let raw = RawNode::new(&config(self.node, commit), storage, &self.logger)?;
-        let mut g = Group { raw, proposals: BTreeMap::new(), reads: BTreeMap::new(), confirmed: Vec::new(), applied: commit };
+        let mut g = Group {
+            raw,
+            proposals: BTreeMap::new(),
+            reads: BTreeMap::new(),
+            confirmed: Vec::new(),
+            applied: commit,
+            candidate: None,
+            captured: snapshot_index,
+            snapshot_sent: BTreeMap::new(),
+        };
         // The configuration changes applied before the restart, again, in order.
         for e in &changes {
             apply_conf_change(journal, &mut g, e);
@@ -564,6 +674,7 @@ impl<T> Replica<T> {
     pub fn tick(&mut self) {
         for g in self.groups.values_mut() {
             g.raw.tick();
+            retry_snapshots(g);
         }
         self.reconfigure();
     }
@@ -639,14 +750,31 @@ impl<T> Replica<T> {
                 continue;
             }
             let mut rd = g.raw.ready();
-            round.send.extend(rd.take_messages().into_iter().map(|m| (journal, m)));
-            assert!(rd.snapshot().is_empty(), "group {journal}: snapshots are never sent, since no group log is compacted yet");
+            let sent = rd.take_messages();
+            for m in sent.iter().filter(|m| m.get_msg_type() == MessageType::MsgSnapshot) {
+                self.counts.sent += 1;
+                g.snapshot_sent.insert(m.to, 0);
+            }
+            round.send.extend(sent.into_iter().map(|m| (journal, m)));
+            if !rd.snapshot().is_empty() {
+                match install(&mut self.directory, journal, g, rd.snapshot().clone()) {
+                    Ok(first_seq) => {
+                        self.counts.installed += 1;
+                        self.installed.push((journal, rd.snapshot().get_metadata().index, first_seq));
+                        round.persist.push(Durable::Snapshot { journal, snapshot: rd.snapshot().clone() });
+                    }
+                    Err(why) => tracing::error!(%journal, %why, "a snapshot from the leader was not installed"),
+                }
+            }
             for rs in rd.take_read_states() {
                 if let Some(token) = own_tag(self.node, &rs.request_ctx).and_then(|t| g.reads.remove(&t)) {
                     g.confirmed.push((rs.index, token));
                 }
             }
             self.waiting -= apply(&mut self.directory, journal, g, rd.take_committed_entries(), &mut round.verdicts, &mut self.applied);
+            if compact(&self.directory, journal, g, self.snapshot_every, &mut round.persist) {
+                self.counts.compacted += 1;
+            }
             if !rd.entries().is_empty() {
                 g.raw.mut_store().append(rd.entries()).expect("raft hands out entries that follow its log");
                 round.persist.extend(rd.entries().iter().map(|e| Durable::Entry { journal, entry: e.clone() }));
@@ -670,7 +798,7 @@ impl<T> Replica<T> {
             round.must_sync |= rd.must_sync();
             round.readies.push((journal, rd.number()));
             g.raw.advance_append_async(rd);
-            g.raw.advance_apply();
+            advance_apply(g);
         }
         self.start_groups();
         self.stop_removed(&mut round.verdicts);
@@ -684,6 +812,7 @@ impl<T> Replica<T> {
         for &(journal, number) in readies {
             if let Some(g) = self.groups.get_mut(&journal) {
                 g.raw.on_persist_ready(number);
+                advance_apply(g);
             }
         }
     }
@@ -756,6 +885,10 @@ fn apply<T>(
 /// Applies a decided configuration change entry to the group's configuration (raft's joint
 /// consensus: entering the joint configuration of old and new voters, or leaving it).
 fn apply_conf_change<T>(journal: JournalId, g: &mut Group<T>, e: &Entry) {
+    // A snapshot's configuration already holds the changes up to its `conf_index`.
+    if e.index <= g.raw.store().conf_index() {
+        return;
+    }
     let cc = match super::durable::conf_change(&e.data) {
         Ok(cc) => cc,
         Err(why) => {
@@ -764,8 +897,103 @@ fn apply_conf_change<T>(journal: JournalId, g: &mut Group<T>, e: &Entry) {
         }
     };
     match g.raw.apply_conf_change(&cc) {
-        Ok(cs) => g.raw.mut_store().set_conf_state(cs),
+        Ok(cs) => g.raw.mut_store().set_conf_state(cs, e.index),
         Err(err) => tracing::error!(%journal, index = e.index, %err, "a decided configuration change was refused by raft"),
+    }
+}
+
+/// Tells raft how far this node applied: no further than its log is durable (an installed
+/// snapshot counts once it is durable).
+fn advance_apply<T>(g: &mut Group<T>) {
+    let log = &g.raw.raft.raft_log;
+    let to = g.applied.min(log.persisted).min(log.committed);
+    if to > log.applied {
+        g.raw.advance_apply_to(to);
+    }
+}
+
+/// Installs `snapshot` from the group's leader (docs/journals.md §9.9): the journal's state
+/// becomes the snapshot's, the group's log starts after its index, and its configuration is
+/// the snapshot's. Returns the journal's `first_seq`.
+///
+/// # Errors
+/// Snapshot data that does not decode (the peer check lets none through), or a snapshot of a
+/// journal this node's directory does not hold.
+fn install<T>(directory: &mut Directory, journal: JournalId, g: &mut Group<T>, snapshot: Snapshot) -> Result<u64, String> {
+    let (_, state) = super::snapshot::decode(&snapshot.data).map_err(|e| e.to_string())?;
+    let first_seq = state.first_seq;
+    if !directory.restore_state(journal, state) {
+        return Err("the journal is not in this node's directory".into());
+    }
+    let index = snapshot.get_metadata().index;
+    g.raw.mut_store().install(snapshot);
+    g.applied = index;
+    g.captured = index;
+    g.candidate = None;
+    Ok(first_seq)
+}
+
+/// Compacts a journal group's log once its candidate's records are all below the journal's
+/// `first_seq` (the log is then compacted to the candidate, which becomes the snapshot a
+/// follower that needs those entries gets), and takes a new candidate every `every` applied
+/// entries. Returns whether the log was compacted; the snapshot and the hard state go to
+/// `persist`. The directory group is never compacted.
+fn compact<T>(directory: &Directory, journal: JournalId, g: &mut Group<T>, every: u64, persist: &mut Vec<Durable>) -> bool {
+    if journal == DIRECTORY || every == 0 {
+        return false;
+    }
+    let Some(state) = directory.journal(journal).map(|e| &e.state) else { return false };
+    let mut compacted = false;
+    if g.candidate.as_ref().is_some_and(|c| c.state.next_seq <= state.first_seq && c.index > g.raw.store().snapshot_index()) {
+        let c = g.candidate.take().expect("checked above");
+        let mut snapshot = Snapshot { data: super::snapshot::encode(c.conf_index, &c.state), ..Snapshot::default() };
+        let meta = snapshot.mut_metadata();
+        meta.index = c.index;
+        meta.term = c.term;
+        meta.set_conf_state(c.conf);
+        if g.raw.mut_store().compact(snapshot.clone()).is_ok() {
+            persist.push(Durable::Snapshot { journal, snapshot });
+            // A commit index past the truncation that allowed this, so a restart applies it.
+            persist.push(Durable::HardState { journal, state: g.raw.store().hard_state().clone() });
+            compacted = true;
+        }
+    }
+    if g.candidate.is_none() && g.applied >= g.captured + every {
+        if let Ok(term) = g.raw.store().term(g.applied) {
+            g.candidate = Some(Candidate {
+                index: g.applied,
+                term,
+                conf: g.raw.raft.prs().conf().to_conf_state(),
+                conf_index: g.raw.store().conf_index(),
+                state: state.clone(),
+            });
+            g.captured = g.applied;
+        }
+    }
+    compacted
+}
+
+/// A leader whose follower has not installed the snapshot it was sent within
+/// [`SNAPSHOT_RETRY_TICKS`] reports it failed, so raft sends it again.
+fn retry_snapshots<T>(g: &mut Group<T>) {
+    if g.snapshot_sent.is_empty() {
+        return;
+    }
+    if g.raw.raft.state != StateRole::Leader {
+        g.snapshot_sent.clear();
+        return;
+    }
+    let mut failed = Vec::new();
+    g.snapshot_sent.retain(|&to, ticks| {
+        *ticks += 1;
+        let waiting = g.raw.raft.prs().get(to).is_some_and(|p| p.state == ProgressState::Snapshot);
+        if waiting && *ticks > SNAPSHOT_RETRY_TICKS {
+            failed.push(to);
+        }
+        waiting && *ticks <= SNAPSHOT_RETRY_TICKS
+    });
+    for to in failed {
+        g.raw.report_snapshot(to, SnapshotStatus::Failure);
     }
 }
 

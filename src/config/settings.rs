@@ -197,11 +197,23 @@ pub struct ClusterSettings {
     /// `tls.cert` and `tls.key`), refused without it. Unset by default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_ca: Option<PathBuf>,
+    /// `cluster.snapshot_entries`: entries a journal group applies between two snapshot
+    /// candidates; its log is compacted to a candidate once the journal's `first_seq` passes
+    /// every record up to it (docs/journals.md §9.9). Default 4096; 0 never compacts.
+    pub snapshot_entries: u64,
 }
 
 impl Default for ClusterSettings {
     fn default() -> Self {
-        ClusterSettings { node_id: 0, bind: String::new(), peers: Vec::new(), zone: None, tick_ms: DEFAULT_TICK_MS, tls_ca: None }
+        ClusterSettings {
+            node_id: 0,
+            bind: String::new(),
+            peers: Vec::new(),
+            zone: None,
+            tick_ms: DEFAULT_TICK_MS,
+            tls_ca: None,
+            snapshot_entries: crate::cluster::replica::SNAPSHOT_ENTRIES,
+        }
     }
 }
 

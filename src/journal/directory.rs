@@ -305,6 +305,18 @@ impl Directory {
         Answer::JournalCreated { journal }
     }
 
+    /// Replaces journal `journal`'s state with one from a snapshot of its group (docs/journals.md
+    /// §9.9); `false` when the directory holds no such journal.
+    pub fn restore_state(&mut self, journal: JournalId, state: JournalState) -> bool {
+        match self.journals.get_mut(&journal) {
+            Some(e) => {
+                e.state = state;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A cluster's deletion in the journal's own group (docs/journals.md §9.5): the journal's
     /// state goes, so every later call of that group is answered `UnknownJournal` alike on every
     /// node; its name stays taken until the directory group applies

@@ -215,6 +215,9 @@ fn cluster_metrics(out: &mut String, st: &crate::cluster::node::NodeStatus) {
     metric(out, "tephra_cluster_leader_changes_total", "counter", "Leader changes seen by this node's groups.", st.leader_changes);
     metric(out, "tephra_cluster_busy_total", "counter", "Journal writes answered BUSY by admission.", st.busy);
     metric(out, "tephra_cluster_unserved_total", "counter", "Journal reads answered UNSERVED.", st.unserved);
+    metric(out, "tephra_cluster_snapshots_sent_total", "counter", "Snapshots sent to followers whose next entry was compacted.", st.snapshots.sent);
+    metric(out, "tephra_cluster_snapshots_installed_total", "counter", "Snapshots installed here from a leader.", st.snapshots.installed);
+    metric(out, "tephra_cluster_compactions_total", "counter", "Journal group logs compacted here.", st.snapshots.compacted);
     type Gauge = fn(&crate::cluster::replica::GroupStatus) -> u64;
     let rows: [(&str, &str, Gauge); 5] = [
         ("tephra_cluster_group_leader", "The node this node believes leads the group (0: none known).", |g| g.leader.unwrap_or(0)),

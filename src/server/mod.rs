@@ -166,6 +166,7 @@ fn start_journals(settings: &Settings, peer_tls: Option<crate::cluster::tls::Pee
         tick: c.tick(),
         admission: limits.admission_rounds as usize,
         settle: std::time::Duration::from_secs(1),
+        snapshot_entries: c.snapshot_entries,
     };
     let (inbox_tx, inbox) = flume::bounded(4096);
     let tls = peer_tls.is_some();

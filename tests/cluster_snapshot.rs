@@ -1,0 +1,187 @@
+//! Compaction and snapshots of journal groups (docs/journals.md §9.9), on real
+//! `tephra-server` processes: a group's log is compacted once the journal's `first_seq` passes
+//! the records of its entries, a node that was down while that happened catches up by a
+//! snapshot and serves every record still held, every node restarts from its compacted log,
+//! and a voter added by `configure` after compaction joins through a snapshot.
+
+use std::time::{Duration, Instant};
+
+use support::Cluster;
+use tephra::client::journal::{
+    ConfigureOutcome, CreateOutcome, JournalError, Journals, JournalsConfig, ReadOutcome, SetLeaderOutcome, TruncateOutcome, WriteOutcome,
+};
+use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
+use tephra_test_support as support;
+
+const A: LeaderUuid = LeaderUuid(0xa);
+/// Entries between snapshot candidates: small, so a few hundred writes compact many times.
+const ENV: [(&str, &str); 2] = [("TEPHRA__CLUSTER__SNAPSHOT_ENTRIES", "16"), ("TEPHRA__METRICS__BIND", "127.0.0.1:0")];
+
+fn server() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
+}
+
+fn client(servers: Vec<String>) -> Journals {
+    let mut c = JournalsConfig::new(servers);
+    c.request_timeout = Duration::from_secs(10);
+    c.read_timeout = Duration::from_secs(3);
+    Journals::new(c)
+}
+
+fn create(c: &mut Journals, name: &str, survive: u8) -> JournalId {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.create_surviving("acme", name, Mode::Single, StoreDurability::Ordered, survive) {
+            Ok(CreateOutcome::Created { id }) => return id,
+            Ok(CreateOutcome::Ambiguous) | Err(JournalError::Unavailable(_) | JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
+                assert!(Instant::now() < deadline, "create {name}: no verdict within 20 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("create {name}: {other:?}"),
+        }
+    }
+}
+
+fn write(c: &mut Journals, id: JournalId, seq: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.write_single(id, A, seq, &[format!("r{seq}").into_bytes()]) {
+            Ok(WriteOutcome::Written { seq: s, .. }) => {
+                assert_eq!(s, seq);
+                return;
+            }
+            Ok(WriteOutcome::Ambiguous | WriteOutcome::NotLeader { .. } | WriteOutcome::Busy)
+            | Err(JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
+                assert!(Instant::now() < deadline, "no verdict for the write at {seq} within 20 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            // A lost answer whose write landed: the retry at the same seq is a duplicate.
+            Ok(WriteOutcome::Refused { state }) if state.next_seq > seq && state.leader == Some(A) => return,
+            other => panic!("write at {seq}: {other:?}"),
+        }
+    }
+}
+
+fn truncate(c: &mut Journals, id: JournalId, up_to: u64) {
+    match c.truncate(id, up_to, Some(A)).unwrap() {
+        TruncateOutcome::Applied { state } => assert_eq!(state.first_seq, up_to),
+        other => panic!("truncate to {up_to}: {other:?}"),
+    }
+}
+
+/// Writes `n` one-record batches from `next` on, truncating to `keep` records behind the tail
+/// after every 40: each truncation lets the groups compact to their last candidate.
+fn write_and_truncate(c: &mut Journals, id: JournalId, next: u64, n: u64, keep: u64) -> u64 {
+    for seq in next..next + n {
+        write(c, id, seq);
+        if (seq + 1) % 40 == 0 {
+            truncate(c, id, seq + 1 - keep);
+        }
+    }
+    truncate(c, id, next + n - keep);
+    next + n
+}
+
+/// A counter of node `id`'s `/metrics` (0 when absent or the node is down).
+fn counter(cluster: &Cluster, id: u64, name: &str) -> u64 {
+    cluster
+        .metrics(id, Duration::from_secs(2))
+        .and_then(|m| m.lines().find(|l| l.starts_with(&format!("{name} "))).and_then(|l| l.rsplit(' ').next()?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Reads every record of `id` from node `addr` alone, once it serves them: `(first_seq,
+/// records)`.
+fn read_all(addr: &str, id: JournalId, want_next: u64) -> (u64, Vec<Vec<u8>>) {
+    let mut c = client(vec![addr.to_owned()]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let first = match c.read(id, 0, 0, 0) {
+            Ok(ReadOutcome::Truncated { state }) => Some(state.first_seq),
+            Ok(ReadOutcome::Page { from: 0, state, .. }) => Some(state.first_seq),
+            _ => None,
+        };
+        if let Some(first) = first {
+            if let Ok(ReadOutcome::Page { from, records, state }) = c.read(id, first, 0, 0) {
+                if state.next_seq == want_next {
+                    assert_eq!(from, first);
+                    return (first, records);
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "{addr} did not serve {id} up to {want_next} within 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn expected(first: u64, next: u64) -> Vec<Vec<u8>> {
+    (first..next).map(|s| format!("r{s}").into_bytes()).collect()
+}
+
+#[test]
+fn a_node_that_missed_the_compacted_entries_catches_up_by_a_snapshot_and_every_node_restarts_from_its_compacted_log() {
+    let mut cluster = Cluster::start(&server(), 3, &ENV);
+    let mut c = client(cluster.addrs());
+    let id = create(&mut c, "compacted", 1);
+    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    let mut next = write_and_truncate(&mut c, id, 0, 20, 5);
+    let leader = (0..100)
+        .find_map(|_| {
+            let l = cluster.group_leader(id.tenant, id.journal);
+            if l.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            l
+        })
+        .expect("the journal's group has a leader");
+    let behind = cluster.ids().find(|&n| n != leader).unwrap();
+
+    // One voter down while the others write, truncate and compact far past it.
+    cluster.kill(behind);
+    next = write_and_truncate(&mut c, id, next, 200, 5);
+    assert!(counter(&cluster, leader, "tephra_cluster_compactions_total") >= 2, "the leader compacted its log");
+
+    // Back: its next entry is compacted on the leader, so it gets a snapshot and then the
+    // entries holding the records still held.
+    cluster.start_node(behind);
+    let addr = cluster.node(behind).unwrap().addr.to_string();
+    let (first, records) = read_all(&addr, id, next);
+    assert_eq!((first, records), (next - 5, expected(next - 5, next)), "node {behind} after catching up");
+    assert!(counter(&cluster, behind, "tephra_cluster_snapshots_installed_total") >= 1, "node {behind} installed a snapshot");
+    assert!(counter(&cluster, leader, "tephra_cluster_snapshots_sent_total") >= 1);
+
+    // More writes, then every node restarts from its compacted log (snapshot items first).
+    next = write_and_truncate(&mut c, id, next, 40, 5);
+    for n in 1..=3 {
+        cluster.kill(n);
+    }
+    for n in 1..=3 {
+        cluster.start_node(n);
+    }
+    let mut c = client(cluster.addrs());
+    next = write_and_truncate(&mut c, id, next, 3, 5);
+    for n in cluster.ids().collect::<Vec<_>>() {
+        let addr = cluster.node(n).unwrap().addr.to_string();
+        assert_eq!(read_all(&addr, id, next), (next - 5, expected(next - 5, next)), "node {n} after the restart");
+    }
+}
+
+/// A voter that `configure` adds after the group's log was compacted joins through a
+/// snapshot whose configuration already holds it.
+#[test]
+fn a_voter_added_after_compaction_joins_through_a_snapshot() {
+    let cluster = Cluster::start(&server(), 5, &ENV);
+    let mut c = client(cluster.addrs());
+    let id = create(&mut c, "growing", 1);
+    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    let mut next = write_and_truncate(&mut c, id, 0, 120, 5);
+    assert_eq!(c.configure(id, 2).unwrap(), ConfigureOutcome::Configured);
+    next = write_and_truncate(&mut c, id, next, 10, 5);
+    let installed: u64 = cluster.ids().map(|n| counter(&cluster, n, "tephra_cluster_snapshots_installed_total")).sum();
+    for n in cluster.ids().collect::<Vec<_>>() {
+        let addr = cluster.node(n).unwrap().addr.to_string();
+        assert_eq!(read_all(&addr, id, next), (next - 5, expected(next - 5, next)), "node {n} after the change");
+    }
+    let installed = installed.max(cluster.ids().map(|n| counter(&cluster, n, "tephra_cluster_snapshots_installed_total")).sum());
+    assert!(installed >= 2, "the two new voters joined through snapshots ({installed} installed)");
+}
