@@ -757,13 +757,14 @@ impl<T> Replica<T> {
             }
             round.send.extend(sent.into_iter().map(|m| (journal, m)));
             if !rd.snapshot().is_empty() {
-                match install(&mut self.directory, journal, g, rd.snapshot().clone()) {
+                let installed = install(&mut self.directory, journal, g, rd.snapshot().clone());
+                round.persist.push(Durable::Snapshot { journal, snapshot: rd.snapshot().clone() });
+                match installed {
                     Ok(first_seq) => {
                         self.counts.installed += 1;
                         self.installed.push((journal, rd.snapshot().get_metadata().index, first_seq));
-                        round.persist.push(Durable::Snapshot { journal, snapshot: rd.snapshot().clone() });
                     }
-                    Err(why) => tracing::error!(%journal, %why, "a snapshot from the leader was not installed"),
+                    Err(why) => tracing::error!(%journal, %why, "a snapshot from the leader left the journal's state as it was"),
                 }
             }
             for rs in rd.take_read_states() {
@@ -918,18 +919,20 @@ fn advance_apply<T>(g: &mut Group<T>) {
 ///
 /// # Errors
 /// Snapshot data that does not decode (the peer check lets none through), or a snapshot of a
-/// journal this node's directory does not hold.
+/// journal this node's directory does not hold; the log follows the snapshot all the same.
 fn install<T>(directory: &mut Directory, journal: JournalId, g: &mut Group<T>, snapshot: Snapshot) -> Result<u64, String> {
-    let (_, state) = super::snapshot::decode(&snapshot.data).map_err(|e| e.to_string())?;
-    let first_seq = state.first_seq;
-    if !directory.restore_state(journal, state) {
-        return Err("the journal is not in this node's directory".into());
-    }
+    // Raft has taken the snapshot already: the log follows it whatever the state says.
+    let decoded = super::snapshot::decode(&snapshot.data).map_err(|e| e.to_string());
     let index = snapshot.get_metadata().index;
     g.raw.mut_store().install(snapshot);
     g.applied = index;
     g.captured = index;
     g.candidate = None;
+    let (_, state) = decoded?;
+    let first_seq = state.first_seq;
+    if !directory.restore_state(journal, state) {
+        return Err("the journal is not in this node's directory".into());
+    }
     Ok(first_seq)
 }
 
