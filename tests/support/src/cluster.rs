@@ -138,7 +138,21 @@ impl Cluster {
         let env = self.node_env(id);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let data = self.data[id as usize - 1].path().join("data");
-        self.nodes[id as usize - 1] = Some(Server::start_on(&self.binary, Some(&data), &env, None));
+        // Its peer port was free when drawn (or when it last ran), but any process may have
+        // taken it since, often as a connection's own port for a moment: try again for a while.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match Server::try_start_on(&self.binary, Some(&data), &env, None) {
+                Ok(s) => {
+                    self.nodes[id as usize - 1] = Some(s);
+                    return;
+                }
+                Err(e) if e.contains("cannot listen for peers") && e.contains("Address already in use") && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
     }
 
     /// SIGKILLs node `id` (a paused one too).

@@ -125,15 +125,25 @@ impl Server {
     }
 
     fn start_full(binary: &Path, data_dir: Option<&Path>, args: &[&str], extra_env: &[(&str, &str)], config_toml: Option<&str>) -> Server {
+        Server::try_start_full(binary, data_dir, args, extra_env, config_toml).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`start_on`](Self::start_on), with the reason instead of a panic when the server
+    /// does not start (its output included).
+    pub fn try_start_on(binary: &Path, data_dir: Option<&Path>, extra_env: &[(&str, &str)], config_toml: Option<&str>) -> Result<Server, String> {
+        Server::try_start_full(binary, data_dir, &[], extra_env, config_toml)
+    }
+
+    fn try_start_full(binary: &Path, data_dir: Option<&Path>, args: &[&str], extra_env: &[(&str, &str)], config_toml: Option<&str>) -> Result<Server, String> {
         let dir = crate::scratch_dir();
         let data = data_dir.map(Path::to_path_buf).unwrap_or_else(|| dir.path().join("data"));
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         if let Some(toml) = config_toml {
             std::fs::write(dir.path().join("tephra.toml"), toml).expect("write config");
         }
-        let (addr, process) = launch(binary, dir.path(), &data, &args, extra_env, config_toml.is_some());
+        let (addr, process) = try_launch(binary, dir.path(), &data, &args, extra_env, config_toml.is_some())?;
         let watchdog = Watchdog::start(process.pid());
-        Server { addr, dir, process, watchdog, data, args }
+        Ok(Server { addr, dir, process, watchdog, data, args })
     }
 
     /// Starts `binary` again on the same directory (data and any config file), after the
@@ -220,6 +230,11 @@ impl Drop for Server {
 /// Spawns `binary --bind 127.0.0.1:0 --data-dir <data> [args] [--config <dir>/tephra.toml]`
 /// and waits for its readiness line.
 fn launch(binary: &Path, dir: &Path, data: &Path, args: &[String], extra_env: &[(&str, &str)], with_config: bool) -> (SocketAddr, Process) {
+    try_launch(binary, dir, data, args, extra_env, with_config).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`launch`], with the reason when the server does not start.
+fn try_launch(binary: &Path, dir: &Path, data: &Path, args: &[String], extra_env: &[(&str, &str)], with_config: bool) -> Result<(SocketAddr, Process), String> {
     let mut launch = Launch::new(binary);
     // A port of the caller's choosing (`--bind` in `args`) replaces the default of any free port.
     if !args.iter().any(|a| a == "--bind" || a == "-b") {
@@ -229,11 +244,9 @@ fn launch(binary: &Path, dir: &Path, data: &Path, args: &[String], extra_env: &[
     if with_config {
         launch = launch.arg("--config").arg(dir.join("tephra.toml"));
     }
-    let mut process = launch.env("TEPHRA__SEGMENT__SIZE", TEST_SEGMENT_SIZE).envs(extra_env.iter().copied()).spawn().unwrap_or_else(|e| panic!("{e}"));
-    match process.expect_ready(START_TIMEOUT) {
-        Ok(addr) => (addr, process),
-        Err(e) => panic!("{e}"),
-    }
+    let mut process = launch.env("TEPHRA__SEGMENT__SIZE", TEST_SEGMENT_SIZE).envs(extra_env.iter().copied()).spawn()?;
+    let addr = process.expect_ready(START_TIMEOUT)?;
+    Ok((addr, process))
 }
 
 /// What a server process that was expected to stop by itself did.
