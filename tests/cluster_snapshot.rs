@@ -90,6 +90,19 @@ fn counter(cluster: &Cluster, id: u64, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits until node `id`'s counter `name` reaches `min` (a node refreshes what `/metrics`
+/// shows between its rounds, not at once); its last value.
+fn wait_counter(cluster: &Cluster, id: u64, name: &str, min: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = counter(cluster, id, name);
+        if v >= min || Instant::now() > deadline {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Reads every record of `id` from node `addr` alone, once it serves them: `(first_seq,
 /// records)`.
 fn read_all(addr: &str, id: JournalId, want_next: u64) -> (u64, Vec<Vec<u8>>) {
@@ -139,7 +152,7 @@ fn a_node_that_missed_the_compacted_entries_catches_up_by_a_snapshot_and_every_n
     // One voter down while the others write, truncate and compact far past it.
     cluster.kill(behind);
     next = write_and_truncate(&mut c, id, next, 200, 5);
-    assert!(counter(&cluster, leader, "tephra_cluster_compactions_total") >= 2, "the leader compacted its log");
+    assert!(wait_counter(&cluster, leader, "tephra_cluster_compactions_total", 2) >= 2, "the leader compacted its log");
 
     // Back: its next entry is compacted on the leader, so it gets a snapshot and then the
     // entries holding the records still held.
@@ -147,8 +160,8 @@ fn a_node_that_missed_the_compacted_entries_catches_up_by_a_snapshot_and_every_n
     let addr = cluster.node(behind).unwrap().addr.to_string();
     let (first, records) = read_all(&addr, id, next);
     assert_eq!((first, records), (next - 5, expected(next - 5, next)), "node {behind} after catching up");
-    assert!(counter(&cluster, behind, "tephra_cluster_snapshots_installed_total") >= 1, "node {behind} installed a snapshot");
-    assert!(counter(&cluster, leader, "tephra_cluster_snapshots_sent_total") >= 1);
+    assert!(wait_counter(&cluster, behind, "tephra_cluster_snapshots_installed_total", 1) >= 1, "node {behind} installed a snapshot");
+    assert!(wait_counter(&cluster, leader, "tephra_cluster_snapshots_sent_total", 1) >= 1, "node {leader} sent a snapshot");
 
     // More writes, then every node restarts from its compacted log (snapshot items first).
     next = write_and_truncate(&mut c, id, next, 40, 5);
@@ -177,11 +190,15 @@ fn a_voter_added_after_compaction_joins_through_a_snapshot() {
     let mut next = write_and_truncate(&mut c, id, 0, 120, 5);
     assert_eq!(c.configure(id, 2).unwrap(), ConfigureOutcome::Configured);
     next = write_and_truncate(&mut c, id, next, 10, 5);
-    let installed: u64 = cluster.ids().map(|n| counter(&cluster, n, "tephra_cluster_snapshots_installed_total")).sum();
     for n in cluster.ids().collect::<Vec<_>>() {
         let addr = cluster.node(n).unwrap().addr.to_string();
         assert_eq!(read_all(&addr, id, next), (next - 5, expected(next - 5, next)), "node {n} after the change");
     }
-    let installed = installed.max(cluster.ids().map(|n| counter(&cluster, n, "tephra_cluster_snapshots_installed_total")).sum());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut installed = 0;
+    while installed < 2 && Instant::now() < deadline {
+        installed = cluster.ids().map(|n| counter(&cluster, n, "tephra_cluster_snapshots_installed_total")).sum::<u64>();
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(installed >= 2, "the two new voters joined through snapshots ({installed} installed)");
 }
