@@ -117,6 +117,9 @@ fn malformed_and_repeated_peers_are_refused_naming_the_entry() {
         let e = invalid(resolve(&[base[0], base[1], ("TEPHRA__CLUSTER__PEERS", peers)]));
         assert!(e.contains("a second time"), "{peers}: {e}");
     }
+    // Two nodes at one peer address: one would never be reached.
+    let e = invalid(resolve(&[base[0], base[1], ("TEPHRA__CLUSTER__PEERS", "2=127.0.0.1:9402,3=127.0.0.1:9402")]));
+    assert!(e.contains("\"3=127.0.0.1:9402\"") && e.contains("gives node 3 the address of node 2"), "{e}");
 }
 
 #[test]

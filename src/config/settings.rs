@@ -223,10 +223,10 @@ impl ClusterSettings {
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] naming the entry: one that is not `ID=HOST:PORT` with a
-    /// non-zero whole-number id and an address [`check_listen_addr`] accepts, or one whose id an
-    /// earlier entry already listed.
+    /// non-zero whole-number id and an address [`check_listen_addr`] accepts, or one whose id or
+    /// address an earlier entry already listed.
     pub fn members(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
-        let mut seen = BTreeMap::new();
+        let mut seen: BTreeMap<u64, String> = BTreeMap::new();
         for entry in &self.peers {
             let malformed = |why: &str| ConfigError::invalid(format!("cluster.peers entry {entry:?} {why}; entries are ID=HOST:PORT, like 2=10.0.0.2:9400"));
             let (id, addr) = entry.split_once('=').ok_or_else(|| malformed("has no '='"))?;
@@ -238,9 +238,14 @@ impl ClusterSettings {
             if check_listen_addr(addr).is_none() {
                 return Err(malformed("has no HOST:PORT address after '='"));
             }
-            if seen.insert(id, addr.to_owned()).is_some() {
+            if seen.contains_key(&id) {
                 return Err(ConfigError::invalid(format!("cluster.peers entry {entry:?} lists node {id} a second time")));
             }
+            // Two nodes at one address: one of them would never be reached.
+            if let Some((other, _)) = seen.iter().find(|(_, a)| a.as_str() == addr) {
+                return Err(ConfigError::invalid(format!("cluster.peers entry {entry:?} gives node {id} the address of node {other}")));
+            }
+            seen.insert(id, addr.to_owned());
         }
         seen.remove(&self.node_id);
         Ok(seen)
