@@ -7,22 +7,14 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use support::cluster::client;
 use support::Cluster;
-use tephra::client::journal::{
-    ConfigureOutcome, CreateOutcome, JournalError, JournalInfo, Journals, JournalsConfig, ListOutcome, ReadOutcome, SetLeaderOutcome, WriteOutcome,
-};
+use tephra::client::journal::{ConfigureOutcome, CreateOutcome, JournalError, JournalInfo, Journals, ListOutcome, ReadOutcome, SetLeaderOutcome};
 use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
 use tephra_test_support as support;
 
 const ZONES: [&str; 5] = ["a", "a", "b", "b", "c"];
 const A: LeaderUuid = LeaderUuid(0xa);
-
-fn client(servers: Vec<String>) -> Journals {
-    let mut c = JournalsConfig::new(servers);
-    c.request_timeout = Duration::from_secs(10);
-    c.read_timeout = Duration::from_secs(3);
-    Journals::new(c)
-}
 
 /// Creates `acme/name` surviving `survive` machines (`None`: the default), retrying while the
 /// cluster elects its directory's leader.
@@ -72,21 +64,7 @@ fn wait_for_zones(c: &mut Journals) {
 }
 
 fn write(c: &mut Journals, id: JournalId, seq: u64, record: &[u8]) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match c.write_single(id, A, seq, &[record.to_vec()]) {
-            Ok(WriteOutcome::Written { seq: s, .. }) => {
-                assert_eq!(s, seq);
-                return;
-            }
-            Ok(WriteOutcome::Ambiguous | WriteOutcome::NotLeader { .. } | WriteOutcome::Busy)
-            | Err(JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
-                assert!(Instant::now() < deadline, "no verdict for the write at {seq} within 20 s");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            other => panic!("write at {seq}: {other:?}"),
-        }
-    }
+    support::cluster::write_until_written(c, id, A, seq, record);
 }
 
 #[test]

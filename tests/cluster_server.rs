@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use support::cluster::client;
 use support::Cluster;
 use tephra::client::journal::{CreateOutcome, DeleteOutcome, JournalError, Journals, JournalsConfig, JournalsTls, ReadOutcome, SetLeaderOutcome, WriteOutcome};
 use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
@@ -16,13 +17,6 @@ const A: LeaderUuid = LeaderUuid(0xa);
 
 fn server_bin() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
-}
-
-fn client(servers: Vec<String>) -> Journals {
-    let mut c = JournalsConfig::new(servers);
-    c.request_timeout = Duration::from_secs(10);
-    c.read_timeout = Duration::from_secs(3);
-    Journals::new(c)
 }
 
 fn record(i: u64) -> Vec<u8> {

@@ -6,10 +6,9 @@
 
 use std::time::{Duration, Instant};
 
+use support::cluster::client;
 use support::Cluster;
-use tephra::client::journal::{
-    ConfigureOutcome, CreateOutcome, JournalError, Journals, JournalsConfig, ReadOutcome, SetLeaderOutcome, TruncateOutcome, WriteOutcome,
-};
+use tephra::client::journal::{ConfigureOutcome, CreateOutcome, JournalError, Journals, ReadOutcome, SetLeaderOutcome, TruncateOutcome};
 use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
 use tephra_test_support as support;
 
@@ -19,13 +18,6 @@ const ENV: [(&str, &str); 2] = [("TEPHRA__CLUSTER__SNAPSHOT_ENTRIES", "16"), ("T
 
 fn server() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
-}
-
-fn client(servers: Vec<String>) -> Journals {
-    let mut c = JournalsConfig::new(servers);
-    c.request_timeout = Duration::from_secs(10);
-    c.read_timeout = Duration::from_secs(3);
-    Journals::new(c)
 }
 
 fn create(c: &mut Journals, name: &str, survive: u8) -> JournalId {
@@ -43,23 +35,7 @@ fn create(c: &mut Journals, name: &str, survive: u8) -> JournalId {
 }
 
 fn write(c: &mut Journals, id: JournalId, seq: u64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match c.write_single(id, A, seq, &[format!("r{seq}").into_bytes()]) {
-            Ok(WriteOutcome::Written { seq: s, .. }) => {
-                assert_eq!(s, seq);
-                return;
-            }
-            Ok(WriteOutcome::Ambiguous | WriteOutcome::NotLeader { .. } | WriteOutcome::Busy)
-            | Err(JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
-                assert!(Instant::now() < deadline, "no verdict for the write at {seq} within 20 s");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            // A lost answer whose write landed: the retry at the same seq is a duplicate.
-            Ok(WriteOutcome::Refused { state }) if state.next_seq > seq && state.leader == Some(A) => return,
-            other => panic!("write at {seq}: {other:?}"),
-        }
-    }
+    support::cluster::write_until_written(c, id, A, seq, format!("r{seq}").as_bytes());
 }
 
 fn truncate(c: &mut Journals, id: JournalId, up_to: u64) {

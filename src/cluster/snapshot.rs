@@ -24,6 +24,7 @@
 
 use std::collections::VecDeque;
 
+use crate::journal::command::{durability_byte, mode_byte};
 use crate::journal::{BatchMark, JournalState, LeaderUuid, Mode, StoreDurability};
 
 /// The format version this code writes and reads.
@@ -64,14 +65,8 @@ pub fn encode(conf_index: u64, state: &JournalState) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEAD_LEN + state.batches.len() * MARK_LEN);
     out.extend_from_slice(&[VERSION, 0, 0, 0, 0, 0, 0, 0]);
     out.extend_from_slice(&conf_index.to_le_bytes());
-    out.push(match state.mode {
-        Mode::Single => 0,
-        Mode::Multi => 1,
-    });
-    out.push(match state.durability {
-        StoreDurability::Ordered => 0,
-        StoreDurability::Batched => 1,
-    });
+    out.push(mode_byte(state.mode));
+    out.push(durability_byte(state.durability));
     out.extend_from_slice(&[0; 6]);
     out.extend_from_slice(&state.leader.unwrap_or(LeaderUuid::NONE).0.to_le_bytes());
     for v in [state.term, state.first_seq, state.next_seq] {

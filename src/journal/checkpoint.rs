@@ -116,14 +116,8 @@ fn encode_journal(body: &mut Vec<u8>, id: JournalId, e: &Entry, holdings: &Holdi
     body.extend_from_slice(&id.tenant.to_le_bytes());
     body.extend_from_slice(&id.journal.to_le_bytes());
     put_name(body, &e.name);
-    body.push(match s.mode {
-        Mode::Single => 0,
-        Mode::Multi => 1,
-    });
-    body.push(match s.durability {
-        StoreDurability::Ordered => 0,
-        StoreDurability::Batched => 1,
-    });
+    body.push(super::command::mode_byte(s.mode));
+    body.push(super::command::durability_byte(s.durability));
     body.extend_from_slice(&s.leader.unwrap_or(LeaderUuid::NONE).0.to_le_bytes());
     for v in [s.term, s.first_seq, s.next_seq] {
         body.extend_from_slice(&v.to_le_bytes());

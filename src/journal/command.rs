@@ -382,14 +382,17 @@ impl Command<'_> {
     }
 }
 
-fn mode_byte(mode: Mode) -> u8 {
+/// A mode's byte in the command log and its checkpoints and snapshots: 0 single, 1 multi.
+pub(crate) fn mode_byte(mode: Mode) -> u8 {
     match mode {
         Mode::Single => 0,
         Mode::Multi => 1,
     }
 }
 
-fn durability_byte(durability: StoreDurability) -> u8 {
+/// A store durability's byte in the command log and its checkpoints and snapshots: 0 ordered,
+/// 1 batched.
+pub(crate) fn durability_byte(durability: StoreDurability) -> u8 {
     match durability {
         StoreDurability::Ordered => 0,
         StoreDurability::Batched => 1,

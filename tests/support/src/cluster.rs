@@ -298,3 +298,45 @@ impl Cluster {
         self.ids().find(|&id| self.metrics(id, Duration::from_secs(1)).is_some_and(|m| m.contains(&label)))
     }
 }
+
+/// A journal client of `servers` with a cluster test's patience: 10 s per request (redirects
+/// and elections included), 3 s per read.
+pub fn client(servers: Vec<String>) -> tephra::client::journal::Journals {
+    let mut c = tephra::client::journal::JournalsConfig::new(servers);
+    c.request_timeout = Duration::from_secs(10);
+    c.read_timeout = Duration::from_secs(3);
+    tephra::client::journal::Journals::new(c)
+}
+
+/// Writes `record` at `seq` of single-writer journal `id` under `leader`, asking again while
+/// the cluster has no verdict for it (no leader yet, busy, an answer lost), for up to 20 s. A
+/// write whose answer was lost and that landed is answered `REFUSED` at its retry, with the
+/// tail past it and `leader` still leading: taken as written.
+///
+/// # Panics
+/// On any other answer, or no verdict within 20 s.
+pub fn write_until_written(
+    c: &mut tephra::client::journal::Journals,
+    id: tephra::journal::JournalId,
+    leader: tephra::journal::LeaderUuid,
+    seq: u64,
+    record: &[u8],
+) {
+    use tephra::client::journal::{JournalError, WriteOutcome};
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.write_single(id, leader, seq, &[record.to_vec()]) {
+            Ok(WriteOutcome::Written { seq: s, .. }) => {
+                assert_eq!(s, seq);
+                return;
+            }
+            Ok(WriteOutcome::Ambiguous | WriteOutcome::NotLeader { .. } | WriteOutcome::Busy)
+            | Err(JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
+                assert!(std::time::Instant::now() < deadline, "no verdict for the write at {seq} within 20 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(WriteOutcome::Refused { state }) if state.next_seq > seq && state.leader == Some(leader) => return,
+            other => panic!("write at {seq}: {other:?}"),
+        }
+    }
+}
