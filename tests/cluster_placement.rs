@@ -114,6 +114,9 @@ fn journals_get_two_f_plus_one_voters_across_zones_and_an_unplaceable_f_changes_
     let ListOutcome::Listed(deep) = c.list(Some("deep")).unwrap() else { panic!("tenant deep not listed") };
     let of = |name: &str| deep.iter().find(|j| j.name == name).map(|j| (j.survive, j.voters.len()));
     assert_eq!((of("wide"), of("narrow")), (Some((Some(2), 5)), Some((Some(0), 1))));
+    // A tenant's default is no journal: no node holds a group for it.
+    let groups = c.node_status().unwrap().expect("a cluster member").groups;
+    assert!(groups.iter().all(|g| g.journal != 0 || g.tenant == 0), "a group for a tenant's default: {groups:?}");
     // The tenant's existing journals keep their F when its default changes.
     assert_eq!(c.configure_tenant("deep", 1).unwrap(), ConfigureOutcome::Configured);
     let ListOutcome::Listed(deep) = c.list(Some("deep")).unwrap() else { panic!("tenant deep not listed") };
@@ -255,14 +258,14 @@ fn a_client_follows_the_leader_hint_to_the_server_it_names() {
     let cluster = Cluster::start(&server, 5, &[("TEPHRA__METRICS__BIND", "127.0.0.1:0")]);
     let mut c = client(cluster.addrs());
     // Two one-voter journals on different nodes (the voter leads its group).
-    let mut placed: Vec<(JournalId, u64)> = Vec::new();
+    let mut placed: Vec<(JournalId, u64, String)> = Vec::new();
     for i in 0.. {
         assert!(i < 40, "forty one-voter journals all landed on one node");
         let name = format!("solo-{i}");
         let CreateOutcome::Created { id } = create(&mut c, &name, Some(0)) else { panic!("{name} not created") };
         let voter = info(&mut c, &name).unwrap().voters[0];
-        if placed.iter().all(|(_, v)| *v != voter) {
-            placed.push((id, voter));
+        if placed.iter().all(|(_, v, _)| *v != voter) {
+            placed.push((id, voter, name));
         }
         if placed.len() == 2 {
             break;
@@ -285,4 +288,15 @@ fn a_client_follows_the_leader_hint_to_the_server_it_names() {
     }
     let redirects = not_leader_answers(&cluster) - before;
     assert!(redirects <= switches, "{redirects} NOT_LEADER answers for {switches} switches between journals led by nodes {} and {}", placed[0].1, placed[1].1);
+
+    // Asked first, a node that holds no copy of journal a lists it without its state; show
+    // reads the state from a's voter.
+    let other = cluster.ids().find(|n| *n != placed[0].1).unwrap();
+    let first = cluster.node(other).unwrap().addr.to_string();
+    let rest = cluster.addrs().into_iter().filter(|a| *a != first);
+    let mut c = client(std::iter::once(first.clone()).chain(rest).collect());
+    let listed = info(&mut c, &placed[0].2).unwrap();
+    assert!(!listed.state_here, "node {other} holds no copy of the journal, and said it knows its state");
+    let shown = c.show(&format!("acme/{}", placed[0].2).parse().unwrap()).unwrap();
+    assert!(shown.state_here && shown.state.next_seq == 2 + switches / 2, "{shown:?}");
 }

@@ -575,8 +575,12 @@ pub struct JournalInfo {
     pub mode: Mode,
     /// The store durability.
     pub durability: StoreDurability,
-    /// The view.
+    /// The view: the journal's state as the answering server holds it (see `state_here`).
     pub state: View,
+    /// `false` when the answering cluster node holds no copy of the journal's group: `state`
+    /// is then only what that node last knew, not the journal's state (a read, or
+    /// [`Journals::show`], gets that from the journal's voters).
+    pub state_here: bool,
     /// In a cluster, F of `--survive machines=F` the journal was placed for.
     pub survive: Option<u8>,
     /// In a cluster, the node ids of its group's voters, ascending (empty on a single node).
@@ -862,6 +866,7 @@ pub fn decode_list(r: &JournalResponse) -> Result<ListOutcome, JournalError> {
             state,
             survive: j.survive.and_then(|f| u8::try_from(f).ok()),
             voters: j.voters.clone(),
+            state_here: !j.elsewhere,
         });
     }
     Ok(ListOutcome::Listed(out))
@@ -1684,6 +1689,7 @@ mod tests {
             mode: Mode::Single,
             durability: StoreDurability::Ordered,
             state: View::default(),
+            state_here: true,
             survive: None,
             voters: Vec::new(),
         }
@@ -1774,6 +1780,7 @@ mod tests {
             state: Some(wire::JournalView { leader: vec![], next_seq: 3, first_seq: 1 }),
             survive: Some(2),
             voters: vec![1, 2, 3, 4, 5],
+            elsewhere: false,
         }];
         match decode_list(&listed).unwrap() {
             ListOutcome::Listed(l) => {

@@ -902,7 +902,13 @@ impl<O: Outbox> Node<O> {
                 let _ = reply.send(outcome(JournalOutcome::Page));
             }
             (Token::List { tenant, reply }, Verdict::ReadReady) => {
-                let _ = reply.send(list(self.replica.directory(), &tenant));
+                let mut resp = list(self.replica.directory(), &tenant);
+                // The directory is confirmed; a journal's state is only where its group is.
+                let held: BTreeSet<JournalId> = self.replica.groups().collect();
+                for j in &mut resp.journals {
+                    j.elsewhere = !held.contains(&JournalId { tenant: j.tenant, journal: j.journal });
+                }
+                let _ = reply.send(resp);
             }
             (token, Verdict::Undecodable) => self.answer(token, invalid("the journal command did not decode")),
             (token @ (Token::Confirm(_) | Token::List { .. }), _) => self.answer(token, not_leader(None, true)),

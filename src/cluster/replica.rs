@@ -448,7 +448,8 @@ impl<T> Replica<T> {
             .iter()
             .filter_map(|a| match (&a.answer, a.group == DIRECTORY) {
                 (Some(Answer::JournalCreated { journal }), true) => Some((*journal, true)),
-                (Some(Answer::Configured { journal }), true) => Some((*journal, false)),
+                // A tenant's default is configured with journal id 0: no group.
+                (Some(Answer::Configured { journal }), true) if journal.is_set() => Some((*journal, false)),
                 _ => None,
             })
             .collect();

@@ -533,6 +533,7 @@ pub fn list(directory: &Directory, tenant: &str) -> JournalResponse {
                 state: Some(wire_view(e.state.view())),
                 survive: e.placement.as_ref().map(|p| u32::from(p.survive)),
                 voters: e.placement.as_ref().map(|p| p.voters.clone()).unwrap_or_default(),
+                elsewhere: false,
             });
         }
     }

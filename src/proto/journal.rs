@@ -358,6 +358,11 @@ pub struct JournalInfo {
     /// Field 9: in a cluster, the node ids of the journal group's voters, ascending.
     #[prost(uint64, repeated, tag = "9")]
     pub voters: ::prost::alloc::vec::Vec<u64>,
+    /// Field 10: set when the answering cluster node holds no copy of the journal's group:
+    /// `state` is then only what it last knew (initial, or as of when its copy stopped), not
+    /// the journal's state; a read of the journal gets that from its voters.
+    #[prost(bool, tag = "10")]
+    pub elsewhere: bool,
 }
 
 /// A journal's writer mode on the wire.

@@ -554,15 +554,16 @@ fn not_a_tenant_name(tenant: &str) -> String {
     format!("{tenant:?} is not a tenant name: 1 to 64 bytes of ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'")
 }
 
-/// A journal as JSON: `{journal, id, mode, store, state}`, and in a cluster `survive` (F) and
-/// `voters` (node ids) when its creation recorded them.
+/// A journal as JSON: `{journal, id, mode, store, state}` (`state` null when the answering
+/// server holds no copy of the journal), and in a cluster `survive` (F) and `voters` (node
+/// ids) when its creation recorded them.
 pub fn info_json(j: &JournalInfo) -> Value {
     let mut v = json!({
         "journal": format!("{}/{}", j.tenant_name, j.name),
         "id": j.id.to_string(),
         "mode": mode_name(j.mode),
         "store": store_name(j.durability),
-        "state": state_json(&j.state),
+        "state": if j.state_here { state_json(&j.state) } else { Value::Null },
     });
     if let (Some(f), Value::Object(m)) = (j.survive, &mut v) {
         m.insert("survive".into(), json!(f));
@@ -579,18 +580,20 @@ fn placement_text(j: &JournalInfo) -> String {
     }
 }
 
-/// The `list` table: a header and one row per journal, columns space-aligned.
+/// The `list` table: a header and one row per journal, columns space-aligned; `?` for the
+/// state of a journal the answering server holds no copy of (`journal show` reads it).
 pub fn list_table(journals: &[JournalInfo]) -> String {
     let mut rows = vec![["NAME", "ID", "MODE", "STORE", "LEADER", "FIRST", "NEXT"].map(str::to_owned)];
     for j in journals {
+        let here = |s: String| if j.state_here { s } else { "?".to_owned() };
         rows.push([
             format!("{}/{}", j.tenant_name, j.name),
             j.id.to_string(),
             mode_name(j.mode).to_owned(),
             store_name(j.durability).to_owned(),
-            j.state.leader.map_or_else(|| "-".to_owned(), |u| u.to_string()),
-            j.state.first_seq.to_string(),
-            j.state.next_seq.to_string(),
+            here(j.state.leader.map_or_else(|| "-".to_owned(), |u| u.to_string())),
+            here(j.state.first_seq.to_string()),
+            here(j.state.next_seq.to_string()),
         ]);
     }
     let mut widths = [0usize; 7];
@@ -1185,9 +1188,14 @@ mod tests {
             mode: Mode::Single,
             durability: StoreDurability::Ordered,
             state: v(leader, next, first),
+            state_here: true,
             survive: None,
             voters: Vec::new(),
         };
+        // A journal the answering node holds no copy of: its state is not known there.
+        let elsewhere = JournalInfo { state_here: false, ..info("acme", "far", Some(0x7), 1, 9) };
+        assert!(list_table(std::slice::from_ref(&elsewhere)).lines().nth(1).unwrap().ends_with("ordered  ?       ?      ?"));
+        assert_eq!(info_json(&elsewhere)["state"], Value::Null);
         let table = list_table(&[info("acme", "orders", Some(0x7), 0, 12), info("acme", "b", None, 3, 3)]);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3);

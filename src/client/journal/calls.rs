@@ -120,9 +120,14 @@ async fn changing<T: Transport>(t: &mut T, call: Call, busy: fn(&JournalResponse
                 if not_leader {
                     t.redirect(r.leader_node);
                 }
-                // Redirects back off (20 ms doubling to 320 ms over the limit of 8), so that
-                // they span a leader election (a few hundred milliseconds) rather than racing it.
-                let pause = if not_leader { policy.timing.busy_backoff * (1 << redirects.min(4)) } else { policy.timing.busy_backoff };
+                // The first redirect that names the leader goes there at once; later ones back
+                // off (40 ms doubling to 320 ms over the limit of 8), so that they span a leader
+                // election (a few hundred milliseconds) rather than racing it.
+                let pause = match (not_leader, redirects, r.leader_node) {
+                    (true, 1, hint) if hint != 0 => Duration::ZERO,
+                    (true, n, _) => policy.timing.busy_backoff * (1 << n.min(4)),
+                    (false, _, _) => policy.timing.busy_backoff,
+                };
                 t.pause(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
             }
         }
@@ -202,10 +207,23 @@ pub(crate) async fn show<T: Transport>(t: &mut T, name: &JournalRef) -> Result<J
         JournalRef::Named { tenant, .. } => Some(tenant.as_str()),
         JournalRef::Ids { .. } => None,
     };
-    match list(t, tenant).await? {
-        ListOutcome::UnknownTenant => Err(NameError::Unknown(name.to_string()).into()),
-        ListOutcome::Listed(all) => Ok(find_named(name, &all)?.clone()),
+    let mut info = match list(t, tenant).await? {
+        ListOutcome::UnknownTenant => return Err(NameError::Unknown(name.to_string()).into()),
+        ListOutcome::Listed(all) => find_named(name, &all)?.clone(),
+    };
+    // The list's server may hold no copy of the journal: its state comes from a read, which
+    // the journal's voters confirm (docs/journals.md §9.2).
+    if !info.state_here {
+        info.state = match read(t, info.id, 0, 1, 0).await? {
+            ReadOutcome::Page { state, .. } | ReadOutcome::Truncated { state } => state,
+            ReadOutcome::UnknownJournal => return Err(NameError::Unknown(name.to_string()).into()),
+            ReadOutcome::Unserved | ReadOutcome::Ambiguous => {
+                return Err(JournalError::Unavailable(format!("no server could confirm the state of {name}: its voters are {:?}", info.voters)))
+            }
+        };
+        info.state_here = true;
     }
+    Ok(info)
 }
 
 /// `Journals::resolve_name`: the id as it is when both halves are whole, else [`show`].
