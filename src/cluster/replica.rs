@@ -452,18 +452,28 @@ impl<T> Replica<T> {
             return Err(ReplicaError::GroupExists(journal));
         }
         let mut storage = GroupLog::new(voters, self.reader.clone());
+        let mut located = Vec::new();
         for d in durable {
             let gap = |g: super::group_log::Gap| ReplicaError::Gap { journal, index: g.index, last: g.last };
             match d {
                 // An index written twice (a new leader overwrote an undecided suffix) is two
-                // items of different terms, each with its own location.
-                Durable::Entry { journal: j, entry } if *j == journal => match self.stored.remove(&(journal, entry.index, entry.term)) {
-                    Some(loc) => storage.append_stored(entry.index, entry.term, loc).map_err(gap)?,
+                // items of different terms, each with its own location. The same entry (index
+                // and term) written twice (this node left the group and came back, and was
+                // sent the log again) is one entry: each item of it is read from the one
+                // location kept, so neither is held with the empty data of a restored item.
+                Durable::Entry { journal: j, entry } if *j == journal => match self.stored.get(&(journal, entry.index, entry.term)) {
+                    Some(&loc) => {
+                        storage.append_stored(entry.index, entry.term, loc).map_err(gap)?;
+                        located.push((journal, entry.index, entry.term));
+                    }
                     None => storage.append(std::slice::from_ref(entry)).map_err(gap)?,
                 },
                 Durable::HardState { journal: j, state } if *j == journal => storage.set_hard_state(state.clone()),
                 _ => {}
             }
+        }
+        for key in located {
+            self.stored.remove(&key);
         }
         let commit = storage.hard_state().commit.min(storage.last());
         let mut changes = Vec::new();

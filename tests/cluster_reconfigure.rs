@@ -1,0 +1,146 @@
+//! Reconfiguration on three real `tephra-server` processes (docs/journals.md §9.8): nodes that
+//! leave a journal's group and come back. A node moved out (F = 1 to F = 0) and back in is sent
+//! the whole log again, so its command log holds the same entries twice; it restarts with every
+//! record.
+
+use std::time::{Duration, Instant};
+
+use support::Cluster;
+use tephra::client::journal::{
+    ConfigureOutcome, CreateOutcome, JournalError, Journals, JournalsConfig, ListOutcome, ReadOutcome, SetLeaderOutcome, WriteOutcome,
+};
+use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
+use tephra_test_support as support;
+
+const A: LeaderUuid = LeaderUuid(0xa);
+
+fn server_bin() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_tephra-server"))
+}
+
+fn client(servers: Vec<String>) -> Journals {
+    let mut c = JournalsConfig::new(servers);
+    c.request_timeout = Duration::from_secs(10);
+    c.read_timeout = Duration::from_secs(3);
+    Journals::new(c)
+}
+
+/// A client of node `id` alone.
+fn client_of(cluster: &Cluster, id: u64) -> Journals {
+    client(vec![cluster.node(id).expect("a running node").addr.to_string()])
+}
+
+/// Creates the single-writer journal `acme/moving`, retrying while the cluster elects its
+/// directory's leader, and claims it for [`A`].
+fn create(c: &mut Journals) -> JournalId {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let id = loop {
+        match c.create("acme", "moving", Mode::Single, StoreDurability::Ordered) {
+            Ok(CreateOutcome::Created { id }) => break id,
+            Ok(CreateOutcome::Ambiguous) | Err(JournalError::Unavailable(_) | JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
+                assert!(Instant::now() < deadline, "create: no verdict within 20 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("create: {other:?}"),
+        }
+    };
+    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    id
+}
+
+/// The voters the directory records for `acme/moving`.
+fn recorded(c: &mut Journals) -> Vec<u64> {
+    match c.list(Some("acme")).unwrap() {
+        ListOutcome::Listed(all) => all.into_iter().find(|j| j.name == "moving").expect("acme/moving is listed").voters,
+        ListOutcome::UnknownTenant => panic!("acme is not listed"),
+    }
+}
+
+/// Configures `id` to survive `f` machines and waits until its group's leader reports the
+/// recorded voters; returns them.
+fn configure(cluster: &Cluster, c: &mut Journals, id: JournalId, f: u8) -> Vec<u64> {
+    assert_eq!(c.configure(id, f).unwrap(), ConfigureOutcome::Configured);
+    let want = recorded(c);
+    assert_eq!(want.len(), 2 * usize::from(f) + 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let leader_voters = cluster.ids().find_map(|n| {
+            let report = client_of(cluster, n).node_status().ok()??;
+            report.groups.into_iter().find(|g| g.tenant == id.tenant && g.journal == id.journal && g.role == "leader").map(|g| {
+                let mut v = g.voters;
+                v.sort_unstable();
+                v
+            })
+        });
+        if leader_voters.as_deref() == Some(&want[..]) {
+            return want;
+        }
+        assert!(Instant::now() < deadline, "{id}: the leader reports voters {leader_voters:?}, not {want:?}, after 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Writes `r<seq>` at each seq of `seqs`, asking again while there is no verdict.
+fn write(c: &mut Journals, id: JournalId, seqs: std::ops::Range<u64>) {
+    for seq in seqs {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match c.write_single(id, A, seq, &[format!("r{seq}")]) {
+                Ok(WriteOutcome::Written { seq: s, .. }) => {
+                    assert_eq!(s, seq);
+                    break;
+                }
+                Ok(WriteOutcome::Ambiguous | WriteOutcome::NotLeader { .. } | WriteOutcome::Busy)
+                | Err(JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
+                    assert!(Instant::now() < deadline, "no verdict for the write at {seq} within 20 s");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => panic!("write at {seq}: {other:?}"),
+            }
+        }
+    }
+}
+
+/// Reads every record of `id` from node `node` alone (asking again until it serves) and checks
+/// they are `r0`, `r1`, ... up to `count`.
+fn assert_serves(cluster: &Cluster, node: u64, id: JournalId, count: u64, when: &str) {
+    let want: Vec<Vec<u8>> = (0..count).map(|s| format!("r{s}").into_bytes()).collect();
+    let mut c = client_of(cluster, node);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match c.read(id, 0, 0, 0) {
+            Ok(ReadOutcome::Page { records, state, .. }) => {
+                assert_eq!((state.first_seq, state.next_seq), (0, count), "node {node} {when}: the journal's view");
+                assert_eq!(records, want, "node {node} {when}: the records");
+                return;
+            }
+            other => {
+                assert!(Instant::now() < deadline, "node {node} {when} did not serve the journal: {other:?}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_node_moved_out_and_back_in_restarts_with_every_record() {
+    let mut cluster = Cluster::start(&server_bin(), 3, &[]);
+    let mut c = client(cluster.addrs());
+    let id = create(&mut c);
+    write(&mut c, id, 0..10);
+    // Out: one voter left; the other two stop their copies.
+    let one = configure(&cluster, &mut c, id, 0);
+    write(&mut c, id, 10..15);
+    // Back in: the two start again from an empty copy and are sent the whole log, so their
+    // command logs now hold entries 1.. twice.
+    assert_eq!(configure(&cluster, &mut c, id, 1), vec![1, 2, 3]);
+    write(&mut c, id, 15..20);
+    let back = (1..=3).find(|n| !one.contains(n)).expect("a node that was moved out");
+    assert_serves(&cluster, back, id, 20, "before its restart");
+    cluster.kill(back);
+    cluster.start_node(back);
+    assert_serves(&cluster, back, id, 20, "after its restart");
+    // It goes on as a voter: a write after the restart reaches it too.
+    write(&mut c, id, 20..21);
+    assert_serves(&cluster, back, id, 21, "after a later write");
+}
