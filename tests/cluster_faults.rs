@@ -9,16 +9,22 @@
 //! exactly: its invocation, and its answer or none. A nemesis draws faults from a seeded RNG:
 //! SIGKILL of any node (then a restart), SIGSTOP of a group's leader (then SIGCONT), a node
 //! isolated or the cluster split into a minority and a majority (links cut, or held silent), and
-//! delays on every link; never more than F nodes failed at once. At the end everything is
-//! healed and every node read. Then:
+//! delays on every link; never more than F nodes failed at once. Some rounds also reconfigure a
+//! journal (`JournalConfigure`, docs/journals.md §9.8), before their faults or while they hold,
+//! through any node as the clients find one: its F flips between 1 and 0 on three nodes (three
+//! voters and one, so the group's leader is often moved out, and the nodes moved back in come
+//! with their old copies on disk) and between 1 and 2 on five. `CONFIGURED`, a lost answer,
+//! `AMBIGUOUS` and nothing done within [`CALL_TIMEOUT`] go to the nemesis log; any other answer
+//! is a problem. At the end everything is healed and every node read. Then:
 //!
 //! | check | how |
 //! |---|---|
 //! | (a) linearizable | each journal's history by the memoising checker against `tephra::journal::apply` plus the records ([`support::journal_model`]) |
 //! | (b) no acknowledged write lost | every accepted or duplicate answer's token is at its seq in what the reads showed, the last read of every node included |
-//! | (c) same on every node | every voter of a journal serves the same records, `first_seq`, `next_seq` and leader at the end |
+//! | (c) same on every node | every voter of a journal serves the same records, `first_seq`, `next_seq` and leader at the end; the voters are those the directory records (a list call's `voters`) |
 //! | (d) no write applied twice | no token at two seqs, no two acceptances of one token, no seq showing two tokens |
 //! | (e) `first_seq` monotone | in the reads of each client |
+//! | (f) reconfiguration finishes | within 30 s of the heal, each journal's group leader reports exactly the voters the directory records, and no other node keeps a copy |
 //! | liveness | both journals accepted writes; no `UNAVAILABLE` or `INVALID` answer |
 //!
 //! An answer `AMBIGUOUS` (24), a lost connection or a timeout leaves the call ambiguous: it may

@@ -1,7 +1,9 @@
 //! Reconfiguration on three real `tephra-server` processes (docs/journals.md §9.8): nodes that
 //! leave a journal's group and come back. A node moved out (F = 1 to F = 0) and back in is sent
 //! the whole log again, so its command log holds the same entries twice; it restarts with every
-//! record.
+//! record. A node that was down while it was moved out never gets the entries that move it out
+//! (a leader sends nothing to a node out of its configuration): the group's leader tells it
+//! when it comes back, and it stops its copy; moved back in, it serves every record.
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +11,8 @@ use support::Cluster;
 use tephra::client::journal::{
     ConfigureOutcome, CreateOutcome, JournalError, Journals, JournalsConfig, ListOutcome, ReadOutcome, SetLeaderOutcome, WriteOutcome,
 };
+use tephra::cluster::placement::place;
+use tephra::cluster::replica::Member;
 use tephra::journal::{JournalId, LeaderUuid, Mode, StoreDurability};
 use tephra_test_support as support;
 
@@ -143,4 +147,38 @@ fn a_node_moved_out_and_back_in_restarts_with_every_record() {
     // It goes on as a voter: a write after the restart reaches it too.
     write(&mut c, id, 20..21);
     assert_serves(&cluster, back, id, 21, "after a later write");
+}
+
+/// Whether node `node` holds a copy of `id`'s group.
+fn holds_copy(cluster: &Cluster, node: u64, id: JournalId) -> bool {
+    let report = client_of(cluster, node).node_status().unwrap().expect("a cluster node's report");
+    report.groups.iter().any(|g| g.tenant == id.tenant && g.journal == id.journal)
+}
+
+#[test]
+fn a_node_down_while_it_is_moved_out_stops_its_copy_once_back() {
+    let mut cluster = Cluster::start(&server_bin(), 3, &[]);
+    let mut c = client(cluster.addrs());
+    let id = create(&mut c);
+    write(&mut c, id, 0..5);
+    // The one voter F = 0 keeps, as the cluster places it; another node is down while the
+    // group moves there.
+    let members: Vec<Member> = (1..=3).map(|node| Member { node, zone: None }).collect();
+    let kept = place(id, &members, 1)[0];
+    let down = (1..=3).find(|n| *n != kept).unwrap();
+    cluster.kill(down);
+    let mut c = client(cluster.addrs());
+    assert_eq!(configure(&cluster, &mut c, id, 0), vec![kept]);
+    write(&mut c, id, 5..10);
+    cluster.start_node(down);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while holds_copy(&cluster, down, id) {
+        assert!(Instant::now() < deadline, "node {down} still holds a copy of the group 10 s after it came back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Moved back in, it starts again and serves every record.
+    let mut c = client(cluster.addrs());
+    assert_eq!(configure(&cluster, &mut c, id, 1), vec![1, 2, 3]);
+    write(&mut c, id, 10..12);
+    assert_serves(&cluster, down, id, 12, "moved back in");
 }

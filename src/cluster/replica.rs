@@ -251,6 +251,9 @@ pub struct Replica<T> {
     restoring: bool,
     /// This node's proposals waiting for a verdict, over every group.
     waiting: usize,
+    /// Nodes to tell that they are no longer voters of a group this node leads: the node, the
+    /// group and this node's term (for [`Replica::take_removals`]).
+    removals: Vec<(u64, JournalId, u64)>,
 }
 
 /// A proposal's or read's context: the proposing node and its tag, so only that node answers.
@@ -287,6 +290,7 @@ impl<T> Replica<T> {
             orphans: Vec::new(),
             restoring: false,
             waiting: 0,
+            removals: Vec::new(),
         }
     }
 
@@ -403,9 +407,10 @@ impl<T> Replica<T> {
         std::mem::take(&mut self.applied)
     }
 
-    /// Whether any group has work for a round ([`Replica::ready`]).
+    /// Whether any group has work for a round ([`Replica::ready`]), or a node is to be told it
+    /// left a group ([`Replica::take_removals`]).
     pub fn has_ready(&mut self) -> bool {
-        !self.orphans.is_empty() || self.groups.values_mut().any(|g| g.raw.has_ready())
+        !self.orphans.is_empty() || !self.removals.is_empty() || self.groups.values_mut().any(|g| g.raw.has_ready())
     }
 
     /// The leader this node believes `journal`'s group has.
@@ -565,8 +570,45 @@ impl<T> Replica<T> {
         if message.get_msg_type() == raft::eraftpb::MessageType::MsgHeartbeat && message.term >= g.raw.raft.term && message.commit > last {
             return Err(ReplicaError::LostEntries { journal, commit: message.commit, last });
         }
+        // A node this group's leader no longer counts among its voters, and that still talks
+        // to the group, missed its removal (it was down or cut off when the change was
+        // decided, and a leader sends nothing to a node out of its configuration): it is told,
+        // so that it stops its copy (docs/journals.md §9.8). Only with no change in flight,
+        // so the configuration told is the group's latest.
+        let from = message.from;
+        if journal != DIRECTORY && g.raw.raft.state == StateRole::Leader && !g.raw.raft.has_pending_conf() {
+            let cs = g.raw.raft.prs().conf().to_conf_state();
+            let member = cs.voters.contains(&from) || cs.voters_outgoing.contains(&from) || cs.learners.contains(&from);
+            if !member && !self.removals.iter().any(|(to, j, _)| *to == from && *j == journal) {
+                self.removals.push((from, journal, g.raw.raft.term));
+            }
+        }
         g.raw.step(message)?;
         Ok(())
+    }
+
+    /// The nodes to tell that they are no longer voters of a group this node leads, since the
+    /// last call: each with the group and this node's term. Sent in the peer frame's
+    /// `removed` (docs/journals.md §9.4), they reach [`Replica::removed`] there.
+    pub fn take_removals(&mut self) -> Vec<(u64, JournalId, u64)> {
+        std::mem::take(&mut self.removals)
+    }
+
+    /// Node `from`, the leader of `journal`'s group at `term`, says this node is not in the
+    /// group's configuration: the group's copy here stops (its waiting calls get no verdict in
+    /// the next round) when the directory does not record this node as a voter of the journal
+    /// either and the word is not from an older term than this copy knows. A later
+    /// reconfiguration that names this node starts the copy again.
+    pub fn removed(&mut self, journal: JournalId, from: u64, term: u64) {
+        let Some(g) = self.groups.get(&journal) else { return };
+        let recorded = self.directory.journal(journal).and_then(|e| e.placement.as_ref()).is_some_and(|p| p.voters.contains(&self.node));
+        if journal == DIRECTORY || recorded || term < g.raw.raft.term {
+            return;
+        }
+        tracing::info!(%journal, leader = from, term, "the group's leader no longer counts this node among its voters");
+        let mut verdicts = Vec::new();
+        self.stop_group(journal, &mut verdicts);
+        self.orphans.extend(verdicts);
     }
 
     /// Advances every group's logical clock by one tick, and moves each group this node leads
@@ -629,13 +671,18 @@ impl<T> Replica<T> {
             .map(|(j, _)| *j)
             .collect();
         for j in gone {
-            let g = self.groups.remove(&j).expect("listed above");
-            self.waiting -= g.proposals.len();
-            verdicts.extend(g.proposals.into_values().map(|p| (p.token, Verdict::NoVerdict { leader: None })));
-            verdicts.extend(g.reads.into_values().map(|t| (t, Verdict::NoVerdict { leader: None })));
-            verdicts.extend(g.confirmed.into_iter().map(|(_, t)| (t, Verdict::NoVerdict { leader: None })));
-            tracing::info!(journal = %j, "this node left the journal's group");
+            self.stop_group(j, verdicts);
         }
+    }
+
+    /// Stops this node's copy of `journal`'s group; its waiting calls get no verdict.
+    fn stop_group(&mut self, journal: JournalId, verdicts: &mut Vec<(T, Verdict)>) {
+        let Some(g) = self.groups.remove(&journal) else { return };
+        self.waiting -= g.proposals.len();
+        verdicts.extend(g.proposals.into_values().map(|p| (p.token, Verdict::NoVerdict { leader: None })));
+        verdicts.extend(g.reads.into_values().map(|t| (t, Verdict::NoVerdict { leader: None })));
+        verdicts.extend(g.confirmed.into_iter().map(|(_, t)| (t, Verdict::NoVerdict { leader: None })));
+        tracing::info!(%journal, "this node left the journal's group");
     }
 
     /// Collects the round's work from every group (see the module table) and hands each
