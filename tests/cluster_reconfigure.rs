@@ -1,7 +1,7 @@
 //! Reconfiguration on three real `tephra-server` processes (docs/journals.md §9.8): nodes that
 //! leave a journal's group and come back. A node moved out (F = 1 to F = 0) and back in is sent
 //! the whole log again, so its command log holds the same entries twice; it restarts with every
-//! record. A node that was down while it was moved out never gets the entries that move it out
+//! record, and a multi-writer journal's writes are applied there once. A node that was down while it was moved out never gets the entries that move it out
 //! (a leader sends nothing to a node out of its configuration): the group's leader tells it
 //! when it comes back, and it stops its copy; moved back in, it serves every record.
 
@@ -34,12 +34,12 @@ fn client_of(cluster: &Cluster, id: u64) -> Journals {
     client(vec![cluster.node(id).expect("a running node").addr.to_string()])
 }
 
-/// Creates the single-writer journal `acme/moving`, retrying while the cluster elects its
-/// directory's leader, and claims it for [`A`].
-fn create(c: &mut Journals) -> JournalId {
+/// Creates the journal `acme/moving` in `mode`, retrying while the cluster elects its
+/// directory's leader, and (single-writer) claims it for [`A`].
+fn create_in(c: &mut Journals, mode: Mode) -> JournalId {
     let deadline = Instant::now() + Duration::from_secs(20);
     let id = loop {
-        match c.create("acme", "moving", Mode::Single, StoreDurability::Ordered) {
+        match c.create("acme", "moving", mode, StoreDurability::Ordered) {
             Ok(CreateOutcome::Created { id }) => break id,
             Ok(CreateOutcome::Ambiguous) | Err(JournalError::Unavailable(_) | JournalError::Unreachable(_) | JournalError::NoAnswer { .. }) => {
                 assert!(Instant::now() < deadline, "create: no verdict within 20 s");
@@ -48,8 +48,15 @@ fn create(c: &mut Journals) -> JournalId {
             other => panic!("create: {other:?}"),
         }
     };
-    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    if mode == Mode::Single {
+        assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    }
     id
+}
+
+/// [`create_in`] a single-writer journal.
+fn create(c: &mut Journals) -> JournalId {
+    create_in(c, Mode::Single)
 }
 
 /// The voters the directory records for `acme/moving`.
@@ -84,12 +91,16 @@ fn configure(cluster: &Cluster, c: &mut Journals, id: JournalId, f: u8) -> Vec<u
     }
 }
 
-/// Writes `r<seq>` at each seq of `seqs`, asking again while there is no verdict.
-fn write(c: &mut Journals, id: JournalId, seqs: std::ops::Range<u64>) {
+/// Writes `r<seq>` at each seq of `seqs`, asking again while there is no verdict: fenced by
+/// [`A`], or (`multi`) at the tail of a multi-writer journal, where each write must land at
+/// the seq it is for.
+fn write_as(c: &mut Journals, id: JournalId, seqs: std::ops::Range<u64>, multi: bool) {
     for seq in seqs {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            match c.write_single(id, A, seq, &[format!("r{seq}")]) {
+            let record = [format!("r{seq}")];
+            let outcome = if multi { c.write_multi(id, &record) } else { c.write_single(id, A, seq, &record) };
+            match outcome {
                 Ok(WriteOutcome::Written { seq: s, .. }) => {
                     assert_eq!(s, seq);
                     break;
@@ -103,6 +114,11 @@ fn write(c: &mut Journals, id: JournalId, seqs: std::ops::Range<u64>) {
             }
         }
     }
+}
+
+/// [`write_as`] fenced by [`A`].
+fn write(c: &mut Journals, id: JournalId, seqs: std::ops::Range<u64>) {
+    write_as(c, id, seqs, false)
 }
 
 /// Reads every record of `id` from node `node` alone (asking again until it serves) and checks
@@ -181,4 +197,21 @@ fn a_node_down_while_it_is_moved_out_stops_its_copy_once_back() {
     assert_eq!(configure(&cluster, &mut c, id, 1), vec![1, 2, 3]);
     write(&mut c, id, 10..12);
     assert_serves(&cluster, down, id, 12, "moved back in");
+}
+
+#[test]
+fn a_multi_writer_journal_moved_out_and_back_in_applies_each_write_once() {
+    let cluster = Cluster::start(&server_bin(), 3, &[]);
+    let mut c = client(cluster.addrs());
+    let id = create_in(&mut c, Mode::Multi);
+    write_as(&mut c, id, 0..10, true);
+    let one = configure(&cluster, &mut c, id, 0);
+    write_as(&mut c, id, 10..15, true);
+    // Back in: the nodes moved out go on from where their copies stopped; a copy that started
+    // over from the first entry would append the first ten records again.
+    assert_eq!(configure(&cluster, &mut c, id, 1), vec![1, 2, 3]);
+    write_as(&mut c, id, 15..20, true);
+    for back in (1..=3).filter(|n| !one.contains(n)) {
+        assert_serves(&cluster, back, id, 20, "moved back in");
+    }
 }

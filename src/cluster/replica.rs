@@ -240,6 +240,11 @@ pub struct Replica<T> {
     /// Durable items of groups this node votes in but has not started yet (their creation is
     /// not applied here yet), kept from the restart.
     dormant: BTreeMap<JournalId, Vec<Durable>>,
+    /// The log of each group this node left (its copy stopped), as it was then, with the
+    /// index applied: a reconfiguration that names this node again resumes the copy from
+    /// there, so the journal's state here (applied up to that index) and the log go on
+    /// together, and the copy keeps its term and vote.
+    stopped: BTreeMap<JournalId, (GroupLog, u64)>,
     /// Reads durable entries back from the node's command log.
     reader: Option<EntryReader>,
     /// Where each entry found at the restart lies, by group, index and term, until its group
@@ -285,6 +290,7 @@ impl<T> Replica<T> {
             applied: Vec::new(),
             members: Vec::new(),
             dormant: BTreeMap::new(),
+            stopped: BTreeMap::new(),
             reader: None,
             stored: HashMap::new(),
             orphans: Vec::new(),
@@ -299,6 +305,8 @@ impl<T> Replica<T> {
     pub fn stored(&mut self, journal: JournalId, index: u64, term: u64, loc: Loc) {
         if let Some(g) = self.groups.get_mut(&journal) {
             g.raw.mut_store().stored(index, term, loc);
+        } else if let Some((log, _)) = self.stopped.get_mut(&journal) {
+            log.stored(index, term, loc);
         }
     }
 
@@ -382,6 +390,15 @@ impl<T> Replica<T> {
         for (journal, creation) in created {
             let initial = self.initial_voters(journal);
             if self.groups.contains_key(&journal) || !(initial.contains(&self.node) || self.voters(journal).contains(&self.node)) {
+                continue;
+            }
+            // A copy this node stopped goes on from where it stopped: the journal's state here
+            // was applied from it (replaying its log from the start again would apply every
+            // entry twice).
+            if let Some((storage, applied)) = self.stopped.remove(&journal) {
+                let raw = RawNode::new(&config(self.node, applied), storage, &self.logger)?;
+                self.groups.insert(journal, Group { raw, proposals: BTreeMap::new(), reads: BTreeMap::new(), confirmed: Vec::new(), applied });
+                tracing::info!(%journal, applied, "this node rejoined the journal's group where its copy stopped");
                 continue;
             }
             let items = self.dormant.remove(&journal).unwrap_or_default();
@@ -675,9 +692,12 @@ impl<T> Replica<T> {
         }
     }
 
-    /// Stops this node's copy of `journal`'s group; its waiting calls get no verdict.
+    /// Stops this node's copy of `journal`'s group; its waiting calls get no verdict. Its log
+    /// is kept, for a later reconfiguration that names this node again.
     fn stop_group(&mut self, journal: JournalId, verdicts: &mut Vec<(T, Verdict)>) {
-        let Some(g) = self.groups.remove(&journal) else { return };
+        let Some(mut g) = self.groups.remove(&journal) else { return };
+        let storage = std::mem::replace(g.raw.mut_store(), GroupLog::new(&[], None));
+        self.stopped.insert(journal, (storage, g.applied));
         self.waiting -= g.proposals.len();
         verdicts.extend(g.proposals.into_values().map(|p| (p.token, Verdict::NoVerdict { leader: None })));
         verdicts.extend(g.reads.into_values().map(|t| (t, Verdict::NoVerdict { leader: None })));
