@@ -217,6 +217,8 @@ struct Group<T> {
     /// Reads with a read index, waiting for this node to apply up to it.
     confirmed: Vec<(u64, T)>,
     applied: u64,
+    /// Resumed from a stopped copy to take a message ([`Replica::resume`]).
+    on_demand: bool,
 }
 
 impl<T> Group<T> {
@@ -395,10 +397,7 @@ impl<T> Replica<T> {
             // A copy this node stopped goes on from where it stopped: the journal's state here
             // was applied from it (replaying its log from the start again would apply every
             // entry twice).
-            if let Some((storage, applied)) = self.stopped.remove(&journal) {
-                let raw = RawNode::new(&config(self.node, applied), storage, &self.logger)?;
-                self.groups.insert(journal, Group { raw, proposals: BTreeMap::new(), reads: BTreeMap::new(), confirmed: Vec::new(), applied });
-                tracing::info!(%journal, applied, "this node rejoined the journal's group where its copy stopped");
+            if self.resume(journal, false)? {
                 continue;
             }
             let items = self.dormant.remove(&journal).unwrap_or_default();
@@ -508,7 +507,7 @@ impl<T> Replica<T> {
             self.applied.push(Applied { group: journal, index: e.index, answer: answer_of(answer) });
         }
         let raw = RawNode::new(&config(self.node, commit), storage, &self.logger)?;
-        let mut g = Group { raw, proposals: BTreeMap::new(), reads: BTreeMap::new(), confirmed: Vec::new(), applied: commit };
+        let mut g = Group { raw, proposals: BTreeMap::new(), reads: BTreeMap::new(), confirmed: Vec::new(), applied: commit, on_demand: false };
         // The configuration changes applied before the restart, again, in order.
         for e in &changes {
             apply_conf_change(journal, &mut g, e);
@@ -580,6 +579,13 @@ impl<T> Replica<T> {
     /// [`ReplicaError::UnknownGroup`], or raft's refusal (a local message kind, a peer the
     /// group does not know).
     pub fn step(&mut self, journal: JournalId, message: Message) -> Result<(), ReplicaError> {
+        // A message for a group whose copy this node stopped: the group may still need this
+        // node (a voter that left may have to vote or acknowledge for the voters that stay,
+        // when they have not learnt yet that the change that left it out was decided), so the
+        // copy takes the message and answers; it stops again at the end of the next round.
+        if !self.groups.contains_key(&journal) {
+            self.resume(journal, true)?;
+        }
         let g = self.groups.get_mut(&journal).ok_or(ReplicaError::UnknownGroup(journal))?;
         // A leader's heartbeat carries a commit index no higher than what this node has
         // acknowledged holding; one past this node's log means it lost acknowledged entries.
@@ -692,8 +698,27 @@ impl<T> Replica<T> {
         }
     }
 
+    /// Resumes the copy of `journal`'s group this node stopped, from its log, term, vote and
+    /// applied index as they were (`on_demand`: to take a message, and stop again); false
+    /// when there is none.
+    ///
+    /// # Errors
+    /// Raft's refusal of the kept log.
+    fn resume(&mut self, journal: JournalId, on_demand: bool) -> Result<bool, ReplicaError> {
+        let Some((storage, applied)) = self.stopped.remove(&journal) else { return Ok(false) };
+        let raw = RawNode::new(&config(self.node, applied), storage, &self.logger)?;
+        self.groups.insert(journal, Group { raw, proposals: BTreeMap::new(), reads: BTreeMap::new(), confirmed: Vec::new(), applied, on_demand });
+        if on_demand {
+            tracing::debug!(%journal, applied, "a stopped copy of the journal's group takes a message");
+        } else {
+            tracing::info!(%journal, applied, "this node rejoined the journal's group where its copy stopped");
+        }
+        Ok(true)
+    }
+
     /// Stops this node's copy of `journal`'s group; its waiting calls get no verdict. Its log
-    /// is kept, for a later reconfiguration that names this node again.
+    /// is kept, for a message the group still sends it and for a later reconfiguration that
+    /// names this node again ([`Replica::resume`]).
     fn stop_group(&mut self, journal: JournalId, verdicts: &mut Vec<(T, Verdict)>) {
         let Some(mut g) = self.groups.remove(&journal) else { return };
         let storage = std::mem::replace(g.raw.mut_store(), GroupLog::new(&[], None));
@@ -702,7 +727,11 @@ impl<T> Replica<T> {
         verdicts.extend(g.proposals.into_values().map(|p| (p.token, Verdict::NoVerdict { leader: None })));
         verdicts.extend(g.reads.into_values().map(|t| (t, Verdict::NoVerdict { leader: None })));
         verdicts.extend(g.confirmed.into_iter().map(|(_, t)| (t, Verdict::NoVerdict { leader: None })));
-        tracing::info!(%journal, "this node left the journal's group");
+        if g.on_demand {
+            tracing::debug!(%journal, "a stopped copy of the journal's group stops again");
+        } else {
+            tracing::info!(%journal, "this node left the journal's group");
+        }
     }
 
     /// Collects the round's work from every group (see the module table) and hands each
