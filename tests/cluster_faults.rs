@@ -9,16 +9,22 @@
 //! exactly: its invocation, and its answer or none. A nemesis draws faults from a seeded RNG:
 //! SIGKILL of any node (then a restart), SIGSTOP of a group's leader (then SIGCONT), a node
 //! isolated or the cluster split into a minority and a majority (links cut, or held silent), and
-//! delays on every link; never more than F nodes failed at once. At the end everything is
-//! healed and every node read. Then:
+//! delays on every link; never more than F nodes failed at once. Some rounds also reconfigure a
+//! journal (`JournalConfigure`, docs/journals.md §9.8), before their faults or while they hold,
+//! through any node as the clients find one: its F flips between 1 and 0 on three nodes (three
+//! voters and one, so the group's leader is often moved out, and the nodes moved back in come
+//! with their old copies on disk) and between 1 and 2 on five. `CONFIGURED`, a lost answer,
+//! `AMBIGUOUS` and nothing done within [`CALL_TIMEOUT`] go to the nemesis log; any other answer
+//! is a problem. At the end everything is healed and every node read. Then:
 //!
 //! | check | how |
 //! |---|---|
 //! | (a) linearizable | each journal's history by the memoising checker against `tephra::journal::apply` plus the records ([`support::journal_model`]) |
 //! | (b) no acknowledged write lost | every accepted or duplicate answer's token is at its seq in what the reads showed, the last read of every node included |
-//! | (c) same on every node | every voter of a journal serves the same records, `first_seq`, `next_seq` and leader at the end |
+//! | (c) same on every node | every voter of a journal serves the same records, `first_seq`, `next_seq` and leader at the end; the voters are those the directory records (a list call's `voters`) |
 //! | (d) no write applied twice | no token at two seqs, no two acceptances of one token, no seq showing two tokens |
 //! | (e) `first_seq` monotone | in the reads of each client |
+//! | (f) reconfiguration finishes | within 30 s of the heal, each journal's group leader reports exactly the voters the directory records, and no other node keeps a copy |
 //! | liveness | both journals accepted writes; no `UNAVAILABLE` or `INVALID` answer |
 //!
 //! An answer `AMBIGUOUS` (24), a lost connection or a timeout leaves the call ambiguous: it may
@@ -55,9 +61,7 @@ use support::journal_model::{call_of, ret_of, Op, Ret, Spec};
 use support::linearizable::{check, Call as Recorded, Verdict};
 use support::proxy::{Mode as LinkMode, Proxy};
 use support::JournalConn as Conn;
-use tephra::cluster::placement::{place, DEFAULT_VOTERS};
-use tephra::cluster::replica::Member;
-use tephra::journal::{JournalId, Mode};
+use tephra::journal::Mode;
 use tephra::proto::*;
 use tephra_test_support as support;
 
@@ -539,21 +543,152 @@ fn create(nodes: &Nodes, name: &str, mode: JournalMode, durability: JournalDurab
     try_create(nodes, name, mode, durability).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The nodes that vote in journal `j`'s group.
-fn voters(n: usize, j: Ids) -> Vec<u64> {
-    let members: Vec<Member> = (1..=n as u64).map(|node| Member { node, zone: None }).collect();
-    place(JournalId { tenant: j.0, journal: j.1 }, &members, DEFAULT_VOTERS)
+/// What the directory records for journal `j` (a list call, `JournalInfo` fields 8 and 9): its
+/// F and its voters, from any node that serves the list, asking again up to `patience`.
+fn recorded_placement(nodes: &Nodes, j: Ids, patience: Duration) -> Result<(Option<u32>, Vec<u64>), String> {
+    let mut router = Router::new(nodes, 1);
+    let deadline = Instant::now() + patience;
+    loop {
+        let last = match router.send(journal_request::Call::List(JournalList { tenant_name: "acme".into() })) {
+            (_, Sent::Answer(_, r)) if r.outcome() == JournalOutcome::Listed => match r.journals.iter().find(|i| (i.tenant, i.journal) == j) {
+                Some(i) => return Ok((i.survive, i.voters.clone())),
+                None => format!("the list does not show {j:?}: {r:?}"),
+            },
+            (_, Sent::Answer(_, r)) => format!("{r:?}"),
+            (_, Sent::Wrong(why) | Sent::NotDone(why)) => why,
+            (_, Sent::Lost) => "no answer".to_owned(),
+        };
+        if Instant::now() > deadline {
+            return Err(format!("no node listed {j:?} within {patience:?}; the last answer: {last}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// How node `id` reports journal `j`'s group (`cluster status`): `None` when it holds no
+/// copy, `Some((role, voters))` else; `Err` when it does not answer.
+fn group_report(cluster: &Cluster, id: u64, j: Ids) -> Result<Option<(String, Vec<u64>)>, String> {
+    let addr = cluster.node(id).ok_or_else(|| format!("node {id} is not running"))?.addr;
+    let mut c = Conn::try_open_timeout(addr, CALL_TIMEOUT).map_err(|e| format!("node {id}: {e}"))?;
+    let r = c.try_call(journal_request::Call::Status(NodeStatusRequest {})).map_err(|e| format!("node {id}: {e}"))?;
+    let Some(node) = r.node.clone() else { return Err(format!("node {id} answered the status without a report: {:?} {}", r.outcome(), r.message)) };
+    Ok(node.groups.into_iter().find(|g| (g.tenant, g.journal) == j).map(|g| {
+        let mut v = g.voters;
+        v.sort_unstable();
+        (g.role, v)
+    }))
+}
+
+/// The voters of journal `j` once the faults are over: those the directory records, once the
+/// group has moved there (its leader reports exactly them) and every other node has stopped
+/// its copy. `Err` when that does not happen within `patience` (a reconfiguration that never
+/// finishes), saying how far it got.
+fn settled_voters(nodes: &Nodes, cluster: &Cluster, j: Ids, patience: Duration) -> Result<(Option<u32>, Vec<u64>), String> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let (survive, recorded) = recorded_placement(nodes, j, patience)?;
+        let mut leaders = Vec::new();
+        let mut strays = Vec::new();
+        let mut silent = Vec::new();
+        for id in 1..=cluster.size() as u64 {
+            match group_report(cluster, id, j) {
+                Ok(Some((role, voters))) => {
+                    if role == "leader" {
+                        leaders.push((id, voters.clone()));
+                    }
+                    if !recorded.contains(&id) {
+                        strays.push((id, role, voters));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => silent.push(e),
+            }
+        }
+        let moved = leaders.iter().any(|(_, v)| *v == recorded);
+        if moved && strays.is_empty() && silent.is_empty() {
+            return Ok((survive, recorded));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the group did not settle on the recorded voters {recorded:?} (F = {survive:?}) within {patience:?}: leaders (node, voters) {leaders:?}; \
+                 copies on nodes that are not recorded voters (node, role, voters) {strays:?}; unanswered {silent:?}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The two F a run's configures flip a journal between on an `n`-node cluster: 1 and 0 on
+/// three nodes (three voters and one: the move drops two voters, often the group's leader,
+/// and brings them back with their old copies on disk), 1 and 2 on five.
+fn survive_choices(n: u64) -> [u32; 2] {
+    if n >= 5 {
+        [1, 2]
+    } else {
+        [1, 0]
+    }
+}
+
+/// When a round sends its configure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ConfigureAt {
+    /// Before its faults.
+    Before,
+    /// While its faults hold.
+    During,
+}
+
+/// A configure of journal `k` to survive `survive` machines, sent first to node `first` and
+/// on as the answers say (a redirect, no copy yet, no node reachable) for up to
+/// [`CALL_TIMEOUT`]; what came of it goes to the nemesis log. `CONFIGURED` and no verdict (a
+/// lost answer, `AMBIGUOUS`, nothing done in time) are what faults may bring; any other answer
+/// is a problem, `UNPLACEABLE` included (the cluster always has the 2F+1 nodes asked for).
+fn configure(run: &Run, first: u64, k: usize, survive: u32) {
+    let j = run.journals[k];
+    let what = format!("configure journal {k} to survive {survive}");
+    let mut router = Router::new(run.nodes, first);
+    let deadline = Instant::now() + CALL_TIMEOUT;
+    loop {
+        let call = journal_request::Call::Configure(JournalConfigure { tenant: j.0, journal: j.1, survive, ..Default::default() });
+        match router.send(call).1 {
+            Sent::Answer(_, r) if r.outcome() == JournalOutcome::Configured => return run.note(format!("{what}: CONFIGURED by node {}", router.target)),
+            Sent::Answer(_, r) => return run.problem(format!("{what}: answered {r:?}")),
+            Sent::Wrong(why) => return run.problem(format!("{what}: {why}")),
+            Sent::Lost => return run.note(format!("{what}: no verdict (lost or AMBIGUOUS)")),
+            Sent::NotDone(why) if Instant::now() >= deadline => return run.note(format!("{what}: not done within {CALL_TIMEOUT:?}; last: {why}")),
+            Sent::NotDone(_) => {}
+        }
+    }
 }
 
 /// The nemesis: rounds of a quiet gap, then faults on at most F nodes (drawn from `rng`)
-/// held for a while, then everything healed; until `until`.
-fn nemesis(cluster: &mut Cluster, run: &Run, rng: &mut Rng, until: Instant) -> usize {
+/// held for a while, then everything healed; until `until`. Some rounds also reconfigure one
+/// journal (before their faults or while they hold), flipping its F between the two of
+/// [`survive_choices`]; at least one does after the third round. Returns the rounds and the
+/// configures sent.
+fn nemesis(cluster: &mut Cluster, run: &Run, rng: &mut Rng, until: Instant) -> (usize, usize) {
     let n = cluster.size() as u64;
     let f = (n - 1) / 2;
+    let choices = survive_choices(n);
+    // Per journal: the F last asked for (the default, 1, at first); each configure asks for
+    // the other one, whatever became of the last.
+    let mut asked = [1u32; 2];
+    let mut configures = 0;
     let mut rounds = 0;
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(rng.u64(100..600)));
         rounds += 1;
+        // Drawn whatever happens later in the round, so the other draws stay the seed's.
+        let drawn = rng.u32(0..5) < 2;
+        let (k, first, at) = (rng.usize(0..2), rng.u64(1..=n), if rng.bool() { ConfigureAt::Before } else { ConfigureAt::During });
+        let reconfigure = (drawn || (configures == 0 && rounds > 3)).then(|| {
+            asked[k] = if asked[k] == choices[0] { choices[1] } else { choices[0] };
+            (k, first, at, asked[k])
+        });
+        if let Some((k, first, ConfigureAt::Before, survive)) = reconfigure {
+            configure(run, first, k, survive);
+        }
+        configures += usize::from(reconfigure.is_some());
         let budget = if f > 1 && rng.bool() { f } else { 1 };
         let mut failed: Vec<u64> = Vec::new();
         let mut isolated: Vec<u64> = Vec::new();
@@ -630,10 +765,15 @@ fn nemesis(cluster: &mut Cluster, run: &Run, rng: &mut Rng, until: Instant) -> u
             cluster.partition(&refs, link_mode);
             run.note(format!("partition {sides:?} ({link_mode:?})"));
         }
-        std::thread::sleep(Duration::from_millis(rng.u64(300..2000)));
+        let hold = Duration::from_millis(rng.u64(300..2000));
+        let held = Instant::now();
+        if let Some((k, first, ConfigureAt::During, survive)) = reconfigure {
+            configure(run, first, k, survive);
+        }
+        std::thread::sleep(hold.saturating_sub(held.elapsed()));
         heal(cluster, run);
     }
-    rounds
+    (rounds, configures)
 }
 
 /// Opens every link, resumes every paused node and starts every killed one. A node that
@@ -672,13 +812,18 @@ fn exited(cluster: &mut Cluster, run: &Run, id: u64) -> bool {
 /// The counts printed for a run that held.
 struct Summary {
     rounds: usize,
+    configures: usize,
     lines: Vec<String>,
 }
 
 /// One seed on an `n`-node cluster: faults for `secs` seconds while the clients call, then
 /// the checks. `Err` names the first violation.
 fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)> {
-    let mut cluster = Cluster::start_proxied(&server_bin(), n, &[("TEPHRA__METRICS__BIND", "127.0.0.1:0")]);
+    // Groups compact their logs every few dozen entries once the clients' truncations pass
+    // them, so nodes back from a kill or a partition catch up by snapshots (docs/journals.md
+    // §9.9) under the same checks.
+    let env = [("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__CLUSTER__SNAPSHOT_ENTRIES", "32")];
+    let mut cluster = Cluster::start_proxied(&server_bin(), n, &env);
     let nodes = Nodes::new(&cluster);
     let created = try_create(&nodes, "orders", JournalMode::Single, JournalDurability::Ordered)
         .and_then(|single| Ok((single, try_create(&nodes, "events", JournalMode::Multi, JournalDurability::Batched)?)));
@@ -698,10 +843,11 @@ fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)>
         log: Mutex::new(Vec::new()),
         stop: AtomicBool::new(false),
     };
-    run.note(format!("{n} nodes, seed {seed}; voters: single {:?}, multi {:?}", voters(n, single), voters(n, multi)));
+    let placed = |j| recorded_placement(&nodes, j, Duration::from_secs(10)).map_or_else(|e| e, |(f, v)| format!("F = {f:?}, voters {v:?}"));
+    run.note(format!("{n} nodes, seed {seed}; single: {}; multi: {}", placed(single), placed(multi)));
     let mut rng = Rng::with_seed(seed);
     let until = Instant::now() + Duration::from_secs(secs);
-    let rounds = std::thread::scope(|s| {
+    let (rounds, configures) = std::thread::scope(|s| {
         let run = &run;
         let mut clients = Vec::new();
         for me in 1..=3 {
@@ -710,7 +856,7 @@ fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)>
         for me in 4..=5 {
             clients.push(s.spawn(move || Client::new(run, me, seed).multi_writer()));
         }
-        let rounds = nemesis(&mut cluster, run, &mut rng, until);
+        let done = nemesis(&mut cluster, run, &mut rng, until);
         heal(&mut cluster, run);
         // A last second of calls on the healed cluster, then stop.
         std::thread::sleep(Duration::from_secs(1));
@@ -724,7 +870,7 @@ fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)>
                 run.nodes.set(id, cluster.node(id).map(|s| s.addr));
             }
         }
-        rounds
+        done
     });
     let mut violations = Vec::new();
     let problems = lock(&run.problems).clone();
@@ -733,7 +879,19 @@ fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)>
     }
     let mut lines = Vec::new();
     for k in [SINGLE, MULTI] {
-        match check_journal(&run, &cluster, k, secs) {
+        // (f) a reconfiguration finishes once the faults are over; the checks read the
+        // voters it left.
+        let voters = match settled_voters(&nodes, &cluster, run.journals[k], Duration::from_secs(30)) {
+            Ok((survive, voters)) => {
+                run.note(format!("journal {k} settled: F = {survive:?}, voters {voters:?}"));
+                voters
+            }
+            Err(e) => {
+                violations.push(format!("journal {k}: {e}"));
+                continue;
+            }
+        };
+        match check_journal(&run, &cluster, k, &voters, secs) {
             Ok(line) => lines.push(line),
             Err(e) => violations.push(format!("journal {k}: {e}")),
         }
@@ -743,12 +901,12 @@ fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)>
         return Err((format!("{} ({kept})", violations.join("; ")), dump(&run)));
     }
     lines.extend(lock(&run.log).iter().map(|l| format!("  {l}")));
-    Ok(Summary { rounds, lines })
+    Ok(Summary { rounds, configures, lines })
 }
 
 /// The checks of journal `k` once the faults are over (see the module's table): its line of
 /// counts, or the violation found. The journal's history is left settled in `run`.
-fn check_journal(run: &Run, cluster: &Cluster, k: usize, secs: u64) -> Result<String, String> {
+fn check_journal(run: &Run, cluster: &Cluster, k: usize, voters: &[u64], secs: u64) -> Result<String, String> {
     let j = run.journals[k];
     // (c) the same on every voter (non-voters hold no copy). A write whose caller gave up may
     // still land between two nodes' reads: a difference counts when it is still there on the
@@ -758,7 +916,7 @@ fn check_journal(run: &Run, cluster: &Cluster, k: usize, secs: u64) -> Result<St
         looks += 1;
         let mut held: Option<(u64, u64, Held, u64)> = None;
         let mut differ = None;
-        for id in voters(cluster.size(), j) {
+        for &id in voters {
             let addr = cluster.node(id).expect("every node runs after the heal").addr;
             let (invoked, answered, h) = read_everything(run.nodes, addr, j, Duration::from_secs(30))?;
             match &held {
@@ -963,7 +1121,7 @@ fn fault_seeds(n: usize, default: &[u64]) {
         });
         match outcome {
             Ok(s) => {
-                eprintln!("seed {seed} on {n} nodes: held, {} fault rounds, {:?}", s.rounds, started.elapsed());
+                eprintln!("seed {seed} on {n} nodes: held, {} fault rounds, {} configures, {:?}", s.rounds, s.configures, started.elapsed());
                 for l in s.lines {
                     eprintln!("  {l}");
                 }

@@ -6,7 +6,7 @@
 use prost_011::Message as _;
 use raft::eraftpb::{Entry, EntryType, Message, MessageType};
 use tephra::cluster::durable::DurableError;
-use tephra::cluster::peer::{decode_frame, encode_frame, GroupMessage, PeerError, PeerFrame};
+use tephra::cluster::peer::{decode_frame, decode_frame_removals, encode_frame, encode_frame_removals, Frame, GroupMessage, PeerError, PeerFrame};
 use tephra::journal::{Command, EntryId, JournalId};
 
 const G: JournalId = JournalId { tenant: 1, journal: 2 };
@@ -34,6 +34,21 @@ fn golden_frame() {
 }
 
 #[test]
+fn golden_frame_with_a_removal() {
+    // Field 5: the group (tenant 1, journal 2) whose leader, at term 3, no longer counts node 2
+    // among its voters.
+    let bytes = encode_frame_removals(0x0a, 1, 2, &[], &[(G, 3)]);
+    assert_eq!(hex(&bytes), "080a10011802 2a06 0801 1002 1803".replace(' ', ""));
+    assert_eq!(decode_frame_removals(&bytes, 0x0a, 2).unwrap(), Frame { from: 1, messages: vec![], removed: vec![(G, 3)] });
+    // A frame may carry both, and one without removals decodes with none.
+    let both = encode_frame_removals(0x0a, 1, 2, &[(G, heartbeat())], &[(G, 3)]);
+    assert_eq!(decode_frame_removals(&both, 0x0a, 2).unwrap(), Frame { from: 1, messages: vec![(G, heartbeat())], removed: vec![(G, 3)] });
+    assert_eq!(decode_frame(&both, 0x0a, 2).unwrap(), (1, vec![(G, heartbeat())]));
+    let none = encode_frame(0x0a, 1, 2, &[(G, heartbeat())]);
+    assert_eq!(decode_frame_removals(&none, 0x0a, 2).unwrap().removed, vec![]);
+}
+
+#[test]
 fn appends_of_journal_commands_pass() {
     let mut cmd = Vec::new();
     Command::Truncate { journal: G, leader: None, up_to: 4 }.encode(EntryId::default(), &mut cmd);
@@ -54,7 +69,7 @@ fn every_refusal_is_its_own() {
     let forged = encode_frame(9, 3, 2, &[(G, heartbeat())]);
     assert!(matches!(decode_frame(&forged, 9, 2), Err(PeerError::Misaddressed { from: 1, frame_from: 3, .. })));
     // Raft bytes that do not decode.
-    let junk = PeerFrame { cluster: 9, from: 1, to: 2, messages: vec![GroupMessage { tenant: 1, journal: 2, message: vec![0xff; 4] }] };
+    let junk = PeerFrame { cluster: 9, from: 1, to: 2, messages: vec![GroupMessage { tenant: 1, journal: 2, message: vec![0xff; 4] }], removed: vec![] };
     assert!(matches!(decode_frame(&prost::Message::encode_to_vec(&junk), 9, 2), Err(PeerError::BadMessage { .. })));
     // An entry that is not a journal command, or not one of its group.
     let not_cmd = encode_frame(9, 1, 2, &[(G, append(b"hello".to_vec()))]);

@@ -4,26 +4,42 @@
 //! Checked: a write is answered only once decided and applied, every node applies the same
 //! commands to the same state, a partitioned leader's writes get no verdict and never two,
 //! a restarted node catches up, and a seeded random schedule of writes, partitions and crashes
-//! keeps every acknowledged write (docs/journals.md §9). Each node's durable items go through
+//! keeps every acknowledged write, and a change from three voters to one finishes when the voter
+//! kept never learnt it was decided before the others stopped their copies (docs/journals.md
+//! §9, §9.8). Each node's durable items go through
 //! the command-log layout (`cluster::durable`) and come back from it on a restart.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use raft::eraftpb::Message;
-use tephra::cluster::durable;
-use tephra::cluster::replica::{Durable, Refused, Replica, Round, SnapshotCounts, Verdict};
+use tephra::cluster::durable::{self, DIRECTORY};
+use tephra::cluster::replica::{Durable, Refused, Replica, ReplicaError, Round, SnapshotCounts, Verdict};
 use tephra::journal::{Answer, Command, Directory, EntryId, JournalId, LeaderUuid, Mode, Outcome, StoreDurability};
 
 const SINGLE: JournalId = JournalId { tenant: 1, journal: 1 };
 const MULTI: JournalId = JournalId { tenant: 1, journal: 2 };
+/// A journal created with its voters recorded (as a cluster creates them), for the
+/// reconfiguration test.
+const PLACED: JournalId = JournalId { tenant: 1, journal: 3 };
 const VOTERS: [u64; 3] = [1, 2, 3];
 
-/// The directory every node starts from: tenant 1 with the two journals.
-fn directory() -> Directory {
+/// The directory every node starts from: tenant 1 with the two journals (and, when `placed`,
+/// [`PLACED`] with voters 1, 2 and 3).
+fn directory(placed: bool) -> Directory {
     let mut d = Directory::new();
     d.apply(&Command::CreateTenant { tenant: 1, name: "acme" });
     d.apply(&Command::CreateJournal { journal: SINGLE, name: "orders", mode: Mode::Single, durability: StoreDurability::Ordered });
     d.apply(&Command::CreateJournal { journal: MULTI, name: "events", mode: Mode::Multi, durability: StoreDurability::Batched });
+    if placed {
+        d.apply(&Command::CreatePlaced {
+            journal: PLACED,
+            name: "moving",
+            mode: Mode::Multi,
+            durability: StoreDurability::Ordered,
+            survive: 1,
+            voters: VOTERS.to_vec(),
+        });
+    }
     d
 }
 
@@ -45,19 +61,23 @@ struct Node {
     /// yet, its acknowledgements have not left, and a crash loses it.
     syncing: Option<Round<u64>>,
     up: bool,
+    /// Whether it holds [`PLACED`] and the directory group too.
+    placed: bool,
 }
 
 impl Node {
-    /// Starts node `id` from its durable log, read back through the command-log layout, taking
-    /// a snapshot candidate every `snapshot_entries` applied entries of a group.
-    fn start(id: u64, disk: Vec<Vec<u8>>, snapshot_entries: u64) -> Node {
+    /// Starts node `id` from its durable log, read back through the command-log layout
+    /// (`placed`: with the groups of [`PLACED`] and of the directory, which records its voters,
+    /// too), taking a snapshot candidate every `snapshot_entries` applied entries of a group.
+    fn start(id: u64, disk: Vec<Vec<u8>>, placed: bool, snapshot_entries: u64) -> Node {
         let items: Vec<Durable> = disk.iter().map(|p| durable::decode(p).unwrap()).collect();
-        let mut replica = Replica::new(id, directory());
+        let mut replica = Replica::new(id, directory(placed));
         replica.set_snapshot_entries(snapshot_entries);
-        for j in [SINGLE, MULTI] {
+        let groups: &[JournalId] = if placed { &[SINGLE, MULTI, PLACED, DIRECTORY] } else { &[SINGLE, MULTI] };
+        for &j in groups {
             replica.add_group(j, &VOTERS, &items).unwrap();
         }
-        Node { replica, disk, syncing: None, up: true }
+        Node { replica, disk, syncing: None, up: true, placed }
     }
 
     fn persist(&mut self, items: Vec<Durable>) {
@@ -88,12 +108,13 @@ struct Sim {
 
 impl Sim {
     fn new() -> Sim {
-        Sim::with_snapshots(tephra::cluster::replica::SNAPSHOT_ENTRIES)
+        Sim::with(false, tephra::cluster::replica::SNAPSHOT_ENTRIES)
     }
 
-    /// Three nodes that take a snapshot candidate every `snapshot_entries` applied entries.
-    fn with_snapshots(snapshot_entries: u64) -> Sim {
-        let nodes = VOTERS.iter().map(|&id| (id, Node::start(id, Vec::new(), snapshot_entries))).collect();
+    /// [`Sim::new`] whose nodes hold [`PLACED`] too (`placed`) and take a snapshot candidate
+    /// every `snapshot_entries` applied entries.
+    fn with(placed: bool, snapshot_entries: u64) -> Sim {
+        let nodes = VOTERS.iter().map(|&id| (id, Node::start(id, Vec::new(), placed, snapshot_entries))).collect();
         Sim {
             nodes,
             lag: false,
@@ -155,7 +176,13 @@ impl Sim {
             }
             let node = self.nodes.get_mut(&to).unwrap();
             if node.up {
-                node.replica.step(j, m).unwrap();
+                // A response from a node the group no longer counts (it left in a
+                // reconfiguration) is refused by raft, and a message for a group this node
+                // does not hold is refused too; both are dropped, as the node loop does.
+                match node.replica.step(j, m) {
+                    Ok(()) | Err(ReplicaError::Raft(raft::Error::StepPeerNotFound) | ReplicaError::UnknownGroup(_)) => {}
+                    Err(e) => panic!("node {to}: {e}"),
+                }
             }
         }
     }
@@ -225,8 +252,8 @@ impl Sim {
         let s = node.replica.snapshot_counts();
         self.gone.installed += s.installed;
         self.gone.compacted += s.compacted;
-        let disk = std::mem::take(&mut node.disk);
-        self.nodes.insert(id, Node::start(id, disk, self.snapshot_entries));
+        let (disk, placed) = (std::mem::take(&mut node.disk), node.placed);
+        self.nodes.insert(id, Node::start(id, disk, placed, self.snapshot_entries));
     }
 
     /// Every up node applied the same commands to the same state.
@@ -368,7 +395,7 @@ fn random_schedules_of_writes_partitions_and_crashes_keep_every_acknowledged_wri
         let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
         // Every third seed, groups compact their logs every few entries once the multi-writer
         // journal's truncations pass them, and nodes back from a crash catch up by snapshots.
-        let mut sim = if seed % 3 == 0 { Sim::with_snapshots(8) } else { Sim::new() };
+        let mut sim = if seed % 3 == 0 { Sim::with(false, 8) } else { Sim::new() };
         // Every other seed, each node's sync lags a round behind its ready.
         sim.lag = seed % 2 == 0;
         // What each acknowledged multi-writer write said: its seq; and how many were sent.
@@ -499,4 +526,57 @@ fn an_acknowledgement_leaves_only_once_the_entry_is_durable() {
     sim.restart(f);
     sim.isolated.clear();
     sim.assert_converged();
+}
+
+/// How many configuration change entries of `journal` node `id` holds durably.
+fn conf_changes_on_disk(sim: &Sim, id: u64, journal: JournalId) -> usize {
+    sim.nodes[&id]
+        .disk
+        .iter()
+        .filter(|p| matches!(durable::decode(p).unwrap(), Durable::Entry { journal: j, entry } if j == journal && entry.get_entry_type() == raft::eraftpb::EntryType::EntryConfChangeV2))
+        .count()
+}
+
+#[test]
+fn the_voter_kept_finishes_a_change_that_removed_the_others_before_it_learnt_it_was_decided() {
+    // Three voters move to one (F = 1 to F = 0), the leader among those that leave. The voter
+    // kept holds the entry that leaves the joint configuration but is cut off (and restarts)
+    // before it learns that the entry was decided; the other two apply it and stop their
+    // copies. It is left in the joint configuration, where an election needs two of the three
+    // old voters: their stopped copies take its requests and vote.
+    let mut sim = Sim::with(true, tephra::cluster::replica::SNAPSHOT_ENTRIES);
+    let leader = sim.leader(PLACED);
+    let kept = *VOTERS.iter().find(|&&v| v != leader).unwrap();
+    let directory_leader = sim.leader(DIRECTORY);
+    let call = sim.propose(directory_leader, DIRECTORY, encode(&Command::Configure { journal: PLACED, survive: 0, voters: vec![kept] })).unwrap();
+    assert!(matches!(sim.verdict(call), Verdict::Applied(Answer::Configured { .. })), "the configure");
+    // Enter the joint configuration, then leave it: once the kept voter holds the second
+    // change (and has acknowledged it), it is cut off.
+    let mut rounds = 0;
+    while conf_changes_on_disk(&sim, kept, PLACED) < 2 {
+        for n in sim.nodes.values_mut().filter(|n| n.up) {
+            n.replica.tick();
+        }
+        sim.round();
+        rounds += 1;
+        assert!(rounds < 1000, "the kept voter never held the change that leaves the joint configuration");
+    }
+    sim.isolated = vec![kept];
+    sim.run(20);
+    for id in VOTERS.iter().filter(|&&v| v != kept) {
+        assert!(sim.nodes[id].replica.status(PLACED).is_none(), "node {id} left the group and stops its copy");
+    }
+    sim.crash(kept);
+    sim.restart(kept);
+    sim.isolated.clear();
+    // The kept voter gets elected (the stopped copies vote), finishes the change, and takes
+    // writes alone.
+    assert_eq!(sim.leader(PLACED), kept);
+    let w = sim.propose(kept, PLACED, write(PLACED, 0, 0, b"after")).unwrap();
+    assert_eq!(accepted(&sim.verdict(w)), Some(0));
+    sim.run(2 * tephra::cluster::replica::ELECTION_TICKS);
+    assert_eq!(sim.nodes[&kept].replica.status(PLACED).unwrap().voters, vec![kept]);
+    for id in VOTERS.iter().filter(|&&v| v != kept) {
+        assert!(sim.nodes[id].replica.status(PLACED).is_none(), "node {id} holds no copy once the change is over");
+    }
 }

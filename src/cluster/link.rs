@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use raft::eraftpb::Message;
 
-use super::peer::{decode_frame, encode_frame};
+use super::peer::{decode_frame, decode_frame_removals, encode_frame};
 use super::tls::{PeerTls, Session, TlsRead, TlsWrite};
 use crate::journal::JournalId;
 
@@ -62,6 +62,9 @@ pub struct Inbound {
     pub from: u64,
     /// The frame's consensus messages, each with its group, in the frame's order.
     pub messages: Vec<(JournalId, Message)>,
+    /// The groups whose leader (the sender) says this node is no longer among their voters,
+    /// each with the leader's term (docs/journals.md §9.8).
+    pub removed: Vec<(JournalId, u64)>,
 }
 
 /// One peer link's state and counters, for metrics and `cluster status`.
@@ -776,13 +779,13 @@ fn read(mut input: Input, generation: u64, shared: &Shared, state: &PeerState, c
                 None
             }
             Err(ReadError::TooLong(len)) => Some(format!("frame length {len} is above the {MAX_FRAME}-byte limit")),
-            Ok(frame) => match decode_frame(&frame, shared.cluster, shared.me) {
+            Ok(frame) => match decode_frame_removals(&frame, shared.cluster, shared.me) {
                 Err(e) => Some(e.to_string()),
-                Ok((from, _)) if from != peer => Some(format!("frame from node {from} on the link of node {peer}")),
-                Ok((_, messages)) if messages.is_empty() => continue,
-                Ok((from, messages)) => {
+                Ok(f) if f.from != peer => Some(format!("frame from node {} on the link of node {peer}", f.from)),
+                Ok(f) if f.messages.is_empty() && f.removed.is_empty() => continue,
+                Ok(f) => {
                     state.received.fetch_add(1, Ordering::Relaxed);
-                    if deliver(shared, Inbound { from, messages }) {
+                    if deliver(shared, Inbound { from: f.from, messages: f.messages, removed: f.removed }) {
                         continue;
                     }
                     None

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use raft::eraftpb::Message;
 
 use super::durable::{self, group_of, DIRECTORY};
-use super::peer::encode_frame;
+use super::peer::{encode_frame, encode_frame_removals};
 use super::replica::{Applied, Durable, GroupStatus, Member, Refused, Replica, Verdict};
 use crate::journal::apply::Outcome;
 use crate::journal::command::{decode, Command, EntryId};
@@ -467,9 +467,13 @@ impl<O: Outbox> Node<O> {
         }
     }
 
-    /// Steps a peer's messages into their groups. A message for a group not started here yet
-    /// (its creation is still on its way) is dropped: consensus sends again.
+    /// Steps a peer's messages into their groups, after its word on groups that no longer
+    /// count this node among their voters. A message for a group not started here yet (its
+    /// creation is still on its way) is dropped: consensus sends again.
     fn step(&mut self, frame: Inbound) {
+        for (group, term) in frame.removed {
+            self.replica.removed(group, frame.from, term);
+        }
         for (group, m) in frame.messages {
             if let Err(e @ super::replica::ReplicaError::LostEntries { .. }) = self.replica.step(group, m) {
                 self.replaced(&format!("{e}"));
@@ -495,6 +499,7 @@ impl<O: Outbox> Node<O> {
     fn round(&mut self) -> bool {
         let round = self.replica.ready();
         self.send(round.send);
+        self.send_removals();
         self.take_applied();
         for (token, verdict) in round.verdicts {
             self.verdict(token, verdict);
@@ -619,6 +624,19 @@ impl<O: Outbox> Node<O> {
         }
         for (to, ms) in by_peer {
             let frame = encode_frame(self.settings.cluster, self.settings.node, to, &ms);
+            self.outbox.send(to, frame);
+        }
+    }
+
+    /// Tells each node the replica found out of a group it leads that it is no longer a voter
+    /// there (docs/journals.md §9.8): one frame per node, with no messages.
+    fn send_removals(&mut self) {
+        let mut by_peer: std::collections::BTreeMap<u64, Vec<(JournalId, u64)>> = std::collections::BTreeMap::new();
+        for (to, group, term) in self.replica.take_removals() {
+            by_peer.entry(to).or_default().push((group, term));
+        }
+        for (to, removed) in by_peer {
+            let frame = encode_frame_removals(self.settings.cluster, self.settings.node, to, &[], &removed);
             self.outbox.send(to, frame);
         }
     }

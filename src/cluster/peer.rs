@@ -8,6 +8,7 @@
 //! | `from` | 2 | the sending node |
 //! | `to` | 3 | the receiving node |
 //! | `messages` | 4 | repeated: `tenant` (1), `journal` (2), `message` (3, raft's message bytes) |
+//! | `removed` | 5 | repeated: `tenant` (1), `journal` (2), `term` (3): groups whose leader, at that term, has applied a configuration without the receiving node |
 //!
 //! Source: docs/journals.md §9.4; golden bytes in `tests/cluster_peer.rs`.
 
@@ -32,6 +33,37 @@ pub struct PeerFrame {
     /// The consensus messages, each for one group.
     #[prost(message, repeated, tag = "4")]
     pub messages: Vec<GroupMessage>,
+    /// The groups whose leader says the receiving node is no longer among their voters.
+    #[prost(message, repeated, tag = "5")]
+    pub removed: Vec<GroupRemoved>,
+}
+
+/// A group's leader's word to a node that sent it a message and is not in the group's
+/// configuration: the leader has applied a configuration without it, and has no change in
+/// flight (docs/journals.md §9.8).
+#[derive(Clone, PartialEq, Eq, ::prost::Message)]
+pub struct GroupRemoved {
+    /// The group's tenant.
+    #[prost(uint64, tag = "1")]
+    pub tenant: u64,
+    /// The group's journal.
+    #[prost(uint64, tag = "2")]
+    pub journal: u64,
+    /// The leader's term.
+    #[prost(uint64, tag = "3")]
+    pub term: u64,
+}
+
+/// A decoded frame ([`decode_frame_removals`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Frame {
+    /// The sending node.
+    pub from: u64,
+    /// The consensus messages, each with its group, in the frame's order.
+    pub messages: Vec<(JournalId, Message)>,
+    /// Each group whose leader says the receiving node is no longer a voter, with the
+    /// leader's term.
+    pub removed: Vec<(JournalId, u64)>,
 }
 
 /// One consensus message for one group.
@@ -108,17 +140,33 @@ pub enum PeerError {
 
 /// Encodes the messages `from` sends `to` in `cluster` as one frame.
 pub fn encode_frame(cluster: u64, from: u64, to: u64, messages: &[(JournalId, Message)]) -> Vec<u8> {
+    encode_frame_removals(cluster, from, to, messages, &[])
+}
+
+/// [`encode_frame`] that also tells `to` it is no longer a voter of each group of `removed`
+/// (with the term of the group's leader, `from`).
+pub fn encode_frame_removals(cluster: u64, from: u64, to: u64, messages: &[(JournalId, Message)], removed: &[(JournalId, u64)]) -> Vec<u8> {
     let messages = messages.iter().map(|(g, m)| GroupMessage { tenant: g.tenant, journal: g.journal, message: m.encode_to_vec() }).collect();
-    prost::Message::encode_to_vec(&PeerFrame { cluster, from, to, messages })
+    let removed = removed.iter().map(|(g, term)| GroupRemoved { tenant: g.tenant, journal: g.journal, term: *term }).collect();
+    prost::Message::encode_to_vec(&PeerFrame { cluster, from, to, messages, removed })
 }
 
 /// Decodes a frame for node `me` of `cluster`: its sender and its messages, each checked to
 /// be addressed as the frame is and, for an append, to carry only entries its group can log
-/// (a read index request carries its context in an entry, which is never logged).
+/// (a read index request carries its context in an entry, which is never logged). The
+/// frame's removals are left out: [`decode_frame_removals`] has them.
 ///
 /// # Errors
 /// [`PeerError`] naming the first thing wrong; nothing of a refused frame is returned.
 pub fn decode_frame(bytes: &[u8], cluster: u64, me: u64) -> Result<(u64, Vec<(JournalId, Message)>), PeerError> {
+    decode_frame_removals(bytes, cluster, me).map(|f| (f.from, f.messages))
+}
+
+/// [`decode_frame`] with the frame's removals.
+///
+/// # Errors
+/// As [`decode_frame`].
+pub fn decode_frame_removals(bytes: &[u8], cluster: u64, me: u64) -> Result<Frame, PeerError> {
     let frame: PeerFrame = prost::Message::decode(bytes).map_err(|e| PeerError::Malformed(e.to_string()))?;
     if frame.cluster != cluster {
         return Err(PeerError::ForeignCluster { theirs: frame.cluster, ours: cluster });
@@ -150,5 +198,6 @@ pub fn decode_frame(bytes: &[u8], cluster: u64, me: u64) -> Result<(u64, Vec<(Jo
         }
         out.push((group, m));
     }
-    Ok((frame.from, out))
+    let removed = frame.removed.iter().map(|r| (JournalId { tenant: r.tenant, journal: r.journal }, r.term)).collect();
+    Ok(Frame { from: frame.from, messages: out, removed })
 }

@@ -247,6 +247,8 @@ struct Group<T> {
     captured: u64,
     /// Followers a snapshot was sent to, and the ticks since.
     snapshot_sent: BTreeMap<u64, u32>,
+    /// Resumed from a stopped copy to take a message ([`Replica::resume`]).
+    on_demand: bool,
 }
 
 /// A journal's state at one applied index, a snapshot to be (docs/journals.md §9.9).
@@ -290,6 +292,11 @@ pub struct Replica<T> {
     /// Durable items of groups this node votes in but has not started yet (their creation is
     /// not applied here yet), kept from the restart.
     dormant: BTreeMap<JournalId, Vec<Durable>>,
+    /// The log of each group this node left (its copy stopped), as it was then, with the
+    /// index applied: a reconfiguration that names this node again resumes the copy from
+    /// there, so the journal's state here (applied up to that index) and the log go on
+    /// together, and the copy keeps its term and vote.
+    stopped: BTreeMap<JournalId, (GroupLog, u64)>,
     /// Reads durable entries back from the node's command log.
     reader: Option<EntryReader>,
     /// Where each entry found at the restart lies, by group, index and term, until its group
@@ -307,6 +314,9 @@ pub struct Replica<T> {
     /// index and its journal's `first_seq`.
     installed: Vec<(JournalId, u64, u64)>,
     counts: SnapshotCounts,
+    /// Nodes to tell that they are no longer voters of a group this node leads: the node, the
+    /// group and this node's term (for [`Replica::take_removals`]).
+    removals: Vec<(u64, JournalId, u64)>,
 }
 
 /// A proposal's or read's context: the proposing node and its tag, so only that node answers.
@@ -338,6 +348,7 @@ impl<T> Replica<T> {
             applied: Vec::new(),
             members: Vec::new(),
             dormant: BTreeMap::new(),
+            stopped: BTreeMap::new(),
             reader: None,
             stored: HashMap::new(),
             orphans: Vec::new(),
@@ -346,6 +357,7 @@ impl<T> Replica<T> {
             snapshot_every: SNAPSHOT_ENTRIES,
             installed: Vec::new(),
             counts: SnapshotCounts::default(),
+            removals: Vec::new(),
         }
     }
 
@@ -372,6 +384,8 @@ impl<T> Replica<T> {
     pub fn stored(&mut self, journal: JournalId, index: u64, term: u64, loc: Loc) {
         if let Some(g) = self.groups.get_mut(&journal) {
             g.raw.mut_store().stored(index, term, loc);
+        } else if let Some((log, _)) = self.stopped.get_mut(&journal) {
+            log.stored(index, term, loc);
         }
     }
 
@@ -458,6 +472,12 @@ impl<T> Replica<T> {
             if self.groups.contains_key(&journal) || !(initial.contains(&self.node) || self.voters(journal).contains(&self.node)) {
                 continue;
             }
+            // A copy this node stopped goes on from where it stopped: the journal's state here
+            // was applied from it (replaying its log from the start again would apply every
+            // entry twice).
+            if self.resume(journal, false)? {
+                continue;
+            }
             let items = self.dormant.remove(&journal).unwrap_or_default();
             let fresh = creation && items.is_empty() && !self.restoring;
             self.add_group(journal, &initial, &items)?;
@@ -481,9 +501,10 @@ impl<T> Replica<T> {
         std::mem::take(&mut self.applied)
     }
 
-    /// Whether any group has work for a round ([`Replica::ready`]).
+    /// Whether any group has work for a round ([`Replica::ready`]), or a node is to be told it
+    /// left a group ([`Replica::take_removals`]).
     pub fn has_ready(&mut self) -> bool {
-        !self.orphans.is_empty() || self.groups.values_mut().any(|g| g.raw.has_ready())
+        !self.orphans.is_empty() || !self.removals.is_empty() || self.groups.values_mut().any(|g| g.raw.has_ready())
     }
 
     /// The leader this node believes `journal`'s group has.
@@ -531,6 +552,7 @@ impl<T> Replica<T> {
         }
         let mut storage = GroupLog::new(voters, self.reader.clone());
         let mut restored = None;
+        let mut located = Vec::new();
         for d in durable {
             let gap = |g: super::group_log::Gap| ReplicaError::Gap { journal, index: g.index, last: g.last };
             match d {
@@ -553,14 +575,23 @@ impl<T> Replica<T> {
                     self.stored.remove(&(journal, entry.index, entry.term));
                 }
                 // An index written twice (a new leader overwrote an undecided suffix) is two
-                // items of different terms, each with its own location.
-                Durable::Entry { journal: j, entry } if *j == journal => match self.stored.remove(&(journal, entry.index, entry.term)) {
-                    Some(loc) => storage.append_stored(entry.index, entry.term, loc).map_err(gap)?,
+                // items of different terms, each with its own location. The same entry (index
+                // and term) written twice (this node left the group and came back, and was
+                // sent the log again) is one entry: each item of it is read from the one
+                // location kept, so neither is held with the empty data of a restored item.
+                Durable::Entry { journal: j, entry } if *j == journal => match self.stored.get(&(journal, entry.index, entry.term)) {
+                    Some(&loc) => {
+                        storage.append_stored(entry.index, entry.term, loc).map_err(gap)?;
+                        located.push((journal, entry.index, entry.term));
+                    }
                     None => storage.append(std::slice::from_ref(entry)).map_err(gap)?,
                 },
                 Durable::HardState { journal: j, state } if *j == journal => storage.set_hard_state(state.clone()),
                 _ => {}
             }
+        }
+        for key in located {
+            self.stored.remove(&key);
         }
         let commit = storage.hard_state().commit.min(storage.last());
         if let Some(state) = restored {
@@ -587,6 +618,7 @@ impl<T> Replica<T> {
             candidate: None,
             captured: snapshot_index,
             snapshot_sent: BTreeMap::new(),
+            on_demand: false,
         };
         // The configuration changes applied before the restart, again, in order.
         for e in &changes {
@@ -659,6 +691,13 @@ impl<T> Replica<T> {
     /// [`ReplicaError::UnknownGroup`], or raft's refusal (a local message kind, a peer the
     /// group does not know).
     pub fn step(&mut self, journal: JournalId, message: Message) -> Result<(), ReplicaError> {
+        // A message for a group whose copy this node stopped: the group may still need this
+        // node (a voter that left may have to vote or acknowledge for the voters that stay,
+        // when they have not learnt yet that the change that left it out was decided), so the
+        // copy takes the message and answers; it stops again at the end of the next round.
+        if !self.groups.contains_key(&journal) {
+            self.resume(journal, true)?;
+        }
         let g = self.groups.get_mut(&journal).ok_or(ReplicaError::UnknownGroup(journal))?;
         // A leader's heartbeat carries a commit index no higher than what this node has
         // acknowledged holding; one past this node's log means it lost acknowledged entries.
@@ -666,8 +705,45 @@ impl<T> Replica<T> {
         if message.get_msg_type() == raft::eraftpb::MessageType::MsgHeartbeat && message.term >= g.raw.raft.term && message.commit > last {
             return Err(ReplicaError::LostEntries { journal, commit: message.commit, last });
         }
+        // A node this group's leader no longer counts among its voters, and that still talks
+        // to the group, missed its removal (it was down or cut off when the change was
+        // decided, and a leader sends nothing to a node out of its configuration): it is told,
+        // so that it stops its copy (docs/journals.md §9.8). Only with no change in flight,
+        // so the configuration told is the group's latest.
+        let from = message.from;
+        if journal != DIRECTORY && g.raw.raft.state == StateRole::Leader && !g.raw.raft.has_pending_conf() {
+            let cs = g.raw.raft.prs().conf().to_conf_state();
+            let member = cs.voters.contains(&from) || cs.voters_outgoing.contains(&from) || cs.learners.contains(&from);
+            if !member && !self.removals.iter().any(|(to, j, _)| *to == from && *j == journal) {
+                self.removals.push((from, journal, g.raw.raft.term));
+            }
+        }
         g.raw.step(message)?;
         Ok(())
+    }
+
+    /// The nodes to tell that they are no longer voters of a group this node leads, since the
+    /// last call: each with the group and this node's term. Sent in the peer frame's
+    /// `removed` (docs/journals.md §9.4), they reach [`Replica::removed`] there.
+    pub fn take_removals(&mut self) -> Vec<(u64, JournalId, u64)> {
+        std::mem::take(&mut self.removals)
+    }
+
+    /// Node `from`, the leader of `journal`'s group at `term`, says this node is not in the
+    /// group's configuration: the group's copy here stops (its waiting calls get no verdict in
+    /// the next round) when the directory does not record this node as a voter of the journal
+    /// either and the word is not from an older term than this copy knows. A later
+    /// reconfiguration that names this node starts the copy again.
+    pub fn removed(&mut self, journal: JournalId, from: u64, term: u64) {
+        let Some(g) = self.groups.get(&journal) else { return };
+        let recorded = self.directory.journal(journal).and_then(|e| e.placement.as_ref()).is_some_and(|p| p.voters.contains(&self.node));
+        if journal == DIRECTORY || recorded || term < g.raw.raft.term {
+            return;
+        }
+        tracing::info!(%journal, leader = from, term, "the group's leader no longer counts this node among its voters");
+        let mut verdicts = Vec::new();
+        self.stop_group(journal, &mut verdicts);
+        self.orphans.extend(verdicts);
     }
 
     /// Advances every group's logical clock by one tick, and moves each group this node leads
@@ -731,12 +807,54 @@ impl<T> Replica<T> {
             .map(|(j, _)| *j)
             .collect();
         for j in gone {
-            let g = self.groups.remove(&j).expect("listed above");
-            self.waiting -= g.proposals.len();
-            verdicts.extend(g.proposals.into_values().map(|p| (p.token, Verdict::NoVerdict { leader: None })));
-            verdicts.extend(g.reads.into_values().map(|t| (t, Verdict::NoVerdict { leader: None })));
-            verdicts.extend(g.confirmed.into_iter().map(|(_, t)| (t, Verdict::NoVerdict { leader: None })));
-            tracing::info!(journal = %j, "this node left the journal's group");
+            self.stop_group(j, verdicts);
+        }
+    }
+
+    /// Resumes the copy of `journal`'s group this node stopped, from its log, term, vote and
+    /// applied index as they were (`on_demand`: to take a message, and stop again); false
+    /// when there is none.
+    ///
+    /// # Errors
+    /// Raft's refusal of the kept log.
+    fn resume(&mut self, journal: JournalId, on_demand: bool) -> Result<bool, ReplicaError> {
+        let Some((storage, applied)) = self.stopped.remove(&journal) else { return Ok(false) };
+        let raw = RawNode::new(&config(self.node, applied), storage, &self.logger)?;
+        let g = Group {
+            raw,
+            proposals: BTreeMap::new(),
+            reads: BTreeMap::new(),
+            confirmed: Vec::new(),
+            applied,
+            candidate: None,
+            captured: applied,
+            snapshot_sent: BTreeMap::new(),
+            on_demand,
+        };
+        self.groups.insert(journal, g);
+        if on_demand {
+            tracing::debug!(%journal, applied, "a stopped copy of the journal's group takes a message");
+        } else {
+            tracing::info!(%journal, applied, "this node rejoined the journal's group where its copy stopped");
+        }
+        Ok(true)
+    }
+
+    /// Stops this node's copy of `journal`'s group; its waiting calls get no verdict. Its log
+    /// is kept, for a message the group still sends it and for a later reconfiguration that
+    /// names this node again ([`Replica::resume`]).
+    fn stop_group(&mut self, journal: JournalId, verdicts: &mut Vec<(T, Verdict)>) {
+        let Some(mut g) = self.groups.remove(&journal) else { return };
+        let storage = std::mem::replace(g.raw.mut_store(), GroupLog::new(&[], None));
+        self.stopped.insert(journal, (storage, g.applied));
+        self.waiting -= g.proposals.len();
+        verdicts.extend(g.proposals.into_values().map(|p| (p.token, Verdict::NoVerdict { leader: None })));
+        verdicts.extend(g.reads.into_values().map(|t| (t, Verdict::NoVerdict { leader: None })));
+        verdicts.extend(g.confirmed.into_iter().map(|(_, t)| (t, Verdict::NoVerdict { leader: None })));
+        if g.on_demand {
+            tracing::debug!(%journal, "a stopped copy of the journal's group stops again");
+        } else {
+            tracing::info!(%journal, "this node left the journal's group");
         }
     }
 
