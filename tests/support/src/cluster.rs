@@ -67,7 +67,10 @@ impl Cluster {
     }
 
     fn start_with(binary: &Path, n: usize, env: &[(&str, &str)], proxied: bool, zones: &[&str]) -> Cluster {
-        let peer_addrs: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
+        // Each peer port stays bound until its node starts, so that no proxy (binding port 0)
+        // is handed one of them meanwhile.
+        let mut held: Vec<Option<TcpListener>> = (0..n).map(|_| Some(TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))).collect();
+        let peer_addrs: Vec<SocketAddr> = held.iter().map(|l| l.as_ref().unwrap().local_addr().expect("a bound port")).collect();
         let mut proxies = BTreeMap::new();
         if proxied {
             for i in 1..=n as u64 {
@@ -90,6 +93,7 @@ impl Cluster {
             zones: (0..n).map(|i| zones.get(i).map(|z| z.to_string())).collect(),
         };
         for id in 1..=n as u64 {
+            drop(held[id as usize - 1].take());
             c.start_node(id);
         }
         c
