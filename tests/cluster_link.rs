@@ -14,7 +14,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use raft::eraftpb::{Message, MessageType};
-use tephra::cluster::link::{Inbound, LinkStats, Links, MAX_FRAME};
+use tephra::cluster::link::{Inbound, LinkStats, Links, HANDSHAKE_TIMEOUT, MAX_FRAME};
 use tephra::cluster::peer::{decode_frame, encode_frame};
 use tephra::cluster::tls::PeerTls;
 use tephra::config::cluster_id;
@@ -291,6 +291,53 @@ fn bad_handshakes_are_refused_and_a_newer_connection_replaces_the_old() {
     deliver(&n1, &n2, 3);
     deliver(&n2, &n1, 4);
     assert_eq!(n2.links.refused_handshakes(), 6);
+}
+
+/// Handshakes are read each on a thread of its own and within [`HANDSHAKE_TIMEOUT`] in all: a
+/// connection that sends its handshake a byte at a time neither lasts past the timeout nor holds
+/// up a real peer's link (the trial found one such connection keeping a link down for good).
+#[test]
+fn a_handshake_sent_a_byte_at_a_time_holds_up_no_other_and_is_closed_in_time() {
+    let (l1, l2) = (listener(), listener());
+    let addr2 = l2.local_addr().unwrap();
+    let all = peers(&[(1, l1.local_addr().unwrap()), (2, addr2)]);
+    let n2 = Node::start(2, l2, &all);
+    // Eight connections that announce a 4 KiB handshake and send it a byte every 300 ms.
+    let started = Instant::now();
+    let dribblers: Vec<std::thread::JoinHandle<Duration>> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut fake = Fake::dial(addr2);
+                fake.write_raw(&4096u32.to_le_bytes());
+                let opened = Instant::now();
+                // Until the node closes it (a write then fails, or a read says so).
+                for _ in 0..40 {
+                    std::thread::sleep(Duration::from_millis(300));
+                    if fake.0.write_all(&[0]).is_err() {
+                        break;
+                    }
+                    fake.0.set_nonblocking(true).unwrap();
+                    let mut b = [0u8; 1];
+                    let gone = matches!(fake.0.read(&mut b), Ok(0)) || matches!(fake.0.read(&mut b), Err(ref e) if e.kind() == ErrorKind::ConnectionReset);
+                    fake.0.set_nonblocking(false).unwrap();
+                    if gone {
+                        break;
+                    }
+                }
+                opened.elapsed()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    // Node 1 comes up meanwhile: its link to node 2 is up long before any dribbler is closed.
+    let n1 = Node::start(1, l1, &all);
+    deliver(&n1, &n2, 1);
+    assert!(started.elapsed() < HANDSHAKE_TIMEOUT, "node 1's link waited for the slow handshakes: {:?}", started.elapsed());
+    for d in dribblers {
+        let lasted = d.join().unwrap();
+        assert!(lasted < HANDSHAKE_TIMEOUT + Duration::from_millis(700), "a dribbling handshake lasted {lasted:?}");
+    }
+    assert_eq!(n2.links.refused_handshakes(), 8);
 }
 
 #[test]

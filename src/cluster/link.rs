@@ -42,9 +42,11 @@ pub const QUEUE_FRAMES: usize = 4096;
 pub const MIN_BACKOFF: Duration = Duration::from_millis(20);
 /// Longest pause between a dialer's attempts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
-/// How long an accepted connection has to deliver its handshake frame (and, on TLS links,
-/// how long the TLS handshake may take).
+/// How long an accepted connection has to deliver its handshake frame, in all (and, on TLS
+/// links, how long the TLS handshake may take).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Handshakes read at once, each on its own thread; a connection beyond is closed at once.
+pub const MAX_HANDSHAKES: usize = 32;
 /// How long one write may block (a peer that stopped reading) before its link is closed.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one dial attempt may take.
@@ -110,8 +112,11 @@ struct Shared {
     tls: Option<PeerTls>,
     /// Incoming connections refused at their handshake.
     refused_handshakes: AtomicU64,
-    /// A connection the acceptor is reading a handshake from, to close when stopping.
-    pending: Mutex<Option<TcpStream>>,
+    /// The connections whose handshake is being read, by a number of their own, to close
+    /// when stopping.
+    pending: Mutex<BTreeMap<u64, TcpStream>>,
+    /// The number the next pending connection gets.
+    next_pending: AtomicU64,
 }
 
 /// [`Links`]' handle on one peer's link thread.
@@ -245,8 +250,16 @@ impl Links {
     ) -> io::Result<Links> {
         let local = listener.local_addr()?;
         let handle = listener.try_clone()?;
-        let shared =
-            Arc::new(Shared { me, cluster, stop: AtomicBool::new(false), inbox, tls, refused_handshakes: AtomicU64::new(0), pending: Mutex::new(None) });
+        let shared = Arc::new(Shared {
+            me,
+            cluster,
+            stop: AtomicBool::new(false),
+            inbox,
+            tls,
+            refused_handshakes: AtomicU64::new(0),
+            pending: Mutex::new(BTreeMap::new()),
+            next_pending: AtomicU64::new(0),
+        });
         let mut links = Links { shared: Arc::clone(&shared), local, listener: handle, acceptor: None, peers: BTreeMap::new() };
         for (&id, addr) in peers.iter().filter(|(&id, _)| id != me) {
             let state = Arc::new(PeerState {
@@ -272,6 +285,7 @@ impl Links {
             }
         }
         let routes: BTreeMap<u64, Route> = links.peers.iter().map(|(&id, p)| (id, Route { control: p.control.clone(), addr: p.state.addr.clone() })).collect();
+        let routes = Arc::new(routes);
         links.acceptor = Some(std::thread::Builder::new().name("tephra-link-accept".into()).spawn(move || accept(listener, &shared, &routes))?);
         Ok(links)
     }
@@ -338,7 +352,7 @@ impl Drop for Links {
     /// peer's connection; then joins the threads.
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        if let Some(s) = lock(&self.shared.pending).take() {
+        for (_, s) in std::mem::take(&mut *lock(&self.shared.pending)) {
             let _ = s.shutdown(Shutdown::Both);
         }
         // On Linux a blocked accept returns once its listening socket is shut down.
@@ -424,9 +438,10 @@ struct Route {
     addr: String,
 }
 
-/// The acceptor: takes each incoming connection, checks its handshake and hands it to its
-/// peer's link thread.
-fn accept(listener: TcpListener, shared: &Shared, routes: &BTreeMap<u64, Route>) {
+/// The acceptor: takes each incoming connection and reads its handshake on a thread of its
+/// own (at most [`MAX_HANDSHAKES`] at once, each within [`HANDSHAKE_TIMEOUT`] in all), so a
+/// connection that sends its handshake slowly or never holds up no other.
+fn accept(listener: TcpListener, shared: &Arc<Shared>, routes: &Arc<BTreeMap<u64, Route>>) {
     loop {
         let accepted = listener.accept();
         if shared.stop.load(Ordering::SeqCst) {
@@ -442,27 +457,73 @@ fn accept(listener: TcpListener, shared: &Shared, routes: &BTreeMap<u64, Route>)
                 continue;
             }
         };
-        *lock(&shared.pending) = stream.try_clone().ok();
-        // Checked after publishing `pending`, which Drop closes after setting `stop`.
+        let number = shared.next_pending.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut pending = lock(&shared.pending);
+            if pending.len() >= MAX_HANDSHAKES {
+                drop(pending);
+                shared.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%remote, "refused a peer connection from {remote}: {MAX_HANDSHAKES} handshakes are being read already");
+                let _ = stream.shutdown(Shutdown::Both);
+                continue;
+            }
+            if let Ok(handle) = stream.try_clone() {
+                pending.insert(number, handle);
+            }
+        }
+        // Checked after publishing the pending connection, which Drop closes after setting
+        // `stop`.
         if shared.stop.load(Ordering::SeqCst) {
             return;
         }
-        let checked = handshake(&stream, shared, routes);
-        lock(&shared.pending).take();
-        match checked {
-            Ok((from, tls)) => {
-                if let Some(route) = routes.get(&from) {
-                    let _ = route.control.send(Control::Accepted(Conn { tcp: stream, tls }));
-                }
-            }
-            Err(why) => {
-                shared.refused_handshakes.fetch_add(1, Ordering::Relaxed);
-                if !shared.stop.load(Ordering::SeqCst) {
-                    tracing::warn!(%remote, "refused a peer connection from {remote}: {why}");
-                }
-                let _ = stream.shutdown(Shutdown::Both);
+        let (shared_h, routes_h) = (Arc::clone(shared), Arc::clone(routes));
+        let spawned = std::thread::Builder::new().name("tephra-link-hello".into()).spawn(move || {
+            let checked = handshake(&stream, &shared_h, &routes_h);
+            lock(&shared_h.pending).remove(&number);
+            settle_handshake(stream, remote, checked, &shared_h, &routes_h);
+        });
+        if let Err(e) = spawned {
+            lock(&shared.pending).remove(&number);
+            tracing::warn!(%remote, error = %e, "refused a peer connection from {remote}: no thread to read its handshake");
+        }
+    }
+}
+
+/// Hands a connection whose handshake checked out to its peer's link thread, or closes it
+/// saying why.
+fn settle_handshake(stream: TcpStream, remote: SocketAddr, checked: Result<(u64, Option<Session>), String>, shared: &Shared, routes: &BTreeMap<u64, Route>) {
+    match checked {
+        Ok((from, tls)) => {
+            if let Some(route) = routes.get(&from) {
+                let _ = route.control.send(Control::Accepted(Conn { tcp: stream, tls }));
             }
         }
+        Err(why) => {
+            shared.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+            if !shared.stop.load(Ordering::SeqCst) {
+                tracing::warn!(%remote, "refused a peer connection from {remote}: {why}");
+            }
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// A reader that gives up once `until` has passed, however the bytes trickle in: each read
+/// waits at most for what is left.
+struct Deadline<'s, R> {
+    inner: R,
+    socket: &'s TcpStream,
+    until: Instant,
+}
+
+impl<R: Read> Read for Deadline<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the handshake took too long"));
+        }
+        self.socket.set_read_timeout(Some(left))?;
+        self.inner.read(buf)
     }
 }
 
@@ -470,18 +531,19 @@ fn accept(listener: TcpListener, shared: &Shared, routes: &BTreeMap<u64, Route>)
 /// handshake frame: the sender's id and the TLS session, or why it is refused.
 fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, Route>) -> Result<(u64, Option<Session>), String> {
     configure(stream).map_err(|e| format!("socket options: {e}"))?;
+    let until = Instant::now() + HANDSHAKE_TIMEOUT;
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|e| e.to_string())?;
     let session = match &shared.tls {
         None => None,
-        Some(tls) => Some(tls.accept(stream, Instant::now() + HANDSHAKE_TIMEOUT).map_err(|e| {
+        Some(tls) => Some(tls.accept(stream, until).map_err(|e| {
             format!("TLS handshake failed: {e} (every node needs [tls] with a certificate signed by the CA each node names as cluster.tls_ca)")
         })?),
     };
     let read = match &session {
-        None => read_frame(&mut &*stream),
+        None => read_frame(&mut Deadline { inner: stream, socket: stream, until }),
         Some(s) => {
             let tcp = stream.try_clone().map_err(|e| e.to_string())?;
-            read_frame(&mut TlsRead::new(tcp, Arc::clone(s)))
+            read_frame(&mut Deadline { inner: TlsRead::new(tcp, Arc::clone(s)), socket: stream, until })
         }
     };
     let frame = read.map_err(|e| match e {
