@@ -178,3 +178,44 @@ fn a_voter_added_after_compaction_joins_through_a_snapshot() {
     }
     assert!(installed >= 2, "the two new voters joined through snapshots ({installed} installed)");
 }
+
+/// A follower that holds records the snapshot it gets still counts as kept (the snapshot's
+/// `first_seq` is below them) but misses later ones below its `next_seq` drops them all, and
+/// goes on from the snapshot's `next_seq` (a soak found the node loop stopping on "held
+/// records must be dense" there).
+#[test]
+fn a_follower_holding_records_below_the_snapshots_next_seq_goes_on_from_it() {
+    let mut cluster = Cluster::start(&server(), 3, &ENV);
+    let mut c = client(cluster.addrs());
+    let id = create(&mut c, "dense", 1);
+    assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    // Six records every voter holds, then one voter down.
+    for seq in 0..6 {
+        write(&mut c, id, seq);
+    }
+    let leader = (0..100)
+        .find_map(|_| {
+            let l = cluster.group_leader(id.tenant, id.journal);
+            if l.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            l
+        })
+        .expect("the journal's group has a leader");
+    let behind = cluster.ids().find(|&n| n != leader).unwrap();
+    cluster.kill(behind);
+    // Thirty more; the first candidate (taken near entry 16, with every record then still
+    // kept) becomes the snapshot once a truncation passes its next_seq, and no later one does.
+    for seq in 6..36 {
+        write(&mut c, id, seq);
+    }
+    truncate(&mut c, id, 20);
+    assert!(wait_counter(&cluster, leader, "tephra_cluster_compactions_total", 1) >= 1, "the leader compacted its log");
+    cluster.start_node(behind);
+    let addr = cluster.node(behind).unwrap().addr.to_string();
+    assert_eq!(read_all(&addr, id, 36), (20, expected(20, 36)), "node {behind} after catching up");
+    assert!(wait_counter(&cluster, behind, "tephra_cluster_snapshots_installed_total", 1) >= 1, "node {behind} installed a snapshot");
+    // It goes on taking writes.
+    write(&mut c, id, 36);
+    assert_eq!(read_all(&addr, id, 37), (20, expected(20, 37)));
+}

@@ -644,10 +644,11 @@ impl<O: Outbox> Node<O> {
     /// Brings the held records and the published state up to the entries applied.
     fn take_applied(&mut self) {
         let mut changed = BTreeSet::new();
-        // A snapshot's journal state: the records below its first_seq go, as do the places of
-        // entries it replaced that will never be applied.
-        for (group, index, first_seq) in self.replica.take_installed() {
-            self.holdings.trim(group, first_seq);
+        // A snapshot's journal state: every record below its next_seq goes (those missing here
+        // were truncated before it was taken), as do the places of entries it replaced that
+        // will never be applied.
+        for (group, index, next_seq) in self.replica.take_installed() {
+            self.holdings.trim(group, next_seq);
             self.locs.retain(|(j, i), _| *j != group || *i > index);
             changed.insert(group);
         }

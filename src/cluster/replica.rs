@@ -311,7 +311,7 @@ pub struct Replica<T> {
     /// Entries a journal group applies between snapshot candidates (0: never compacted).
     snapshot_every: u64,
     /// Groups that installed a snapshot since [`Replica::take_installed`] last ran, with its
-    /// index and its journal's `first_seq`.
+    /// index and its journal's `next_seq`.
     installed: Vec<(JournalId, u64, u64)>,
     counts: SnapshotCounts,
     /// Nodes to tell that they are no longer voters of a group this node leads: the node, the
@@ -368,8 +368,11 @@ impl<T> Replica<T> {
     }
 
     /// The journals whose group installed a snapshot (here, or found at the restart) since the
-    /// last call, each with the snapshot's index and the journal's `first_seq` there: the node
-    /// drops the records it holds below it.
+    /// last call, each with the snapshot's index and the journal's `next_seq` there: the node
+    /// drops every record it holds below it. The records between the snapshot's `first_seq`
+    /// and `next_seq` that it does not hold lie in compacted entries, and were truncated
+    /// before the snapshot was taken, so no read confirmed from then on asks for them
+    /// (docs/journals.md §9.9).
     pub fn take_installed(&mut self) -> Vec<(JournalId, u64, u64)> {
         std::mem::take(&mut self.installed)
     }
@@ -596,7 +599,7 @@ impl<T> Replica<T> {
         let commit = storage.hard_state().commit.min(storage.last());
         if let Some(state) = restored {
             self.directory.restore_state(journal, state.clone());
-            self.installed.push((journal, storage.snapshot_index(), state.first_seq));
+            self.installed.push((journal, storage.snapshot_index(), state.next_seq));
         }
         let snapshot_index = storage.snapshot_index();
         let mut changes = Vec::new();
@@ -879,9 +882,9 @@ impl<T> Replica<T> {
                 let installed = install(&mut self.directory, journal, g, rd.snapshot().clone());
                 round.persist.push(Durable::Snapshot { journal, snapshot: rd.snapshot().clone() });
                 match installed {
-                    Ok(first_seq) => {
+                    Ok(next_seq) => {
                         self.counts.installed += 1;
-                        self.installed.push((journal, rd.snapshot().get_metadata().index, first_seq));
+                        self.installed.push((journal, rd.snapshot().get_metadata().index, next_seq));
                     }
                     Err(why) => tracing::error!(%journal, %why, "a snapshot from the leader left the journal's state as it was"),
                 }
@@ -1034,7 +1037,7 @@ fn advance_apply<T>(g: &mut Group<T>) {
 
 /// Installs `snapshot` from the group's leader (docs/journals.md §9.9): the journal's state
 /// becomes the snapshot's, the group's log starts after its index, and its configuration is
-/// the snapshot's. Returns the journal's `first_seq`.
+/// the snapshot's. Returns the journal's `next_seq`.
 ///
 /// # Errors
 /// Snapshot data that does not decode (the peer check lets none through), or a snapshot of a
@@ -1048,11 +1051,11 @@ fn install<T>(directory: &mut Directory, journal: JournalId, g: &mut Group<T>, s
     g.captured = index;
     g.candidate = None;
     let (_, state) = decoded?;
-    let first_seq = state.first_seq;
+    let next_seq = state.next_seq;
     if !directory.restore_state(journal, state) {
         return Err("the journal is not in this node's directory".into());
     }
-    Ok(first_seq)
+    Ok(next_seq)
 }
 
 /// Compacts a journal group's log once its candidate's records are all below the journal's
