@@ -79,6 +79,17 @@ fn wait_counter(cluster: &Cluster, id: u64, name: &str, min: u64) -> u64 {
     }
 }
 
+/// The node that leads `id`'s group, once one does (within 5 s).
+fn group_leader(cluster: &Cluster, id: JournalId) -> u64 {
+    for _ in 0..100 {
+        if let Some(l) = cluster.group_leader(id.tenant, id.journal) {
+            return l;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the group of {id} has no leader within 5 s");
+}
+
 /// Reads every record of `id` from node `addr` alone, once it serves them: `(first_seq,
 /// records)`.
 fn read_all(addr: &str, id: JournalId, want_next: u64) -> (u64, Vec<Vec<u8>>) {
@@ -114,15 +125,7 @@ fn a_node_that_missed_the_compacted_entries_catches_up_by_a_snapshot_and_every_n
     let id = create(&mut c, "compacted", 1);
     assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
     let mut next = write_and_truncate(&mut c, id, 0, 20, 5);
-    let leader = (0..100)
-        .find_map(|_| {
-            let l = cluster.group_leader(id.tenant, id.journal);
-            if l.is_none() {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            l
-        })
-        .expect("the journal's group has a leader");
+    let leader = group_leader(&cluster, id);
     let behind = cluster.ids().find(|&n| n != leader).unwrap();
 
     // One voter down while the others write, truncate and compact far past it.
@@ -193,15 +196,7 @@ fn a_follower_holding_records_below_the_snapshots_next_seq_goes_on_from_it() {
     for seq in 0..6 {
         write(&mut c, id, seq);
     }
-    let leader = (0..100)
-        .find_map(|_| {
-            let l = cluster.group_leader(id.tenant, id.journal);
-            if l.is_none() {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            l
-        })
-        .expect("the journal's group has a leader");
+    let leader = group_leader(&cluster, id);
     let behind = cluster.ids().find(|&n| n != leader).unwrap();
     cluster.kill(behind);
     // Thirty more; the first candidate (taken near entry 16, with every record then still
