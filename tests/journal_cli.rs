@@ -84,6 +84,7 @@ fn bad_arguments_exit_2_before_anything_is_sent() {
         (&["configure", "--survive", "machines=1"], "required"),
         (&["configure", "acme/orders", "--tenant", "acme", "--survive", "machines=1"], "cannot be used with"),
         (&["configure", "acme/orders", "--survive", "machines=128"], "from 0 to 127"),
+        (&["create", "acme/orders", "--survive", "machines=+1"], "from 0 to 127"),
     ] {
         let o = journal(addr, args);
         assert_code(&o, 2);

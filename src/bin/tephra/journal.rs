@@ -153,7 +153,9 @@ struct CreateArgs {
 /// `machines=F`, F from 0 to 127.
 fn parse_survive(s: &str) -> Result<u8, String> {
     let f = s.strip_prefix("machines=").ok_or_else(|| format!("{s:?}: --survive takes machines=F"))?;
-    f.parse::<u8>().ok().filter(|f| *f <= 127).ok_or_else(|| format!("{s:?}: F is a whole number from 0 to 127"))
+    // Digits only: `parse` would take a leading `+` too.
+    let digits = !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit());
+    digits.then(|| f.parse::<u8>().ok()).flatten().filter(|f| *f <= 127).ok_or_else(|| format!("{s:?}: F is a whole number from 0 to 127"))
 }
 
 /// `tephra journal configure`.
