@@ -152,10 +152,15 @@ impl Sim {
     /// sent (unless a link is cut).
     fn round(&mut self) {
         let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        // A leader's word to nodes out of a group it leads (the peer frame's `removed`).
+        let mut removals = Vec::new();
         for id in ids {
             let node = self.nodes.get_mut(&id).unwrap();
             if !node.up {
                 continue;
+            }
+            for (to, j, term) in node.replica.take_removals() {
+                removals.push((id, to, j, term));
             }
             let mut r = node.replica.ready();
             let early = Round { send: std::mem::take(&mut r.send), verdicts: std::mem::take(&mut r.verdicts), ..Round::default() };
@@ -168,6 +173,11 @@ impl Sim {
             }
             self.take(id, early, false);
             self.take(id, after, true);
+        }
+        for (from, to, j, term) in removals {
+            if self.isolated.contains(&from) == self.isolated.contains(&to) && self.nodes[&to].up {
+                self.nodes.get_mut(&to).unwrap().replica.removed(j, from, term);
+            }
         }
         for (from, j, m) in std::mem::take(&mut self.net) {
             let to = m.to;
@@ -579,4 +589,45 @@ fn the_voter_kept_finishes_a_change_that_removed_the_others_before_it_learnt_it_
     for id in VOTERS.iter().filter(|&&v| v != kept) {
         assert!(sim.nodes[id].replica.status(PLACED).is_none(), "node {id} holds no copy once the change is over");
     }
+}
+
+#[test]
+fn voters_left_out_together_stop_their_copies_once_they_hear_the_leader() {
+    // Three voters move to one (F = 1 to F = 0), the leader kept. The two that leave are cut
+    // off together once one of them acknowledged the entry that leaves the joint configuration:
+    // the leader decides it without telling them, and their stale configurations still count
+    // both of them. Back on the network, the leader tells each that it left; the pre-votes
+    // each sends the other must not start the other's stopped copy for good.
+    let mut sim = Sim::with(true, tephra::cluster::replica::SNAPSHOT_ENTRIES);
+    let kept = sim.leader(PLACED);
+    let left: Vec<u64> = VOTERS.iter().copied().filter(|&v| v != kept).collect();
+    let directory_leader = sim.leader(DIRECTORY);
+    let call = sim.propose(directory_leader, DIRECTORY, encode(&Command::Configure { journal: PLACED, survive: 0, voters: vec![kept] })).unwrap();
+    assert!(matches!(sim.verdict(call), Verdict::Applied(Answer::Configured { .. })), "the configure");
+    let mut rounds = 0;
+    while !left.iter().any(|&id| conf_changes_on_disk(&sim, id, PLACED) >= 2) {
+        for n in sim.nodes.values_mut().filter(|n| n.up) {
+            n.replica.tick();
+        }
+        sim.round();
+        rounds += 1;
+        assert!(rounds < 1000, "no voter that leaves held the change that leaves the joint configuration");
+    }
+    sim.isolated.clone_from(&left);
+    sim.run(2 * tephra::cluster::replica::ELECTION_TICKS);
+    assert_eq!(sim.nodes[&kept].replica.status(PLACED).unwrap().voters, vec![kept], "the kept voter finished the change alone");
+    let stale: Vec<u64> = left.iter().copied().filter(|&id| sim.nodes[&id].replica.status(PLACED).is_some()).collect();
+    assert!(!stale.is_empty(), "cut off, a voter that left still runs its copy (the case under test)");
+    sim.isolated.clear();
+    sim.run(4 * tephra::cluster::replica::ELECTION_TICKS);
+    // Settled: at the end of every round from here, neither holds a running copy.
+    for _ in 0..2 * tephra::cluster::replica::ELECTION_TICKS {
+        sim.run(1);
+        for &id in &left {
+            assert!(sim.nodes[&id].replica.status(PLACED).is_none(), "node {id} runs a copy of a group it left");
+        }
+    }
+    assert_eq!(sim.leader(PLACED), kept);
+    let w = sim.propose(kept, PLACED, write(PLACED, 0, 0, b"after")).unwrap();
+    assert_eq!(accepted(&sim.verdict(w)), Some(0));
 }

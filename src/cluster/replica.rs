@@ -472,7 +472,12 @@ impl<T> Replica<T> {
             .collect();
         for (journal, creation) in created {
             let initial = self.initial_voters(journal);
-            if self.groups.contains_key(&journal) || !(initial.contains(&self.node) || self.voters(journal).contains(&self.node)) {
+            if !(initial.contains(&self.node) || self.voters(journal).contains(&self.node)) {
+                continue;
+            }
+            // A copy resumed to take one message, now named again: it goes on as a full copy.
+            if let Some(g) = self.groups.get_mut(&journal) {
+                g.on_demand = false;
                 continue;
             }
             // A copy this node stopped goes on from where it stopped: the journal's state here
@@ -794,18 +799,22 @@ impl<T> Replica<T> {
         }
     }
 
-    /// Stops the groups this node left: a journal group whose applied configuration and whose
-    /// recorded voters both leave this node out. Its waiting calls get no verdict.
+    /// Stops the groups this node left: a journal group whose recorded voters leave this node
+    /// out, and whose applied configuration leaves it out too or whose copy was resumed only to
+    /// take a message. Its waiting calls get no verdict.
+    ///
+    /// A copy resumed to take a message stops after one round even when its own (stale)
+    /// configuration still names this node: it was stopped by the word of a leader or by its
+    /// applied configuration, and left running it would campaign, its pre-votes resuming the
+    /// other left-out copies in turn, so that they never settle.
     fn stop_removed(&mut self, verdicts: &mut Vec<(T, Verdict)>) {
         let gone: Vec<JournalId> = self
             .groups
             .iter()
             .filter(|(j, g)| {
                 let cs = g.raw.raft.prs().conf().to_conf_state();
-                **j != DIRECTORY
-                    && !cs.voters.contains(&self.node)
-                    && !cs.voters_outgoing.contains(&self.node)
-                    && self.directory.journal(**j).and_then(|e| e.placement.as_ref()).is_some_and(|p| !p.voters.contains(&self.node))
+                let left = g.on_demand || (!cs.voters.contains(&self.node) && !cs.voters_outgoing.contains(&self.node));
+                **j != DIRECTORY && left && self.directory.journal(**j).and_then(|e| e.placement.as_ref()).is_some_and(|p| !p.voters.contains(&self.node))
             })
             .map(|(j, _)| *j)
             .collect();
