@@ -14,8 +14,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use raft::eraftpb::{Message, MessageType};
-use tephra::cluster::link::{Inbound, LinkStats, Links, HANDSHAKE_TIMEOUT, MAX_FRAME};
-use tephra::cluster::peer::{decode_frame, encode_frame};
+use tephra::cluster::link::{Identity, Inbound, LinkStats, Links, HANDSHAKE_TIMEOUT, MAX_FRAME};
+use tephra::cluster::peer::{decode_frame, decode_frame_removals, encode_frame, encode_hello};
 use tephra::cluster::tls::PeerTls;
 use tephra::config::cluster_id;
 use tephra::journal::JournalId;
@@ -54,14 +54,25 @@ impl Node {
     }
 
     fn start_with(id: u64, listener: TcpListener, peers: &BTreeMap<u64, String>, tls: Option<PeerTls>) -> Node {
+        Node::start_as(id, incarnation(id), listener, peers, tls)
+    }
+
+    /// Node `id` whose data directory is of incarnation `inc`.
+    fn start_as(id: u64, inc: u64, listener: TcpListener, peers: &BTreeMap<u64, String>, tls: Option<PeerTls>) -> Node {
         let (tx, inbox) = flume::unbounded();
-        let links = Links::start_on(listener, id, cluster(), peers, tls, tx).expect("links start");
+        let me = Identity { node: id, cluster: cluster(), incarnation: inc };
+        let links = Links::start_on(listener, me, peers, tls, tx).expect("links start");
         Node { id, links, inbox }
     }
 
     fn stats(&self, peer: u64) -> LinkStats {
         self.links.stats().into_iter().find(|s| s.peer == peer).expect("a link to that peer")
     }
+}
+
+/// The incarnation of node `id`'s data directory in these tests.
+fn incarnation(id: u64) -> u64 {
+    0x1000 + id
 }
 
 fn listener() -> TcpListener {
@@ -293,6 +304,51 @@ fn bad_handshakes_are_refused_and_a_newer_connection_replaces_the_old() {
     assert_eq!(n2.links.refused_handshakes(), 6);
 }
 
+/// A second process with a running node's id (or a node whose data was lost) dials with another
+/// data directory incarnation than the one the cluster records for that id: the acceptor
+/// refuses it and says why, and the node it knows keeps its link.
+#[test]
+fn a_handshake_with_another_incarnation_of_a_known_node_is_refused_and_told_why() {
+    let (l1, l2) = (listener(), listener());
+    let addr2 = l2.local_addr().unwrap();
+    let all = peers(&[(1, l1.local_addr().unwrap()), (2, addr2)]);
+    let n1 = Node::start(1, l1, &all);
+    let n2 = Node::start(2, l2, &all);
+    // Before any record, node 1 is taken on its word.
+    deliver(&n1, &n2, 1);
+    n2.links.record_incarnation(1, incarnation(1));
+    let c = cluster();
+    for (i, told) in [incarnation(1) + 1, 0].into_iter().enumerate() {
+        let mut fake = Fake::dial(addr2);
+        fake.write(&encode_hello(c, 1, 2, told));
+        let answer = decode_frame_removals(&fake.read(), c, 1).expect("a refusal for node 1");
+        assert_eq!(answer.from, 2);
+        assert!(
+            answer.refused.contains(&format!("{:016x}", incarnation(1))) && answer.refused.contains("another process runs with that node's id"),
+            "{}",
+            answer.refused
+        );
+        fake.closed();
+        assert_eq!(n2.links.refused_handshakes(), i as u64 + 1);
+    }
+    // A real dialer with node 1's id and its own data directory hears the refusal in its inbox.
+    let impostor = Node::start_as(1, 0x9999, listener(), &peers(&[(2, addr2)]), None);
+    let deadline = Instant::now() + DEADLINE;
+    let refused = loop {
+        let got = impostor.inbox.recv_deadline(deadline).expect("the impostor is told it was refused");
+        if let Some(why) = got.refused {
+            break (got.from, why);
+        }
+    };
+    assert_eq!(refused.0, 2);
+    assert!(refused.1.contains("0000000000009999"), "{}", refused.1);
+    drop(impostor);
+    // Node 1's own link never noticed.
+    deliver(&n1, &n2, 2);
+    deliver(&n2, &n1, 3);
+    assert_eq!((n1.stats(2).connects, n2.stats(1).connects), (1, 1));
+}
+
 /// Handshakes are read each on a thread of its own and within [`HANDSHAKE_TIMEOUT`] in all: a
 /// connection that sends its handshake a byte at a time neither lasts past the timeout nor holds
 /// up a real peer's link (the trial found one such connection keeping a link down for good).
@@ -376,9 +432,10 @@ fn a_node_gone_costs_nothing_and_is_heard_again_once_back() {
 #[test]
 fn start_binds_and_refuses_an_address_in_use() {
     let (tx, _rx) = flume::unbounded();
-    let a = Links::start(1, cluster(), "127.0.0.1:0", &BTreeMap::new(), None, tx.clone()).unwrap();
+    let me = |node| Identity { node, cluster: cluster(), incarnation: incarnation(node) };
+    let a = Links::start(me(1), "127.0.0.1:0", &BTreeMap::new(), None, tx.clone()).unwrap();
     assert!(a.stats().is_empty() && a.local_addr().port() != 0);
-    let e = Links::start(2, cluster(), &a.local_addr().to_string(), &BTreeMap::new(), None, tx).err().expect("the port is taken");
+    let e = Links::start(me(2), &a.local_addr().to_string(), &BTreeMap::new(), None, tx).err().expect("the port is taken");
     assert_eq!(e.kind(), ErrorKind::AddrInUse);
 }
 

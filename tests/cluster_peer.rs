@@ -6,7 +6,9 @@
 use prost_011::Message as _;
 use raft::eraftpb::{Entry, EntryType, Message, MessageType};
 use tephra::cluster::durable::DurableError;
-use tephra::cluster::peer::{decode_frame, decode_frame_removals, encode_frame, encode_frame_removals, Frame, GroupMessage, PeerError, PeerFrame};
+use tephra::cluster::peer::{
+    decode_frame, decode_frame_removals, encode_frame, encode_frame_removals, encode_hello, encode_refusal, Frame, GroupMessage, PeerError, PeerFrame,
+};
 use tephra::journal::{Command, EntryId, JournalId};
 
 const G: JournalId = JournalId { tenant: 1, journal: 2 };
@@ -39,13 +41,36 @@ fn golden_frame_with_a_removal() {
     // among its voters.
     let bytes = encode_frame_removals(0x0a, 1, 2, &[], &[(G, 3)]);
     assert_eq!(hex(&bytes), "080a10011802 2a06 0801 1002 1803".replace(' ', ""));
-    assert_eq!(decode_frame_removals(&bytes, 0x0a, 2).unwrap(), Frame { from: 1, messages: vec![], removed: vec![(G, 3)] });
+    assert_eq!(
+        decode_frame_removals(&bytes, 0x0a, 2).unwrap(),
+        Frame { from: 1, messages: vec![], removed: vec![(G, 3)], incarnation: 0, refused: String::new() }
+    );
     // A frame may carry both, and one without removals decodes with none.
     let both = encode_frame_removals(0x0a, 1, 2, &[(G, heartbeat())], &[(G, 3)]);
-    assert_eq!(decode_frame_removals(&both, 0x0a, 2).unwrap(), Frame { from: 1, messages: vec![(G, heartbeat())], removed: vec![(G, 3)] });
+    assert_eq!(
+        decode_frame_removals(&both, 0x0a, 2).unwrap(),
+        Frame { from: 1, messages: vec![(G, heartbeat())], removed: vec![(G, 3)], incarnation: 0, refused: String::new() }
+    );
     assert_eq!(decode_frame(&both, 0x0a, 2).unwrap(), (1, vec![(G, heartbeat())]));
     let none = encode_frame(0x0a, 1, 2, &[(G, heartbeat())]);
     assert_eq!(decode_frame_removals(&none, 0x0a, 2).unwrap().removed, vec![]);
+}
+
+#[test]
+fn golden_handshake_and_refusal() {
+    // Field 6: the dialer's data directory incarnation (0x1122), in its handshake.
+    let hello = encode_hello(0x0a, 1, 2, 0x1122);
+    assert_eq!(hex(&hello), "080a10011802 30a222".replace(' ', ""));
+    let f = decode_frame_removals(&hello, 0x0a, 2).unwrap();
+    assert_eq!((f.from, f.incarnation, f.messages.len(), f.refused.as_str()), (1, 0x1122, 0, ""));
+    // Field 7: the acceptor's refusal of that handshake, saying why ("no").
+    let refusal = encode_refusal(0x0a, 2, 1, "no");
+    assert_eq!(hex(&refusal), "080a10021801 3a026e6f".replace(' ', ""));
+    let f = decode_frame_removals(&refusal, 0x0a, 1).unwrap();
+    assert_eq!((f.from, f.incarnation, f.refused.as_str()), (2, 0, "no"));
+    // A frame of messages tells neither.
+    let plain = decode_frame_removals(&encode_frame(0x0a, 1, 2, &[(G, heartbeat())]), 0x0a, 2).unwrap();
+    assert_eq!((plain.incarnation, plain.refused.as_str()), (0, ""));
 }
 
 #[test]
@@ -69,7 +94,14 @@ fn every_refusal_is_its_own() {
     let forged = encode_frame(9, 3, 2, &[(G, heartbeat())]);
     assert!(matches!(decode_frame(&forged, 9, 2), Err(PeerError::Misaddressed { from: 1, frame_from: 3, .. })));
     // Raft bytes that do not decode.
-    let junk = PeerFrame { cluster: 9, from: 1, to: 2, messages: vec![GroupMessage { tenant: 1, journal: 2, message: vec![0xff; 4] }], removed: vec![] };
+    let junk = PeerFrame {
+        cluster: 9,
+        from: 1,
+        to: 2,
+        messages: vec![GroupMessage { tenant: 1, journal: 2, message: vec![0xff; 4] }],
+        removed: vec![],
+        ..PeerFrame::default()
+    };
     assert!(matches!(decode_frame(&prost::Message::encode_to_vec(&junk), 9, 2), Err(PeerError::BadMessage { .. })));
     // An entry that is not a journal command, or not one of its group.
     let not_cmd = encode_frame(9, 1, 2, &[(G, append(b"hello".to_vec()))]);

@@ -225,6 +225,37 @@ fn a_deleted_journal_is_gone_on_every_node_and_its_name_is_free_again() {
     }
 }
 
+/// Starts a server by hand as node `id` of `cluster` (its environment, `extra` on top) on
+/// `data_dir`, and waits up to 15 s for it to stop by itself: its exit code and its stderr.
+fn run_until_it_stops(cluster: &Cluster, id: u64, data_dir: &std::path::Path, extra: &[(&str, &str)]) -> (Option<i32>, String) {
+    // Started by hand: it may stop before it would print its ready line.
+    let mut node = std::process::Command::new(server_bin())
+        .args(["--bind", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .envs(cluster.node_env(id))
+        .envs(extra.iter().copied())
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = node.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(15) {
+            let _ = node.kill();
+            let _ = node.wait();
+            panic!("the second node {id} did not stop by itself within 15 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(node.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    (status.code(), stderr)
+}
+
 #[test]
 fn a_node_whose_data_was_lost_refuses_to_rejoin_as_itself() {
     let mut cluster = Cluster::start(&server_bin(), 3, &[]);
@@ -234,36 +265,25 @@ fn a_node_whose_data_was_lost_refuses_to_rejoin_as_itself() {
     write(&mut c, id, 0, &[record(0)]);
     // Every node has joined the directory by now (it asks within a tick of a known leader).
     std::thread::sleep(Duration::from_millis(500));
+
+    // A second process with node 1's id (its own data directory and peer port) while node 1
+    // runs: its peers refuse its links and tell it why; it stops with exit 3, and node 1 stays.
+    let second = tempfile::tempdir().unwrap();
+    let peer_port = support::cluster::free_addr().to_string();
+    let (code, stderr) = run_until_it_stops(&cluster, 1, second.path(), &[("TEPHRA__CLUSTER__BIND", &peer_port)]);
+    assert_eq!(code, Some(3), "exit 3: do not restart; it said: {stderr}");
+    assert!(stderr.contains("another process runs with that node's id") && stderr.contains("do not restart this node"), "{stderr}");
+    assert!(cluster.wait_exit(1, Duration::from_millis(500)).is_none(), "node 1 runs on: {}", cluster.log(1));
+    assert_eq!(write(&mut c, id, 1, &[record(1)]), 2);
+
     cluster.kill(3);
     std::fs::remove_dir_all(cluster.data_dir(3)).unwrap();
-    // Started by hand: it may stop before it would print its ready line.
-    let mut wiped = std::process::Command::new(server_bin())
-        .args(["--bind", "127.0.0.1:0", "--data-dir"])
-        .arg(cluster.data_dir(3))
-        .envs(cluster.node_env(3))
-        .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = wiped.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(15) {
-            let _ = wiped.kill();
-            panic!("the wiped node did not stop by itself within 15 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(wiped.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    assert_eq!(status.code(), Some(3), "exit 3: do not restart; it said: {stderr}");
+    let (code, stderr) = run_until_it_stops(&cluster, 3, &cluster.data_dir(3), &[]);
+    assert_eq!(code, Some(3), "exit 3: do not restart; it said: {stderr}");
     assert!(stderr.contains("do not restart this node"), "{stderr}");
     // The others go on.
     let mut c = client(cluster.addrs());
-    assert_eq!(write(&mut c, id, 1, &[record(1)]), 2);
+    assert_eq!(write(&mut c, id, 2, &[record(2)]), 3);
 
     // A single node refuses a cluster member's data directory (node 3's, stopped), naming it.
     let out = std::process::Command::new(server_bin()).args(["--bind", "127.0.0.1:0", "--data-dir"]).arg(cluster.data_dir(3)).output().unwrap();

@@ -9,6 +9,7 @@
 //! | reconnect | after a failed dial or a closed link, after 20 ms, doubling to 1 s (back to 20 ms once a link has lived 1 s) |
 //! | wire | each frame is a `u32` little-endian length, then the bytes of [`encode_frame`]; a length above [`MAX_FRAME`] closes the link |
 //! | handshake | the dialer first sends `encode_frame(cluster, me, peer, &[])`; the acceptor closes a connection whose first frame does not decode for it ([`decode_frame`]: another cluster, another node), comes from a node not among its peers, or from a higher id |
+//! | identity | the handshake carries the dialer's data directory incarnation ([`encode_hello`]); when [`Links::record_incarnation`] holds another one for that node id (the directory records each member's first), the acceptor answers one [`encode_refusal`] frame and closes: a second process started with a running node's id, or a node whose data was lost, never displaces the node the cluster knows, and the refused dialer's node stops for good (its reader hands the refusal on in [`Inbound::refused`]) |
 //! | refusal | a later frame that does not decode, or names another sender than the handshake, closes that link only; the dialer reconnects |
 //! | replacement | a newer connection from the same peer replaces the old one, which is closed |
 //! | queues | per peer, at most [`QUEUE_FRAMES`] frames wait; a writer drains them through a buffer and flushes when the queue is momentarily empty, so many frames go in few system calls |
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use raft::eraftpb::Message;
 
-use super::peer::{decode_frame, decode_frame_removals, encode_frame};
+use super::peer::{decode_frame_removals, encode_hello, encode_refusal};
 use super::tls::{PeerTls, Session, TlsRead, TlsWrite};
 use crate::journal::JournalId;
 
@@ -67,6 +68,9 @@ pub struct Inbound {
     /// The groups whose leader (the sender) says this node is no longer among their voters,
     /// each with the leader's term (docs/journals.md §9.8).
     pub removed: Vec<(JournalId, u64)>,
+    /// The sender refused this node's handshake because the cluster knows this node's id by
+    /// another data directory: why. This node must stop for good.
+    pub refused: Option<String>,
 }
 
 /// One peer link's state and counters, for metrics and `cluster status`.
@@ -106,6 +110,10 @@ pub struct Links {
 struct Shared {
     me: u64,
     cluster: u64,
+    /// This node's data directory incarnation, told in every handshake it sends.
+    incarnation: u64,
+    /// The incarnation the cluster knows each node id by ([`Links::record_incarnation`]).
+    known: Mutex<BTreeMap<u64, u64>>,
     stop: AtomicBool,
     inbox: flume::Sender<Inbound>,
     /// TLS on every connection, when set.
@@ -222,12 +230,12 @@ impl Links {
     ///
     /// # Errors
     /// The bind's error (address in use, not resolvable, ...), or a thread that cannot start.
-    pub fn start(me: u64, cluster: u64, bind: &str, peers: &BTreeMap<u64, String>, tls: Option<PeerTls>, inbox: flume::Sender<Inbound>) -> io::Result<Links> {
+    pub fn start(me: Identity, bind: &str, peers: &BTreeMap<u64, String>, tls: Option<PeerTls>, inbox: flume::Sender<Inbound>) -> io::Result<Links> {
         let listener = TcpListener::bind(bind)?;
-        Links::start_on(listener, me, cluster, peers, tls, inbox)
+        Links::start_on(listener, me, peers, tls, inbox)
     }
 
-    /// Starts the links of node `me` of `cluster` on an already bound listener: an acceptor
+    /// Starts the links of node `me` on an already bound listener: an acceptor
     /// thread and one link per peer of `peers` (node id to `HOST:PORT`; an entry for `me` is
     /// ignored). Every peer's messages go to `inbox`, one [`Inbound`] per frame; a bounded inbox
     /// that is full holds the readers (and through TCP the senders) back. With `tls`, every
@@ -242,17 +250,19 @@ impl Links {
     /// Cloning the listener's handle, or a thread that cannot start.
     pub fn start_on(
         listener: TcpListener,
-        me: u64,
-        cluster: u64,
+        me: Identity,
         peers: &BTreeMap<u64, String>,
         tls: Option<PeerTls>,
         inbox: flume::Sender<Inbound>,
     ) -> io::Result<Links> {
         let local = listener.local_addr()?;
         let handle = listener.try_clone()?;
+        let Identity { node: me, cluster, incarnation } = me;
         let shared = Arc::new(Shared {
             me,
             cluster,
+            incarnation,
+            known: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
             inbox,
             tls,
@@ -345,6 +355,26 @@ impl Links {
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }
+
+    /// Records that the cluster knows node `node` by data directory incarnation
+    /// `incarnation`: from then on a handshake from `node` telling another one (0 included)
+    /// is refused with an [`encode_refusal`] answer. The node loop records what the directory
+    /// holds for each member.
+    pub fn record_incarnation(&self, node: u64, incarnation: u64) {
+        lock(&self.shared.known).insert(node, incarnation);
+    }
+}
+
+/// Who a node is on its peer links: what its handshakes tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The node's id (non-zero).
+    pub node: u64,
+    /// The cluster's id (`config::cluster_id` of every member's id).
+    pub cluster: u64,
+    /// The incarnation of the node's data directory (drawn at random when it was made; 0:
+    /// not told).
+    pub incarnation: u64,
 }
 
 impl Drop for Links {
@@ -489,19 +519,47 @@ fn accept(listener: TcpListener, shared: &Arc<Shared>, routes: &Arc<BTreeMap<u64
     }
 }
 
+/// Why a handshake was refused.
+struct Refusal {
+    why: String,
+    /// The dialer's id and the TLS session, when the dialer is told ([`encode_refusal`]): the
+    /// cluster knows its id by another data directory.
+    answer: Option<(u64, Option<Session>)>,
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Refusal {
+        Refusal { why, answer: None }
+    }
+}
+
 /// Hands a connection whose handshake checked out to its peer's link thread, or closes it
-/// saying why.
-fn settle_handshake(stream: TcpStream, remote: SocketAddr, checked: Result<(u64, Option<Session>), String>, shared: &Shared, routes: &BTreeMap<u64, Route>) {
+/// saying why (to the dialer too, when it is to stop for good).
+fn settle_handshake(stream: TcpStream, remote: SocketAddr, checked: Result<(u64, Option<Session>), Refusal>, shared: &Shared, routes: &BTreeMap<u64, Route>) {
     match checked {
         Ok((from, tls)) => {
             if let Some(route) = routes.get(&from) {
                 let _ = route.control.send(Control::Accepted(Conn { tcp: stream, tls }));
             }
         }
-        Err(why) => {
+        Err(Refusal { why, answer }) => {
             shared.refused_handshakes.fetch_add(1, Ordering::Relaxed);
             if !shared.stop.load(Ordering::SeqCst) {
                 tracing::warn!(%remote, "refused a peer connection from {remote}: {why}");
+            }
+            if let Some((to, tls)) = answer {
+                let frame = encode_refusal(shared.cluster, shared.me, to, &why);
+                let sent = match tls {
+                    None => write_frame(&mut &stream, &frame),
+                    Some(s) => stream.try_clone().and_then(|h| {
+                        let mut w = TlsWrite::new(h, s);
+                        write_frames_tls(&mut w, &[frame])?;
+                        w.flush()
+                    }),
+                };
+                if let Err(e) = sent {
+                    tracing::debug!(%remote, error = %e, "could not tell node {to} why its connection was refused");
+                }
             }
             let _ = stream.shutdown(Shutdown::Both);
         }
@@ -529,7 +587,7 @@ impl<R: Read> Read for Deadline<'_, R> {
 
 /// Makes an accepted connection's TLS handshake (on a TLS link), then reads and checks its
 /// handshake frame: the sender's id and the TLS session, or why it is refused.
-fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, Route>) -> Result<(u64, Option<Session>), String> {
+fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, Route>) -> Result<(u64, Option<Session>), Refusal> {
     configure(stream).map_err(|e| format!("socket options: {e}"))?;
     let until = Instant::now() + HANDSHAKE_TIMEOUT;
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(|e| e.to_string())?;
@@ -550,18 +608,27 @@ fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, Route>)
         ReadError::Io(e) => format!("no handshake within {HANDSHAKE_TIMEOUT:?}: {e}"),
         ReadError::TooLong(len) => format!("handshake length {len} is above the {MAX_FRAME}-byte limit"),
     })?;
-    let (from, messages) = decode_frame(&frame, shared.cluster, shared.me).map_err(|e| format!("bad handshake: {e}"))?;
+    let hello = decode_frame_removals(&frame, shared.cluster, shared.me).map_err(|e| format!("bad handshake: {e}"))?;
+    let from = hello.from;
     if !routes.contains_key(&from) {
-        return Err(format!("node {from} is not among this node's peers"));
+        return Err(format!("node {from} is not among this node's peers").into());
     }
     if from > shared.me {
-        return Err(format!("node {from} dialed node {} but the lower id dials", shared.me));
+        return Err(format!("node {from} dialed node {} but the lower id dials", shared.me).into());
     }
-    if !messages.is_empty() {
-        return Err(format!("node {from}'s handshake carries {} messages; it carries none", messages.len()));
+    if !hello.messages.is_empty() || !hello.removed.is_empty() || !hello.refused.is_empty() {
+        return Err(format!("node {from}'s handshake carries more than its identity").into());
     }
     if let (Some(s), Some(route)) = (&session, routes.get(&from)) {
         PeerTls::check_name(s, &route.addr).map_err(|e| format!("node {from}: {e}"))?;
+    }
+    let known = lock(&shared.known).get(&from).copied();
+    if let Some(known) = known.filter(|&k| k != hello.incarnation) {
+        let why = format!(
+            "the cluster knows node {from} by a data directory of incarnation {known:016x}, and this connection's is {:016x}: another process runs with that node's id, or its data directory was lost or replaced",
+            hello.incarnation
+        );
+        return Err(Refusal { why, answer: Some((from, session)) });
     }
     stream.set_read_timeout(None).map_err(|e| e.to_string())?;
     Ok((from, session))
@@ -709,7 +776,7 @@ impl Link {
     /// Makes a dialed connection's TLS handshake (on a TLS link) and sends the handshake frame.
     fn greet(&self, stream: TcpStream) -> Result<Conn, Dial> {
         configure(&stream).map_err(Dial::Unreachable)?;
-        let hello = encode_frame(self.shared.cluster, self.shared.me, self.state.id, &[]);
+        let hello = encode_hello(self.shared.cluster, self.shared.me, self.state.id, self.shared.incarnation);
         let Some(tls) = &self.shared.tls else {
             write_frame(&mut &stream, &hello).map_err(Dial::Unreachable)?;
             return Ok(Conn { tcp: stream, tls: None });
@@ -844,10 +911,17 @@ fn read(mut input: Input, generation: u64, shared: &Shared, state: &PeerState, c
             Ok(frame) => match decode_frame_removals(&frame, shared.cluster, shared.me) {
                 Err(e) => Some(e.to_string()),
                 Ok(f) if f.from != peer => Some(format!("frame from node {} on the link of node {peer}", f.from)),
+                // The peer refused this node's handshake (it knows this node's id by another
+                // data directory): the node is told, and the connection is over.
+                Ok(f) if !f.refused.is_empty() => {
+                    state.received.fetch_add(1, Ordering::Relaxed);
+                    deliver(shared, Inbound { from: f.from, messages: Vec::new(), removed: Vec::new(), refused: Some(f.refused) });
+                    None
+                }
                 Ok(f) if f.messages.is_empty() && f.removed.is_empty() => continue,
                 Ok(f) => {
                     state.received.fetch_add(1, Ordering::Relaxed);
-                    if deliver(shared, Inbound { from: f.from, messages: f.messages, removed: f.removed }) {
+                    if deliver(shared, Inbound { from: f.from, messages: f.messages, removed: f.removed, refused: None }) {
                         continue;
                     }
                     None

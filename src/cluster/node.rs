@@ -61,6 +61,10 @@ pub trait Outbox: Send {
     fn is_up(&self, node: u64) -> bool {
         self.peers().iter().any(|(id, _, up)| *id == node && *up)
     }
+
+    /// Tells the transport that the cluster knows node `node` by data directory incarnation
+    /// `incarnation` (the directory's record), so that it refuses a handshake telling another.
+    fn record_incarnation(&self, _node: u64, _incarnation: u64) {}
 }
 
 impl Outbox for super::link::Links {
@@ -74,6 +78,10 @@ impl Outbox for super::link::Links {
 
     fn is_up(&self, node: u64) -> bool {
         self.connected(node)
+    }
+
+    fn record_incarnation(&self, node: u64, incarnation: u64) {
+        super::link::Links::record_incarnation(self, node, incarnation);
     }
 }
 
@@ -258,7 +266,10 @@ fn identity_error(path: &Path, why: String) -> StoreError {
 /// Checks (or, on a first start, records) which cluster and node the command log under
 /// `data_dir` belongs to, and returns the incarnation of this data directory (drawn at random
 /// when it was made): a log of another cluster or node, or a single-node log, is refused.
-fn check_identity(data_dir: &Path, cluster: u64, node: u64) -> Result<u64, StoreError> {
+///
+/// # Errors
+/// [`StoreError`] naming the identity file and what is wrong with it, or the I/O error.
+pub fn check_identity(data_dir: &Path, cluster: u64, node: u64) -> Result<u64, StoreError> {
     let dir = data_dir.join(JOURNALS_DIR);
     let path = dir.join(IDENTITY_FILE);
     let head = format!("cluster {cluster:016x}\nnode {node}\n");
@@ -471,6 +482,9 @@ impl<O: Outbox> Node<O> {
     /// count this node among their voters. A message for a group not started here yet (its
     /// creation is still on its way) is dropped: consensus sends again.
     fn step(&mut self, frame: Inbound) {
+        if let Some(why) = &frame.refused {
+            self.replaced(&format!("node {} refused this node's link: {why}", frame.from));
+        }
         for (group, term) in frame.removed {
             self.replica.removed(group, frame.from, term);
         }
@@ -1000,6 +1014,9 @@ impl<O: Outbox> Node<O> {
             return;
         }
         self.status_tick = Instant::now();
+        for (node, incarnation) in self.replica.directory().members() {
+            self.outbox.record_incarnation(node, incarnation);
+        }
         let groups: Vec<(JournalId, GroupStatus)> = self.replica.groups().filter_map(|g| self.replica.status(g).map(|s| (g, s))).collect();
         let mut changes = 0;
         for (g, s) in &groups {

@@ -9,6 +9,8 @@
 //! | `to` | 3 | the receiving node |
 //! | `messages` | 4 | repeated: `tenant` (1), `journal` (2), `message` (3, raft's message bytes) |
 //! | `removed` | 5 | repeated: `tenant` (1), `journal` (2), `term` (3): groups whose leader, at that term, has applied a configuration without the receiving node |
+//! | `incarnation` | 6 | in a handshake ([`encode_hello`]): the incarnation of the dialer's data directory; 0 or absent: not told |
+//! | `refused` | 7 | in the one frame an acceptor sends back on a handshake it refuses because the cluster knows the dialer's id by another data directory ([`encode_refusal`]): why; the dialer stops for good |
 //!
 //! Source: docs/journals.md §9.4; golden bytes in `tests/cluster_peer.rs`.
 
@@ -36,6 +38,13 @@ pub struct PeerFrame {
     /// The groups whose leader says the receiving node is no longer among their voters.
     #[prost(message, repeated, tag = "5")]
     pub removed: Vec<GroupRemoved>,
+    /// In a handshake: the incarnation of the dialer's data directory (0: not told).
+    #[prost(uint64, tag = "6")]
+    pub incarnation: u64,
+    /// In an acceptor's answer to a handshake it refused for its incarnation: why (empty
+    /// otherwise).
+    #[prost(string, tag = "7")]
+    pub refused: String,
 }
 
 /// A group's leader's word to a node that sent it a message and is not in the group's
@@ -64,6 +73,11 @@ pub struct Frame {
     /// Each group whose leader says the receiving node is no longer a voter, with the
     /// leader's term.
     pub removed: Vec<(JournalId, u64)>,
+    /// The sender's data directory incarnation, in a handshake (0: not told).
+    pub incarnation: u64,
+    /// The sender refused this node's handshake, saying why: the cluster knows this node's
+    /// id by another data directory (empty: not a refusal).
+    pub refused: String,
 }
 
 /// One consensus message for one group.
@@ -148,7 +162,20 @@ pub fn encode_frame(cluster: u64, from: u64, to: u64, messages: &[(JournalId, Me
 pub fn encode_frame_removals(cluster: u64, from: u64, to: u64, messages: &[(JournalId, Message)], removed: &[(JournalId, u64)]) -> Vec<u8> {
     let messages = messages.iter().map(|(g, m)| GroupMessage { tenant: g.tenant, journal: g.journal, message: m.encode_to_vec() }).collect();
     let removed = removed.iter().map(|(g, term)| GroupRemoved { tenant: g.tenant, journal: g.journal, term: *term }).collect();
-    prost::Message::encode_to_vec(&PeerFrame { cluster, from, to, messages, removed })
+    prost::Message::encode_to_vec(&PeerFrame { cluster, from, to, messages, removed, ..PeerFrame::default() })
+}
+
+/// The handshake frame a dialer sends first: [`encode_frame`] with no messages and the
+/// incarnation of the dialer's data directory (docs/journals.md §9.4).
+pub fn encode_hello(cluster: u64, from: u64, to: u64, incarnation: u64) -> Vec<u8> {
+    prost::Message::encode_to_vec(&PeerFrame { cluster, from, to, incarnation, ..PeerFrame::default() })
+}
+
+/// The frame an acceptor sends back, before closing the connection, on a handshake it refuses
+/// because the cluster knows node `to` by another data directory than the handshake's: `why`
+/// (docs/journals.md §9.4).
+pub fn encode_refusal(cluster: u64, from: u64, to: u64, why: &str) -> Vec<u8> {
+    prost::Message::encode_to_vec(&PeerFrame { cluster, from, to, refused: why.to_owned(), ..PeerFrame::default() })
 }
 
 /// Decodes a frame for node `me` of `cluster`: its sender and its messages, each checked to
@@ -199,5 +226,5 @@ pub fn decode_frame_removals(bytes: &[u8], cluster: u64, me: u64) -> Result<Fram
         out.push((group, m));
     }
     let removed = frame.removed.iter().map(|r| (JournalId { tenant: r.tenant, journal: r.journal }, r.term)).collect();
-    Ok(Frame { from: frame.from, messages: out, removed })
+    Ok(Frame { from: frame.from, messages: out, removed, incarnation: frame.incarnation, refused: frame.refused })
 }

@@ -339,6 +339,11 @@ impl Directory {
         self.members.get(&node).map(|m| m.0)
     }
 
+    /// Every member that joined: its node id and the incarnation recorded for it, by id.
+    pub fn members(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.members.iter().map(|(&node, m)| (node, m.0))
+    }
+
     /// The names whose journal is gone (deleted in its group, name not yet released).
     pub fn names_to_release(&self) -> Vec<JournalId> {
         self.tenants

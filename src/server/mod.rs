@@ -170,7 +170,11 @@ fn start_journals(settings: &Settings, peer_tls: Option<crate::cluster::tls::Pee
     };
     let (inbox_tx, inbox) = flume::bounded(4096);
     let tls = peer_tls.is_some();
-    let links = crate::cluster::link::Links::start(c.node_id, cluster, &c.bind, &peers, peer_tls, inbox_tx)
+    // The data directory's incarnation goes in every peer handshake, so it is known before
+    // the links start.
+    let incarnation = crate::cluster::node::check_identity(&settings.data_dir, cluster, c.node_id).map_err(StartError::Journals)?;
+    let me = crate::cluster::link::Identity { node: c.node_id, cluster, incarnation };
+    let links = crate::cluster::link::Links::start(me, &c.bind, &peers, peer_tls, inbox_tx)
         .map_err(|e| StartError::Cluster(format!("cannot listen for peers on {}: {e}", c.bind)))?;
     tracing::info!(node = c.node_id, cluster = format!("{cluster:016x}"), peer_addr = %links.local_addr(), peers = peers.len(), tls, "cluster member");
     journal::Journals::start_cluster(&settings.data_dir, limits, frame, node, links, inbox).map_err(StartError::Journals)
