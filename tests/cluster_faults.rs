@@ -813,6 +813,8 @@ fn exited(cluster: &mut Cluster, run: &Run, id: u64) -> bool {
 struct Summary {
     rounds: usize,
     configures: usize,
+    /// Segments the nodes running at the end gave back.
+    given_back: u64,
     lines: Vec<String>,
 }
 
@@ -820,9 +822,11 @@ struct Summary {
 /// the checks. `Err` names the first violation.
 fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)> {
     // Groups compact their logs every few dozen entries once the clients' truncations pass
-    // them, so nodes back from a kill or a partition catch up by snapshots (docs/journals.md
-    // §9.9) under the same checks.
-    let env = [("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__CLUSTER__SNAPSHOT_ENTRIES", "32")];
+    // them, so nodes back from a kill or a partition catch up by snapshots; segments of
+    // 32 KiB fill every few seconds, so every node judges its segments (moving what pins
+    // them, giving back those with nothing live) many times a run (docs/journals.md §9.9).
+    // All under the same checks.
+    let env = [("TEPHRA__METRICS__BIND", "127.0.0.1:0"), ("TEPHRA__CLUSTER__SNAPSHOT_ENTRIES", "32"), ("TEPHRA__JOURNAL__SEGMENT_SIZE", "32768")];
     let mut cluster = Cluster::start_proxied(&server_bin(), n, &env);
     let nodes = Nodes::new(&cluster);
     let created = try_create(&nodes, "orders", JournalMode::Single, JournalDurability::Ordered)
@@ -901,7 +905,13 @@ fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)>
         return Err((format!("{} ({kept})", violations.join("; ")), dump(&run)));
     }
     lines.extend(lock(&run.log).iter().map(|l| format!("  {l}")));
-    Ok(Summary { rounds, configures, lines })
+    // Segments the running nodes gave back (a node restarted meanwhile counts from its start).
+    let given_back = cluster
+        .ids()
+        .filter_map(|id| cluster.metrics(id, Duration::from_secs(2)))
+        .filter_map(|m| m.lines().find_map(|l| l.strip_prefix("tephra_journal_segments_deleted_total ")?.trim().parse::<u64>().ok()))
+        .sum();
+    Ok(Summary { rounds, configures, given_back, lines })
 }
 
 /// The checks of journal `k` once the faults are over (see the module's table): its line of
@@ -1121,7 +1131,13 @@ fn fault_seeds(n: usize, default: &[u64]) {
         });
         match outcome {
             Ok(s) => {
-                eprintln!("seed {seed} on {n} nodes: held, {} fault rounds, {} configures, {:?}", s.rounds, s.configures, started.elapsed());
+                eprintln!(
+                    "seed {seed} on {n} nodes: held, {} fault rounds, {} configures, {} segments given back, {:?}",
+                    s.rounds,
+                    s.configures,
+                    s.given_back,
+                    started.elapsed()
+                );
                 for l in s.lines {
                     eprintln!("  {l}");
                 }

@@ -214,3 +214,100 @@ fn a_follower_holding_records_below_the_snapshots_next_seq_goes_on_from_it() {
     write(&mut c, id, 36);
     assert_eq!(read_all(&addr, id, 37), (20, expected(20, 37)));
 }
+
+/// The segment files of node `id`'s command log.
+fn segment_files(cluster: &Cluster, id: u64) -> usize {
+    std::fs::read_dir(cluster.data_dir(id).join("journals"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .count()
+}
+
+/// A record of 2 KiB that says which it is.
+fn big(seq: u64) -> Vec<u8> {
+    let mut r = format!("big{seq}:").into_bytes();
+    r.resize(2048, b'.');
+    r
+}
+
+/// Segments a cluster node no longer needs go (docs/journals.md §9.9): a journal written and
+/// truncated to nothing is compacted once idle, the directory's entries and the groups' hard
+/// states that pinned old segments move to the log's head, and every node then holds a few
+/// segments instead of all it wrote; each restarts from what is left (with segment files
+/// missing below the recorded bound) and serves every record kept.
+#[test]
+fn segments_no_longer_needed_are_given_back_and_every_node_restarts_from_what_is_left() {
+    // Candidates every 4096 entries (the default): the queue's 300 compact only once idle.
+    let env = [ENV[1], ("TEPHRA__JOURNAL__SEGMENT_SIZE", "65536")];
+    let mut cluster = Cluster::start(&server(), 3, &env);
+    let mut c = client(cluster.addrs());
+    let kept = create(&mut c, "kept", 1);
+    let queue = create(&mut c, "queue", 1);
+    for id in [kept, queue] {
+        assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
+    }
+    for seq in 0..8 {
+        support::cluster::write_until_written(&mut c, kept, A, seq, &big(seq));
+    }
+    // About 600 KiB through the queue: ten segments of 64 KiB on every node.
+    let mut next = 0;
+    for round in 0..6 {
+        for _ in 0..50 {
+            support::cluster::write_until_written(&mut c, queue, A, next, &big(next));
+            next += 1;
+        }
+        truncate(&mut c, queue, next);
+        if round == 2 {
+            support::cluster::write_until_written(&mut c, kept, A, 8, &big(8));
+        }
+    }
+    // Idle: the queue's group compacts, and each node gives back all but a few of the ten or
+    // more segments it wrote (most already while the queue was written).
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let held: Vec<usize> = (1..=3).map(|n| segment_files(&cluster, n)).collect();
+        let deleted: Vec<u64> = (1..=3).map(|n| counter(&cluster, n, "tephra_journal_segments_deleted_total")).collect();
+        if held.iter().all(|&h| h <= 4) && deleted.iter().all(|&d| d >= 6) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "after 40 s idle: segments held {held:?}, deleted {deleted:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for n in 1..=3 {
+        // The bound's layout: one line, `reclaimed POSITION` in decimal.
+        let bound = std::fs::read_to_string(cluster.data_dir(n).join("journals/reclaimed")).unwrap();
+        let position = bound.strip_prefix("reclaimed ").and_then(|r| r.strip_suffix('\n')).and_then(|p| p.parse::<u64>().ok());
+        assert!(position.is_some_and(|p| p > 1), "{bound:?}");
+    }
+
+    // Every node restarts from the segments left, and serves both journals as they were.
+    for n in 1..=3 {
+        cluster.kill(n);
+    }
+    for n in 1..=3 {
+        cluster.start_node(n);
+    }
+    let mut c = client(cluster.addrs());
+    support::cluster::write_until_written(&mut c, queue, A, next, &big(next));
+    support::cluster::write_until_written(&mut c, kept, A, 9, &big(9));
+    for n in cluster.ids().collect::<Vec<_>>() {
+        let addr = cluster.node(n).unwrap().addr.to_string();
+        assert_eq!(read_all(&addr, kept, 10), (0, (0..10).map(big).collect()), "node {n}: the kept journal");
+        assert_eq!(read_all(&addr, queue, next + 1), (next, vec![big(next)]), "node {n}: the queue");
+    }
+
+    // A bound that does not read as one is refused at the start, naming the file.
+    cluster.kill(3);
+    std::fs::write(cluster.data_dir(3).join("journals/reclaimed"), "reclaimed lots\n").unwrap();
+    let out = std::process::Command::new(server())
+        .args(["--bind", "127.0.0.1:0", "--data-dir"])
+        .arg(cluster.data_dir(3))
+        .envs(cluster.node_env(3))
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("reclaimed") && stderr.contains("expected one line 'reclaimed POSITION'"), "{stderr}");
+}

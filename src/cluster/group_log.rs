@@ -148,9 +148,17 @@ impl GroupLog {
     }
 
     /// Makes room for an entry at `index`: an entry at an index already held replaces it and
-    /// everything after it (a new leader overwrote an undecided suffix).
-    fn truncate_to(&mut self, index: u64) -> Result<(), Gap> {
+    /// everything after it (a new leader overwrote an undecided suffix). When `replaying` the
+    /// command log, an entry past the end starts the log over at its index: the entries
+    /// before it lay in segments given back, compacted by a snapshot found later
+    /// ([`GroupLog::check_start`] says whether one was).
+    fn truncate_to(&mut self, index: u64, replaying: bool) -> Result<(), Gap> {
         let last = self.last();
+        if index > last + 1 && replaying {
+            self.slots.clear();
+            self.first = index;
+            return Ok(());
+        }
         if index > last + 1 {
             return Err(Gap { index, last });
         }
@@ -170,19 +178,66 @@ impl GroupLog {
     /// [`Gap`] when the first entry leaves a gap after the last held.
     pub fn append(&mut self, entries: &[Entry]) -> Result<(), Gap> {
         let Some(e) = entries.first() else { return Ok(()) };
-        self.truncate_to(e.index)?;
+        self.truncate_to(e.index, false)?;
         self.slots.extend(entries.iter().cloned().map(Slot::Memory));
         Ok(())
     }
 
-    /// Adds an entry found durable at `loc` (a restart).
+    /// Adds an entry found durable at `loc` (a restart, replaying the command log in order;
+    /// see [`GroupLog::truncate_to`] for an entry past the end).
+    pub fn append_stored(&mut self, index: u64, term: u64, loc: Loc) {
+        let _ = self.truncate_to(index, true);
+        self.slots.push_back(Slot::Disk { term, loc });
+    }
+
+    /// Adds an entry found durable without a location (a test's log), as
+    /// [`GroupLog::append_stored`].
+    pub fn append_replayed(&mut self, entry: &Entry) {
+        let _ = self.truncate_to(entry.index, true);
+        self.slots.push_back(Slot::Memory(entry.clone()));
+    }
+
+    /// After a replay: whether the log starts right after its snapshot (or at 1 without one).
     ///
     /// # Errors
-    /// [`Gap`].
-    pub fn append_stored(&mut self, index: u64, term: u64, loc: Loc) -> Result<(), Gap> {
-        self.truncate_to(index)?;
-        self.slots.push_back(Slot::Disk { term, loc });
-        Ok(())
+    /// [`Gap`] naming the first index held and the snapshot's: entries between them were
+    /// lost, not compacted.
+    pub fn check_start(&self) -> Result<(), Gap> {
+        let snapshot = self.snapshot_index();
+        if self.first == snapshot + 1 {
+            return Ok(());
+        }
+        Err(Gap { index: self.first, last: snapshot })
+    }
+
+    /// Adds the segment of every entry held on disk to `out`.
+    pub fn segments(&self, out: &mut std::collections::BTreeSet<u64>) {
+        let mut last = None;
+        for slot in &self.slots {
+            if let Slot::Disk { loc, .. } = slot {
+                if last != Some(loc.segment) {
+                    out.insert(loc.segment);
+                    last = Some(loc.segment);
+                }
+            }
+        }
+    }
+
+    /// The index of the first entry held on disk in segment `segment`, if any.
+    pub fn first_in(&self, segment: u64) -> Option<u64> {
+        self.slots.iter().position(|s| matches!(s, Slot::Disk { loc, .. } if loc.segment == segment)).map(|i| self.first + i as u64)
+    }
+
+    /// Bytes of the entries from `index` to the last, as they lie on disk; `None` when one of
+    /// them is not durable yet.
+    pub fn bytes_from(&self, index: u64) -> Option<u64> {
+        let skip = index.saturating_sub(self.first) as usize;
+        self.slots.iter().skip(skip).map(|s| if let Slot::Disk { loc, .. } = s { Some(u64::from(loc.len)) } else { None }).sum()
+    }
+
+    /// The snapshot the log starts after, as it was made durable (index 0: none).
+    pub fn durable_snapshot(&self) -> &Snapshot {
+        &self.snap
     }
 
     /// Notes that the entry at `index` of `term` is durable at `loc`: its copy in memory goes.

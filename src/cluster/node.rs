@@ -29,6 +29,14 @@ use crate::proto::{JournalOutcome, JournalResponse};
 /// the incarnation of the data directory.
 pub const IDENTITY_FILE: &str = "cluster";
 
+/// The file under `journals/` that says below which position segment files may be missing,
+/// given back because nothing in them was live (docs/journals.md §9.9): one line,
+/// `reclaimed POSITION`, the position in decimal.
+pub const RECLAIMED_FILE: &str = "reclaimed";
+
+/// How often a node looks for segments to give back when none was sealed meanwhile.
+const RECLAIM_EVERY: Duration = Duration::from_secs(10);
+
 /// The exit code of a node that finds another incarnation of itself recorded in the
 /// directory: its data directory was lost or replaced, and restarting it as this node would
 /// break the promises (votes, acknowledged entries) the lost one made.
@@ -134,6 +142,8 @@ struct Batch {
     ordered: bool,
     /// Whether it holds a promise that needs a sync (else at most higher commit indexes).
     sync: bool,
+    /// Each hard state and snapshot and where it lies ([`HARD_STATE`] or [`SNAPSHOT`]).
+    placed: Vec<(JournalId, u8, Loc)>,
 }
 
 /// The thread that runs group commits for the node loop, one at a time and in order.
@@ -256,6 +266,13 @@ pub struct Node<O: Outbox> {
     syncer: Syncer,
     /// When this node last asked the directory to record it.
     joined: Option<Instant>,
+    /// Where each group's latest durable hard state and snapshot lie, by group and kind
+    /// ([`HARD_STATE`], [`SNAPSHOT`]).
+    placed: HashMap<(JournalId, u8), Loc>,
+    /// Segment files below this position may be missing ([`RECLAIMED_FILE`]).
+    reclaimed: u64,
+    /// The sealed segments when segments were last looked at, and when.
+    reclaim_seen: (usize, Instant),
 }
 
 /// Why a node's command log cannot be used by this node.
@@ -331,6 +348,23 @@ fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
 }
 
+/// The position below which segment files of the command log under `data_dir` may be
+/// missing ([`RECLAIMED_FILE`]; 0 when there is none).
+///
+/// # Errors
+/// [`StoreError`] naming the file when it cannot be read or does not say `reclaimed POSITION`.
+fn read_reclaimed(data_dir: &Path) -> Result<u64, StoreError> {
+    let path = data_dir.join(JOURNALS_DIR).join(RECLAIMED_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text
+            .strip_prefix("reclaimed ")
+            .and_then(|rest| rest.trim_end_matches('\n').parse::<u64>().ok())
+            .ok_or_else(|| identity_error(&path, format!("expected one line 'reclaimed POSITION', found {:?}", text.chars().take(64).collect::<String>()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(source) => Err(StoreError::Log(crate::log::LogError::Io { path, source })),
+    }
+}
+
 /// Where each record of an entry's command lies inside the entry's payload.
 fn record_spans(data: &[u8]) -> Vec<(u64, u32)> {
     match decode(data) {
@@ -349,16 +383,27 @@ impl<O: Outbox> Node<O> {
     /// does not hold together.
     pub fn open(data_dir: &Path, segment_size: u64, settings: NodeSettings, outbox: O) -> Result<Node<O>, StoreError> {
         let incarnation = check_identity(data_dir, settings.cluster, settings.node)?;
+        let reclaimed = read_reclaimed(data_dir)?;
         let mut items = Vec::new();
         let mut locs = HashMap::new();
         let mut stored = HashMap::new();
-        let (store, _) = JournalStore::open(data_dir, segment_size, 0, |r| {
+        let mut placed = HashMap::new();
+        let (store, _) = JournalStore::open_gapped(data_dir, segment_size, 0, reclaimed, |r| {
             let mut item = durable::decode(r.payload).map_err(|e| identity_error(&data_dir.join(JOURNALS_DIR), format!("position {}: {e}", r.position)))?;
-            if let Durable::Entry { journal, entry } = &mut item {
-                locs.insert((*journal, entry.index), EntryLoc { segment: r.segment, offset: r.offset, records: record_spans(r.payload) });
-                stored.insert((*journal, entry.index, entry.term), Loc { segment: r.segment, offset: r.offset, len: r.payload.len() as u32 });
-                // Held as its location only: read back from the log when it is applied or sent.
-                entry.data = Vec::new();
+            let loc = Loc { segment: r.segment, offset: r.offset, len: r.payload.len() as u32 };
+            match &mut item {
+                Durable::Entry { journal, entry } => {
+                    locs.insert((*journal, entry.index), EntryLoc { segment: r.segment, offset: r.offset, records: record_spans(r.payload) });
+                    stored.insert((*journal, entry.index, entry.term), loc);
+                    // Held as its location only: read back from the log when it is applied or sent.
+                    entry.data = Vec::new();
+                }
+                Durable::HardState { journal, .. } => {
+                    placed.insert((*journal, durable::HARD_STATE), loc);
+                }
+                Durable::Snapshot { journal, .. } => {
+                    placed.insert((*journal, durable::SNAPSHOT), loc);
+                }
             }
             items.push(item);
             Ok(())
@@ -391,6 +436,9 @@ impl<O: Outbox> Node<O> {
             flight: None,
             syncer,
             joined: None,
+            placed,
+            reclaimed,
+            reclaim_seen: (0, Instant::now()),
         };
         node.take_applied();
         Ok(node)
@@ -463,7 +511,7 @@ impl<O: Outbox> Node<O> {
                     return;
                 }
             }
-            if !self.flush() {
+            if !self.flush() || !self.reclaim() {
                 return;
             }
             self.refresh_status();
@@ -566,6 +614,143 @@ impl<O: Outbox> Node<O> {
         true
     }
 
+    /// Gives disk back (docs/journals.md §9.9), whenever a segment was sealed since it last
+    /// looked, or every [`RECLAIM_EVERY`]: a sealed segment is live while it holds an entry a
+    /// group still needs, a group's latest hard state or snapshot, or a record a journal
+    /// holds; every other sealed segment is deleted. The oldest live one is freed first when
+    /// what pins it can move cheaply (at most a quarter of a segment, no held record): those
+    /// items are written again at the log's head, the groups' entries from there on in index
+    /// order. It runs with nothing in flight, so every item it judges by is durable. False
+    /// when the command log failed.
+    fn reclaim(&mut self) -> bool {
+        let sealed = self.store.sealed();
+        let (seen, at) = self.reclaim_seen;
+        if sealed.is_empty() || (sealed.len() == seen && at.elapsed() < RECLAIM_EVERY) {
+            return true;
+        }
+        // Everything staged becomes durable and done first.
+        if !self.settle_flight() || !self.flush() || !self.settle_flight() {
+            return false;
+        }
+        if self.store.staged() > 0 {
+            if let Err(e) = self.store.commit(true) {
+                return self.fail(&e.to_string());
+            }
+        }
+        if !self.relocate(&sealed) {
+            return false;
+        }
+        let live = self.live_segments();
+        let dead: Vec<u64> = sealed.iter().copied().filter(|b| !live.contains(b)).collect();
+        self.reclaim_seen = (sealed.len() - dead.len(), Instant::now());
+        if dead.is_empty() {
+            return true;
+        }
+        // Segment files below the bound may be missing at the next start: the bound is durable
+        // before any goes.
+        let bases = self.published.segments.bases();
+        let top = dead.iter().max().copied().unwrap_or(0);
+        let next = bases.iter().copied().find(|&b| b > top).unwrap_or(self.store.last_position() + 1);
+        let bound = self.reclaimed.max(next - 1);
+        if bound > self.reclaimed {
+            let path = self.store.dir().join(RECLAIMED_FILE);
+            if let Err(e) = write_synced(&path, format!("reclaimed {bound}\n").as_bytes()) {
+                tracing::warn!(path = %path.display(), error = %e, "journal log: could not record the segments to give back; none deleted");
+                return true;
+            }
+            self.reclaimed = bound;
+        }
+        let before = self.published.segments.len();
+        let result = self.store.delete_segments(&dead);
+        let deleted = before.saturating_sub(self.published.segments.len());
+        self.published.disk.segments_deleted.fetch_add(deleted as u64, std::sync::atomic::Ordering::Relaxed);
+        match result {
+            Ok(()) => tracing::info!(deleted, "journal log: segments given back"),
+            Err(e) => tracing::warn!(error = %e, "journal log: deleting a segment failed"),
+        }
+        true
+    }
+
+    /// The sealed or active segments holding an item still needed (see [`Node::reclaim`]).
+    fn live_segments(&self) -> BTreeSet<u64> {
+        let mut live = BTreeSet::new();
+        self.replica.live_segments(&mut live);
+        live.extend(self.holdings.live_segments());
+        live.extend(self.placed.values().map(|l| l.segment));
+        live
+    }
+
+    /// Writes what pins live sealed segments again at the log's head, oldest first, for each
+    /// where that is cheap (see [`Node::reclaim`]), up to about a segment's worth of bytes in
+    /// all, and makes it durable; false when the command log failed.
+    fn relocate(&mut self, sealed: &[u64]) -> bool {
+        let mut moved = 0;
+        for &segment in sealed {
+            if moved >= self.store.segment_size() {
+                break;
+            }
+            match self.relocate_one(segment) {
+                Some(bytes) => moved += bytes,
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// [`Node::relocate`] for one segment: the bytes written again (0: nothing pins it, or what
+    /// does cannot move or costs more than a quarter of a segment); `None` when the command
+    /// log failed.
+    fn relocate_one(&mut self, segment: u64) -> Option<u64> {
+        if self.holdings.is_live(segment) {
+            return Some(0);
+        }
+        let Some(entries) = self.replica.movable_entries(segment) else { return Some(0) };
+        let pinned: Vec<(JournalId, u8)> = self.placed.iter().filter(|(_, l)| l.segment == segment).map(|(k, _)| *k).collect();
+        let mut cost: u64 = entries.iter().map(|(_, _, bytes)| bytes).sum();
+        cost += pinned.iter().filter_map(|k| self.placed.get(k)).map(|l| u64::from(l.len)).sum::<u64>();
+        if cost > self.store.segment_size() / 4 {
+            return Some(0);
+        }
+        let mut items = Vec::new();
+        let mut groups: BTreeSet<JournalId> = pinned.iter().map(|(j, _)| *j).collect();
+        groups.extend(entries.iter().map(|(j, _, _)| *j));
+        for journal in groups {
+            let Some((hs, snapshot)) = self.replica.durable_state(journal) else { continue };
+            let moves = |kind| pinned.contains(&(journal, kind));
+            if moves(durable::SNAPSHOT) && snapshot.get_metadata().index > 0 {
+                items.push(Durable::Snapshot { journal, snapshot });
+            }
+            if let Some((_, from, _)) = entries.iter().find(|(j, _, _)| *j == journal) {
+                match self.replica.entries_from(journal, *from) {
+                    Ok(es) => items.extend(es.into_iter().map(|entry| Durable::Entry { journal, entry })),
+                    Err(e) => {
+                        tracing::warn!(%journal, error = %e, "journal log: a group's entries could not be read back; segment {segment} stays");
+                        return Some(0);
+                    }
+                }
+            }
+            if moves(durable::HARD_STATE) {
+                items.push(Durable::HardState { journal, state: hs });
+            }
+        }
+        if items.is_empty() {
+            return Some(0);
+        }
+        if let Err(why) = self.stage(&items) {
+            self.fail(&why);
+            return None;
+        }
+        if let Err(e) = self.store.commit(true) {
+            self.fail(&e.to_string());
+            return None;
+        }
+        let batch = std::mem::take(&mut self.open);
+        self.done(batch);
+        self.published.disk.relocated.fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(segment, items = items.len(), bytes = cost, "journal log: moved what pinned a segment to the head");
+        Some(cost.max(1))
+    }
+
     /// Takes the result of the group commit in flight; false when it failed.
     fn synced(&mut self, result: Result<(), StoreError>) -> bool {
         self.store.end_commit(&result);
@@ -584,6 +769,9 @@ impl<O: Outbox> Node<O> {
     fn done(&mut self, batch: Batch) {
         for (journal, index, term, loc) in batch.stored {
             self.replica.stored(journal, index, term, loc);
+        }
+        for (journal, kind, loc) in batch.placed {
+            self.placed.insert((journal, kind), loc);
         }
         self.replica.persisted(&batch.readies);
         self.send(batch.after);
@@ -615,6 +803,10 @@ impl<O: Outbox> Node<O> {
                 self.store.roll_over().map_err(|e| e.to_string())?;
             }
             let (_, offset) = self.store.stage(&payload);
+            if let Durable::HardState { journal, .. } | Durable::Snapshot { journal, .. } = item {
+                let kind = if matches!(item, Durable::HardState { .. }) { durable::HARD_STATE } else { durable::SNAPSHOT };
+                self.open.placed.push((*journal, kind, Loc { segment: self.store.active_base(), offset, len: payload.len() as u32 }));
+            }
             if let Durable::Entry { journal, entry } = item {
                 let segment = self.store.active_base();
                 let loc = EntryLoc { segment, offset, records: record_spans(&payload) };

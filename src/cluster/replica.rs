@@ -20,7 +20,7 @@
 //! A call's verdict comes from applying its decided entry here (chosen is not applied: a write
 //! is answered only once this node applied it). Source: docs/journals.md §9.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Message, MessageType, Snapshot};
 use raft::{Config, ProgressState, RawNode, ReadOnlyOption, SnapshotStatus, StateRole, Storage, INVALID_ID};
@@ -36,6 +36,10 @@ use std::collections::HashMap;
 /// Ticks without word from a leader before a follower stands for election (raft draws the
 /// real timeout between this and twice this).
 pub const ELECTION_TICKS: usize = 30;
+
+/// Ticks without an applied entry after which a group whose journal holds no record is
+/// compacted up to what it applied (docs/journals.md §9.9).
+pub const IDLE_TICKS: usize = ELECTION_TICKS;
 /// Ticks between a leader's heartbeats.
 pub const HEARTBEAT_TICKS: usize = 5;
 /// Most bytes of entries in one append message.
@@ -249,6 +253,8 @@ struct Group<T> {
     snapshot_sent: BTreeMap<u64, u32>,
     /// Resumed from a stopped copy to take a message ([`Replica::resume`]).
     on_demand: bool,
+    /// Ticks since this group last applied an entry.
+    quiet: usize,
 }
 
 /// A journal's state at one applied index, a snapshot to be (docs/journals.md §9.9).
@@ -589,10 +595,10 @@ impl<T> Replica<T> {
                 // location kept, so neither is held with the empty data of a restored item.
                 Durable::Entry { journal: j, entry } if *j == journal => match self.stored.get(&(journal, entry.index, entry.term)) {
                     Some(&loc) => {
-                        storage.append_stored(entry.index, entry.term, loc).map_err(gap)?;
+                        storage.append_stored(entry.index, entry.term, loc);
                         located.push((journal, entry.index, entry.term));
                     }
-                    None => storage.append(std::slice::from_ref(entry)).map_err(gap)?,
+                    None => storage.append_replayed(entry),
                 },
                 Durable::HardState { journal: j, state } if *j == journal => storage.set_hard_state(state.clone()),
                 _ => {}
@@ -601,6 +607,9 @@ impl<T> Replica<T> {
         for key in located {
             self.stored.remove(&key);
         }
+        // Segments given back held only entries a snapshot found later covers; any other
+        // hole is a loss.
+        storage.check_start().map_err(|g| ReplicaError::Gap { journal, index: g.index, last: g.last })?;
         let commit = storage.hard_state().commit.min(storage.last());
         if let Some(state) = restored {
             self.directory.restore_state(journal, state.clone());
@@ -627,6 +636,7 @@ impl<T> Replica<T> {
             captured: snapshot_index,
             snapshot_sent: BTreeMap::new(),
             on_demand: false,
+            quiet: 0,
         };
         // The configuration changes applied before the restart, again, in order.
         for e in &changes {
@@ -634,6 +644,64 @@ impl<T> Replica<T> {
         }
         self.groups.insert(journal, g);
         Ok(())
+    }
+
+    /// Adds to `out` every segment of the command log holding an entry a group here still
+    /// needs: a running group's, a stopped copy's, or one of a group not started
+    /// (docs/journals.md §9.9).
+    pub fn live_segments(&self, out: &mut BTreeSet<u64>) {
+        for g in self.groups.values() {
+            g.raw.store().segments(out);
+        }
+        for (log, _) in self.stopped.values() {
+            log.segments(out);
+        }
+        out.extend(self.stored.values().map(|loc| loc.segment));
+    }
+
+    /// The entries that pin `segment` and could be written again at the log's head, so that it
+    /// can go: each running group with entries there, the index of the first of them, and the
+    /// bytes from it to the group's last entry (all of which move, so the log keeps each
+    /// group's entries in index order). `None` when an entry there cannot move: a stopped
+    /// copy's, a not started group's, or one of a group whose entries from there are not all
+    /// durable yet.
+    pub fn movable_entries(&self, segment: u64) -> Option<Vec<(JournalId, u64, u64)>> {
+        let mut out = Vec::new();
+        for (journal, g) in &self.groups {
+            let log = g.raw.store();
+            if let Some(index) = log.first_in(segment) {
+                out.push((*journal, index, log.bytes_from(index)?));
+            }
+        }
+        let pinned = self.stopped.values().any(|(log, _)| log.first_in(segment).is_some()) || self.stored.values().any(|loc| loc.segment == segment);
+        (!pinned).then_some(out)
+    }
+
+    /// The entries of `journal`'s running group from `index` to its last, read back.
+    ///
+    /// # Errors
+    /// [`ReplicaError::UnknownGroup`], or an entry that cannot be read.
+    pub fn entries_from(&self, journal: JournalId, index: u64) -> Result<Vec<Entry>, ReplicaError> {
+        let g = self.groups.get(&journal).ok_or(ReplicaError::UnknownGroup(journal))?;
+        let log = g.raw.store();
+        (index..=log.last()).map(|i| log.entry(i).map_err(ReplicaError::from)).collect()
+    }
+
+    /// `journal`'s hard state and snapshot (index 0: none) as this node holds them durably,
+    /// whether its group runs, its copy stopped or it was not started: what a durable item
+    /// of each says, to write again at the log's head.
+    pub fn durable_state(&self, journal: JournalId) -> Option<(HardState, Snapshot)> {
+        if let Some(g) = self.groups.get(&journal) {
+            let log = g.raw.store();
+            return Some((log.hard_state().clone(), log.durable_snapshot().clone()));
+        }
+        if let Some((log, _)) = self.stopped.get(&journal) {
+            return Some((log.hard_state().clone(), log.durable_snapshot().clone()));
+        }
+        let items = self.dormant.get(&journal)?;
+        let hs = items.iter().rev().find_map(|d| if let Durable::HardState { state, .. } = d { Some(state.clone()) } else { None });
+        let snap = items.iter().rev().find_map(|d| if let Durable::Snapshot { snapshot, .. } = d { Some(snapshot.clone()) } else { None });
+        Some((hs.unwrap_or_default(), snap.unwrap_or_default()))
     }
 
     /// Whether this node leads `journal`'s group.
@@ -759,6 +827,7 @@ impl<T> Replica<T> {
     pub fn tick(&mut self) {
         for g in self.groups.values_mut() {
             g.raw.tick();
+            g.quiet = g.quiet.saturating_add(1);
             retry_snapshots(g);
         }
         self.reconfigure();
@@ -842,6 +911,7 @@ impl<T> Replica<T> {
             captured: applied,
             snapshot_sent: BTreeMap::new(),
             on_demand,
+            quiet: 0,
         };
         self.groups.insert(journal, g);
         if on_demand {
@@ -990,6 +1060,7 @@ fn apply<T>(
     let mut answered = 0;
     for e in entries {
         g.applied = e.index;
+        g.quiet = 0;
         if e.get_entry_type() == EntryType::EntryConfChangeV2 {
             apply_conf_change(journal, g, &e);
         }
@@ -1092,7 +1163,11 @@ fn compact<T>(directory: &Directory, journal: JournalId, g: &mut Group<T>, every
             compacted = true;
         }
     }
-    if g.candidate.is_none() && g.applied >= g.captured + every {
+    // A journal whose every record is truncated, and whose group applied nothing for a
+    // while, is compacted up to what it applied at once (the candidate qualifies as taken):
+    // its entries would otherwise keep their segments until `every` more are applied.
+    let emptied = state.first_seq == state.next_seq && g.quiet >= IDLE_TICKS && g.applied > g.raw.store().snapshot_index();
+    if g.candidate.is_none() && (g.applied >= g.captured + every || (emptied && g.applied > g.captured)) {
         if let Ok(term) = g.raw.store().term(g.applied) {
             g.candidate = Some(Candidate {
                 index: g.applied,

@@ -144,6 +144,9 @@ pub struct DiskStats {
     pub checkpoints: AtomicU64,
     /// Segment files deleted since start.
     pub segments_deleted: AtomicU64,
+    /// Durable items a cluster node wrote again at its log's head so that the segment they
+    /// lay in could go (docs/journals.md §9.9).
+    pub relocated: AtomicU64,
 }
 
 impl Published {

@@ -290,12 +290,29 @@ impl JournalStore {
         data_dir: &Path,
         segment_size: u64,
         covered: u64,
+        replay: impl FnMut(Replayed<'_>) -> Result<(), StoreError>,
+    ) -> Result<(JournalStore, OpenOutcome), StoreError> {
+        JournalStore::open_gapped(data_dir, segment_size, covered, covered, replay)
+    }
+
+    /// [`JournalStore::open`] that replays every command after `covered` and accepts segment
+    /// files missing below position `gaps_below` (segments a cluster node deleted because
+    /// nothing in them was live any more, docs/journals.md §9.9): the segments left are
+    /// replayed whole, in order, gaps and all.
+    ///
+    /// # Errors
+    /// As [`JournalStore::open`].
+    pub fn open_gapped(
+        data_dir: &Path,
+        segment_size: u64,
+        covered: u64,
+        gaps_below: u64,
         mut replay: impl FnMut(Replayed<'_>) -> Result<(), StoreError>,
     ) -> Result<(JournalStore, OpenOutcome), StoreError> {
         let dir = data_dir.join(JOURNALS_DIR);
         let cfg = SegmentConfig::new(segment_size);
         let mut failed = None;
-        let mut recovered = open_log_covered(&dir, &cfg, covered, |walked| {
+        let mut recovered = open_log_covered(&dir, &cfg, gaps_below.max(covered), |walked| {
             let seg = walked.segment;
             for (i, (&off, payload)) in walked.offsets.iter().zip(walked.payloads()).enumerate() {
                 let r = Replayed { position: seg.base + i as u64, segment: seg.base, offset: u64::from(off) + RECORD_HEAD as u64, payload };
@@ -487,6 +504,11 @@ impl JournalStore {
     /// The bytes each segment file takes.
     pub fn segment_size(&self) -> u64 {
         self.cfg.segment_size
+    }
+
+    /// The directory of the command log (`DATA_DIR/journals`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The base positions of the sealed segments (all but the one being written).

@@ -203,6 +203,13 @@ fn journal_metrics(out: &mut String, j: &super::journal::Journals, us: &[u64]) {
     metric(out, "tephra_journal_log_segments", "gauge", "Segment files of the journal command log.", j.log_segments() as u64);
     metric(out, "tephra_journal_checkpoints_total", "counter", "Journal checkpoints written.", disk.checkpoints.load(Ordering::Relaxed));
     metric(out, "tephra_journal_segments_deleted_total", "counter", "Journal log segments given back.", disk.segments_deleted.load(Ordering::Relaxed));
+    metric(
+        out,
+        "tephra_journal_items_relocated_total",
+        "counter",
+        "Durable items a cluster node wrote again at its log's head to give a segment back.",
+        disk.relocated.load(Ordering::Relaxed),
+    );
     if let Some(st) = j.node_status() {
         cluster_metrics(out, &st);
     }
