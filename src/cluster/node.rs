@@ -623,9 +623,10 @@ impl<O: Outbox> Node<O> {
     /// order. It runs with nothing in flight, so every item it judges by is durable. False
     /// when the command log failed.
     fn reclaim(&mut self) -> bool {
-        let sealed = self.store.sealed();
+        // Asked on every turn of the node loop: only a count and a clock until it is due.
+        let count = self.published.segments.len();
         let (seen, at) = self.reclaim_seen;
-        if sealed.is_empty() || (sealed.len() == seen && at.elapsed() < RECLAIM_EVERY) {
+        if count <= 1 || (count == seen && at.elapsed() < RECLAIM_EVERY) {
             return true;
         }
         // Everything staged becomes durable and done first.
@@ -637,12 +638,12 @@ impl<O: Outbox> Node<O> {
                 return self.fail(&e.to_string());
             }
         }
-        if !self.relocate(&sealed) {
+        if !self.relocate(&self.store.sealed()) {
             return false;
         }
         let live = self.live_segments();
-        let dead: Vec<u64> = sealed.iter().copied().filter(|b| !live.contains(b)).collect();
-        self.reclaim_seen = (sealed.len() - dead.len(), Instant::now());
+        let dead: Vec<u64> = self.store.sealed().into_iter().filter(|b| !live.contains(b)).collect();
+        self.reclaim_seen = (self.published.segments.len() - dead.len(), Instant::now());
         if dead.is_empty() {
             return true;
         }
