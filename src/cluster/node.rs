@@ -716,9 +716,14 @@ impl<O: Outbox> Node<O> {
         let mut groups: BTreeSet<JournalId> = pinned.iter().map(|(j, _)| *j).collect();
         groups.extend(entries.iter().map(|(j, _, _)| *j));
         for journal in groups {
-            let Some((hs, snapshot)) = self.replica.durable_state(journal) else { continue };
+            // Everything that pins the segment moves, or nothing does (else the same items
+            // would be written again at every pass).
+            let Some((hs, snapshot)) = self.replica.durable_state(journal) else { return Some(0) };
             let moves = |kind| pinned.contains(&(journal, kind));
-            if moves(durable::SNAPSHOT) && snapshot.get_metadata().index > 0 {
+            if moves(durable::SNAPSHOT) {
+                if snapshot.get_metadata().index == 0 {
+                    return Some(0);
+                }
                 items.push(Durable::Snapshot { journal, snapshot });
             }
             if let Some((_, from, _)) = entries.iter().find(|(j, _, _)| *j == journal) {
