@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use raft::eraftpb::{Message, MessageType};
 use tephra::cluster::link::{Identity, Inbound, LinkStats, Links, HANDSHAKE_TIMEOUT, MAX_FRAME};
-use tephra::cluster::peer::{decode_frame, decode_frame_removals, encode_frame, encode_hello};
+use tephra::cluster::peer::{decode_frame, decode_frame_removals, encode_frame, encode_hello, PeerFrame};
 use tephra::cluster::tls::PeerTls;
 use tephra::config::cluster_id;
 use tephra::journal::JournalId;
@@ -280,6 +280,12 @@ fn bad_handshakes_are_refused_and_a_newer_connection_replaces_the_old() {
     for (i, (what, hello)) in handshakes.iter().enumerate() {
         let mut fake = Fake::dial(addr2);
         fake.write(hello);
+        if i == 0 {
+            // Another cluster is told why, in a frame of this one.
+            let answer: PeerFrame = prost::Message::decode(fake.read().as_slice()).unwrap();
+            assert_eq!((answer.cluster, answer.from, answer.to), (c, 2, 1));
+            assert!(answer.refused.contains("different sets of nodes") && answer.refused.contains("[1, 2, 3]"), "{}", answer.refused);
+        }
         fake.closed();
         assert_eq!(n2.links.refused_handshakes(), i as u64 + 1, "{what}");
     }
@@ -347,6 +353,20 @@ fn a_handshake_with_another_incarnation_of_a_known_node_is_refused_and_told_why(
     deliver(&n1, &n2, 2);
     deliver(&n2, &n1, 3);
     assert_eq!((n1.stats(2).connects, n2.stats(1).connects), (1, 1));
+}
+
+/// A node whose `peers` name another set of nodes (so another cluster id) dials a node of the
+/// cluster: it is refused, hears why, counts it, and goes on trying.
+#[test]
+fn a_node_of_another_cluster_hears_why_its_link_is_refused() {
+    let (l1, l2) = (listener(), listener());
+    let addr2 = l2.local_addr().unwrap();
+    let n2 = Node::start(2, l2, &peers(&[(1, l1.local_addr().unwrap()), (2, addr2)]));
+    let (tx, _inbox) = flume::unbounded();
+    let other = Identity { node: 1, cluster: cluster_id([1, 2]), incarnation: incarnation(1) };
+    let stray = Links::start_on(l1, other, &peers(&[(2, addr2)]), None, tx).unwrap();
+    wait_until("the stray node counts two refusals", || stray.stats()[0].refused >= 2);
+    assert!(n2.links.refused_handshakes() >= 2);
 }
 
 /// Handshakes are read each on a thread of its own and within [`HANDSHAKE_TIMEOUT`] in all: a

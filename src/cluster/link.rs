@@ -9,6 +9,7 @@
 //! | reconnect | after a failed dial or a closed link, after 20 ms, doubling to 1 s (back to 20 ms once a link has lived 1 s) |
 //! | wire | each frame is a `u32` little-endian length, then the bytes of [`encode_frame`]; a length above [`MAX_FRAME`] closes the link |
 //! | handshake | the dialer first sends `encode_frame(cluster, me, peer, &[])`; the acceptor closes a connection whose first frame does not decode for it ([`decode_frame`]: another cluster, another node), comes from a node not among its peers, or from a higher id |
+//! | another cluster | a handshake of another cluster (the two nodes' `peers` name different sets of nodes) is answered with one [`encode_refusal`] frame of this cluster, saying so, and closed; the dialer logs it (once a minute) and goes on trying, as either configuration may be the one to change |
 //! | identity | the handshake carries the dialer's data directory incarnation ([`encode_hello`]); when [`Links::record_incarnation`] holds another one for that node id (the directory records each member's first), the acceptor answers one [`encode_refusal`] frame and closes: a second process started with a running node's id, or a node whose data was lost, never displaces the node the cluster knows, and the refused dialer's node stops for good (its reader hands the refusal on in [`Inbound::refused`]) |
 //! | refusal | a later frame that does not decode, or names another sender than the handshake, closes that link only; the dialer reconnects |
 //! | replacement | a newer connection from the same peer replaces the old one, which is closed |
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use raft::eraftpb::Message;
 
-use super::peer::{decode_frame_removals, encode_hello, encode_refusal};
+use super::peer::{decode_frame_removals, encode_hello, encode_refusal, PeerError, PeerFrame};
 use super::tls::{PeerTls, Session, TlsRead, TlsWrite};
 use crate::journal::JournalId;
 
@@ -50,6 +51,8 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const MAX_HANDSHAKES: usize = 32;
 /// How long one write may block (a peer that stopped reading) before its link is closed.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a peer's refusal of this node's link (another cluster) is logged as a warning.
+pub const REFUSAL_EVERY: Duration = Duration::from_secs(60);
 /// How long one dial attempt may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -147,6 +150,8 @@ struct PeerState {
     refused: AtomicU64,
     /// The live connection, to close when stopping.
     current: Mutex<Option<TcpStream>>,
+    /// When a refusal by the peer was last said at warning level.
+    last_refusal: Mutex<Option<Instant>>,
 }
 
 /// One peer connection: its socket and, on a TLS link, its session.
@@ -282,6 +287,7 @@ impl Links {
                 received: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
                 current: Mutex::new(None),
+                last_refusal: Mutex::new(None),
             });
             let (frames_tx, frames) = flume::bounded(QUEUE_FRAMES);
             let (control_tx, control) = flume::unbounded();
@@ -608,7 +614,17 @@ fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, Route>)
         ReadError::Io(e) => format!("no handshake within {HANDSHAKE_TIMEOUT:?}: {e}"),
         ReadError::TooLong(len) => format!("handshake length {len} is above the {MAX_FRAME}-byte limit"),
     })?;
-    let hello = decode_frame_removals(&frame, shared.cluster, shared.me).map_err(|e| format!("bad handshake: {e}"))?;
+    let hello = match decode_frame_removals(&frame, shared.cluster, shared.me) {
+        Ok(hello) => hello,
+        // A node configured with another set of nodes: it is told why, so that it can say so
+        // (it goes on trying, as its configuration or ours may be the one to change).
+        Err(e @ PeerError::ForeignCluster { .. }) => {
+            let why = format!("bad handshake: {e}: the two nodes' cluster.peers name different sets of nodes (this one: {:?})", members(shared.me, routes));
+            let answer = <PeerFrame as prost::Message>::decode(frame.as_slice()).ok().map(|f| (f.from, session));
+            return Err(Refusal { why, answer });
+        }
+        Err(e) => return Err(format!("bad handshake: {e}").into()),
+    };
     let from = hello.from;
     if !routes.contains_key(&from) {
         return Err(format!("node {from} is not among this node's peers").into());
@@ -632,6 +648,13 @@ fn handshake(stream: &TcpStream, shared: &Shared, routes: &BTreeMap<u64, Route>)
     }
     stream.set_read_timeout(None).map_err(|e| e.to_string())?;
     Ok((from, session))
+}
+
+/// Every node id of this node's cluster, in order.
+fn members(me: u64, routes: &BTreeMap<u64, Route>) -> Vec<u64> {
+    let mut ids: Vec<u64> = routes.keys().copied().chain([me]).collect();
+    ids.sort_unstable();
+    ids
 }
 
 /// One peer's link thread: it dials (lower id) or takes accepted connections (higher id),
@@ -909,6 +932,20 @@ fn read(mut input: Input, generation: u64, shared: &Shared, state: &PeerState, c
             }
             Err(ReadError::TooLong(len)) => Some(format!("frame length {len} is above the {MAX_FRAME}-byte limit")),
             Ok(frame) => match decode_frame_removals(&frame, shared.cluster, shared.me) {
+                // The peer, of another cluster, refused this node's handshake and says why.
+                Err(PeerError::ForeignCluster { .. }) if refusal_of(&frame).is_some() => {
+                    let why = refusal_of(&frame).unwrap_or_default();
+                    state.refused.fetch_add(1, Ordering::Relaxed);
+                    // Said once a minute: the dialer tries again every second.
+                    let mut last = lock(&state.last_refusal);
+                    if last.is_none_or(|t| t.elapsed() >= REFUSAL_EVERY) {
+                        tracing::warn!(peer, "node {peer} refused this node's link: {why}");
+                        *last = Some(Instant::now());
+                    } else {
+                        tracing::debug!(peer, "node {peer} refused this node's link: {why}");
+                    }
+                    None
+                }
                 Err(e) => Some(e.to_string()),
                 Ok(f) if f.from != peer => Some(format!("frame from node {} on the link of node {peer}", f.from)),
                 // The peer refused this node's handshake (it knows this node's id by another
@@ -936,6 +973,11 @@ fn read(mut input: Input, generation: u64, shared: &Shared, state: &PeerState, c
     }
     let _ = input.socket().shutdown(Shutdown::Both);
     let _ = control.send(Control::Closed(generation));
+}
+
+/// The reason in a refusal frame ([`encode_refusal`]) whatever its cluster, if `frame` is one.
+fn refusal_of(frame: &[u8]) -> Option<String> {
+    <PeerFrame as prost::Message>::decode(frame).ok().map(|f| f.refused).filter(|r| !r.is_empty())
 }
 
 /// Hands `inbound` to the inbox, waiting while it is full; false when the links stop or the

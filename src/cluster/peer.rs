@@ -10,7 +10,7 @@
 //! | `messages` | 4 | repeated: `tenant` (1), `journal` (2), `message` (3, raft's message bytes) |
 //! | `removed` | 5 | repeated: `tenant` (1), `journal` (2), `term` (3): groups whose leader, at that term, has applied a configuration without the receiving node |
 //! | `incarnation` | 6 | in a handshake ([`encode_hello`]): the incarnation of the dialer's data directory; 0 or absent: not told |
-//! | `refused` | 7 | in the one frame an acceptor sends back on a handshake it refuses because the cluster knows the dialer's id by another data directory ([`encode_refusal`]): why; the dialer stops for good |
+//! | `refused` | 7 | in the one frame an acceptor sends back on a handshake it refuses ([`encode_refusal`]), why: because the cluster knows the dialer's id by another data directory (the dialer stops for good), or because the handshake is of another cluster (the frame is of the acceptor's cluster; the dialer logs it) |
 //!
 //! Source: docs/journals.md §9.4; golden bytes in `tests/cluster_peer.rs`.
 
