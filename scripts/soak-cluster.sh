@@ -55,8 +55,12 @@ for test in $tests; do
     log="$logs/$test-$from-$to.log"
     echo "soak-cluster: $test seeds $from-$to" >&2
     status=0
+    # A batch that hangs (a seed whose clients never get an answer) is stopped and reported
+    # as a failed batch: at most 120 s a seed.
     TEPHRA_FAULT_SEEDS="$from-$to" TEPHRA_FAULT_SECS="$secs" \
+      timeout --kill-after=10 $(( (to - from + 1) * (secs + 110) )) \
       cargo test --release --quiet --test cluster_faults "$test" -- --exact --nocapture >"$log" 2>&1 || status=$?
+    [ "$status" -ne 124 ] && [ "$status" -ne 137 ] || echo "soak-cluster: $test seeds $from-$to timed out; its servers may be left running" >&2
     held=$(grep -c '^seed [0-9]* on [0-9]* nodes: held' "$log" || true)
     runs=$((runs + held))
     while IFS= read -r line; do

@@ -815,6 +815,8 @@ struct Summary {
     configures: usize,
     /// Segments the nodes running at the end gave back.
     given_back: u64,
+    /// Segment files in each node's command log at the end.
+    segments: Vec<usize>,
     lines: Vec<String>,
 }
 
@@ -911,7 +913,13 @@ fn run_seed(n: usize, seed: u64, secs: u64) -> Result<Summary, (String, String)>
         .filter_map(|id| cluster.metrics(id, Duration::from_secs(2)))
         .filter_map(|m| m.lines().find_map(|l| l.strip_prefix("tephra_journal_segments_deleted_total ")?.trim().parse::<u64>().ok()))
         .sum();
-    Ok(Summary { rounds, configures, given_back, lines })
+    let segments = (1..=n as u64)
+        .map(|id| {
+            std::fs::read_dir(cluster.data_dir(id).join("journals"))
+                .map_or(0, |d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().ends_with(".log")).count())
+        })
+        .collect();
+    Ok(Summary { rounds, configures, given_back, segments, lines })
 }
 
 /// The checks of journal `k` once the faults are over (see the module's table): its line of
@@ -1132,10 +1140,11 @@ fn fault_seeds(n: usize, default: &[u64]) {
         match outcome {
             Ok(s) => {
                 eprintln!(
-                    "seed {seed} on {n} nodes: held, {} fault rounds, {} configures, {} segments given back, {:?}",
+                    "seed {seed} on {n} nodes: held, {} fault rounds, {} configures, {} segments given back, segments held {:?}, {:?}",
                     s.rounds,
                     s.configures,
                     s.given_back,
+                    s.segments,
                     started.elapsed()
                 );
                 for l in s.lines {

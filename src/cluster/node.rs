@@ -34,6 +34,9 @@ pub const IDENTITY_FILE: &str = "cluster";
 /// `reclaimed POSITION`, the position in decimal.
 pub const RECLAIMED_FILE: &str = "reclaimed";
 
+/// The newest sealed segments, whose pins are never moved ([`Node::relocate`]).
+const YOUNG_SEGMENTS: usize = 2;
+
 /// How often a node looks for segments to give back when none was sealed meanwhile.
 const RECLAIM_EVERY: Duration = Duration::from_secs(10);
 
@@ -617,11 +620,10 @@ impl<O: Outbox> Node<O> {
     /// Gives disk back (docs/journals.md §9.9), whenever a segment was sealed since it last
     /// looked, or every [`RECLAIM_EVERY`]: a sealed segment is live while it holds an entry a
     /// group still needs, a group's latest hard state or snapshot, or a record a journal
-    /// holds; every other sealed segment is deleted. The oldest live one is freed first when
-    /// what pins it can move cheaply (at most a quarter of a segment, no held record): those
-    /// items are written again at the log's head, the groups' entries from there on in index
-    /// order. It runs with nothing in flight, so every item it judges by is durable. False
-    /// when the command log failed.
+    /// holds; every other sealed segment is deleted. Old live segments are freed first when
+    /// what pins them can move cheaply ([`Node::relocate`]: hard states, snapshots, the
+    /// directory's entries from there on in index order). It runs with nothing in flight, so
+    /// every item it judges by is durable. False when the command log failed.
     fn reclaim(&mut self) -> bool {
         // Asked on every turn of the node loop: only a count and a clock until it is due.
         let count = self.published.segments.len();
@@ -681,13 +683,17 @@ impl<O: Outbox> Node<O> {
         live
     }
 
-    /// Writes what pins live sealed segments again at the log's head, oldest first, for each
-    /// where that is cheap (see [`Node::reclaim`]), up to about a segment's worth of bytes in
-    /// all, and makes it durable; false when the command log failed.
+    /// Writes what pins live sealed segments again at the log's head, oldest first and all
+    /// but the [`YOUNG_SEGMENTS`] newest, for each where that is cheap (see [`Node::reclaim`]),
+    /// up to about a quarter of a segment's bytes in all, and makes it durable; false when the
+    /// command log failed.
     fn relocate(&mut self, sealed: &[u64]) -> bool {
         let mut moved = 0;
-        for &segment in sealed {
-            if moved >= self.store.segment_size() {
+        // The newest sealed segments are left alone: what pins them is mostly still changing
+        // (and what a pass moves lands there), so moving it would only move it again.
+        let old = sealed.len().saturating_sub(YOUNG_SEGMENTS);
+        for &segment in &sealed[..old] {
+            if moved >= self.store.segment_size() / 4 {
                 break;
             }
             match self.relocate_one(segment) {
@@ -699,13 +705,18 @@ impl<O: Outbox> Node<O> {
     }
 
     /// [`Node::relocate`] for one segment: the bytes written again (0: nothing pins it, or what
-    /// does cannot move or costs more than a quarter of a segment); `None` when the command
-    /// log failed.
+    /// does cannot move, such as a journal group's entries, or costs more than a quarter of a
+    /// segment); `None` when the command log failed.
     fn relocate_one(&mut self, segment: u64) -> Option<u64> {
         if self.holdings.is_live(segment) {
             return Some(0);
         }
         let Some(entries) = self.replica.movable_entries(segment) else { return Some(0) };
+        // A journal group's entries wait for its compaction: written again, those whose
+        // records the journal holds would stay where the holdings point too, twice.
+        if entries.iter().any(|(j, _, _)| *j != DIRECTORY) {
+            return Some(0);
+        }
         let pinned: Vec<(JournalId, u8)> = self.placed.iter().filter(|(_, l)| l.segment == segment).map(|(k, _)| *k).collect();
         let mut cost: u64 = entries.iter().map(|(_, _, bytes)| bytes).sum();
         cost += pinned.iter().filter_map(|k| self.placed.get(k)).map(|l| u64::from(l.len)).sum::<u64>();
