@@ -70,3 +70,17 @@ fn at_run_time_an_entry_past_the_end_is_still_a_gap() {
     let gap = log.append(&[entry(3, 1)]).unwrap_err();
     assert_eq!((gap.index, gap.last), (3, 1));
 }
+
+#[test]
+fn a_snapshot_found_after_the_entries_that_follow_it_becomes_their_base() {
+    // Entries 3..=12 survive; the snapshot at 2 lies after them in the log (moved to the
+    // head, or written when the group compacted after appending them); 1..=2 were given back.
+    let mut log = GroupLog::new(&[1, 2, 3], None);
+    for i in 3..=12 {
+        log.append_stored(i, 2, loc(i));
+    }
+    log.rebase(snapshot(2, 2));
+    assert!(log.check_start().is_ok());
+    assert_eq!((log.first_index().unwrap(), log.last(), log.snapshot_index()), (3, 12, 2));
+    assert_eq!(log.term(2).unwrap(), 2);
+}

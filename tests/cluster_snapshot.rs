@@ -238,8 +238,9 @@ fn big(seq: u64) -> Vec<u8> {
 /// missing below the recorded bound) and serves every record kept.
 #[test]
 fn segments_no_longer_needed_are_given_back_and_every_node_restarts_from_what_is_left() {
-    // Candidates every 4096 entries (the default): the queue's 300 compact only once idle.
-    let env = [ENV[1], ("TEPHRA__JOURNAL__SEGMENT_SIZE", "65536")];
+    // Candidates every 64 entries: the queue compacts while it is written (each snapshot
+    // item then lies after entries that follow it), and once more when idle.
+    let env = [("TEPHRA__CLUSTER__SNAPSHOT_ENTRIES", "64"), ENV[1], ("TEPHRA__JOURNAL__SEGMENT_SIZE", "65536")];
     let mut cluster = Cluster::start(&server(), 3, &env);
     let mut c = client(cluster.addrs());
     let kept = create(&mut c, "kept", 1);
@@ -247,20 +248,28 @@ fn segments_no_longer_needed_are_given_back_and_every_node_restarts_from_what_is
     for id in [kept, queue] {
         assert!(matches!(c.set_leader(id, A, None).unwrap(), SetLeaderOutcome::Won { .. }));
     }
-    for seq in 0..8 {
-        support::cluster::write_until_written(&mut c, kept, A, seq, &big(seq));
-    }
-    // About 600 KiB through the queue: ten segments of 64 KiB on every node.
+    // Both idle and empty for a while: each compacts at once, so the snapshot of the kept
+    // journal lies in the oldest segment, and its entries after it (a trial found every
+    // node then failing to restart once that segment went).
+    std::thread::sleep(Duration::from_secs(4));
+    // About 600 KiB through the queue, truncated in rounds: ten segments of 64 KiB on every
+    // node. Then three queue records that stay, after its last snapshot.
     let mut next = 0;
-    for round in 0..6 {
+    for _ in 0..6 {
         for _ in 0..50 {
             support::cluster::write_until_written(&mut c, queue, A, next, &big(next));
             next += 1;
         }
         truncate(&mut c, queue, next);
-        if round == 2 {
-            support::cluster::write_until_written(&mut c, kept, A, 8, &big(8));
-        }
+    }
+    let first = next;
+    for _ in 0..3 {
+        support::cluster::write_until_written(&mut c, queue, A, next, &big(next));
+        next += 1;
+    }
+    // The kept journal's records come last: its snapshot lies far behind them.
+    for seq in 0..9 {
+        support::cluster::write_until_written(&mut c, kept, A, seq, &big(seq));
     }
     // Idle: the queue's group compacts, and each node gives back all but a few of the ten or
     // more segments it wrote (most already while the queue was written).
@@ -300,7 +309,7 @@ fn segments_no_longer_needed_are_given_back_and_every_node_restarts_from_what_is
     for n in cluster.ids().collect::<Vec<_>>() {
         let addr = cluster.node(n).unwrap().addr.to_string();
         assert_eq!(read_all(&addr, kept, 10), (0, (0..10).map(big).collect()), "node {n}: the kept journal");
-        assert_eq!(read_all(&addr, queue, next + 1), (next, vec![big(next)]), "node {n}: the queue");
+        assert_eq!(read_all(&addr, queue, next + 1), (first, (first..=next).map(big).collect()), "node {n}: the queue");
     }
 
     // A bound that does not read as one is refused at the start, naming the file.

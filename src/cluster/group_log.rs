@@ -137,6 +137,18 @@ impl GroupLog {
         self.snap = snapshot;
     }
 
+    /// Takes `snapshot` as the base of a log replayed at a restart whose entries all follow
+    /// its index: they were written before it (a compaction comes after the entries it
+    /// passes over, and a snapshot moved to the log's head comes after them all) and those
+    /// it covers lay in segments given back. The entries held stay (docs/journals.md §9.9).
+    pub fn rebase(&mut self, snapshot: Snapshot) {
+        let meta = snapshot.get_metadata();
+        self.conf_state = meta.get_conf_state().clone();
+        self.conf_index = super::snapshot::decode(&snapshot.data).map_or(0, |(conf_index, _)| conf_index);
+        self.hard_state.commit = self.hard_state.commit.max(meta.index);
+        self.snap = snapshot;
+    }
+
     /// Sets the commit index of the hard state.
     pub fn set_commit(&mut self, commit: u64) {
         self.hard_state.commit = commit;

@@ -550,7 +550,7 @@ impl<O: Outbox> Node<O> {
     /// going on as this node would break what the lost data had promised.
     fn replaced(&self, why: &str) -> ! {
         let why = format!(
-            "node {}: {why}. Its data directory was lost or replaced: do not restart this node with this id; add a new node in its place instead",
+            "node {}: {why}. The cluster knows this node id by another data directory (this one was wiped or replaced, or another process runs with the id): do not restart this node with this id; add a new node in its place instead",
             self.settings.node
         );
         tracing::error!("{why}");

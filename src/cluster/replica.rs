@@ -153,6 +153,17 @@ pub enum ReplicaError {
         /// The last index held before it.
         last: u64,
     },
+    /// A restart found a group's log shorter than its hard state says was decided: entries
+    /// were lost (a segment file removed or damaged).
+    #[error("group {journal}: the hard state says entries up to {commit} were decided, but the log holds entries only up to {last}: entries were lost (a segment file of journals/ removed?)")]
+    LostDecided {
+        /// The group.
+        journal: JournalId,
+        /// The hard state's commit index.
+        commit: u64,
+        /// The last index held.
+        last: u64,
+    },
     /// No group for the journal on this node.
     #[error("no group for {0} on this node")]
     UnknownGroup(JournalId),
@@ -578,7 +589,14 @@ impl<T> Replica<T> {
                             Ok((_, state)) => restored = Some(state),
                             Err(e) => return Err(ReplicaError::Snapshot { journal, why: e.to_string() }),
                         }
-                        if index > storage.last() || storage.term(index).ok() != Some(snapshot.get_metadata().term) {
+                        let term = snapshot.get_metadata().term;
+                        let first = storage.first_index().unwrap_or(1);
+                        // Entries held that all follow the snapshot, of its term or later:
+                        // written before it, those it covers given back with their segments.
+                        let follows = storage.last() >= first && index < first && storage.term(first).is_ok_and(|t| t >= term);
+                        if follows {
+                            storage.rebase(snapshot.clone());
+                        } else if index > storage.last() || storage.term(index).ok() != Some(term) {
                             storage.install(snapshot.clone());
                         } else {
                             storage.compact(snapshot.clone()).map_err(gap)?;
@@ -610,7 +628,12 @@ impl<T> Replica<T> {
         // Segments given back held only entries a snapshot found later covers; any other
         // hole is a loss.
         storage.check_start().map_err(|g| ReplicaError::Gap { journal, index: g.index, last: g.last })?;
-        let commit = storage.hard_state().commit.min(storage.last());
+        // A hard state never says more is decided than the log held durably with it: a
+        // commit index past the last entry means entries were lost (a segment file removed).
+        if storage.hard_state().commit > storage.last() {
+            return Err(ReplicaError::LostDecided { journal, commit: storage.hard_state().commit, last: storage.last() });
+        }
+        let commit = storage.hard_state().commit;
         if let Some(state) = restored {
             self.directory.restore_state(journal, state.clone());
             self.installed.push((journal, storage.snapshot_index(), state.next_seq));
@@ -1100,7 +1123,19 @@ fn apply_conf_change<T>(journal: JournalId, g: &mut Group<T>, e: &Entry) {
         }
     };
     match g.raw.apply_conf_change(&cc) {
-        Ok(cs) => g.raw.mut_store().set_conf_state(cs, e.index),
+        Ok(cs) => {
+            // A leader the change leaves out steps down: raft would go on leading without a
+            // progress of its own and panic at the next acknowledgement (a soak found a node
+            // elected in the joint configuration whose directory had not yet learnt that it
+            // leaves). The voters that stay elect a leader of their own.
+            let me = g.raw.raft.id;
+            if g.raw.raft.state == StateRole::Leader && !cs.voters.contains(&me) && !cs.voters_outgoing.contains(&me) {
+                tracing::info!(%journal, index = e.index, "this node led the group and the change leaves it out: it steps down");
+                let term = g.raw.raft.term;
+                g.raw.raft.become_follower(term, INVALID_ID);
+            }
+            g.raw.mut_store().set_conf_state(cs, e.index);
+        }
         Err(err) => tracing::error!(%journal, index = e.index, %err, "a decided configuration change was refused by raft"),
     }
 }
