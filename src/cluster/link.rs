@@ -933,19 +933,21 @@ fn read(mut input: Input, generation: u64, shared: &Shared, state: &PeerState, c
             Err(ReadError::TooLong(len)) => Some(format!("frame length {len} is above the {MAX_FRAME}-byte limit")),
             Ok(frame) => match decode_frame_removals(&frame, shared.cluster, shared.me) {
                 // The peer, of another cluster, refused this node's handshake and says why.
-                Err(PeerError::ForeignCluster { .. }) if refusal_of(&frame).is_some() => {
-                    let why = refusal_of(&frame).unwrap_or_default();
-                    state.refused.fetch_add(1, Ordering::Relaxed);
-                    // Said once a minute: the dialer tries again every second.
-                    let mut last = lock(&state.last_refusal);
-                    if last.is_none_or(|t| t.elapsed() >= REFUSAL_EVERY) {
-                        tracing::warn!(peer, "node {peer} refused this node's link: {why}");
-                        *last = Some(Instant::now());
-                    } else {
-                        tracing::debug!(peer, "node {peer} refused this node's link: {why}");
+                Err(e @ PeerError::ForeignCluster { .. }) => match refusal_of(&frame) {
+                    None => Some(e.to_string()),
+                    Some(why) => {
+                        state.refused.fetch_add(1, Ordering::Relaxed);
+                        // Said once a minute: the dialer tries again every second.
+                        let mut last = lock(&state.last_refusal);
+                        if last.is_none_or(|t| t.elapsed() >= REFUSAL_EVERY) {
+                            tracing::warn!(peer, "node {peer} refused this node's link: {why}");
+                            *last = Some(Instant::now());
+                        } else {
+                            tracing::debug!(peer, "node {peer} refused this node's link: {why}");
+                        }
+                        None
                     }
-                    None
-                }
+                },
                 Err(e) => Some(e.to_string()),
                 Ok(f) if f.from != peer => Some(format!("frame from node {} on the link of node {peer}", f.from)),
                 // The peer refused this node's handshake (it knows this node's id by another

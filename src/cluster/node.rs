@@ -711,21 +711,20 @@ impl<O: Outbox> Node<O> {
         if self.holdings.is_live(segment) {
             return Some(0);
         }
-        let Some(entries) = self.replica.movable_entries(segment) else { return Some(0) };
         // A journal group's entries wait for its compaction: written again, those whose
         // records the journal holds would stay where the holdings point too, twice.
-        if entries.iter().any(|(j, _, _)| *j != DIRECTORY) {
-            return Some(0);
-        }
+        let Some(directory) = self.replica.directory_entries_in(segment) else { return Some(0) };
         let pinned: Vec<(JournalId, u8)> = self.placed.iter().filter(|(_, l)| l.segment == segment).map(|(k, _)| *k).collect();
-        let mut cost: u64 = entries.iter().map(|(_, _, bytes)| bytes).sum();
+        let mut cost = directory.map_or(0, |(_, bytes)| bytes);
         cost += pinned.iter().filter_map(|k| self.placed.get(k)).map(|l| u64::from(l.len)).sum::<u64>();
         if cost > self.store.segment_size() / 4 {
             return Some(0);
         }
         let mut items = Vec::new();
         let mut groups: BTreeSet<JournalId> = pinned.iter().map(|(j, _)| *j).collect();
-        groups.extend(entries.iter().map(|(j, _, _)| *j));
+        if directory.is_some() {
+            groups.insert(DIRECTORY);
+        }
         for journal in groups {
             // Everything that pins the segment moves, or nothing does (else the same items
             // would be written again at every pass).
@@ -737,8 +736,8 @@ impl<O: Outbox> Node<O> {
                 }
                 items.push(Durable::Snapshot { journal, snapshot });
             }
-            if let Some((_, from, _)) = entries.iter().find(|(j, _, _)| *j == journal) {
-                match self.replica.entries_from(journal, *from) {
+            if let Some((from, _)) = directory.filter(|_| journal == DIRECTORY) {
+                match self.replica.entries_from(journal, from) {
                     Ok(es) => items.extend(es.into_iter().map(|entry| Durable::Entry { journal, entry })),
                     Err(e) => {
                         tracing::warn!(%journal, error = %e, "journal log: a group's entries could not be read back; segment {segment} stays");
@@ -820,9 +819,13 @@ impl<O: Outbox> Node<O> {
                 self.store.roll_over().map_err(|e| e.to_string())?;
             }
             let (_, offset) = self.store.stage(&payload);
-            if let Durable::HardState { journal, .. } | Durable::Snapshot { journal, .. } = item {
-                let kind = if matches!(item, Durable::HardState { .. }) { durable::HARD_STATE } else { durable::SNAPSHOT };
-                self.open.placed.push((*journal, kind, Loc { segment: self.store.active_base(), offset, len: payload.len() as u32 }));
+            let placed = match item {
+                Durable::HardState { journal, .. } => Some((*journal, durable::HARD_STATE)),
+                Durable::Snapshot { journal, .. } => Some((*journal, durable::SNAPSHOT)),
+                Durable::Entry { .. } => None,
+            };
+            if let Some((journal, kind)) = placed {
+                self.open.placed.push((journal, kind, Loc { segment: self.store.active_base(), offset, len: payload.len() as u32 }));
             }
             if let Durable::Entry { journal, entry } = item {
                 let segment = self.store.active_base();

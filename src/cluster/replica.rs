@@ -682,22 +682,25 @@ impl<T> Replica<T> {
         out.extend(self.stored.values().map(|loc| loc.segment));
     }
 
-    /// The entries that pin `segment` and could be written again at the log's head, so that it
-    /// can go: each running group with entries there, the index of the first of them, and the
-    /// bytes from it to the group's last entry (all of which move, so the log keeps each
-    /// group's entries in index order). `None` when an entry there cannot move: a stopped
-    /// copy's, a not started group's, or one of a group whose entries from there are not all
-    /// durable yet.
-    pub fn movable_entries(&self, segment: u64) -> Option<Vec<(JournalId, u64, u64)>> {
-        let mut out = Vec::new();
+    /// Whether only the directory's entries, if any, pin `segment` among the groups' entries,
+    /// so that they can be written again at the log's head and the segment go: the index of
+    /// the directory's first entry there and the bytes from it to its last entry (all of which
+    /// move, so the log keeps its entries in index order), or `Some(None)` when it has none
+    /// there. `None` when another entry pins it (a journal group's, a stopped copy's, a not
+    /// started group's: those wait for compaction) or the directory's entries from there are
+    /// not all durable yet.
+    pub fn directory_entries_in(&self, segment: u64) -> Option<Option<(u64, u64)>> {
+        let mut directory = None;
         for (journal, g) in &self.groups {
             let log = g.raw.store();
-            if let Some(index) = log.first_in(segment) {
-                out.push((*journal, index, log.bytes_from(index)?));
+            match log.first_in(segment) {
+                Some(index) if *journal == DIRECTORY => directory = Some((index, log.bytes_from(index)?)),
+                Some(_) => return None,
+                None => {}
             }
         }
         let pinned = self.stopped.values().any(|(log, _)| log.first_in(segment).is_some()) || self.stored.values().any(|loc| loc.segment == segment);
-        (!pinned).then_some(out)
+        (!pinned).then_some(directory)
     }
 
     /// The entries of `journal`'s running group from `index` to its last, read back.
